@@ -1,0 +1,13 @@
+"""`firsthop bench ...`: benchmarks that report side by side with a reference, as ratios."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.bench import wire
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="run a benchmark next to its reference")
+    benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    wire.register(benches)

@@ -1,0 +1,121 @@
+"""The relay's Redis flow cache (`firsthop:flow:{client_ip}:{client_port}`, ARCHITECTURE §9).
+
+Write-behind of established flows so a restarted relay (or a worker that inherits another's
+clients after a SO_REUSEPORT regroup) can route media before the next STUN packet, and
+look-ups for datagrams from unknown clients. Nothing here runs on the packet path: the data
+plane hands over batches, and every Redis call runs in a worker thread (redis-py's blocking
+client; there is no maintained Trio client) with short socket timeouts.
+
+When Redis is down: writes are kept (latest per client, bounded) and retried with backoff,
+look-ups fail at once (the data plane then drops the held datagrams without remembering a
+miss), errors are counted, and forwarding from memory never waits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import redis
+import trio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+log = logging.getLogger("firsthop.relay.cache")
+
+Address = tuple[str, int]
+Entry = tuple[Address, bytes, Address | None]
+
+FLOW_TTL = 60  # seconds (§9)
+MAX_PENDING_WRITES = 100_000
+BACKOFF_MIN = 0.1
+BACKOFF_MAX = 5.0
+
+
+def flow_key(client: Address) -> str:
+    return f"firsthop:flow:{client[0]}:{client[1]}"
+
+
+class CacheUnavailable(Exception):
+    pass
+
+
+class FlowCache:
+    def __init__(self, url: str, *, timeout: float = 0.5) -> None:
+        self._client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+        )
+        self._limiter = trio.CapacityLimiter(4)
+        self.errors = 0
+        self.writes = 0
+        self.lookups = 0
+        self.hits = 0
+        self._down_until = 0.0
+        self._backoff = BACKOFF_MIN
+
+    @property
+    def available(self) -> bool:
+        return trio.current_time() >= self._down_until
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        if self.available:
+            log.warning("flow cache unavailable (%s); retrying in %.1fs", exc, self._backoff)
+        self._down_until = trio.current_time() + self._backoff
+        self._backoff = min(BACKOFF_MAX, self._backoff * 2)
+
+    def _ok(self) -> None:
+        if self._backoff > BACKOFF_MIN:
+            log.info("flow cache reachable again")
+        self._backoff = BACKOFF_MIN
+
+    async def store(self, entries: Iterable[Entry]) -> None:
+        batch = list(entries)
+        if not batch:
+            return
+        if not self.available:
+            raise CacheUnavailable("backing off")
+
+        def write() -> None:
+            pipe = self._client.pipeline(transaction=False)
+            for client, token, via in batch:
+                key = flow_key(client)
+                hop = f"{via[0]}:{via[1]}" if via else ""
+                pipe.hset(key, mapping={"token": token, "hop": hop})
+                pipe.expire(key, FLOW_TTL)
+            pipe.execute()
+
+        try:
+            await trio.to_thread.run_sync(write, limiter=self._limiter)
+        except redis.RedisError as exc:
+            self._failed(exc)
+            raise CacheUnavailable(str(exc)) from exc
+        self._ok()
+        self.writes += len(batch)
+
+    async def lookup(self, clients: list[Address]) -> list[bytes | None]:
+        if not self.available:
+            raise CacheUnavailable("backing off")
+
+        def read() -> list[bytes | None]:
+            pipe = self._client.pipeline(transaction=False)
+            for client in clients:
+                pipe.hget(flow_key(client), "token")
+            return list(pipe.execute())
+
+        try:
+            tokens = await trio.to_thread.run_sync(read, limiter=self._limiter)
+        except redis.RedisError as exc:
+            self._failed(exc)
+            raise CacheUnavailable(str(exc)) from exc
+        self._ok()
+        self.lookups += len(clients)
+        self.hits += sum(1 for t in tokens if t)
+        return tokens
+
+    def close(self) -> None:
+        self._client.close()

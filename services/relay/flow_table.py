@@ -1,0 +1,545 @@
+"""The relay's flow table: a sans-IO core that says where every datagram goes.
+
+A relay worker has three sockets and this table decides for each datagram (ARCHITECTURE
+§2-4):
+
+* `on_client`: from a client on the public socket. A known client goes to its flow's
+  destination, PROXY-v2 framed. An unknown client must open with a STUN Binding request
+  whose server ufrag is a valid route token: the token names a transceiver in this relay's
+  cluster (the flow goes there) or another cluster (the flow goes to that cluster's relay,
+  a Global Relay hop). Anything else from an unknown client is recovered from the Redis
+  flow cache (`Recover`) or dropped.
+* `on_peer`: a framed datagram from a peer cluster's relay (we are the second hop). Same
+  rules, keyed by the client address in the PROXY header; forwarded unchanged.
+* `on_return`: a framed datagram from a destination. Its PROXY header names the client; the
+  payload goes to that client only if the client has a flow *and* the datagram came from
+  that flow's destination. The relay never sends to an address without a flow.
+
+Flow safety (§3 of the relay issue): a new flow is *pending* until its destination sends
+something back to the client; pending flows expire after `pending_ttl` and are capped per
+source IP and globally; established flows expire after `idle_ttl` without traffic. A Binding
+request from an established client with a different valid token (ICE restart, or a spoofed
+source) becomes a *candidate*: its STUN goes to the new destination, everything else keeps
+going to the old one, and the flow re-points only when the new destination answers.
+
+Strategy: every decision a datagram needs is one dict lookup keyed by bytes or an address
+tuple. Frames toward a destination are built once per flow (`Flow.header`); frames coming
+back are recognised by their exact header bytes (`Flow.return_key`), so the I/O loop can
+run the common cases inline and call into this class only for the rest. Time is passed in
+(unix seconds, float); nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.relay.limits import KeyedLimiter, TokenBucket
+from shared.wire.proxy_v2 import (
+    FAMILY_INET6_DGRAM,
+    V4_HEADER,
+    V6_HEADER,
+    ProxyError,
+    build_proxy_v2,
+    parse_proxy_v2,
+)
+from shared.wire.route_token import (
+    DEFAULT_MAX_AGE,
+    DestinationFilter,
+    RouteToken,
+    TokenError,
+    verify_route_token,
+)
+from shared.wire.stun import binding_request_server_ufrag
+
+Address = tuple[str, int]
+
+MAX_DATAGRAM = 1500  # larger datagrams are dropped: no WebRTC packet needs more on the wire
+MAX_RECOVERY_BUFFER = 8  # datagrams held per client while its flow is looked up
+
+
+@dataclass(frozen=True, slots=True)
+class RelayLimits:
+    pending_ttl: float = 10.0
+    idle_ttl: float = 60.0
+    max_flows: int = 200_000
+    max_pending: int = 20_000
+    max_pending_per_ip: int = 32
+    new_flow_rate: float = 20.0  # per source IP, per second
+    new_flow_burst: float = 40.0
+    token_max_age: float = DEFAULT_MAX_AGE
+    store_refresh: float = 10.0  # rewrite a live flow to the cache at most this often
+    lookup_rate: float = 2000.0  # Redis recovery lookups per second, whole worker
+    negative_ttl: float = 5.0  # remember a cache miss this long
+    max_lookups_in_flight: int = 1000
+
+
+@dataclass(slots=True)
+class Candidate:
+    dest: Address
+    token: bytes
+    header: bytes
+    created: float
+
+
+@dataclass(slots=True, eq=False)
+class Flow:
+    client: Address
+    dest: Address
+    token: bytes
+    header: bytes  # PROXY v2 toward dest: src = client, dst = ingress
+    return_key: bytes  # PROXY v2 the destination sends back: src = ingress, dst = client
+    via: Address | None  # second-hop flows: the peer relay socket the client's traffic uses
+    ingress: Address  # the public address the client sent to (ours, or the first hop's)
+    established: bool
+    created: float
+    last_seen: float
+    candidate: Candidate | None = None
+    stored_at: float = float("-inf")  # last write to the flow cache
+
+
+# Decisions. The I/O layer sends; these say what.
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send `header + payload` to `dest` from the internal socket (header b"": as is)."""
+
+    dest: Address
+    header: bytes
+    payload_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Send the datagram from `offset` to `client` from the public socket."""
+
+    client: Address
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnToPeer:
+    """Send the whole datagram back to the first-hop relay `via` from the peer socket."""
+
+    via: Address
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Kept until the flow cache answers for this client (see `FlowTable.recovered`)."""
+
+
+HELD = Held()
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """Look `client` up in the flow cache; the datagram is held meanwhile."""
+
+    client: Address
+    via: Address | None
+
+
+Decision = Forward | Deliver | ReturnToPeer | Drop | Recover | Held
+
+FORWARDED_AS_IS = b""
+
+
+@dataclass(slots=True)
+class FlowEvents:
+    """What happened since the I/O layer last asked (for the cache, traces and metrics)."""
+
+    established: list[Flow] = field(default_factory=list)
+    expired: int = 0
+
+
+class FlowTable:
+    def __init__(
+        self,
+        *,
+        cluster: int,
+        keys: Mapping[int, bytes],
+        ingress: Address,
+        allow_dest: DestinationFilter,
+        peers: Mapping[int, Address] | None = None,
+        limits: RelayLimits | None = None,
+        recovery: bool = False,
+        now: float = 0.0,
+    ) -> None:
+        self.cluster = cluster
+        self.keys = dict(keys)
+        self.ingress = ingress
+        self.allow_dest = allow_dest
+        self.peers = dict(peers or {})
+        self.peer_hosts = frozenset(host for host, _ in self.peers.values())
+        self.limits = limits or RelayLimits()
+        self.recovery = recovery
+        # client address -> flow, for clients on our public socket
+        self.flows: dict[Address, Flow] = {}
+        # first-hop relay's header bytes (src = client, dst = its ingress) -> second-hop flow
+        self.hop_flows: dict[bytes, Flow] = {}
+        # exact return header bytes -> flow (both kinds)
+        self.by_return: dict[bytes, Flow] = {}
+        self.pending = 0
+        self.pending_per_ip: Counter[str] = Counter()
+        self.drops: Counter[str] = Counter()
+        self.recoveries = 0
+        self.events = FlowEvents()
+        self._new_flow_limiter = KeyedLimiter(self.limits.new_flow_rate, self.limits.new_flow_burst)
+        self._lookup_bucket = TokenBucket(self.limits.lookup_rate, self.limits.lookup_rate, now)
+        self._negative: dict[Address, float] = {}
+        self.recovering: dict[Address, list[tuple[bytes, Address | None]]] = {}
+
+    # -- datagrams from clients (public socket) -------------------------------------------
+
+    def on_client(self, client: Address, data: bytes, now: float) -> Decision:
+        if len(data) > MAX_DATAGRAM:
+            return self._drop("oversize")
+        flow = self.flows.get(client)
+        if flow is not None:
+            return self._known(flow, data, 0, now)
+        return self._unknown(client, data, 0, None, self.ingress, now)
+
+    # -- datagrams from peer relays (we are the second hop) --------------------------------
+
+    def on_peer(self, src: Address, data: bytes, now: float) -> Decision:
+        # A first-hop relay talks from any of its workers' ports, from a host we peer with
+        # or one the destination allow-list covers (a relay fleet lives in internal ranges).
+        if src[0] not in self.peer_hosts and not self.allow_dest.allows_host(src[0]):
+            return self._drop("peer_not_allowed")
+        hlen = _header_length(data)
+        flow = self.hop_flows.get(data[:hlen]) if hlen else None
+        if flow is None:
+            try:
+                hdr = parse_proxy_v2(data)
+            except ProxyError as exc:
+                return self._drop(exc.reason)
+            hlen = hdr.payload_offset
+            flow = self.hop_flows.get(build_proxy_v2(hdr.src, hdr.dst))
+            if flow is None:
+                if len(data) - hlen > MAX_DATAGRAM:
+                    return self._drop("oversize")
+                return self._unknown(hdr.src, data, hlen, src, hdr.dst, now)
+        if len(data) - hlen > MAX_DATAGRAM:
+            return self._drop("oversize")
+        flow.via = src
+        return self._known(flow, data, hlen, now)
+
+    # -- shared paths ------------------------------------------------------------------------
+
+    def _known(self, flow: Flow, data: bytes, off: int, now: float) -> Decision:
+        flow.last_seen = now
+        hop = flow.via is not None
+        if len(data) > off and data[off] < 4:  # STUN (RFC 7983): maybe an ICE restart
+            ufrag = binding_request_server_ufrag(data[off:] if off else data)
+            if ufrag is not None and ufrag != flow.token:
+                cand = flow.candidate
+                if cand is not None and ufrag == cand.token:
+                    return Forward(cand.dest, FORWARDED_AS_IS if hop else cand.header, off)
+                route = self._route(ufrag, flow.client, flow.via, flow.ingress, now)
+                if isinstance(route, Drop):
+                    return route
+                dest, header = route
+                if dest == flow.dest:
+                    flow.token = ufrag  # new token, same place: nothing to re-point
+                    if flow.established:
+                        self.events.established.append(flow)  # the cache learns the token
+                else:
+                    flow.candidate = Candidate(dest, ufrag, header, now)
+                return Forward(dest, FORWARDED_AS_IS if hop else header, off)
+        return Forward(flow.dest, FORWARDED_AS_IS if hop else flow.header, off)
+
+    def _unknown(
+        self,
+        client: Address,
+        data: bytes,
+        off: int,
+        via: Address | None,
+        ingress: Address,
+        now: float,
+    ) -> Decision:
+        payload = data[off:] if off else data
+        ufrag = binding_request_server_ufrag(payload)
+        if ufrag is None:
+            return self._recover_or_drop(client, data, via, now)
+        if not self._new_flow_limiter.take(client[0], now):
+            return self._drop("rate_limited")
+        if len(self.flows) + len(self.hop_flows) >= self.limits.max_flows:
+            return self._drop("table_full")
+        if self.pending >= self.limits.max_pending:
+            return self._drop("pending_full")
+        if self.pending_per_ip[client[0]] >= self.limits.max_pending_per_ip:
+            return self._drop("pending_per_ip")
+        route = self._route(ufrag, client, via, ingress, now)
+        if isinstance(route, Drop):
+            return route
+        dest, header = route
+        flow = self._add(client, dest, ufrag, header, via, ingress, now, established=False)
+        return Forward(flow.dest, FORWARDED_AS_IS if via else flow.header, off)
+
+    def _route(
+        self,
+        ufrag: bytes,
+        client: Address,
+        via: Address | None,
+        ingress: Address,
+        now: float,
+    ) -> tuple[Address, bytes] | Drop:
+        """Verify a token and say where its flow goes, with the frame toward there."""
+        try:
+            token = verify_route_token(
+                ufrag, self.keys, now, max_age=self.limits.token_max_age, allow_dest=None
+            )
+        except TokenError as exc:
+            return self._drop(exc.reason)
+        dest = self._destination(token, via)
+        if isinstance(dest, Drop):
+            return dest
+        return dest, build_proxy_v2(client, ingress)
+
+    def _destination(self, token: RouteToken, via: Address | None) -> Address | Drop:
+        if token.cluster == self.cluster:
+            # The relay that delivers to a transceiver enforces the allow-list (§7 note).
+            if not self.allow_dest.allows(token.packed_ip):
+                return self._drop("dest_not_allowed")
+            return token.dest
+        if via is not None:
+            return self._drop("hop_loop")  # a second hop never forwards again
+        peer = self.peers.get(token.cluster)
+        if peer is None:
+            return self._drop("unknown_cluster")
+        return peer
+
+    def _add(
+        self,
+        client: Address,
+        dest: Address,
+        token: bytes,
+        header: bytes,
+        via: Address | None,
+        ingress: Address,
+        now: float,
+        *,
+        established: bool,
+    ) -> Flow:
+        flow = Flow(
+            client=client,
+            dest=dest,
+            token=token,
+            header=header,
+            return_key=build_proxy_v2(ingress, client),
+            via=via,
+            ingress=ingress,
+            established=established,
+            created=now,
+            last_seen=now,
+        )
+        old = self.hop_flows.get(header) if via is not None else self.flows.get(client)
+        if old is not None:
+            self._remove(old)
+        if via is None:
+            self.flows[client] = flow
+        else:
+            self.hop_flows[header] = flow
+        self.by_return[flow.return_key] = flow
+        if not established:
+            self.pending += 1
+            self.pending_per_ip[client[0]] += 1
+        return flow
+
+    def _remove(self, flow: Flow) -> None:
+        if flow.via is None:
+            self.flows.pop(flow.client, None)
+        else:
+            self.hop_flows.pop(flow.header, None)
+        self.by_return.pop(flow.return_key, None)
+        if not flow.established:
+            self._unpend(flow)
+
+    def _unpend(self, flow: Flow) -> None:
+        self.pending -= 1
+        ip = flow.client[0]
+        left = self.pending_per_ip[ip] - 1
+        if left > 0:
+            self.pending_per_ip[ip] = left
+        else:
+            del self.pending_per_ip[ip]
+
+    # -- datagrams from destinations (internal socket) ------------------------------------
+
+    def on_return(self, src: Address, data: bytes, now: float) -> Decision:
+        hlen = _header_length(data)
+        flow = self.by_return.get(data[:hlen]) if hlen else None
+        if flow is None:
+            try:
+                hdr = parse_proxy_v2(data)
+            except ProxyError as exc:
+                return self._drop(exc.reason)
+            hlen = hdr.payload_offset
+            flow = self.by_return.get(build_proxy_v2(hdr.src, hdr.dst))
+            if flow is None:
+                return self._drop("return_no_flow")
+        if len(data) - hlen > MAX_DATAGRAM:
+            return self._drop("oversize")
+        if src != flow.dest:
+            cand = flow.candidate
+            if cand is None or src != cand.dest:
+                return self._drop("return_wrong_source")
+            self._repoint(flow, cand)
+        elif not flow.established:
+            self._establish(flow)
+        flow.last_seen = now
+        if flow.via is not None:
+            return ReturnToPeer(flow.via)
+        return Deliver(flow.client, hlen)
+
+    def _establish(self, flow: Flow) -> None:
+        flow.established = True
+        self._unpend(flow)
+        self.events.established.append(flow)
+
+    def _repoint(self, flow: Flow, cand: Candidate) -> None:
+        flow.dest, flow.token, flow.candidate = cand.dest, cand.token, None
+        if flow.via is None:
+            flow.header = cand.header
+        if not flow.established:
+            self._establish(flow)
+        else:
+            self.events.established.append(flow)  # the cache must learn the new token
+
+    # -- recovery from the flow cache --------------------------------------------------------
+
+    def _recover_or_drop(
+        self, client: Address, data: bytes, via: Address | None, now: float
+    ) -> Decision:
+        if not self.recovery:
+            return self._drop("no_flow")
+        held = self.recovering.get(client)
+        if held is not None:
+            if len(held) >= MAX_RECOVERY_BUFFER:
+                return self._drop("recovery_buffer_full")
+            held.append((data, via))
+            return HELD
+        neg = self._negative.get(client)
+        if neg is not None and neg > now:
+            return self._drop("no_flow")
+        if len(self.recovering) >= self.limits.max_lookups_in_flight:
+            return self._drop("recovery_busy")
+        if not self._lookup_bucket.take(now):
+            return self._drop("recovery_rate_limited")
+        self.recovering[client] = [(data, via)]
+        return Recover(client, via)
+
+    def _replay(
+        self, client: Address, held: list[tuple[bytes, Address | None]], now: float
+    ) -> list[tuple[bytes, Decision]]:
+        out: list[tuple[bytes, Decision]] = []
+        for data, hop in held:
+            if hop is None:
+                out.append((data, self.on_client(client, data, now)))
+            else:
+                out.append((data, self.on_peer(hop, data, now)))
+        return out
+
+    def recovered(
+        self, client: Address, token: bytes | None, now: float, *, negative: bool = True
+    ) -> list[tuple[bytes, Decision]]:
+        """The cache answered for `client` (`token` None: no entry; `negative=False`: the
+        cache could not be asked, so do not remember the miss). Returns what to send."""
+        held = self.recovering.pop(client, [])
+        if token is None:
+            if negative:
+                self._negative[client] = now + self.limits.negative_ttl
+            self.drops["no_flow"] += len(held)
+            return []
+        if not held:
+            return []
+        first, via = held[0]
+        ingress = self.ingress
+        if via is not None:
+            try:
+                ingress = parse_proxy_v2(first).dst
+            except ProxyError:
+                return []
+            exists = build_proxy_v2(client, ingress) in self.hop_flows
+        else:
+            exists = client in self.flows
+        if not exists:  # (a Binding request may have re-created the flow meanwhile)
+            route = self._route(token, client, via, ingress, now)
+            if isinstance(route, Drop):
+                self.drops[route.reason] += len(held) - 1
+                return []
+            dest, header = route
+            flow = self._add(client, dest, token, header, via, ingress, now, established=True)
+            flow.stored_at = now  # it came from the cache
+            self.recoveries += 1
+        return self._replay(client, held, now)
+
+    # -- housekeeping ----------------------------------------------------------------------------
+
+    def expire(self, now: float) -> int:
+        """Drop flows past their deadline; returns how many."""
+        lim = self.limits
+        dead: list[Flow] = []
+        for flow in (*self.flows.values(), *self.hop_flows.values()):
+            if flow.established:
+                if now - flow.last_seen > lim.idle_ttl:
+                    dead.append(flow)
+            elif now - flow.created > lim.pending_ttl:
+                dead.append(flow)
+            cand = flow.candidate
+            if cand is not None and now - cand.created > lim.pending_ttl:
+                flow.candidate = None
+        for flow in dead:
+            self._remove(flow)
+        for client in [c for c, t in self._negative.items() if t <= now]:
+            del self._negative[client]
+        self._new_flow_limiter.prune(now)
+        self.events.expired += len(dead)
+        return len(dead)
+
+    def due_for_store(self, now: float) -> list[Flow]:
+        """Established flows the cache should (re)learn: new ones at once, live ones every
+        `store_refresh` seconds while they carry traffic."""
+        due: list[Flow] = []
+        refresh = self.limits.store_refresh
+        for flow in self.events.established:
+            if flow.established and flow.stored_at != now:
+                flow.stored_at = now
+                due.append(flow)
+        self.events.established.clear()
+        for flow in (*self.flows.values(), *self.hop_flows.values()):
+            if (
+                flow.established
+                and flow.stored_at != now
+                and now - flow.stored_at >= refresh
+                and flow.last_seen > flow.stored_at
+            ):
+                flow.stored_at = now
+                due.append(flow)
+        return due
+
+    def _drop(self, reason: str) -> Drop:
+        self.drops[reason] += 1
+        return Drop(reason)
+
+    def count_drop(self, reason: str, n: int = 1) -> None:
+        self.drops[reason] += n
+
+    @property
+    def established_count(self) -> int:
+        return len(self.flows) + len(self.hop_flows) - self.pending
+
+
+def _header_length(data: bytes) -> int:
+    """The PROXY v2 header length if `data` looks framed without TLVs, else 0."""
+    if len(data) < V4_HEADER:
+        return 0
+    if data[13] == FAMILY_INET6_DGRAM:
+        return V6_HEADER if len(data) >= V6_HEADER else 0
+    return V4_HEADER

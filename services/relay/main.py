@@ -1,0 +1,22 @@
+"""`firsthop relay` entry point."""
+
+from __future__ import annotations
+
+import argparse
+
+import trio
+
+from services.relay import config as relay_config
+from services.relay.supervisor import serve_relay
+from shared.lifecycle import run_until_signal, setup_logging
+
+
+def run(args: argparse.Namespace) -> int:
+    config = relay_config.config_from_args(args)
+    setup_logging("relay")
+    trio.run(run_until_signal, serve_relay, config)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    relay_config.register(sub).set_defaults(func=run)

@@ -1,0 +1,201 @@
+"""`firsthop relay`: N worker processes on one SO_REUSEPORT address, plus /metrics.
+
+Each worker is a process (`python -m services.relay.worker INDEX`) so N of them use N cores
+without sharing a GIL; the kernel spreads clients across them by 4-tuple hash. The
+supervisor restarts a worker that dies (its clients' flows come back from the Redis cache, or
+at their next Binding request), adds up the workers' stats snapshots for `/metrics`, and on
+SIGTERM passes the signal on and gives the workers until the 5 s deadline to stop reading and
+flush their cache writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from services.relay.config import RelayConfig
+from services.relay.worker import CONFIG_ENV
+from shared.http import serve_simple
+from shared.metrics import CONTENT_TYPE, MetricFamily, render
+
+log = logging.getLogger("firsthop.relay")
+
+Address = tuple[str, int]
+STOP_DEADLINE = 4.5  # seconds from SIGTERM to SIGKILL; the relay exits within 5 s
+RESTART_DELAY = 0.5
+
+
+@dataclass
+class WorkerProcess:
+    config: RelayConfig
+    index: int
+    ready: dict[str, Any] | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    restarts: int = 0
+    process: trio.Process | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the worker, restarting it if it dies; `started` once it is first ready."""
+        env = dict(os.environ)
+        env[CONFIG_ENV] = self.config.to_json()
+        first = True
+        while True:
+            ready = trio.Event()
+            try:
+                async with trio.open_nursery() as nursery:
+                    proc = await trio.lowlevel.open_process(
+                        [sys.executable, "-m", "services.relay.worker", str(self.index)],
+                        env=env,
+                        stdout=subprocess.PIPE,
+                    )
+                    self.process = proc
+                    nursery.start_soon(self._read, proc, ready)
+                    await ready.wait()
+                    if first:
+                        first = False
+                        task_status.started()
+                    code = await proc.wait()
+                    nursery.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._stop()
+            self.ready = None
+            log.error("relay worker %d exited with %s; restarting", self.index, code)
+            self.restarts += 1
+            await trio.sleep(RESTART_DELAY)
+
+    async def _read(self, proc: trio.Process, ready: trio.Event) -> None:
+        assert proc.stdout is not None
+        buffered = b""
+        async for chunk in proc.stdout:
+            buffered += chunk
+            *lines, buffered = buffered.split(b"\n")
+            for line in lines:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if msg.get("type") == "ready":
+                    self.ready = msg
+                    ready.set()
+                elif msg.get("type") == "stats":
+                    self.stats = msg["stats"]
+
+    async def _stop(self) -> None:
+        proc = self.process
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        with trio.move_on_after(STOP_DEADLINE):
+            await proc.wait()
+        if proc.returncode is None:
+            log.warning("relay worker %d did not stop in time; killing it", self.index)
+            proc.kill()
+            await proc.wait()
+
+
+@dataclass
+class RelayHandle:
+    workers: list[WorkerProcess]
+    metrics: Address
+
+    def totals(self) -> dict[str, Any]:
+        out: dict[str, float] = {}
+        drops: Counter[str] = Counter()
+        for w in self.workers:
+            for key, value in w.stats.items():
+                if key == "drops":
+                    drops.update(value)
+                elif isinstance(value, int | float):
+                    out[key] = out.get(key, 0) + value
+        result: dict[str, Any] = dict(out)
+        result["drops"] = dict(drops)
+        result["workers_ready"] = sum(1 for w in self.workers if w.ready)
+        result["worker_restarts"] = sum(w.restarts for w in self.workers)
+        return result
+
+
+def relay_metrics(totals: dict[str, Any], workers: int) -> str:
+    g = totals.get
+    packets = MetricFamily("firsthop_relay_packets_total", "counter", "Datagrams forwarded")
+    packets.add(g("upstream", 0), direction="upstream").add(
+        g("downstream", 0), direction="downstream"
+    )
+    octets = MetricFamily("firsthop_relay_bytes_total", "counter", "Payload bytes forwarded")
+    octets.add(g("upstream_bytes", 0), direction="upstream")
+    octets.add(g("downstream_bytes", 0), direction="downstream")
+    drops = MetricFamily("firsthop_relay_drops_total", "counter", "Datagrams dropped, by reason")
+    for reason, n in sorted(totals.get("drops", {}).items()):
+        drops.add(n, reason=reason)
+    families = [
+        packets,
+        octets,
+        drops,
+        MetricFamily("firsthop_relay_flows", "gauge", "Established flows").add(g("flows", 0)),
+        MetricFamily(
+            "firsthop_relay_pending_flows", "gauge", "Flows awaiting their first answer"
+        ).add(g("pending", 0)),
+        MetricFamily(
+            "firsthop_relay_recoveries_total", "counter", "Flows rebuilt from the Redis cache"
+        ).add(g("recoveries", 0)),
+        MetricFamily("firsthop_relay_redis_errors_total", "counter", "Failed Redis calls").add(
+            g("redis_errors", 0)
+        ),
+        MetricFamily("firsthop_relay_redis_writes_total", "counter", "Flows written to Redis").add(
+            g("redis_writes", 0)
+        ),
+        MetricFamily(
+            "firsthop_relay_redis_lookups_total", "counter", "Unknown clients looked up in Redis"
+        ).add(g("redis_lookups", 0)),
+        MetricFamily(
+            "firsthop_relay_redis_pending_writes", "gauge", "Flow writes waiting for Redis"
+        ).add(g("redis_pending_writes", 0)),
+        MetricFamily("firsthop_relay_workers", "gauge", "Worker processes ready").add(
+            g("workers_ready", 0)
+        ),
+        MetricFamily("firsthop_relay_worker_restarts_total", "counter", "Worker restarts").add(
+            g("worker_restarts", 0)
+        ),
+    ]
+    return render(families)
+
+
+async def serve_relay(
+    config: RelayConfig,
+    *,
+    task_status: trio.TaskStatus[RelayHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    workers = [WorkerProcess(config, i) for i in range(config.workers)]
+
+    async def http(method: str, path: str) -> tuple[int, str, bytes]:
+        handle_totals = RelayHandle(workers, config.metrics).totals()
+        if path == "/metrics":
+            return 200, CONTENT_TYPE, relay_metrics(handle_totals, len(workers)).encode()
+        if path == "/healthz":
+            ok = handle_totals["workers_ready"] == len(workers)
+            body = json.dumps({"ok": ok, "workers_ready": handle_totals["workers_ready"]})
+            return (200 if ok else 503), "application/json", body.encode()
+        return 404, "text/plain", b"not found\n"
+
+    async with trio.open_nursery() as nursery:
+        for worker in workers:
+            await nursery.start(worker.run)
+        metrics = await nursery.start(serve_simple, http, config.metrics)
+        log.info(
+            "relay cluster %d ready: %d worker(s) on %s:%d, internal %s:%d, metrics %s:%d",
+            config.cluster,
+            len(workers),
+            *config.listen,
+            *config.internal,
+            *metrics,
+        )
+        task_status.started(RelayHandle(workers, metrics))

@@ -1,0 +1,290 @@
+"""One relay worker: three sockets, a data-plane thread, and the Trio tasks around it.
+
+Sockets: `public` (the region's ingress, SO_REUSEPORT so N workers share it and the kernel
+keeps each client on one worker), `peer` (the internal address peer relays send to, also
+SO_REUSEPORT) and `own` (this worker's private internal socket: frames to transceivers and
+peer relays leave from it, so their replies come back to the worker that holds the flow).
+
+Trio owns the lifecycle: `serve_worker` binds, starts the data-plane thread, runs the cache
+tasks, and on cancellation stops the thread, then flushes pending cache writes (bounded).
+Run as `python -m services.relay.worker INDEX` it is one process of `firsthop relay`,
+reporting readiness and stats snapshots as JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from services.relay.config import RelayConfig
+from services.relay.dataplane import SOCKET_BUFFER, DataPlane, LookupWanted, Stored
+from services.relay.flow_cache import MAX_PENDING_WRITES, CacheUnavailable, FlowCache
+from services.relay.flow_table import FlowTable
+from shared.wire.route_token import DestinationFilter
+
+log = logging.getLogger("firsthop.relay")
+
+Address = tuple[str, int]
+FLUSH_ON_EXIT = 2.0  # seconds given to the last cache writes at shutdown
+STATS_EVERY = 0.5
+CONFIG_ENV = "FIRSTHOP_RELAY_WORKER_CONFIG"
+
+
+def udp_socket(addr: Address, *, reuseport: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+    if family == socket.AF_INET6:
+        raise ValueError(f"relay sockets are IPv4 for now; got {addr[0]}")
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if reuseport:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # *BUFFORCE
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, force, SOCKET_BUFFER)
+            except OSError:
+                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass
+class WorkerHandle:
+    index: int
+    public: Address
+    peer: Address
+    own: Address
+    dataplane: DataPlane
+    cache: FlowCache | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, Any]:
+        snap = dict(self.dataplane.snapshot)
+        cache = self.cache
+        snap["redis_errors"] = cache.errors if cache else 0
+        snap["redis_writes"] = cache.writes if cache else 0
+        snap["redis_lookups"] = cache.lookups if cache else 0
+        snap["redis_hits"] = cache.hits if cache else 0
+        snap["redis_pending_writes"] = self.extra.get("pending_writes", 0)
+        return snap
+
+
+async def serve_worker(
+    config: RelayConfig,
+    index: int = 0,
+    *,
+    task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    public = udp_socket(config.listen, reuseport=True)
+    peer = udp_socket(config.internal, reuseport=True)
+    own = udp_socket((config.internal[0], 0), reuseport=False)
+    table = FlowTable(
+        cluster=config.cluster,
+        keys=config.keys,
+        ingress=config.ingress,
+        allow_dest=DestinationFilter(config.allow_dest),
+        peers=config.peers,
+        limits=config.limits,
+        recovery=config.redis is not None,
+        now=time.time(),
+    )
+    trio_token = trio.lowlevel.current_trio_token()
+    wakeup = trio.Event()
+
+    def _set() -> None:
+        wakeup.set()
+
+    def notify() -> None:  # from the data-plane thread
+        try:
+            trio_token.run_sync_soon(_set)
+        except trio.RunFinishedError:
+            pass
+
+    cpu = None
+    if config.pin_cpus:
+        cpus = sorted(os.sched_getaffinity(0))
+        cpu = cpus[index % len(cpus)]
+    dp = DataPlane(table, public=public, own=own, peer=peer, notify=notify, cpu=cpu)
+    cache = FlowCache(config.redis) if config.redis else None
+    handle = WorkerHandle(
+        index=index,
+        public=public.getsockname(),
+        peer=peer.getsockname(),
+        own=own.getsockname(),
+        dataplane=dp,
+        cache=cache,
+    )
+    pending_writes: dict[Address, tuple[Address, bytes, Address | None]] = {}
+    store_wanted = trio.Event()
+    lookup_send, lookup_recv = trio.open_memory_channel[Address](10_000)
+
+    async def dispatch() -> None:
+        nonlocal wakeup, store_wanted
+        while True:
+            await wakeup.wait()
+            wakeup = trio.Event()
+            while dp.outbox:
+                item = dp.outbox.popleft()
+                if isinstance(item, Stored):
+                    if cache is None:
+                        continue
+                    for entry in item.entries:
+                        if len(pending_writes) < MAX_PENDING_WRITES or entry[0] in pending_writes:
+                            pending_writes[entry[0]] = entry
+                    store_wanted.set()
+                elif isinstance(item, LookupWanted):
+                    try:
+                        lookup_send.send_nowait(item.client)
+                    except trio.WouldBlock:
+                        dp.send_command("lookup_failed", item.client)
+
+    async def lookups() -> None:
+        assert cache is not None
+        async for first in lookup_recv:
+            batch = [first]
+            while len(batch) < 256:
+                try:
+                    batch.append(lookup_recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            try:
+                tokens = await cache.lookup(batch)
+            except CacheUnavailable:
+                for client in batch:
+                    dp.send_command("lookup_failed", client)
+                continue
+            for client, token in zip(batch, tokens, strict=True):
+                dp.send_command("recovered", (client, token))
+
+    async def flush_writes() -> None:
+        assert cache is not None
+        entries = list(pending_writes.values())
+        pending_writes.clear()
+        try:
+            await cache.store(entries)
+        except CacheUnavailable:
+            for entry in entries:  # keep them, unless the flow was written again meanwhile
+                pending_writes.setdefault(entry[0], entry)
+        handle.extra["pending_writes"] = len(pending_writes)
+
+    async def writes() -> None:
+        nonlocal store_wanted
+        assert cache is not None
+        while True:
+            await store_wanted.wait()
+            store_wanted = trio.Event()
+            await flush_writes()
+            if pending_writes:  # cache down: retry after its backoff
+                await trio.sleep(0.2)
+                store_wanted.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(dispatch)
+            if cache is not None:
+                nursery.start_soon(lookups)
+                nursery.start_soon(writes)
+            thread_done = trio.Event()
+
+            async def run_thread() -> None:
+                try:
+                    await trio.to_thread.run_sync(dp.run, limiter=trio.CapacityLimiter(1))
+                finally:
+                    thread_done.set()
+
+            nursery.start_soon(run_thread)
+            task_status.started(handle)
+            try:
+                await thread_done.wait()
+                raise RuntimeError("relay data plane exited")
+            finally:
+                dp.stop()
+    finally:
+        # The nursery above waited for the data-plane thread to return, so the sockets
+        # are no longer in use when they close here.
+        with trio.CancelScope(shield=True):
+            if cache is not None:
+                with trio.move_on_after(FLUSH_ON_EXIT):
+                    while dp.outbox:
+                        item = dp.outbox.popleft()
+                        if isinstance(item, Stored):
+                            for entry in item.entries:
+                                pending_writes[entry[0]] = entry
+                    if pending_writes:
+                        await flush_writes()
+                cache.close()
+            for sock in (public, peer, own):
+                sock.close()
+            dp.close()
+
+
+# -- as a process of `firsthop relay` ----------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _emit(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+async def _worker_process(config: RelayConfig, index: int) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            handle: WorkerHandle = await nursery.start(serve_worker, config, index)
+            _emit(
+                {
+                    "type": "ready",
+                    "index": index,
+                    "pid": os.getpid(),
+                    "public": handle.public,
+                    "peer": handle.peer,
+                    "own": handle.own,
+                }
+            )
+
+            async def report() -> None:
+                while True:
+                    _emit({"type": "stats", "index": index, "stats": handle.stats()})
+                    await trio.sleep(STATS_EVERY)
+
+            nursery.start_soon(report)
+            async for _ in signals:
+                break
+            nursery.cancel_scope.cancel()
+    _emit({"type": "stats", "index": index, "stats": handle.stats()})
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("FIRSTHOP_LOG_LEVEL", "INFO"),
+        format=f"relay[w{sys.argv[1] if len(sys.argv) > 1 else 0}] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    _die_with_parent()
+    config = RelayConfig.from_json(os.environ[CONFIG_ENV])
+    index = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    trio.run(_worker_process, config, index)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Command-line configuration shared by every service (ARCHITECTURE §5).
+
+Every flag also reads ``FIRSTHOP_<NAME>`` from the environment (``--route-keys`` ↔
+``FIRSTHOP_ROUTE_KEYS``); the command line wins. Repeatable flags (``--peer``,
+``--ingress``) take a comma-separated list from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from typing import Any
+
+Address = tuple[str, int]
+
+
+def env_name(flag: str) -> str:
+    return "FIRSTHOP_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def add_option(
+    parser: argparse.ArgumentParser | Any,
+    flag: str,
+    *,
+    default: Any = None,
+    help: str,
+    action: str | None = None,
+    type: Any = None,
+    metavar: str | None = None,
+) -> None:
+    """Add `flag` with its default taken from FIRSTHOP_<NAME> when that is set."""
+    raw = os.environ.get(env_name(flag))
+    kwargs: dict[str, Any] = {"help": f"{help} [env {env_name(flag)}]"}
+    if metavar:
+        kwargs["metavar"] = metavar
+    if action == "store_true":
+        if raw is not None:
+            default = raw.strip().lower() in ("1", "true", "yes", "on")
+        parser.add_argument(flag, action="store_true", default=bool(default), **kwargs)
+        return
+    if action == "append":
+        if raw is not None:
+            default = [item.strip() for item in raw.split(",") if item.strip()]
+        parser.add_argument(
+            flag, action=_ReplacingAppend, default=list(default or []), type=type, **kwargs
+        )
+        return
+    if raw is not None:
+        default = type(raw) if type is not None else raw
+    parser.add_argument(flag, default=default, type=type, **kwargs)
+
+
+class _ReplacingAppend(argparse.Action):
+    """Like ``append``, but the first use on the command line replaces the env default."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen: set[str] = getattr(namespace, "_replaced", set())
+        current = [] if self.dest not in seen else list(getattr(namespace, self.dest))
+        seen.add(self.dest)
+        namespace._replaced = seen
+        setattr(namespace, self.dest, [*current, values])
+
+
+def parse_hostport(text: str, *, default_port: int | None = None) -> Address:
+    """Parse ``host:port``, ``[v6]:port`` or ``v6`` with a default port."""
+    text = text.strip()
+    host: str
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]")
+        if not sep:
+            raise ValueError(f"unclosed bracket in address {text!r}")
+        port_text = port_text.removeprefix(":")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
+    if not port_text:
+        if default_port is None:
+            raise ValueError(f"address {text!r} needs a port")
+        port = default_port
+    else:
+        try:
+            port = int(port_text)
+        except ValueError as exc:
+            raise ValueError(f"bad port in address {text!r}") from exc
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range in address {text!r}")
+    if not host:
+        raise ValueError(f"address {text!r} has no host")
+    return host, port
+
+
+def format_hostport(addr: Address) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def hostport_arg(text: str) -> Address:
+    """argparse type for HOST:PORT."""
+    try:
+        return parse_hostport(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def parse_mapping(items: list[str], what: str) -> dict[str, str]:
+    """Parse repeated ``KEY=VALUE`` items (``--peer 2=relay-b:3479``)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{what} {item!r} is not KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_cidrs(text: str) -> list[str]:
+    cidrs = [c.strip() for c in text.split(",") if c.strip()]
+    for cidr in cidrs:
+        ipaddress.ip_network(cidr, strict=False)
+    return cidrs

@@ -1,0 +1,31 @@
+"""Process lifecycle shared by the services: logging set-up and run-until-SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+
+def setup_logging(prefix: str) -> None:
+    logging.basicConfig(
+        level=os.environ.get("FIRSTHOP_LOG_LEVEL", "INFO").upper(),
+        format=f"{prefix} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def run_until_signal(serve: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """Start `serve(*args, task_status=...)` and stop it cleanly on SIGTERM or SIGINT."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, *args)
+            async for signum in signals:
+                logging.getLogger("firsthop").info("%s: shutting down", signal.Signals(signum).name)
+                break
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,269 @@
+"""Route tokens: the server ICE ufrag as a signed, self-describing route (ARCHITECTURE §2).
+
+The transceiver mints its ICE ufrag as a token naming its own media address; the relay reads
+it from the USERNAME of a session's first STUN Binding request and routes with no lookup.
+
+Binary layout (then standard base64, no padding; the lengths are chosen so none occurs):
+
+    version(1)=0x01 | key id(1) | cluster(2, BE) | family(1)=4|6 | ip(4|16) | port(2, BE)
+    | issued-at(4, BE unix s) | nonce(3) | mac(12) = HMAC-SHA256(key[key id], all before)[:12]
+
+IPv4 tokens are 30 bytes (40 chars), IPv6 tokens 42 bytes (56 chars); nothing else decodes.
+
+Strategy: `verify_route_token` runs on the relay's first-packet path, so it checks the cheap
+things first (length, alphabet, version, key id), then the MAC (constant time), and only then
+trusts the fields. Destination CIDRs are pre-compiled to integer (network, mask) pairs so the
+allow-list check allocates nothing.
+
+Errors::
+
+    TokenError
+     ├── MalformedToken          wrong length, alphabet, version or family
+     ├── UnknownKey              key id not among the live keys
+     ├── BadMac                  MAC does not match (forged or corrupted)
+     ├── TokenExpired            issued-at older than the max age
+     ├── TokenFromFuture         issued-at more than 30 s ahead of now
+     └── DestinationNotAllowed   destination outside the allowed CIDRs
+
+Each class has a ``reason`` used as the drop-counter label.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import os
+import socket
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+VERSION = 1
+MAC_LENGTH = 12
+NONCE_LENGTH = 3
+V4_LENGTH = 30  # 1+1+2+1+4+2+4+3+12
+V6_LENGTH = 42  # 1+1+2+1+16+2+4+3+12
+V4_CHARS = 40
+V6_CHARS = 56
+FUTURE_SKEW = 30  # seconds a token may be issued ahead of the verifier's clock
+DEFAULT_MAX_AGE = 4 * 3600  # the longest session
+KEY_LENGTH = 32
+
+_HEAD = struct.Struct("!BBHB")
+_TAIL = struct.Struct("!HI")
+
+
+class TokenError(Exception):
+    reason = "token_invalid"
+
+
+class MalformedToken(TokenError):
+    reason = "token_malformed"
+
+
+class UnknownKey(TokenError):
+    reason = "token_unknown_key"
+
+
+class BadMac(TokenError):
+    reason = "token_bad_mac"
+
+
+class TokenExpired(TokenError):
+    reason = "token_expired"
+
+
+class TokenFromFuture(TokenError):
+    reason = "token_future"
+
+
+class DestinationNotAllowed(TokenError):
+    reason = "dest_not_allowed"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteToken:
+    key_id: int
+    cluster: int
+    host: str  # the transceiver's media IP, textual
+    port: int
+    issued_at: int
+    nonce: bytes
+    packed_ip: bytes  # 4 or 16 bytes, as on the wire
+
+    @property
+    def family(self) -> int:
+        return 4 if len(self.packed_ip) == 4 else 6
+
+    @property
+    def dest(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+
+def _mac(key: bytes, body: bytes) -> bytes:
+    return hmac.digest(key, body, "sha256")[:MAC_LENGTH]
+
+
+def encode_route_token(
+    *,
+    key_id: int,
+    key: bytes,
+    cluster: int,
+    host: str,
+    port: int,
+    issued_at: int,
+    nonce: bytes,
+) -> str:
+    """Mint a token; the result is a valid ICE ufrag (RFC 8839 §5.4 ice-char only)."""
+    ip = ipaddress.ip_address(host)
+    family = 4 if ip.version == 4 else 6
+    if len(nonce) != NONCE_LENGTH:
+        raise ValueError("nonce must be 3 bytes")
+    body = (
+        _HEAD.pack(VERSION, key_id, cluster, family)
+        + ip.packed
+        + _TAIL.pack(port, issued_at)
+        + nonce
+    )
+    return binascii.b2a_base64(body + _mac(key, body), newline=False).decode("ascii")
+
+
+def decode_route_token(ufrag: bytes | str) -> RouteToken:
+    """Decode a token's fields WITHOUT checking its MAC (for logs and tests)."""
+    raw = _decode_raw(ufrag)
+    return _fields(raw)
+
+
+def _decode_raw(ufrag: bytes | str) -> bytes:
+    n = len(ufrag)
+    if n != V4_CHARS and n != V6_CHARS:
+        raise MalformedToken(f"token must be 40 or 56 characters, got {n}")
+    try:
+        raw = binascii.a2b_base64(ufrag, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise MalformedToken("token is not unpadded standard base64") from exc
+    if raw[0] != VERSION:
+        raise MalformedToken(f"unsupported token version {raw[0]}")
+    family = raw[4]
+    if family != 4 and family != 6:
+        raise MalformedToken(f"unknown address family {family}")
+    if len(raw) != (V4_LENGTH if family == 4 else V6_LENGTH):
+        raise MalformedToken("token length does not match its address family")
+    return raw
+
+
+def _fields(raw: bytes) -> RouteToken:
+    _, key_id, cluster, family = _HEAD.unpack_from(raw)
+    ip_len = 4 if family == 4 else 16
+    packed_ip = raw[5 : 5 + ip_len]
+    port, issued_at = _TAIL.unpack_from(raw, 5 + ip_len)
+    nonce = raw[11 + ip_len : 11 + ip_len + NONCE_LENGTH]
+    host = socket.inet_ntop(socket.AF_INET if family == 4 else socket.AF_INET6, packed_ip)
+    return RouteToken(key_id, cluster, host, port, issued_at, nonce, packed_ip)
+
+
+class DestinationFilter:
+    """A CIDR allow-list compiled to integer masks: membership allocates nothing."""
+
+    __slots__ = ("_v4", "_v6", "_text")
+
+    def __init__(self, cidrs: Iterable[str]) -> None:
+        self._v4: list[tuple[int, int]] = []
+        self._v6: list[tuple[int, int]] = []
+        self._text: list[str] = []
+        for cidr in cidrs:
+            net = ipaddress.ip_network(cidr.strip(), strict=False)
+            mask = int(net.netmask)
+            (self._v4 if net.version == 4 else self._v6).append((int(net.network_address), mask))
+            self._text.append(str(net))
+
+    @classmethod
+    def allow_all(cls) -> DestinationFilter:
+        return cls(["0.0.0.0/0", "::/0"])
+
+    def allows(self, packed_ip: bytes) -> bool:
+        value = int.from_bytes(packed_ip, "big")
+        nets = self._v4 if len(packed_ip) == 4 else self._v6
+        for network, mask in nets:
+            if value & mask == network:
+                return True
+        return False
+
+    def allows_host(self, host: str) -> bool:
+        return self.allows(ipaddress.ip_address(host).packed)
+
+    def __repr__(self) -> str:
+        return f"DestinationFilter({self._text!r})"
+
+
+def verify_route_token(
+    ufrag: bytes | str,
+    keys: Mapping[int, bytes],
+    now: float,
+    *,
+    max_age: float = DEFAULT_MAX_AGE,
+    allow_dest: DestinationFilter | None = None,
+) -> RouteToken:
+    """Decode and authenticate a token; raise a TokenError subclass if it must not route.
+
+    `allow_dest=None` skips the destination check (a relay forwarding to a peer cluster
+    checks only MAC, key and age: ARCHITECTURE §7).
+    """
+    raw = _decode_raw(ufrag)
+    key = keys.get(raw[1])
+    if key is None:
+        raise UnknownKey(f"unknown key id {raw[1]}")
+    if not hmac.compare_digest(_mac(key, raw[:-MAC_LENGTH]), raw[-MAC_LENGTH:]):
+        raise BadMac("route token MAC mismatch")
+    token = _fields(raw)
+    if token.issued_at > now + FUTURE_SKEW:
+        raise TokenFromFuture("route token issued in the future")
+    if now - token.issued_at > max_age:
+        raise TokenExpired("route token too old")
+    if allow_dest is not None and not allow_dest.allows(token.packed_ip):
+        raise DestinationNotAllowed(f"destination {token.host} not allowed")
+    return token
+
+
+def parse_route_keys(text: str) -> dict[int, bytes]:
+    """Parse ``"1=<base64 32 bytes>,2=<base64 32 bytes>"`` (FIRSTHOP_ROUTE_KEYS)."""
+    keys: dict[int, bytes] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        kid, sep, b64 = item.partition("=")
+        if not sep:
+            raise ValueError(f"route key {item!r} is not ID=BASE64")
+        try:
+            key_id = int(kid)
+            key = binascii.a2b_base64(b64.strip(), strict_mode=True)
+        except (ValueError, binascii.Error) as exc:
+            raise ValueError(f"route key {kid!r}: {exc}") from exc
+        if not 0 <= key_id <= 255:
+            raise ValueError(f"route key id {key_id} outside 0..255")
+        if len(key) != KEY_LENGTH:
+            raise ValueError(f"route key {key_id} must be {KEY_LENGTH} bytes, got {len(key)}")
+        if key_id in keys:
+            raise ValueError(f"route key id {key_id} given twice")
+        keys[key_id] = key
+    if not keys:
+        raise ValueError("no route keys given")
+    return keys
+
+
+def format_route_keys(keys: Mapping[int, bytes]) -> str:
+    return ",".join(
+        f"{kid}={binascii.b2a_base64(key, newline=False).decode()}" for kid, key in keys.items()
+    )
+
+
+def fresh_nonce() -> bytes:
+    return os.urandom(NONCE_LENGTH)
+
+
+def token_digest(ufrag: str) -> str:
+    """A short stable id for logs that does not reveal the token."""
+    return hashlib.sha256(ufrag.encode()).hexdigest()[:12]

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from shared.config import add_option, env_name, parse_hostport, parse_mapping
+
+
+def test_env_name() -> None:
+    assert env_name("--route-keys") == "FIRSTHOP_ROUTE_KEYS"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:3478", ("127.0.0.1", 3478)),
+        ("[::1]:5004", ("::1", 5004)),
+        ("relay-b:3479", ("relay-b", 3479)),
+    ],
+)
+def test_parse_hostport(text: str, expected: tuple[str, int]) -> None:
+    assert parse_hostport(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "host", ":1", "h:x", "h:70000", "[::1"])
+def test_parse_hostport_rejects(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_hostport(bad)
+
+
+def test_env_defaults_and_cli_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIRSTHOP_CLUSTER", "7")
+    monkeypatch.setenv("FIRSTHOP_PEER", "2=a:1, 3=b:2")
+    monkeypatch.setenv("FIRSTHOP_ACCEPT_DIRECT", "true")
+    p = argparse.ArgumentParser()
+    add_option(p, "--cluster", default=1, type=int, help="c")
+    add_option(p, "--peer", action="append", help="p")
+    add_option(p, "--accept-direct", action="store_true", help="d")
+    args = p.parse_args([])
+    assert (args.cluster, args.peer, args.accept_direct) == (7, ["2=a:1", "3=b:2"], True)
+    args = p.parse_args(["--cluster", "9", "--peer", "4=c:3"])
+    assert args.cluster == 9
+    assert args.peer == ["4=c:3"]
+
+
+def test_parse_mapping() -> None:
+    assert parse_mapping(["2=h:1"], "peer") == {"2": "h:1"}
+    with pytest.raises(ValueError):
+        parse_mapping(["2"], "peer")

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.wire import proxy_v2 as pv
+
+
+def test_ipv4_layout() -> None:
+    hdr = pv.build_proxy_v2(("203.0.113.7", 50000), ("198.51.100.1", 3478))
+    assert hdr == (
+        b"\r\n\r\n\x00\r\nQUIT\n"
+        + b"\x21\x12\x00\x0c"
+        + bytes([203, 0, 113, 7, 198, 51, 100, 1])
+        + (50000).to_bytes(2, "big")
+        + (3478).to_bytes(2, "big")
+    )
+    parsed = pv.parse_proxy_v2(hdr + b"payload")
+    assert parsed.src == ("203.0.113.7", 50000)
+    assert parsed.dst == ("198.51.100.1", 3478)
+    assert (hdr + b"payload")[parsed.payload_offset :] == b"payload"
+
+
+def test_ipv6_layout() -> None:
+    hdr = pv.build_proxy_v2(("2001:db8::1", 1), ("2001:db8::2", 2))
+    assert len(hdr) == 52
+    assert hdr[12:16] == b"\x21\x22\x00\x24"
+    parsed = pv.parse_proxy_v2(memoryview(hdr + b"x"))
+    assert parsed == pv.ProxyHeader(("2001:db8::1", 1), ("2001:db8::2", 2), 52)
+
+
+def test_mixed_family_uses_mapped_v6() -> None:
+    parsed = pv.parse_proxy_v2(pv.build_proxy_v2(("10.0.0.1", 1), ("2001:db8::2", 2)))
+    assert parsed.src == ("::ffff:10.0.0.1", 1)
+
+
+def test_tlvs_are_skipped() -> None:
+    hdr = bytearray(pv.build_proxy_v2(("10.0.0.1", 1), ("10.0.0.2", 2)))
+    hdr[14:16] = (12 + 7).to_bytes(2, "big")
+    data = bytes(hdr) + b"\x04\x00\x04abcd" + b"PAYLOAD"
+    parsed = pv.parse_proxy_v2(data)
+    assert data[parsed.payload_offset :] == b"PAYLOAD"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\r\n\r\n\x00\r\nQUIT",
+        b"\r\n\r\n\x00\r\nQUIT\n\x20\x12\x00\x0c" + bytes(12),  # LOCAL command
+        b"\r\n\r\n\x00\r\nQUIT\n\x11\x12\x00\x0c" + bytes(12),  # version 1
+        b"\r\n\r\n\x00\r\nQUIT\n\x21\x11\x00\x0c" + bytes(12),  # STREAM
+        b"\r\n\r\n\x00\r\nQUIT\n\x21\x12\x00\x0c" + bytes(11),  # truncated
+        b"\r\n\r\n\x00\r\nQUIT\n\x21\x12\x00\x08" + bytes(8),  # block too short
+        b"\r\n\r\n\x00\r\nQUIT\n\x21\x22\x00\x0c" + bytes(12),  # v6 block too short
+        b"\x00\x01\x00\x00\x21\x12\xa4\x42" + bytes(12),  # a STUN packet
+    ],
+)
+def test_malformed(data: bytes) -> None:
+    with pytest.raises(pv.MalformedProxy):
+        pv.parse_proxy_v2(data)
+
+
+addr4 = st.tuples(st.ip_addresses(v=4).map(str), st.integers(0, 65535))
+addr6 = st.tuples(st.ip_addresses(v=6).map(str), st.integers(0, 65535))
+
+
+@given(st.one_of(st.tuples(addr4, addr4), st.tuples(addr6, addr6)), st.binary(max_size=64))
+def test_round_trip(pair: tuple[pv.Address, pv.Address], payload: bytes) -> None:
+    import ipaddress
+
+    src, dst = pair
+    data = pv.build_proxy_v2(src, dst) + payload
+    parsed = pv.parse_proxy_v2(data)
+    norm = lambda a: (ipaddress.ip_address(a[0]), a[1])  # noqa: E731
+    assert (norm(parsed.src), norm(parsed.dst)) == (norm(src), norm(dst))
+    assert data[parsed.payload_offset :] == payload
+
+
+@given(st.binary(max_size=80))
+def test_garbage_raises_only_proxy_error(data: bytes) -> None:
+    try:
+        pv.parse_proxy_v2(data)
+    except pv.ProxyError:
+        pass
+
+
+@given(st.binary(max_size=60))
+def test_garbage_after_signature(rest: bytes) -> None:
+    try:
+        pv.parse_proxy_v2(pv.SIGNATURE + rest)
+    except pv.ProxyError:
+        pass

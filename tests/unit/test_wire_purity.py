@@ -1,0 +1,25 @@
+"""shared/wire is sans-IO: importing it pulls in no event loop, network client or tracer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+FORBIDDEN = ("trio", "asyncio", "redis", "opentelemetry", "aiortc", "aioice", "quart")
+
+
+def test_wire_imports_no_io_frameworks() -> None:
+    code = (
+        "import json, sys\n"
+        "import shared.wire.stun, shared.wire.route_token, shared.wire.proxy_v2, "
+        "shared.wire.demux\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    modules = json.loads(out)
+    leaked = [m for m in modules if m.split(".")[0] in FORBIDDEN]
+    assert leaked == []
+    assert "shared.wire.stun" in modules
