@@ -23,6 +23,7 @@ from typing import Any
 from shared.wire import stun
 from shared.wire.route_token import (
     DestinationFilter,
+    Keyring,
     encode_route_token,
     verify_route_token,
 )
@@ -59,7 +60,7 @@ def _time_ns(fn: Callable[[], object], *, repeat: int, target_s: float) -> list[
 
 def run(*, repeat: int = 7, target_s: float = 0.2, family: int = 4) -> dict[str, Any]:
     key = os.urandom(32)
-    keys = {1: key, 2: os.urandom(32)}
+    keys = Keyring({1: key, 2: os.urandom(32)})  # as the relay holds them
     now = int(time.time())
     host = "10.1.2.3" if family == 4 else "fd00::1:2:3"
     token = encode_route_token(

@@ -47,6 +47,7 @@ from shared.wire.proxy_v2 import (
 from shared.wire.route_token import (
     DEFAULT_MAX_AGE,
     DestinationFilter,
+    Keyring,
     RouteToken,
     TokenError,
     verify_route_token,
@@ -172,7 +173,7 @@ class FlowTable:
         now: float = 0.0,
     ) -> None:
         self.cluster = cluster
-        self.keys = dict(keys)
+        self.keys = Keyring(keys)
         self.ingress = ingress
         self.allow_dest = allow_dest
         self.peers = dict(peers or {})
