@@ -131,3 +131,161 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+class Endpoint:
+    """A UDP endpoint on loopback for relay tests: a client, or a transceiver's socket."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, timeout: float = 2.0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((host, port))
+        self.sock.settimeout(timeout)
+        self.addr: tuple[str, int] = self.sock.getsockname()
+
+    def send(self, data: bytes, to: tuple[str, int]) -> None:
+        self.sock.sendto(data, to)
+
+    def recv(self, timeout: float | None = None) -> tuple[bytes, tuple[str, int]]:
+        if timeout is not None:
+            self.sock.settimeout(timeout)
+        data, addr = self.sock.recvfrom(4096)
+        return data, addr
+
+    def recv_none(self, wait: float = 0.3) -> bool:
+        """True if nothing arrives within `wait` seconds."""
+        self.sock.settimeout(wait)
+        try:
+            self.sock.recvfrom(4096)
+        except TimeoutError:
+            return True
+        finally:
+            self.sock.settimeout(2.0)
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class FakeTransceiver(Endpoint):
+    """The relay-facing wire behaviour of a transceiver: framed in, framed back out."""
+
+    def recv_framed(
+        self, timeout: float | None = None
+    ) -> tuple[tuple[str, int], tuple[str, int], bytes, tuple[str, int]]:
+        from shared.wire.proxy_v2 import parse_proxy_v2
+
+        data, relay = self.recv(timeout)
+        hdr = parse_proxy_v2(data)
+        return hdr.src, hdr.dst, data[hdr.payload_offset :], relay
+
+    def reply(
+        self,
+        relay: tuple[str, int],
+        client: tuple[str, int],
+        ingress: tuple[str, int],
+        payload: bytes,
+    ) -> None:
+        from shared.wire.proxy_v2 import build_proxy_v2
+
+        self.send(build_proxy_v2(ingress, client) + payload, relay)
+
+
+def relay_env() -> dict[str, str]:
+    from shared.wire.route_token import format_route_keys
+
+    env = dict(os.environ)
+    env["FIRSTHOP_ROUTE_KEYS"] = format_route_keys(KEYS)
+    return env
+
+
+class RelayProcess:
+    """A real `firsthop relay` process on free loopback ports."""
+
+    def __init__(
+        self,
+        *args: str,
+        cluster: int = 1,
+        workers: int = 1,
+        redis_url: str | None = None,
+        listen_port: int | None = None,
+        internal_port: int | None = None,
+    ) -> None:
+        self.listen = ("127.0.0.1", listen_port or free_udp_port())
+        self.internal = ("127.0.0.1", internal_port or free_udp_port())
+        self.metrics_addr = ("127.0.0.1", free_tcp_port())
+        self.args = [
+            "relay",
+            "--listen",
+            f"{self.listen[0]}:{self.listen[1]}",
+            "--internal",
+            f"{self.internal[0]}:{self.internal[1]}",
+            "--metrics",
+            f"{self.metrics_addr[0]}:{self.metrics_addr[1]}",
+            "--cluster",
+            str(cluster),
+            "--workers",
+            str(workers),
+            "--allow-dest",
+            "127.0.0.0/8",
+            *(["--redis", redis_url] if redis_url else []),
+            *args,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> RelayProcess:
+        import sys
+        import urllib.request
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", *self.args], env=relay_env()
+        )
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.metrics_addr[0]}:{self.metrics_addr[1]}/healthz"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"relay exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(url, timeout=0.5) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("relay did not become healthy")
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        import urllib.request
+
+        from shared.metrics import parse_text
+
+        url = f"http://{self.metrics_addr[0]}:{self.metrics_addr[1]}/metrics"
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return parse_text(resp.read().decode())
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, frozenset(labels.items())), 0.0)
+
+    def wait_metric(self, name: str, at_least: float, timeout: float = 5.0, **labels: str) -> float:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.metric(name, **labels)
+            if value >= at_least or time.monotonic() > deadline:
+                return value
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 6.0) -> float:
+        """SIGTERM; returns how long the relay took to exit."""
+        assert self.proc is not None
+        t0 = time.monotonic()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        return time.monotonic() - t0
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

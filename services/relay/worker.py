@@ -243,8 +243,11 @@ def _die_with_parent() -> None:
 
 
 def _emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass  # the supervisor is gone; PDEATHSIG is on its way
 
 
 async def _worker_process(config: RelayConfig, index: int) -> None:
