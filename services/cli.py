@@ -6,12 +6,14 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from services import up
 from services.bench import cli as bench_cli
 from services.relay import main as relay_main
 
 # Each entry registers its own subparser and sets `func` to the handler (args) -> exit code.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     relay_main.register,
+    up.register,
     bench_cli.register,
 ]
 

@@ -1,0 +1,190 @@
+"""`firsthop up`: the whole local stack on loopback, in one Trio nursery.
+
+It runs what exists: a Redis (when a `redis-server` binary is found and `--redis` is not
+given; otherwise in-memory), and the relay. Each service is the real `firsthop <service>`
+process with its log lines prefixed; Ctrl-C (or SIGTERM) stops them all and waits for them.
+Route keys are generated per run unless FIRSTHOP_ROUTE_KEYS is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import trio
+
+from shared.config import add_option
+from shared.wire.route_token import KEY_LENGTH, format_route_keys
+
+STOP_GRACE = 6.0
+READY_TIMEOUT = 30.0
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ready_tcp: int | None = None  # ready once this loopback port accepts
+    ready_http: str | None = None  # ready once this URL answers 200
+
+
+async def _wait_ready(service: Service, proc: trio.Process) -> None:
+    with trio.fail_after(READY_TIMEOUT):
+        while True:
+            if proc.returncode is not None:
+                raise RuntimeError(f"{service.name} exited with {proc.returncode}")
+            try:
+                if service.ready_tcp is not None:
+                    stream = await trio.open_tcp_stream("127.0.0.1", service.ready_tcp)
+                    await stream.aclose()
+                    return
+                if service.ready_http is not None:
+                    if await trio.to_thread.run_sync(_http_ok, service.ready_http):
+                        return
+                else:
+                    return
+            except OSError:
+                pass
+            await trio.sleep(0.05)
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _pump(name: str, stream: trio.abc.ReceiveStream) -> None:
+    buffered = b""
+    async for chunk in stream:
+        buffered += chunk
+        *lines, buffered = buffered.split(b"\n")
+        for line in lines:
+            print(f"{name:>12} | {line.decode(errors='replace')}", flush=True)
+
+
+async def _run_service(service: Service, *, task_status: trio.TaskStatus[None]) -> None:
+    env = {**os.environ, **service.env}
+    proc = await trio.lowlevel.open_process(
+        service.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            assert proc.stdout is not None
+            nursery.start_soon(_pump, service.name, proc.stdout)
+            await _wait_ready(service, proc)
+            task_status.started()
+            code = await proc.wait()
+            raise RuntimeError(f"{service.name} exited with {code}")
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                with trio.move_on_after(STOP_GRACE):
+                    await proc.wait()
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+
+
+def plan(args: argparse.Namespace) -> tuple[list[Service], dict[str, str]]:
+    """The services to start and what to tell the user."""
+    keys = os.environ.get("FIRSTHOP_ROUTE_KEYS") or format_route_keys({1: os.urandom(KEY_LENGTH)})
+    env = {"FIRSTHOP_ROUTE_KEYS": keys, "FIRSTHOP_ROUTE_KEY_ID": "1"}
+    services: list[Service] = []
+    redis_url = args.redis
+    redis_bin = shutil.which("redis-server")
+    if redis_url is None and redis_bin is not None:
+        port = _free_port(socket.SOCK_STREAM)
+        redis_url = f"redis://127.0.0.1:{port}/0"
+        services.append(
+            Service(
+                "redis",
+                [
+                    redis_bin,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ],
+            )
+        )
+    me = [sys.executable, "-m", "services.cli"]
+    relay_args = [
+        "relay",
+        "--listen",
+        f"127.0.0.1:{args.relay_port}",
+        "--internal",
+        "127.0.0.1:0",
+        "--metrics",
+        f"127.0.0.1:{args.relay_metrics_port}",
+        "--workers",
+        "1",
+        "--allow-dest",
+        "127.0.0.0/8",
+    ]
+    if redis_url:
+        relay_args += ["--redis", redis_url]
+    services.append(
+        Service(
+            "relay",
+            me + relay_args,
+            env,
+            ready_http=f"http://127.0.0.1:{args.relay_metrics_port}/healthz",
+        )
+    )
+    info = {
+        "relay ingress": f"udp://127.0.0.1:{args.relay_port}",
+        "relay metrics": f"http://127.0.0.1:{args.relay_metrics_port}/metrics",
+        "redis": redis_url or "none (in-memory)",
+    }
+    return services, info
+
+
+async def serve_up(args: argparse.Namespace, *, task_status: trio.TaskStatus[None]) -> None:
+    services, info = plan(args)
+    async with trio.open_nursery() as nursery:
+        for service in services:
+            await nursery.start(_run_service, service)
+        print("firsthop is up:", flush=True)
+        for key, value in info.items():
+            print(f"  {key:<14} {value}", flush=True)
+        print("  Ctrl-C stops everything.", flush=True)
+        task_status.started()
+
+
+def run(args: argparse.Namespace) -> int:
+    from shared.lifecycle import run_until_signal, setup_logging
+
+    setup_logging("up")
+    trio.run(run_until_signal, serve_up, args)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="run the whole local stack on loopback")
+    add_option(p, "--redis", default=None, help="use this Redis instead of starting one")
+    add_option(p, "--relay-port", default=3478, type=int, help="relay ingress UDP port")
+    add_option(p, "--relay-metrics-port", default=9478, type=int, help="relay /metrics port")
+    p.set_defaults(func=run)
