@@ -18,6 +18,8 @@ def setup_logging(prefix: str) -> None:
         format=f"{prefix} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # aioice logs every pair state change at INFO: per-session noise at scale.
+    logging.getLogger("aioice").setLevel(logging.WARNING)
 
 
 async def run_until_signal(serve: Callable[..., Awaitable[Any]], *args: Any) -> None:

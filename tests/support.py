@@ -289,3 +289,143 @@ class RelayProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class ServiceProcess:
+    """A real `firsthop <service>` process, ready once `health_url` answers 200."""
+
+    def __init__(self, args: list[str], health_url: str | None, env: dict[str, str] | None = None):
+        self.args = args
+        self.health_url = health_url
+        self.env = {**relay_env(), **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> ServiceProcess:
+        import sys
+        import urllib.request
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", *self.args], env=self.env
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.args[0]} exited with {self.proc.returncode}")
+            if self.health_url is None:
+                return self
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=0.5) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"{self.args[0]} did not become healthy")
+
+    def stop(self, timeout: float = 10.0) -> float:
+        assert self.proc is not None
+        t0 = time.monotonic()
+        self.proc.terminate()
+        self.proc.wait(timeout)
+        return time.monotonic() - t0
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_tcp(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+class AgentProcess(ServiceProcess):
+    def __init__(self, kind: str = "echo") -> None:
+        self.port = free_tcp_port()
+        super().__init__(["agent", "--kind", kind, "--listen", f"127.0.0.1:{self.port}"], None)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> AgentProcess:
+        super().start(timeout)
+        wait_tcp(self.port, timeout)
+        return self
+
+
+class TransceiverProcess(ServiceProcess):
+    def __init__(
+        self, *extra: str, agent_url: str | None = None, tx_id: str = "tx-test", cluster: int = 1
+    ) -> None:
+        self.media = ("127.0.0.1", free_udp_port())
+        self.api_port = free_tcp_port()
+        args = [
+            "transceiver",
+            "--media",
+            f"127.0.0.1:{self.media[1]}",
+            "--api",
+            f"127.0.0.1:{self.api_port}",
+            "--id",
+            tx_id,
+            "--cluster",
+            str(cluster),
+            "--drain-seconds",
+            "3",
+            *(["--agent-url", agent_url] if agent_url else []),
+            *extra,
+        ]
+        super().__init__(args, f"http://127.0.0.1:{self.api_port}/healthz")
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def create_session(self, offer: str, ingress: list[str], **extra: object) -> tuple[int, dict]:
+        import json
+        import urllib.error
+        import urllib.request
+
+        body = json.dumps(
+            {
+                "call_id": f"call-{time.monotonic_ns()}",
+                "offer_sdp": offer,
+                "ingress": ingress,
+                **extra,
+            }
+        ).encode()
+        req = urllib.request.Request(
+            f"{self.api}/internal/v1/sessions",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def request(
+        self, method: str, path: str, body: bytes = b"", ctype: str = ""
+    ) -> tuple[int, bytes]:
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(
+            f"{self.api}{path}",
+            data=body or None,
+            method=method,
+            headers={"Content-Type": ctype} if ctype else {},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()

@@ -1,0 +1,155 @@
+"""`firsthop agent --kind echo|parrot`: reference backends behind the agent protocol (§8).
+
+One WebSocket per session. Text frames are JSON control messages, binary frames are 20 ms of
+PCM16 mono 48 kHz audio, both ways.
+
+* echo returns each input frame at once (the latency probe) and answers every client event
+  with an agent.event carrying it back;
+* parrot waits for the caller to finish a sentence (~600 ms of silence), says it back at real
+  time, and stops talking (`output.clear`) as soon as the caller talks over it; it reports
+  speech_started / speech_stopped / response_started / response_done as agent events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Any
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
+
+from services.agent.vad import FRAME_MS, TurnTaker
+from shared.config import add_option, hostport_arg
+from shared.lifecycle import run_until_signal, setup_logging
+
+log = logging.getLogger("firsthop.agent")
+
+MAX_MESSAGE = 1 << 20
+PLAYBACK_LEAD = 3  # frames sent ahead of real time, so the transceiver's queue never runs dry
+
+
+async def _send_event(ws: WebSocketConnection, data: dict[str, Any]) -> None:
+    await ws.send_message(json.dumps({"type": "agent.event", "data": data}))
+
+
+async def echo_session(ws: WebSocketConnection) -> None:
+    while True:
+        message = await ws.get_message()
+        if isinstance(message, bytes):
+            await ws.send_message(message)
+            continue
+        try:
+            msg = json.loads(message)
+        except ValueError:
+            continue
+        if msg.get("type") == "client.event":
+            await _send_event(ws, {"type": "echo", "event": msg.get("data")})
+        elif msg.get("type") == "session.end":
+            return
+
+
+async def parrot_session(ws: WebSocketConnection) -> None:
+    turns = TurnTaker()
+    replies_send, replies_recv = trio.open_memory_channel[list[bytes]](4)
+    speaking = trio.Event()  # set while the caller talks: barge-in for the player
+
+    async def player() -> None:
+        nonlocal speaking
+        async for frames in replies_recv:
+            await _send_event(ws, {"type": "response_started", "frames": len(frames)})
+            start = trio.current_time()
+            interrupted = False
+            for i, pcm in enumerate(frames):
+                if speaking.is_set():
+                    interrupted = True
+                    break
+                await trio.sleep_until(start + max(0, i - PLAYBACK_LEAD) * FRAME_MS / 1000)
+                await ws.send_message(pcm)
+            if interrupted:
+                await ws.send_message(json.dumps({"type": "output.clear"}))
+                await _send_event(ws, {"type": "response_done", "interrupted": True})
+            else:
+                await _send_event(ws, {"type": "response_done", "interrupted": False})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(player)
+        while True:
+            message = await ws.get_message()
+            if isinstance(message, str):
+                try:
+                    msg = json.loads(message)
+                except ValueError:
+                    continue
+                if msg.get("type") == "session.end":
+                    nursery.cancel_scope.cancel()
+                    return
+                continue
+            for name, utterance in turns.feed(message):
+                if name == "speech_started":
+                    speaking.set()
+                    await _send_event(ws, {"type": "speech_started"})
+                elif name == "speech_stopped":
+                    speaking = trio.Event()
+                    await _send_event(ws, {"type": "speech_stopped"})
+                    if utterance:
+                        try:
+                            replies_send.send_nowait(utterance)
+                        except trio.WouldBlock:
+                            log.warning("parrot: reply queue full, dropping a reply")
+
+
+KINDS = {"echo": echo_session, "parrot": parrot_session}
+
+
+async def serve_agent(
+    kind: str,
+    listen: tuple[str, int],
+    *,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    handler = KINDS[kind]
+
+    async def on_request(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        try:
+            first = await ws.get_message()
+            start = json.loads(first) if isinstance(first, str) else {}
+            if start.get("type") != "session.start":
+                await ws.aclose(code=1002, reason="expected session.start")
+                return
+            log.info("%s session %s started", kind, start.get("session_id"))
+            await handler(ws)
+        except (ConnectionClosed, ValueError):
+            pass
+        finally:
+            await ws.aclose()
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(
+            lambda task_status: serve_websocket(
+                on_request,
+                listen[0],
+                listen[1],
+                ssl_context=None,
+                max_message_size=MAX_MESSAGE,
+                task_status=task_status,
+            )
+        )
+        port = server.port
+        log.info("agent %s listening on %s:%d", kind, listen[0], port)
+        task_status.started((listen[0], port))
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(f"agent[{args.kind}]")
+    trio.run(run_until_signal, serve_agent, args.kind, hostport_arg(args.listen))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("agent", help="reference agent backend (echo or parrot) over WebSocket")
+    add_option(p, "--listen", default="0.0.0.0:8090", help="WebSocket address", metavar="HOST:PORT")
+    add_option(p, "--kind", default="echo", help="echo | parrot")
+    p.set_defaults(func=run)

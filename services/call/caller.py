@@ -1,0 +1,179 @@
+"""A standard WebRTC caller on aiortc: what `firsthop call` and the tests dial with.
+
+Nothing firsthop-specific is on this side: a stock `RTCPeerConnection` sends an offer through
+some signaling callable, applies the answer, plays a tone (or PCM), records what comes back
+and notes the setup timeline. Audio analysis helpers (Goertzel tone power) live here too.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import fractions
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
+
+SAMPLE_RATE = 48000
+FRAME_SAMPLES = 960
+
+
+class ToneTrack(MediaStreamTrack):
+    """A sine tone (or given PCM16 mono 48 kHz, then silence), paced at real time."""
+
+    kind = "audio"
+
+    def __init__(self, freq: float = 440.0, amplitude: float = 0.3, pcm: bytes | None = None):
+        super().__init__()
+        self.freq = freq
+        self.amplitude = amplitude
+        self.pcm = pcm
+        self._start: float | None = None
+        self._pts = 0
+
+    def _samples(self, start: int) -> bytes:
+        if self.pcm is not None:
+            chunk = self.pcm[start * 2 : (start + FRAME_SAMPLES) * 2]
+            return chunk.ljust(FRAME_SAMPLES * 2, b"\0")
+        amp = 32767 * self.amplitude
+        w = 2 * math.pi * self.freq / SAMPLE_RATE
+        return array.array(
+            "h", (int(amp * math.sin(w * (start + i))) for i in range(FRAME_SAMPLES))
+        ).tobytes()
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += FRAME_SAMPLES
+            wait = self._start + self._pts / SAMPLE_RATE - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(self._samples(self._pts))
+        frame.pts = self._pts
+        frame.sample_rate = SAMPLE_RATE
+        frame.time_base = fractions.Fraction(1, SAMPLE_RATE)
+        return frame
+
+
+def to_mono(frame: AudioFrame) -> bytes:
+    channels = len(frame.layout.channels)
+    data = bytes(frame.planes[0])[: frame.samples * 2 * channels]
+    if channels == 1:
+        return data
+    samples = array.array("h")
+    samples.frombytes(data)
+    return samples[::channels].tobytes()
+
+
+def tone_power(pcm: bytes, freq: float, rate: int = SAMPLE_RATE) -> float:
+    """Goertzel: normalised power of `freq` in PCM16 mono `pcm` (0..~0.5 for a full tone)."""
+    samples = array.array("h")
+    samples.frombytes(pcm[: len(pcm) // 2 * 2])
+    n = len(samples)
+    if n == 0:
+        return 0.0
+    coeff = 2 * math.cos(2 * math.pi * freq / rate)
+    s1 = s2 = 0.0
+    for x in samples:
+        s0 = x / 32768.0 + coeff * s1 - s2
+        s2, s1 = s1, s0
+    power = s1 * s1 + s2 * s2 - coeff * s1 * s2
+    return power / (n * n)
+
+
+def dominant(pcm: bytes, candidates: list[float]) -> float:
+    return max(candidates, key=lambda f: tone_power(pcm, f))
+
+
+@dataclass
+class CallResult:
+    timeline: dict[str, float] = field(default_factory=dict)  # seconds since start
+    received: bytearray = field(default_factory=bytearray)  # PCM16 mono 48 kHz
+    events: list[Any] = field(default_factory=list)
+    answer_sdp: str = ""
+
+
+Signal = Callable[[str], Awaitable[str]]
+
+
+class Caller:
+    """One call: `await start(signal)`, then `await wait_connected()`, ..., `await close()`."""
+
+    def __init__(self, track: MediaStreamTrack | None = None, *, data_channel: bool = False):
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.track = track or ToneTrack()
+        self.pc.addTrack(self.track)
+        self.result = CallResult()
+        self.channel = self.pc.createDataChannel("oai-events") if data_channel else None
+        self._t0 = time.monotonic()
+        self._connected = asyncio.Event()
+        self._failed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.pc.on("connectionstatechange", self._on_state)
+        self.pc.on("track", self._on_track)
+        if self.channel is not None:
+            self.channel.on("message", lambda m: self.result.events.append(m))
+
+    def mark(self, name: str) -> None:
+        self.result.timeline.setdefault(name, time.monotonic() - self._t0)
+
+    def _on_state(self) -> None:
+        state = self.pc.connectionState
+        self.mark(f"state_{state}")
+        if state == "connected":
+            self._connected.set()
+        elif state in ("failed", "closed"):
+            self._failed.set()
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        self._tasks.append(asyncio.ensure_future(self._record(track)))
+
+    async def _record(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            assert isinstance(frame, AudioFrame)
+            self.mark("first_audio_in")
+            self.result.received += to_mono(frame)
+
+    async def start(self, signal: Signal) -> None:
+        self._t0 = time.monotonic()
+        offer = await self.pc.createOffer()
+        await self.pc.setLocalDescription(offer)
+        self.mark("offer_ready")
+        answer = await signal(self.pc.localDescription.sdp)
+        self.mark("answer")
+        self.result.answer_sdp = answer
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+
+    async def wait_connected(self) -> float:
+        """Wait until connected (wrap in asyncio.wait_for); raise if the call failed."""
+        waiters = [
+            asyncio.ensure_future(self._connected.wait()),
+            asyncio.ensure_future(self._failed.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waiters:
+                task.cancel()
+        if not self._connected.is_set():
+            raise ConnectionError(f"call did not connect (state {self.pc.connectionState})")
+        return self.result.timeline["state_connected"]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.pc.close()

@@ -1,0 +1,164 @@
+"""The transceiver's internal HTTP API (ARCHITECTURE §7) on Quart-Trio.
+
+`POST /internal/v1/sessions` (offer -> answer), `PATCH` (trickle-ice-sdpfrag: candidates are
+accepted and ignored — an ICE-lite server never checks them — and new ice-ufrag/ice-pwd mean
+an ICE restart, answered with the new server credentials), `DELETE`, `POST /internal/v1/drain`,
+`GET /healthz`, `GET /metrics`. Bad input is a 4xx with a reason, never a 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from services.transceiver.service import CreateError, Transceiver
+from shared.config import parse_hostport
+from shared.metrics import CONTENT_TYPE, MetricFamily, render
+from shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
+
+MAX_BODY = MAX_SDP_BYTES + 4096
+
+
+def _error(status: int, reason: str) -> Response:
+    return Response(json.dumps({"error": reason}), status=status, content_type="application/json")
+
+
+def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) -> QuartTrio:
+    app = QuartTrio("firsthop-transceiver")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
+    token = tx.config.internal_token
+
+    @app.before_request
+    async def guard() -> Response | None:
+        if request.path.startswith("/internal/") and token:
+            got = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+                return _error(401, "missing or wrong internal token")
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            return _error(413, f"body over {MAX_BODY} bytes")
+        return None
+
+    async def _json_body() -> dict[str, Any] | Response:
+        if request.mimetype != "application/json":
+            return _error(415, "expected application/json")
+        try:
+            body = json.loads(await request.get_data(as_text=True))
+        except ValueError:
+            return _error(400, "body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "body must be a JSON object")
+        return body
+
+    @app.post("/internal/v1/sessions")
+    async def create() -> Response:
+        body = await _json_body()
+        if isinstance(body, Response):
+            return body
+        offer = body.get("offer_sdp")
+        call_id = body.get("call_id")
+        ingress_raw = body.get("ingress")
+        if not isinstance(offer, str) or not offer:
+            return _error(400, "offer_sdp (string) is required")
+        if not isinstance(call_id, str) or not call_id:
+            return _error(400, "call_id (string) is required")
+        if not isinstance(ingress_raw, list) or not all(isinstance(i, str) for i in ingress_raw):
+            return _error(400, "ingress must be a list of HOST:PORT strings")
+        try:
+            ingress = [parse_hostport(i) for i in ingress_raw]
+        except ValueError as exc:
+            return _error(400, f"bad ingress: {exc}")
+        agent_url = body.get("agent_url")
+        region = body.get("region")
+        if agent_url is not None and not isinstance(agent_url, str):
+            return _error(400, "agent_url must be a string")
+        try:
+            session_id, answer = await tx.create_session(
+                call_id=call_id,
+                offer_sdp=offer,
+                ingress=ingress,
+                agent_url=agent_url,
+                region=region if isinstance(region, str) else None,
+                traceparent=request.headers.get("traceparent"),
+            )
+        except CreateError as exc:
+            resp = _error(exc.status, exc.reason)
+            if exc.status == 503:
+                resp.headers["Retry-After"] = "1"
+            return resp
+        return Response(
+            json.dumps({"session_id": session_id, "answer_sdp": answer}),
+            status=201,
+            content_type="application/json",
+        )
+
+    @app.patch("/internal/v1/sessions/<session_id>")
+    async def patch(session_id: str) -> Response:
+        if session_id not in tx.sessions:
+            return _error(404, "no such session")
+        if request.mimetype != "application/trickle-ice-sdpfrag":
+            return _error(415, "expected application/trickle-ice-sdpfrag")
+        frag = str(await request.get_data(as_text=True))
+        ufrag, pwd, candidates = sdpfrag_credentials(frag)
+        tx.counters["trickle_candidates_ignored"] += len(candidates)
+        session = tx.sessions[session_id]
+        if ufrag is None and pwd is None:
+            return Response("", status=204)
+        if not ufrag or not pwd:
+            return _error(400, "an ICE restart needs both a=ice-ufrag and a=ice-pwd")
+        if ufrag == session.remote_ufrag:
+            return Response("", status=204)  # same credentials: plain trickle
+        new_ufrag, new_pwd = tx.restart_ice(session_id, ufrag, pwd)
+        body = f"a=ice-ufrag:{new_ufrag}\r\na=ice-pwd:{new_pwd}\r\n"
+        return Response(body, status=200, content_type="application/trickle-ice-sdpfrag")
+
+    @app.delete("/internal/v1/sessions/<session_id>")
+    async def delete(session_id: str) -> Response:
+        if not tx.end_session(session_id, "deleted"):
+            return _error(404, "no such session")
+        return Response("", status=204)
+
+    @app.post("/internal/v1/drain")
+    async def drain() -> Response:
+        if drain_nursery is not None and not tx.draining:
+            drain_nursery.start_soon(tx.drain, tx.config.drain_seconds)
+        tx.draining = True
+        return Response(
+            json.dumps({"draining": True, "sessions": len(tx.sessions)}),
+            content_type="application/json",
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        body = {"ok": True, "draining": tx.draining, "sessions": len(tx.sessions)}
+        return Response(json.dumps(body), content_type="application/json")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(transceiver_metrics(tx), content_type=CONTENT_TYPE)
+
+    return app
+
+
+def transceiver_metrics(tx: Transceiver) -> str:
+    sessions = MetricFamily("firsthop_transceiver_sessions", "gauge", "Live sessions")
+    sessions.add(len(tx.sessions))
+    drops = MetricFamily(
+        "firsthop_transceiver_drops_total", "counter", "Datagrams dropped by the mux, by reason"
+    )
+    for reason, n in sorted(tx.mux.drops.items()):
+        drops.add(n, reason=reason)
+    events = MetricFamily("firsthop_transceiver_events_total", "counter", "Counted events")
+    for name, n in sorted(tx.counters.items()):
+        events.add(n, event=name)
+    received = MetricFamily(
+        "firsthop_transceiver_packets_total", "counter", "Datagrams on the media socket"
+    )
+    received.add(tx.mux.received, direction="in").add(tx.counters["packets_out"], direction="out")
+    draining = MetricFamily("firsthop_transceiver_draining", "gauge", "1 while draining")
+    draining.add(1 if tx.draining else 0)
+    return render([sessions, received, drops, events, draining, tx.setup_seconds])

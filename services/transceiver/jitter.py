@@ -1,0 +1,109 @@
+"""A low-latency, adaptive audio jitter buffer for the server side.
+
+aiortc's receiver holds audio in `JitterBuffer(capacity=16, prefetch=4)` and releases a frame
+only once the *next* frame's packet has arrived: 80 ms and more of residence before the agent
+hears anything. On the server the consumer is a model, not a loudspeaker: what matters is
+getting each 20 ms frame to it as soon as it can be in order.
+
+Policy (one Opus frame per RTP packet, as WebRTC sends audio):
+
+* in-order packets are released at once;
+* when a gap opens, newer packets are held until the missing one arrives or `depth` newer
+  packets have queued up, then the gap is skipped (the decoder conceals it);
+* `depth` adapts: it grows by one (up to `MAX_DEPTH`) each time a packet that was given up on
+  arrives late, i.e. when the link reorders more than the window allows, and shrinks by one
+  after `CALM` consecutive in-order packets. A clean link runs at depth 0: zero added delay.
+
+The interface is aiortc's (`add(packet) -> (pli_flag, frame | None)`, `capacity`); packets are
+duck-typed (`sequence_number`, `timestamp`, `payload_type`, `_data`). aiortc takes at most one
+frame per packet, but filling a gap releases several at once, so when a `sink` is set every
+released frame goes to it, in order, and `add` returns None (the transceiver's sink feeds the
+receiver's decoder queue). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+MAX_DEPTH = 4  # packets (80 ms at 20 ms ptime)
+CALM = 250  # in-order packets (5 s) before the window shrinks by one
+_HALF = 1 << 15
+
+
+class Frame:
+    """What the decoder takes: the encoded bytes and the RTP timestamp."""
+
+    __slots__ = ("data", "timestamp", "payload_type")
+
+    def __init__(self, data: bytes, timestamp: int, payload_type: int = 0) -> None:
+        self.data = data
+        self.timestamp = timestamp
+        self.payload_type = payload_type
+
+
+def _newer(a: int, b: int) -> int:
+    """How far sequence number `a` is ahead of `b` (negative if behind), mod 2^16."""
+    return ((a - b + _HALF) & 0xFFFF) - _HALF
+
+
+class LowLatencyJitterBuffer:
+    capacity = 64
+
+    def __init__(self, sink: Callable[[Frame], None] | None = None) -> None:
+        self.sink = sink
+        self.depth = 0
+        self.next_seq: int | None = None
+        self.held: dict[int, Any] = {}
+        self.calm = 0
+        self.late = 0
+        self.skipped = 0
+        self.released: list[Frame] = []  # frames ready beyond the one `add` returns
+
+    def add(self, packet: Any) -> tuple[bool, Frame | None]:
+        seq = packet.sequence_number
+        if self.next_seq is None:
+            self.next_seq = seq
+        ahead = _newer(seq, self.next_seq)
+        if ahead < 0:
+            if ahead > -MAX_DEPTH * 4:  # it came after we gave up on it
+                self.late += 1
+                self.depth = min(MAX_DEPTH, self.depth + 1)
+                self.calm = 0
+            return False, self._pop_released()
+        if ahead >= self.capacity:  # a jump (new stream, long outage): start over
+            self.held.clear()
+            self.next_seq = seq
+            ahead = 0
+        self.held[seq] = packet
+        if ahead == 0:
+            self.calm += 1
+            if self.calm >= CALM and self.depth > 0:
+                self.depth -= 1
+                self.calm = 0
+        self._drain()
+        return False, self._pop_released()
+
+    def _drain(self) -> None:
+        assert self.next_seq is not None
+        while True:
+            packet = self.held.pop(self.next_seq, None)
+            if packet is not None:
+                self.released.append(Frame(packet._data, packet.timestamp, packet.payload_type))
+                self.next_seq = (self.next_seq + 1) & 0xFFFF
+                continue
+            if len(self.held) > self.depth:  # waited long enough for the missing one
+                self.skipped += 1
+                self.next_seq = (self.next_seq + 1) & 0xFFFF
+                continue
+            return
+
+    def _pop_released(self) -> Frame | None:
+        if not self.released:
+            return None
+        if self.sink is not None:
+            for frame in self.released:
+                self.sink(frame)
+            self.released.clear()
+            return None
+        return self.released.pop(0)

@@ -1,0 +1,167 @@
+"""`firsthop transceiver`: flags, and the process (asyncio host loop, Trio guest)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+
+import trio
+
+from services.transceiver.api import create_app
+from services.transceiver.registry import heartbeat
+from services.transceiver.rtc import run_trio_guest
+from services.transceiver.service import Transceiver, TransceiverConfig
+from shared.config import add_option, format_hostport, hostport_arg, parse_cidrs
+from shared.http import bound_address, hypercorn_config
+from shared.lifecycle import setup_logging
+from shared.wire.route_token import parse_route_keys
+
+log = logging.getLogger("firsthop.transceiver")
+
+
+async def serve_transceiver(
+    config: TransceiverConfig,
+    *,
+    task_status: trio.TaskStatus[tuple[Transceiver, tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Media socket, internal API and registry heartbeat; SIGTERM drains, then exits."""
+    from hypercorn.trio import serve
+
+    tx = Transceiver(config)
+    if not config.internal_token:
+        log.warning("FIRSTHOP_INTERNAL_TOKEN is unset: only the network guards /internal/")
+    async with trio.open_nursery() as nursery:
+        media = await nursery.start(tx.serve)
+        app = create_app(tx, drain_nursery=nursery)
+        binds = await nursery.start(
+            lambda task_status: serve(app, hypercorn_config(config.api), task_status=task_status)
+        )
+        api = bound_address(binds)
+        if config.redis:
+            host = config.api[0] if config.api[0] not in ("0.0.0.0", "::") else media[0]
+
+            def fields() -> dict[str, str]:
+                return {
+                    "api_url": f"http://{format_hostport((host, api[1]))}",
+                    "media_addr": format_hostport(config.advertised),
+                    "region": config.region,
+                    "cluster": str(config.cluster),
+                    "sessions": str(len(tx.sessions)),
+                    "capacity": str(config.capacity),
+                    "draining": "1" if tx.draining else "0",
+                }
+
+            nursery.start_soon(heartbeat, config.redis, config.id, fields, tx.counters)
+        log.info(
+            "transceiver %s (region %s, cluster %d): media %s advertised as %s, api %s",
+            config.id,
+            config.region,
+            config.cluster,
+            format_hostport(media),
+            format_hostport(config.advertised),
+            format_hostport(api),
+        )
+        task_status.started((tx, api))
+
+
+async def _process(config: TransceiverConfig) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            tx, _ = await nursery.start(serve_transceiver, config)
+            async for signum in signals:
+                if signum == signal.SIGINT or tx.draining:
+                    break
+                log.info("SIGTERM: draining (up to %.0fs)", config.drain_seconds)
+                nursery.start_soon(_drain_then_stop, tx, config.drain_seconds, nursery)
+            nursery.cancel_scope.cancel()
+
+
+async def _drain_then_stop(tx: Transceiver, deadline: float, nursery: trio.Nursery) -> None:
+    await tx.drain(deadline)
+    nursery.cancel_scope.cancel()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("transceiver", help="WebRTC sessions on one shared UDP socket")
+    add_option(
+        p, "--media", default="0.0.0.0:5004", help="shared media UDP socket", metavar="HOST:PORT"
+    )
+    add_option(
+        p,
+        "--api",
+        default="0.0.0.0:8081",
+        help="internal API, /metrics, /healthz",
+        metavar="HOST:PORT",
+    )
+    add_option(p, "--id", default=os.uname().nodename, help="transceiver id in the registry")
+    add_option(p, "--region", default="local", help="region this transceiver serves")
+    add_option(p, "--cluster", default=1, type=int, help="cluster id written into route tokens")
+    add_option(p, "--route-keys", default=None, help="ID=BASE64,... HMAC keys for route tokens")
+    add_option(p, "--route-key-id", default=1, type=int, help="key id used to sign")
+    add_option(p, "--redis", default=None, help="redis://host:port/db for the registry")
+    add_option(p, "--agent-url", default=None, help="ws://host:port of the default agent")
+    add_option(
+        p,
+        "--advertise-media",
+        default=None,
+        help="media address relays send to (in route tokens; default --media)",
+        metavar="HOST:PORT",
+    )
+    add_option(p, "--accept-direct", action="store_true", help="also accept unframed clients")
+    add_option(p, "--capacity", default=200, type=int, help="most concurrent sessions")
+    add_option(
+        p,
+        "--deny-candidate-cidr",
+        default="10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,fc00::/7",
+        help="caller candidate ranges refused (loopback, link-local, multicast and "
+        "unspecified always are)",
+        metavar="CIDR,...",
+    )
+    add_option(p, "--internal-token", default=None, help="bearer token required on /internal/")
+    add_option(p, "--drain-seconds", default=3600.0, type=float, help="SIGTERM grace for calls")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> TransceiverConfig:
+    if not args.route_keys:
+        raise SystemExit("firsthop transceiver: --route-keys (or FIRSTHOP_ROUTE_KEYS) is required")
+    try:
+        keys = parse_route_keys(args.route_keys)
+        media = hostport_arg(args.media)
+        advertise = hostport_arg(args.advertise_media) if args.advertise_media else None
+        config = TransceiverConfig(
+            media=media,
+            api=hostport_arg(args.api),
+            id=args.id,
+            region=args.region,
+            cluster=args.cluster,
+            keys=keys,
+            key_id=args.route_key_id,
+            redis=args.redis or None,
+            agent_url=args.agent_url or None,
+            advertise_media=advertise,
+            accept_direct=args.accept_direct,
+            capacity=args.capacity,
+            deny_candidate_cidr=parse_cidrs(args.deny_candidate_cidr),
+            internal_token=args.internal_token or None,
+            drain_seconds=args.drain_seconds,
+        )
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise SystemExit(f"firsthop transceiver: {exc}") from exc
+    if config.key_id not in config.keys:
+        raise SystemExit(f"firsthop transceiver: --route-key-id {config.key_id} is not a key")
+    if advertise is None and media[0] in ("0.0.0.0", "::"):
+        raise SystemExit(
+            "firsthop transceiver: --media binds a wildcard address; give --advertise-media "
+            "(the address relays reach this socket at, e.g. the pod IP)"
+        )
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    setup_logging(f"transceiver[{config.id}]")
+    run_trio_guest(lambda: _process(config))
+    return 0

@@ -1,0 +1,449 @@
+"""The asyncio boundary: the only module of firsthop that imports asyncio, aiortc or aioice.
+
+Each session is a stock `RTCPeerConnection(RTCConfiguration(iceServers=[]))` with four hooks
+into aioice's `Connection` (pinned versions; `tests/unit/test_rtc_hooks.py` fails loudly if an
+upgrade moves them):
+
+* the local ufrag/pwd (`_local_username`, `_local_password`) are set to the route token and
+  a fresh password after the offer is applied and before the answer is made;
+* `get_component_candidates` creates no socket: it gives aioice a `StunProtocol` on a
+  `VirtualTransport` whose `sendto` frames the datagram onto the process's ONE shared UDP
+  socket, and returns the relay ingress address(es) as host candidates;
+* `check_start` is replaced by ICE-lite behaviour (RFC 8445 §2.5): the server never sends a
+  connectivity check; a pair succeeds when the caller's authenticated check arrives on it,
+  and is nominated by the caller's USE-CANDIDATE. So the server never sends anything to a
+  caller-supplied address, and setup does not wait on a server check racing the answer;
+* `query_consent` does nothing: consent is the caller's job towards a lite agent (RFC 7675);
+  the transceiver watches the caller's checks instead.
+
+The process runs an asyncio host loop with Trio as a guest (`trio.lowlevel.start_guest_run`),
+so Trio code calls into this module synchronously on the same thread; `call_asyncio` awaits an
+asyncio coroutine from Trio, and callbacks out of this module go through the Trio token.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import fractions
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aioice
+import aioice.ice
+import trio
+from aioice.candidate import candidate_foundation, candidate_priority
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
+
+from services.transceiver.jitter import LowLatencyJitterBuffer
+
+log = logging.getLogger("firsthop.transceiver.rtc")
+
+Address = tuple[str, int]
+T = TypeVar("T")
+
+SAMPLE_RATE = 48000
+FRAME_SAMPLES = 960  # 20 ms
+FRAME_BYTES = FRAME_SAMPLES * 2
+PTIME = FRAME_SAMPLES / SAMPLE_RATE
+OUTPUT_QUEUE_FRAMES = 50  # 1 s of agent audio waiting to be played
+
+
+# -- calling between Trio and asyncio on one thread ---------------------------------------
+
+
+async def call_asyncio(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on the asyncio host loop and await it from Trio (guest mode)."""
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    future = asyncio.ensure_future(coro)
+    future.add_done_callback(lambda _: token.run_sync_soon(done.set))
+    try:
+        await done.wait()
+    except trio.Cancelled:
+        future.cancel()
+        raise
+    return future.result()
+
+
+def run_trio_guest(
+    trio_main: Callable[[], Awaitable[Any]],
+) -> Any:
+    """Run `trio_main` in Trio guest mode on a fresh asyncio host loop; return its result."""
+
+    async def host() -> Any:
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[Any] = loop.create_future()
+
+        def done(outcome: Any) -> None:
+            if not finished.done():
+                finished.set_result(outcome)
+
+        trio.lowlevel.start_guest_run(
+            trio_main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=done,
+            host_uses_signal_set_wakeup_fd=True,
+        )
+        outcome = await finished
+        return outcome.unwrap()
+
+    return asyncio.run(host())
+
+
+# -- the shared socket, seen from aioice ----------------------------------------------------
+
+
+class VirtualTransport(asyncio.DatagramTransport):
+    """A datagram transport with no socket of its own: `sendto` goes through `send`."""
+
+    def __init__(self, send: Callable[[bytes, Address], None], sockname: Address) -> None:
+        super().__init__()
+        self._send = send
+        self._sockname = sockname
+        self._protocol: asyncio.DatagramProtocol | None = None
+        self._closing = False
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, asyncio.DatagramProtocol)
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._protocol is not None
+        return self._protocol
+
+    def sendto(self, data: bytes | bytearray | memoryview, addr: Any = None) -> None:
+        if not self._closing and addr is not None:
+            self._send(bytes(data), (addr[0], addr[1]))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._sockname if name == "sockname" else default
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        # aioice's StunProtocol.close() waits for connection_lost: without it, close hangs.
+        if not self._closing:
+            self._closing = True
+            if self._protocol is not None:
+                self._protocol.connection_lost(None)
+
+    def abort(self) -> None:
+        self.close()
+
+
+# -- audio tracks -------------------------------------------------------------------------
+
+
+def stereo_to_mono(frame: AudioFrame) -> bytes:
+    """PCM16 mono from a decoded frame (aiortc's Opus decoder gives packed s16 stereo)."""
+    data = bytes(frame.planes[0])[: frame.samples * 2 * len(frame.layout.channels)]
+    if len(frame.layout.channels) == 1:
+        return data
+    samples = array.array("h")
+    samples.frombytes(data)
+    return samples[::2].tobytes()
+
+
+class AgentAudioTrack(MediaStreamTrack):
+    """The agent's voice: 20 ms PCM16 mono frames paced at real time from a bounded queue,
+    silence when it is empty."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queue: deque[bytes] = deque()
+        self.dropped = 0
+        self.frames_out = 0
+        self.first_audio_at: float | None = None
+        self.on_first_audio: Callable[[], None] | None = None
+        self._start: float | None = None
+        self._pts = 0
+
+    def push(self, pcm: bytes) -> None:
+        for off in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):
+            if len(self.queue) >= OUTPUT_QUEUE_FRAMES:
+                self.queue.popleft()
+                self.dropped += 1
+            self.queue.append(pcm[off : off + FRAME_BYTES])
+
+    def clear(self) -> None:
+        self.queue.clear()
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += FRAME_SAMPLES
+            wait = self._start + self._pts / SAMPLE_RATE - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        pcm = self.queue.popleft() if self.queue else None
+        if pcm is not None:
+            self.frames_out += 1
+            if self.first_audio_at is None:
+                self.first_audio_at = time.monotonic()
+                if self.on_first_audio is not None:
+                    self.on_first_audio()
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(pcm or bytes(FRAME_BYTES))
+        frame.pts = self._pts
+        frame.sample_rate = SAMPLE_RATE
+        frame.time_base = fractions.Fraction(1, SAMPLE_RATE)
+        return frame
+
+
+def _decoder_sink(receiver: Any) -> Callable[[Any], None]:
+    """Feed released frames straight to the receiver's decoder thread, as aiortc's own
+    receive path does with the one frame its jitter buffer returns."""
+
+    def sink(frame: Any) -> None:
+        if receiver._RTCRtpReceiver__decoder_thread is None:
+            return
+        codec = receiver._RTCRtpReceiver__codecs.get(frame.payload_type)
+        if codec is None:
+            return
+        frame.timestamp = receiver._RTCRtpReceiver__timestamp_mapper.map(frame.timestamp)
+        receiver._RTCRtpReceiver__decoder_queue.put((codec, frame))
+
+    return sink
+
+
+# -- one session --------------------------------------------------------------------------
+
+
+@dataclass
+class SessionCallbacks:
+    """What a session reports back (called on the loop thread, from asyncio context)."""
+
+    audio: Callable[[bytes], None]
+    state: Callable[[str], None]
+    event: Callable[[str], None]
+    validated: Callable[[Address], None]
+    milestone: Callable[[str], None]
+
+
+@dataclass
+class RtcSession:
+    ufrag: str
+    pwd: str
+    candidates: list[Address]  # the relay ingress address(es) advertised in the answer
+    send: Callable[[bytes, Address], None]  # frames and sends one datagram to a client
+    callbacks: SessionCallbacks
+    pc: RTCPeerConnection = field(init=False)
+    output: AgentAudioTrack = field(init=False)
+    protocol: aioice.ice.StunProtocol | None = field(init=False, default=None)
+    channel: Any = field(init=False, default=None)
+    _tasks: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.output = AgentAudioTrack()
+        self.output.on_first_audio = lambda: self.callbacks.milestone("first_audio_out")
+        self.pc.on("connectionstatechange", self._on_state)
+        self.pc.on("iceconnectionstatechange", self._on_ice_state)
+        self.pc.on("track", self._on_track)
+        self.pc.on("datachannel", self._on_datachannel)
+
+    # -- setup -----------------------------------------------------------------------------
+
+    async def answer(self, offer_sdp: str) -> str:
+        """Apply the offer (candidates already stripped) and return the answer SDP."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
+        self.pc.addTrack(self.output)
+        for ice in self.ice_transports():
+            self._hook(ice._connection)
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.kind == "audio":
+                receiver: Any = transceiver.receiver
+                receiver._RTCRtpReceiver__jitter_buffer = LowLatencyJitterBuffer(
+                    sink=_decoder_sink(receiver)
+                )
+        answer = await self.pc.createAnswer()
+        await self.pc.setLocalDescription(answer)
+        dtls = [t.receiver.transport for t in self.pc.getTransceivers()]
+        for transport in dtls:
+            transport.on("statechange", self._make_dtls_watch(transport))
+        return str(self.pc.localDescription.sdp)
+
+    def ice_transports(self) -> list[Any]:
+        pc: Any = self.pc
+        transports: set[Any] = pc._RTCPeerConnection__iceTransports
+        return list(transports)
+
+    def _hook(self, conn: aioice.Connection) -> None:
+        conn._local_username = self.ufrag
+        conn._local_password = self.pwd
+        session = self
+
+        async def get_component_candidates(
+            component: int,
+            addresses: list[str],
+            timeout: int = 5,  # noqa: ASYNC109
+        ) -> list[aioice.Candidate]:
+            transport = VirtualTransport(session.send, session.candidates[0])
+            protocol = aioice.ice.StunProtocol(conn)
+            transport.set_protocol(protocol)
+            protocol.connection_made(transport)
+            candidates = []
+            for host, port in session.candidates:
+                candidates.append(
+                    aioice.Candidate(
+                        foundation=candidate_foundation("host", "udp", host),
+                        component=component,
+                        transport="udp",
+                        priority=candidate_priority(component, "host"),
+                        host=host,
+                        port=port,
+                        type="host",
+                    )
+                )
+            protocol.local_candidate = candidates[0]
+            conn._protocols.append(protocol)
+            session.protocol = protocol
+            return candidates
+
+        async def lite_check_start(pair: aioice.ice.CandidatePair) -> None:
+            # RFC 8445 §2.5 / §7.3.1.4: a lite agent sends no check; the caller's
+            # authenticated check on this pair (it just arrived) makes it valid.
+            conn.check_state(pair, aioice.ice.CandidatePair.State.SUCCEEDED)
+            if pair.remote_nominated:
+                pair.nominated = True
+            session.callbacks.validated(pair.remote_addr)
+            conn.check_complete(pair)
+
+        async def no_consent_checks() -> None:
+            await asyncio.Event().wait()
+
+        conn.get_component_candidates = get_component_candidates  # type: ignore[method-assign]
+        conn.check_start = lite_check_start  # type: ignore[method-assign]
+        conn.query_consent = no_consent_checks  # type: ignore[method-assign]
+
+    def restart_ice(self, ufrag: str, pwd: str, remote_ufrag: str, remote_pwd: str) -> None:
+        """ICE restart (RFC 8445 §9): new credentials both ways; DTLS and SRTP carry on."""
+        self.ufrag, self.pwd = ufrag, pwd
+        for ice in self.ice_transports():
+            conn = ice._connection
+            conn._local_username = ufrag
+            conn._local_password = pwd
+            conn.remote_username = remote_ufrag
+            conn.remote_password = remote_pwd
+
+    # -- datagrams from the shared socket --------------------------------------------------
+
+    def datagram_received(self, data: bytes, addr: Address) -> None:
+        protocol = self.protocol
+        if protocol is not None:
+            protocol.datagram_received(data, addr)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _on_state(self) -> None:
+        self.callbacks.state(self.pc.connectionState)
+
+    def _on_ice_state(self) -> None:
+        if self.pc.iceConnectionState == "completed":
+            self.callbacks.milestone("ice_connected")
+
+    def _make_dtls_watch(self, transport: Any) -> Callable[[], None]:
+        def watch() -> None:
+            if transport.state == "connected":
+                self.callbacks.milestone("dtls_connected")
+            elif transport.state == "failed":
+                self.callbacks.milestone("dtls_failed")
+
+        return watch
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(self._read_audio(track))
+
+    async def _read_audio(self, track: MediaStreamTrack) -> None:
+        first = True
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            if first:
+                first = False
+                self.callbacks.milestone("first_rtp_in")
+            assert isinstance(frame, AudioFrame)
+            self.callbacks.audio(stereo_to_mono(frame))
+
+    def _on_datachannel(self, channel: Any) -> None:
+        self.channel = channel
+
+        @channel.on("message")
+        def on_message(message: Any) -> None:
+            if isinstance(message, str):
+                self.callbacks.event(message)
+            else:
+                self.callbacks.event("\x00binary")
+
+        @channel.on("open")
+        def on_open() -> None:
+            self.callbacks.milestone("datachannel_open")
+
+    def send_event(self, text: str) -> bool:
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            return False
+        channel.send(text)
+        return True
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self.output.stop()
+        await self.pc.close()
+
+
+def hook_points() -> dict[str, bool]:
+    """Whether every aiortc/aioice internal this module relies on is where we expect it."""
+    conn = aioice.Connection(ice_controlling=False)
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio")
+    receiver = pc.getTransceivers()[0].receiver
+    return {
+        "Connection._local_username": hasattr(conn, "_local_username"),
+        "Connection._local_password": hasattr(conn, "_local_password"),
+        "Connection._protocols": hasattr(conn, "_protocols"),
+        "Connection.get_component_candidates": hasattr(conn, "get_component_candidates"),
+        "Connection.check_start": hasattr(conn, "check_start"),
+        "Connection.check_state": hasattr(conn, "check_state"),
+        "Connection.check_complete": hasattr(conn, "check_complete"),
+        "Connection.query_consent": hasattr(conn, "query_consent"),
+        "StunProtocol.datagram_received": hasattr(aioice.ice.StunProtocol, "datagram_received"),
+        "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
+        **{
+            f"RTCRtpReceiver.{name}": hasattr(receiver, f"_RTCRtpReceiver{name}")
+            for name in (
+                "__jitter_buffer",
+                "__decoder_thread",
+                "__decoder_queue",
+                "__codecs",
+                "__timestamp_mapper",
+            )
+        },
+    }

@@ -1,0 +1,267 @@
+"""`firsthop transceiver`: every session of the process behind ONE shared UDP socket.
+
+Trio owns the lifecycle: the media socket's receive loop, the internal API, the registry
+heartbeat and every session are tasks in nurseries; aiortc runs on the asyncio host loop
+behind `rtc.py`. The receive loop hands each datagram to the `SessionMux` and then to a
+session's ICE agent; sessions send through `send_to_client`, which frames the datagram to the
+relay that last delivered that client's traffic.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import secrets
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import trio
+
+from services.transceiver.mux import SessionMux
+from services.transceiver.session import Session
+from shared.metrics import Histogram
+from shared.sdp import check_offer, classify_candidate, mark_ice_lite, strip_candidates
+from shared.wire.route_token import encode_route_token, fresh_nonce
+
+log = logging.getLogger("firsthop.transceiver")
+
+Address = tuple[str, int]
+RECV_BUFFER = 2048
+SETUP_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+
+
+@dataclass
+class TransceiverConfig:
+    media: Address = ("0.0.0.0", 5004)
+    api: Address = ("0.0.0.0", 8081)
+    id: str = "tx-1"
+    region: str = "local"
+    cluster: int = 1
+    keys: dict[int, bytes] = field(default_factory=dict)
+    key_id: int = 1
+    redis: str | None = None
+    agent_url: str | None = None
+    advertise_media: Address | None = None
+    accept_direct: bool = False
+    capacity: int = 200
+    deny_candidate_cidr: list[str] = field(default_factory=list)
+    internal_token: str | None = None
+    drain_seconds: float = 3600.0
+
+    @property
+    def advertised(self) -> Address:
+        return self.advertise_media or self.media
+
+
+class CreateError(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def ice_password() -> str:
+    # 18 random bytes -> 24 base64 chars: ice-char only (RFC 8839 §5.4), 144 bits.
+    return base64.b64encode(os.urandom(18)).decode()
+
+
+class Transceiver:
+    def __init__(self, config: TransceiverConfig) -> None:
+        self.config = config
+        self.mux: SessionMux[Session] = SessionMux(accept_direct=config.accept_direct)
+        self.sessions: dict[str, Session] = {}
+        self.counters: Counter[str] = Counter()
+        self.setup_seconds = Histogram(
+            "firsthop_session_setup_seconds",
+            "Offer received to ICE+DTLS connected",
+            SETUP_BUCKETS,
+        )
+        self.draining = False
+        self._session_removed = trio.Event()
+        self.media_addr: Address | None = None
+        self._sock: socket.socket | None = None
+        self._sessions_nursery: trio.Nursery | None = None
+
+    # -- the shared socket ----------------------------------------------------------------
+
+    def send_to_client(self, payload: bytes, client: Address) -> None:
+        framed = self.mux.frame_for(client, payload)
+        if framed is None or self._sock is None:
+            return
+        data, dest = framed
+        try:
+            self._sock.sendto(data, dest)
+            self.counters["packets_out"] += 1
+        except (BlockingIOError, InterruptedError):
+            self.counters["send_would_block"] += 1
+        except OSError:
+            self.counters["send_error"] += 1
+
+    async def _receive_loop(self, sock: socket.socket) -> None:
+        buf = bytearray(RECV_BUFFER)
+        view = memoryview(buf)
+        received = 0
+        while True:
+            try:
+                n, src = sock.recvfrom_into(buf)
+            except (BlockingIOError, InterruptedError):
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            except OSError:
+                self.counters["recv_error"] += 1
+                continue
+            received += 1
+            if received % 64 == 0:
+                await trio.lowlevel.checkpoint()
+            delivery = self.mux.on_datagram(src, bytes(view[:n]))
+            if delivery is None:
+                continue
+            session = delivery.session
+            payload = delivery.payload
+            if payload[0] < 4:
+                session.stun_seen()
+            try:
+                session.rtc.datagram_received(payload, delivery.client)
+            except Exception:  # aioice raises struct.error & co on crafted STUN
+                self.counters["session_datagram_error"] += 1
+                log.debug("datagram for session %s raised", session.session_id, exc_info=True)
+
+    def _on_validated(self, session: Session, client: Address) -> None:
+        self.mux.validated(session, client)
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def mint_ufrag(self) -> str:
+        host, port = self.config.advertised
+        return encode_route_token(
+            key_id=self.config.key_id,
+            key=self.config.keys[self.config.key_id],
+            cluster=self.config.cluster,
+            host=host,
+            port=port,
+            issued_at=int(time.time()),
+            nonce=fresh_nonce(),
+        )
+
+    async def create_session(
+        self,
+        *,
+        call_id: str,
+        offer_sdp: str,
+        ingress: list[Address],
+        agent_url: str | None,
+        region: str | None,
+        traceparent: str | None = None,
+    ) -> tuple[str, str]:
+        if self.draining:
+            raise CreateError(503, "transceiver is draining")
+        if len(self.sessions) >= self.config.capacity:
+            raise CreateError(503, "transceiver at capacity")
+        if not ingress:
+            raise CreateError(400, "no ingress address to advertise")
+        try:
+            offer = check_offer(offer_sdp)
+        except ValueError as exc:
+            raise CreateError(400, str(exc)) from exc
+        for candidate in offer.candidates:
+            reason = classify_candidate(candidate, self.config.deny_candidate_cidr)
+            self.counters[f"candidate_{reason or 'ignored'}"] += 1
+        assert self._sessions_nursery is not None
+        session = Session(
+            session_id=secrets.token_urlsafe(12),
+            call_id=call_id,
+            agent_url=agent_url or self.config.agent_url,
+            region=region or self.config.region,
+            ingress=ingress,
+            ufrag=self.mint_ufrag(),
+            pwd=ice_password(),
+            send=self.send_to_client,
+            on_validated=self._on_validated,
+            counters=self.counters,
+            traceparent=traceparent,
+            remote_ufrag=offer.media[0].ufrag,
+        )
+        try:
+            answer = await session.answer(strip_candidates(offer_sdp))
+        except Exception as exc:  # aiortc's own checks: AssertionError, ValueError, ...
+            self.counters["offer_rejected"] += 1
+            await session.rtc.close()
+            raise CreateError(400, f"offer rejected: {exc or type(exc).__name__}") from exc
+        self.sessions[session.session_id] = session
+        self.mux.add_ufrag(session.ufrag, session)
+        self._sessions_nursery.start_soon(self._run_session, session)
+        return session.session_id, mark_ice_lite(answer)
+
+    async def _run_session(self, session: Session) -> None:
+        try:
+            await session.run()
+        finally:
+            self.sessions.pop(session.session_id, None)
+            self._session_removed.set()
+            self.mux.remove_session(session, [session.ufrag, *session.old_ufrags])
+            setup = session.milestones.get("dtls_connected")
+            if setup is not None:
+                self.setup_seconds.observe(setup)
+            self.counters[f"ended_{session.end_reason}"] += 1
+
+    def restart_ice(self, session_id: str, remote_ufrag: str, remote_pwd: str) -> tuple[str, str]:
+        session = self.sessions[session_id]
+        ufrag, pwd = self.mint_ufrag(), ice_password()
+        session.old_ufrags.append(session.ufrag)
+        session.ufrag, session.pwd = ufrag, pwd
+        session.rtc.restart_ice(ufrag, pwd, remote_ufrag, remote_pwd)
+        session.remote_ufrag = remote_ufrag
+        self.mux.add_ufrag(ufrag, session)
+        return ufrag, pwd
+
+    def end_session(self, session_id: str, reason: str) -> bool:
+        session = self.sessions.get(session_id)
+        if session is None:
+            return False
+        session.end(reason)
+        return True
+
+    async def drain(self, deadline: float) -> None:
+        """Stop accepting; let calls finish until `deadline` seconds, then end them."""
+        self.draining = True
+        with trio.move_on_after(deadline):
+            await self._all_sessions_gone()
+        for session in list(self.sessions.values()):
+            session.end("drain")
+        await self._all_sessions_gone()
+
+    async def _all_sessions_gone(self) -> None:
+        while self.sessions:
+            await self._session_removed.wait()
+            self._session_removed = trio.Event()
+
+    # -- serving -----------------------------------------------------------------------------
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        sock = socket.socket(
+            socket.AF_INET6 if ":" in self.config.media[0] else socket.AF_INET, socket.SOCK_DGRAM
+        )
+        sock.setblocking(False)
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, 4 * 1024 * 1024)
+            except OSError:
+                pass
+        sock.bind(self.config.media)
+        self._sock = sock
+        self.media_addr = sock.getsockname()[:2]
+        if self.config.advertise_media is None:
+            self.config.advertise_media = self.media_addr
+        try:
+            async with trio.open_nursery() as nursery:
+                self._sessions_nursery = nursery
+                nursery.start_soon(self._receive_loop, sock)
+                task_status.started(self.media_addr)
+        finally:
+            sock.close()
+            self._sock = None

@@ -1,0 +1,245 @@
+"""One call on the transceiver, seen from Trio: lifecycle, agent bridge, events.
+
+A `Session` owns an `RtcSession` (aiortc, behind the asyncio boundary) and runs as one task in
+the transceiver's sessions nursery:
+
+* setup: it must reach `connected` within `SETUP_TIMEOUT`, or it ends;
+* the agent bridge streams decoded audio to the agent frame by frame as it arrives, and
+  plays the agent's frames into the call from a bounded queue (`output.clear` empties it);
+  if the agent is unreachable or goes away the call goes on with silence while the bridge
+  reconnects with backoff;
+* events: JSON from the caller's data channel goes to the agent as `client.event`, the
+  agent's `agent.event` goes to the caller; both sides get `call.state`;
+* it ends on DELETE, on a failed/closed connection, when the caller's ICE checks stop
+  (consent, RFC 7675), or on drain — and always sends `session.end` to the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
+from services.transceiver.rtc import RtcSession, SessionCallbacks, call_asyncio
+
+log = logging.getLogger("firsthop.transceiver.session")
+
+Address = tuple[str, int]
+
+SETUP_TIMEOUT = 30.0
+CONSENT_TIMEOUT = 30.0  # no ICE check from the caller for this long: the call is gone
+AUDIO_QUEUE = 50  # frames (1 s) of caller audio waiting for the agent
+MAX_EVENT_BYTES = 64 * 1024
+RECONNECT_MIN = 0.2
+RECONNECT_MAX = 5.0
+
+
+@dataclass
+class SessionStats:
+    counters: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(eq=False)
+class Session:
+    session_id: str
+    call_id: str
+    agent_url: str | None
+    region: str
+    ingress: list[Address]
+    ufrag: str
+    pwd: str
+    send: Callable[[bytes, Address], None]
+    on_validated: Callable[[Session, Address], None]
+    counters: Counter[str]
+    traceparent: str | None = None
+    remote_ufrag: str | None = None
+    created: float = field(default_factory=time.monotonic)
+    milestones: dict[str, float] = field(default_factory=dict)
+    state: str = "new"
+    ended: trio.Event = field(default_factory=trio.Event)
+    end_reason: str | None = None
+    old_ufrags: list[str] = field(default_factory=list)
+    last_check: float = field(default_factory=time.monotonic)
+    rtc: RtcSession = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._state_changed = trio.Event()
+        self._audio_send, self._audio_recv = trio.open_memory_channel[bytes](AUDIO_QUEUE)
+        self._events_send, self._events_recv = trio.open_memory_channel[str](64)
+        self.rtc = RtcSession(
+            ufrag=self.ufrag,
+            pwd=self.pwd,
+            candidates=self.ingress,
+            send=self.send,
+            callbacks=SessionCallbacks(
+                audio=self._audio_in,
+                state=self._state_in,
+                event=self._event_in,
+                validated=lambda addr: self.on_validated(self, addr),
+                milestone=self._milestone,
+            ),
+        )
+
+    # -- callbacks from the asyncio side (same thread) ---------------------------------------
+
+    def _audio_in(self, pcm: bytes) -> None:
+        try:
+            self._audio_send.send_nowait(pcm)
+        except trio.WouldBlock:
+            self.counters["agent_audio_dropped"] += 1
+        except trio.ClosedResourceError:
+            pass
+
+    def _state_in(self, state: str) -> None:
+        self.state = state
+        self._token.run_sync_soon(self._state_changed.set)
+        self._event_to_agent({"type": "call.state", "state": state})
+        self.rtc.send_event(json.dumps({"type": "call.state", "state": state}))
+
+    def _event_in(self, text: str) -> None:
+        if len(text.encode()) > MAX_EVENT_BYTES:
+            self.counters["event_dropped_oversize"] += 1
+            return
+        try:
+            data = json.loads(text)
+        except ValueError:
+            self.counters["event_dropped_not_json"] += 1
+            return
+        self._event_to_agent({"type": "client.event", "data": data})
+
+    def _event_to_agent(self, message: dict[str, Any]) -> None:
+        try:
+            self._events_send.send_nowait(json.dumps(message))
+        except trio.WouldBlock:
+            self.counters["event_dropped_backlog"] += 1
+        except trio.ClosedResourceError:
+            pass
+
+    def _milestone(self, name: str) -> None:
+        if name not in self.milestones:
+            self.milestones[name] = time.monotonic() - self.created
+
+    def stun_seen(self) -> None:
+        self.last_check = time.monotonic()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def answer(self, offer_sdp: str) -> str:
+        return await call_asyncio(self.rtc.answer(offer_sdp))
+
+    def end(self, reason: str) -> None:
+        if self.end_reason is None:
+            self.end_reason = reason
+        self.ended.set()
+
+    async def run(self) -> None:
+        """The session's whole life; returns once it has ended and is torn down."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch)
+                if self.agent_url:
+                    nursery.start_soon(self._agent_bridge)
+                await self.ended.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await call_asyncio(self.rtc.close())
+            self._audio_send.close()
+            self._events_send.close()
+            log.info("session %s ended: %s", self.session_id, self.end_reason)
+
+    async def _watch(self) -> None:
+        with trio.move_on_after(SETUP_TIMEOUT) as setup:
+            while self.state != "connected":
+                if self.state in ("failed", "closed"):
+                    self.end(f"connection_{self.state}")
+                    return
+                await self._state_changed.wait()
+                self._state_changed = trio.Event()
+        if setup.cancelled_caught:
+            self.end("setup_timeout")
+            return
+        while True:
+            with trio.move_on_after(1.0):
+                await self._state_changed.wait()
+                self._state_changed = trio.Event()
+            if self.state in ("failed", "closed"):
+                self.end(f"connection_{self.state}")
+                return
+            if time.monotonic() - self.last_check > CONSENT_TIMEOUT:
+                self.end("consent_expired")
+                return
+
+    # -- the agent bridge ------------------------------------------------------------------
+
+    async def _agent_bridge(self) -> None:
+        assert self.agent_url is not None
+        delay = RECONNECT_MIN
+        start = {
+            "type": "session.start",
+            "session_id": self.session_id,
+            "call_id": self.call_id,
+            "sample_rate": 48000,
+            "frame_ms": 20,
+            "traceparent": self.traceparent,
+        }
+        while True:
+            try:
+                async with open_websocket_url(
+                    self.agent_url, max_message_size=1 << 20, connect_timeout=5
+                ) as ws:
+                    await ws.send_message(json.dumps(start))
+                    delay = RECONNECT_MIN
+                    self.counters["agent_connects"] += 1
+                    try:
+                        async with trio.open_nursery() as nursery:
+                            nursery.start_soon(self._pump_audio, ws)
+                            nursery.start_soon(self._pump_events, ws)
+                            await self._from_agent(ws)
+                    finally:
+                        if self.ended.is_set():
+                            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                                await ws.send_message(json.dumps({"type": "session.end"}))
+            except (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError) as exc:
+                self.counters["agent_failures"] += 1
+                log.warning("session %s: agent unreachable (%s)", self.session_id, exc)
+            # The call goes on with silence while we reconnect.
+            await trio.sleep(delay)
+            delay = min(RECONNECT_MAX, delay * 2)
+
+    async def _pump_audio(self, ws: Any) -> None:
+        async for pcm in self._audio_recv:
+            await ws.send_message(pcm)
+
+    async def _pump_events(self, ws: Any) -> None:
+        async for text in self._events_recv:
+            await ws.send_message(text)
+
+    async def _from_agent(self, ws: Any) -> None:
+        while True:
+            message = await ws.get_message()
+            if isinstance(message, bytes):
+                self.rtc.output.push(message)
+                continue
+            try:
+                msg = json.loads(message)
+            except ValueError:
+                self.counters["agent_bad_message"] += 1
+                continue
+            kind = msg.get("type")
+            if kind == "output.clear":
+                self.rtc.output.clear()
+            elif kind == "agent.event":
+                text = json.dumps(msg.get("data"))
+                if len(text) > MAX_EVENT_BYTES:
+                    self.counters["event_dropped_oversize"] += 1
+                elif not self.rtc.send_event(text):
+                    self.counters["event_dropped_no_channel"] += 1
