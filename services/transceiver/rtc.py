@@ -396,9 +396,8 @@ class RtcSession:
             else:
                 self.callbacks.event("\x00binary")
 
-        @channel.on("open")
-        def on_open() -> None:
-            self.callbacks.milestone("datachannel_open")
+        # A channel the caller opened is announced once open (DCEP, RFC 8832).
+        self.callbacks.milestone("datachannel_open")
 
     def send_event(self, text: str) -> bool:
         channel = self.channel

@@ -126,6 +126,8 @@ class Session:
     def _milestone(self, name: str) -> None:
         if name not in self.milestones:
             self.milestones[name] = time.monotonic() - self.created
+        if name == "datachannel_open":
+            self.rtc.send_event(json.dumps({"type": "call.state", "state": self.state}))
 
     def stun_seen(self) -> None:
         self.last_check = time.monotonic()

@@ -1,0 +1,336 @@
+"""The transceiver through a real relay with real aiortc callers and a real echo agent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from services.call.caller import Caller, ToneTrack, dominant, tone_power
+from shared.wire import stun
+from tests.support import (
+    AgentProcess,
+    RelayProcess,
+    TransceiverProcess,
+    free_tcp_port,
+)
+
+FREQS = [300.0 + 150 * i for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[tuple[RelayProcess, AgentProcess, TransceiverProcess]]:
+    relay = RelayProcess().start()
+    agent = AgentProcess("echo").start()
+    tx = TransceiverProcess("--accept-direct", agent_url=agent.url).start()
+    yield relay, agent, tx
+    tx.kill()
+    agent.kill()
+    relay.kill()
+
+
+def ingress(relay: RelayProcess) -> list[str]:
+    return [f"{relay.listen[0]}:{relay.listen[1]}"]
+
+
+def signal_via(tx: TransceiverProcess, where: list[str], **extra: object):  # type: ignore[no-untyped-def]
+    async def signal(offer: str) -> str:
+        status, body = await asyncio.to_thread(tx.create_session, offer, where, **extra)
+        assert status == 201, body
+        return str(body["answer_sdp"])
+
+    return signal
+
+
+def metric(tx: TransceiverProcess, name: str, **labels: str) -> float:
+    from shared.metrics import parse_text
+
+    status, body = tx.request("GET", "/metrics")
+    assert status == 200
+    return parse_text(body.decode()).get((name, frozenset(labels.items())), 0.0)
+
+
+def event_count(tx: TransceiverProcess, event: str) -> float:
+    return metric(tx, "firsthop_transceiver_events_total", event=event)
+
+
+def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack) -> None:  # type: ignore[no-untyped-def]
+    relay, _, tx = stack
+
+    async def main() -> list[tuple[float, float]]:
+        callers = [Caller(ToneTrack(f)) for f in FREQS[:10]]
+        await asyncio.gather(*(c.start(signal_via(tx, ingress(relay))) for c in callers))
+        await asyncio.gather(*(asyncio.wait_for(c.wait_connected(), 15) for c in callers))
+        await asyncio.sleep(2.5)
+        out = []
+        for c, f in zip(callers, FREQS, strict=False):
+            tail = bytes(c.result.received[-48000 * 2 :])
+            out.append((f, dominant(tail, FREQS)))
+            assert tone_power(tail, f) > 0.001  # clearly audible (silence is ~1e-8)
+        await asyncio.gather(*(c.close() for c in callers))
+        return out
+
+    results = asyncio.run(main())
+    assert all(sent == heard for sent, heard in results), results
+    # every answer advertised the relay, never the transceiver's own socket
+    assert metric(tx, "firsthop_transceiver_packets_total", direction="in") > 1000
+
+
+def test_answer_advertises_only_the_ingress_and_is_ice_lite(stack) -> None:  # type: ignore[no-untyped-def]
+    relay, _, tx = stack
+
+    async def main() -> str:
+        c = Caller()
+        await c.start(signal_via(tx, ingress(relay)))
+        await c.close()
+        return c.result.answer_sdp
+
+    answer = asyncio.run(main())
+    cands = [line for line in answer.splitlines() if line.startswith("a=candidate:")]
+    assert cands and all(f" {relay.listen[1]} typ host" in c for c in cands)
+    assert str(tx.media[1]) not in "".join(cands)
+    assert "a=ice-lite" in answer
+    ufrag = next(line for line in answer.splitlines() if line.startswith("a=ice-ufrag:"))
+    assert len(ufrag.split(":", 1)[1]) == 40  # an IPv4 route token
+
+
+def test_direct_mode(stack) -> None:  # type: ignore[no-untyped-def]
+    _, _, tx = stack
+
+    async def main() -> float:
+        c = Caller(ToneTrack(700))
+        await c.start(signal_via(tx, [f"{tx.media[0]}:{tx.media[1]}"]))
+        await asyncio.wait_for(c.wait_connected(), 10)
+        await asyncio.sleep(1.5)
+        heard = dominant(bytes(c.result.received[-48000:]), [500, 700, 900])
+        await c.close()
+        return heard
+
+    assert asyncio.run(main()) == 700
+
+
+def test_wrong_dtls_fingerprint_is_rejected(stack) -> None:  # type: ignore[no-untyped-def]
+    relay, _, tx = stack
+    before = event_count(tx, "ended_connection_failed")
+
+    async def main() -> None:
+        c = Caller()
+
+        async def forged(offer: str) -> str:
+            lines = offer.splitlines()
+            for i, line in enumerate(lines):
+                if line.startswith("a=fingerprint:sha-256 "):
+                    head, last = line[:-2], line[-2:]
+                    lines[i] = head + ("00" if last != "00" else "11")
+            return await signal_via(tx, ingress(relay))("\r\n".join(lines) + "\r\n")
+
+        await c.start(forged)
+        # The caller may believe it connected (the server checks the certificate at the
+        # end of the handshake), but the server refuses and no audio ever comes back.
+        await asyncio.sleep(3.0)
+        assert tone_power(bytes(c.result.received), 440) < 0.0005
+        await c.close()
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 10
+    while event_count(tx, "ended_connection_failed") <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert event_count(tx, "ended_connection_failed") > before
+
+
+VALID_OFFER_HEAD = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"
+AUDIO = (
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\n"
+    "a=ice-ufrag:abcd\r\na=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"
+    "a=fingerprint:sha-256 " + ":".join(["AB"] * 32) + "\r\na=setup:actpass\r\n"
+    "a=rtpmap:111 opus/48000/2\r\na=sendrecv\r\na=rtcp-mux\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("offer", "reason"),
+    [
+        ("", "offer_sdp"),
+        ("hello", "v=0"),
+        (VALID_OFFER_HEAD, "no m-line"),
+        (VALID_OFFER_HEAD + AUDIO.replace("m=audio", "m=video"), "no audio"),
+        (VALID_OFFER_HEAD + AUDIO.replace("a=ice-ufrag:abcd\r\n", ""), "ice-ufrag"),
+        (VALID_OFFER_HEAD + AUDIO.replace("abcdefghijklmnopqrstuvwx", "short"), "ice-pwd"),
+        (
+            VALID_OFFER_HEAD + AUDIO.replace("a=fingerprint:sha-256 AB", "a=fingerprint:md5 AB"),
+            "fingerprint",
+        ),
+        (VALID_OFFER_HEAD + AUDIO * 4, "m-lines"),
+        (VALID_OFFER_HEAD + AUDIO + AUDIO.replace("a=mid:0", "a=mid:1"), "BUNDLE"),
+        (
+            VALID_OFFER_HEAD
+            + AUDIO
+            + "".join(
+                f"a=candidate:{i} 1 udp 1 203.0.113.1 {1000 + i} typ host\r\n" for i in range(21)
+            ),
+            "candidates",
+        ),
+        (
+            VALID_OFFER_HEAD + AUDIO.replace("a=rtpmap:111 opus/48000/2", "a=rtpmap:111 foo/8000"),
+            "offer rejected",
+        ),
+    ],
+)
+def test_malformed_offers_get_400_with_a_reason(stack, offer: str, reason: str) -> None:  # type: ignore[no-untyped-def]
+    relay, _, tx = stack
+    status, body = tx.create_session(offer, ingress(relay))
+    assert status == 400, body
+    assert reason.lower() in body["error"].lower()
+
+
+def test_bad_api_requests(stack) -> None:  # type: ignore[no-untyped-def]
+    _, _, tx = stack
+    assert tx.request("POST", "/internal/v1/sessions", b"{", "application/json")[0] == 400
+    assert tx.request("POST", "/internal/v1/sessions", b"x", "text/plain")[0] == 415
+    assert tx.request("POST", "/internal/v1/sessions", b"[]", "application/json")[0] == 400
+    big = json.dumps({"offer_sdp": "v" * 80_000}).encode()
+    assert tx.request("POST", "/internal/v1/sessions", big, "application/json")[0] == 413
+    assert tx.request("DELETE", "/internal/v1/sessions/nope")[0] == 404
+    assert (
+        tx.request(
+            "PATCH", "/internal/v1/sessions/nope", b"a=x", "application/trickle-ice-sdpfrag"
+        )[0]
+        == 404
+    )
+
+
+def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ignore[no-untyped-def]
+    relay, _, tx = stack
+
+    async def main() -> None:
+        c = Caller(ToneTrack(440))
+        await c.start(signal_via(tx, [f"{tx.media[0]}:{tx.media[1]}"]))
+        await asyncio.wait_for(c.wait_connected(), 10)
+        ufrag = next(
+            line.split(":", 1)[1]
+            for line in c.result.answer_sdp.splitlines()
+            if line.startswith("a=ice-ufrag:")
+        )
+        junk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        username = (ufrag + ":evil").encode()
+        attrs = struct.pack("!HH", stun.USERNAME, len(username)) + username
+        attrs += b"\0" * (-len(username) % 4)
+        # RFC 8445 PRIORITY is 4 bytes; a 2-byte one makes aioice raise struct.error
+        attrs += struct.pack("!HHH", stun.PRIORITY, 2, 7) + b"\0\0"
+        crafted = struct.pack("!HHI", 0x0001, len(attrs), stun.MAGIC_COOKIE) + b"x" * 12 + attrs
+        datagrams = [
+            crafted,
+            b"\x00\x01\x00\x00",
+            b"\x16\xfe\xfd" + bytes(40),
+            b"\x80" * 200,
+            bytes(24),
+            b"\xff" * 1600,
+            b"",
+        ]
+        for _ in range(5):
+            for d in datagrams:
+                junk.sendto(d, tx.media)
+        junk.close()
+        await asyncio.sleep(1.5)
+        heard = dominant(bytes(c.result.received[-48000:]), [440, 880])
+        await c.close()
+        assert heard == 440  # the call carried on
+
+    asyncio.run(main())
+    assert event_count(tx, "session_datagram_error") >= 1
+    status, _ = tx.request("GET", "/healthz")
+    assert status == 200
+
+
+def test_internal_range_candidates_are_never_contacted(stack) -> None:  # type: ignore[no-untyped-def]
+    relay, _, tx = stack
+    trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    trap.bind(("127.0.0.1", 0))
+    trap.settimeout(0.5)
+    before = event_count(tx, "candidate_denied_range")
+
+    async def main() -> None:
+        c = Caller()
+
+        async def with_trap(offer: str) -> str:
+            extra = (
+                f"a=candidate:1 1 udp 2130706431 127.0.0.1 {trap.getsockname()[1]} typ host\r\n"
+                "a=candidate:2 1 udp 2130706431 10.1.2.3 5000 typ host\r\n"
+                "a=candidate:3 1 udp 2130706431 abcd.local 5000 typ host\r\n"
+            )
+            offer = offer.replace("a=mid:0\r\n", "a=mid:0\r\n" + extra, 1)
+            return await signal_via(tx, ingress(relay))(offer)
+
+        await c.start(with_trap)
+        await asyncio.wait_for(c.wait_connected(), 10)
+        await asyncio.sleep(1.0)
+        await c.close()
+
+    asyncio.run(main())
+    with pytest.raises(TimeoutError):
+        trap.recvfrom(2048)
+    trap.close()
+    assert event_count(tx, "candidate_denied_range") >= before + 2
+    assert event_count(tx, "candidate_mdns") >= 1
+
+
+def test_data_channel_events_both_ways_and_bad_ones_dropped(stack) -> None:  # type: ignore[no-untyped-def]
+    relay, _, tx = stack
+    before_big = event_count(tx, "event_dropped_oversize")
+    before_bad = event_count(tx, "event_dropped_not_json")
+
+    async def main() -> list[object]:
+        c = Caller(data_channel=True)
+        await c.start(signal_via(tx, ingress(relay)))
+        await asyncio.wait_for(c.wait_connected(), 10)
+        assert c.channel is not None
+        for _ in range(100):
+            if c.channel.readyState == "open":
+                break
+            await asyncio.sleep(0.05)
+        c.channel.send(json.dumps({"type": "hello", "n": 1}))
+        c.channel.send("not json {")
+        c.channel.send(json.dumps({"blob": "x" * 70_000}))
+        c.channel.send(json.dumps({"type": "hello", "n": 2}))
+        await asyncio.sleep(1.5)
+        await c.close()
+        return [json.loads(m) for m in c.result.events if isinstance(m, str)]
+
+    events = asyncio.run(main())
+    echoed = [e for e in events if e.get("type") == "echo"]
+    assert [e["event"]["n"] for e in echoed] == [1, 2]
+    assert any(e.get("type") == "call.state" for e in events)
+    assert event_count(tx, "event_dropped_oversize") == before_big + 1
+    assert event_count(tx, "event_dropped_not_json") == before_bad + 1
+
+
+def test_agent_down_then_back(stack) -> None:  # type: ignore[no-untyped-def]
+    relay, _, tx = stack
+    port = free_tcp_port()
+    agent = AgentProcess("echo")
+    agent.port = port
+    agent.args[-1] = f"127.0.0.1:{port}"
+
+    async def main() -> tuple[float, float]:
+        c = Caller(ToneTrack(523))
+        await c.start(signal_via(tx, ingress(relay), agent_url=f"ws://127.0.0.1:{port}"))
+        await asyncio.wait_for(c.wait_connected(), 10)  # the call connects with no agent
+        await asyncio.sleep(1.0)
+        silent = tone_power(bytes(c.result.received[-48000:]), 523)
+        await asyncio.to_thread(agent.start)
+        await asyncio.sleep(7.0)  # reconnect backoff is at most 5 s
+        loud = tone_power(bytes(c.result.received[-48000:]), 523)
+        await c.close()
+        return silent, loud
+
+    try:
+        silent, loud = asyncio.run(main())
+    finally:
+        agent.kill()
+    assert silent < 0.001 < loud
+    assert event_count(tx, "agent_failures") >= 1
