@@ -1,0 +1,192 @@
+"""Transceiver lifecycle through a real relay: ICE restart mid-call, drain on SIGTERM,
+parrot turn-taking and barge-in with a real parrot agent."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import time
+from typing import Any
+
+import aioice
+from aioice import stun as aioice_stun
+
+from services.call.caller import Caller, ToneTrack, dominant, tone_power
+from tests.integration.test_transceiver import event_count, ingress, signal_via
+from tests.support import AgentProcess, RelayProcess, TransceiverProcess
+
+
+def _ice_connection(caller: Caller) -> Any:
+    pc: Any = caller.pc
+    (transport,) = pc._RTCPeerConnection__iceTransports
+    return transport._connection
+
+
+def test_ice_restart_mid_call_through_the_relay() -> None:
+    relay = RelayProcess().start()
+    agent = AgentProcess("echo").start()
+    tx = TransceiverProcess(agent_url=agent.url).start()
+    try:
+
+        async def main() -> None:
+            c = Caller(ToneTrack(600))
+            call: dict[str, str] = {}
+
+            async def signal(offer: str) -> str:
+                status, body = await asyncio.to_thread(tx.create_session, offer, ingress(relay))
+                assert status == 201
+                call["session"] = body["session_id"]
+                return str(body["answer_sdp"])
+
+            await c.start(signal)
+            await asyncio.wait_for(c.wait_connected(), 10)
+            conn = _ice_connection(c)
+            old_server_ufrag = conn.remote_username
+            new_ufrag = "rst" + base64.b64encode(os.urandom(6)).decode()
+            new_pwd = base64.b64encode(os.urandom(18)).decode()
+            frag = f"a=ice-ufrag:{new_ufrag}\r\na=ice-pwd:{new_pwd}\r\n".encode()
+            status, body = await asyncio.to_thread(
+                tx.request,
+                "PATCH",
+                f"/internal/v1/sessions/{call['session']}",
+                frag,
+                "application/trickle-ice-sdpfrag",
+            )
+            assert status == 200, body
+            lines = dict(line.split(":", 1) for line in body.decode().split())
+            server_ufrag, server_pwd = lines["a=ice-ufrag"], lines["a=ice-pwd"]
+            assert server_ufrag != old_server_ufrag and len(server_ufrag) == 40
+            # The caller switches to the new credentials (what a browser does on restart).
+            conn._local_username, conn._local_password = new_ufrag, new_pwd
+            conn.remote_username, conn.remote_password = server_ufrag, server_pwd
+            pair = conn._nominated[1]
+            request = conn.build_request(pair, nominate=True)
+            response, _ = await pair.protocol.request(
+                request, pair.remote_addr, integrity_key=server_pwd.encode()
+            )
+            assert response.message_class == aioice_stun.Class.RESPONSE
+            # The old credentials no longer authenticate.
+            conn.remote_username = old_server_ufrag
+            stale = conn.build_request(pair, nominate=False)
+            try:
+                await pair.protocol.request(
+                    stale, pair.remote_addr, integrity_key=server_pwd.encode(), retransmissions=1
+                )
+                raise AssertionError("stale credentials accepted")
+            except aioice_stun.TransactionError:
+                pass
+            conn.remote_username = server_ufrag
+            await asyncio.sleep(1.5)
+            assert dominant(bytes(c.result.received[-48000:]), [400, 600, 800]) == 600
+            await c.close()
+
+        asyncio.run(main())
+        # the relay learned the new token for the same flow without re-pointing
+        assert relay.metric("firsthop_relay_flows") >= 1
+    finally:
+        tx.kill()
+        agent.kill()
+        relay.kill()
+
+
+def test_sigterm_drains_then_ends_calls_with_a_reason() -> None:
+    relay = RelayProcess().start()
+    agent = AgentProcess("echo").start()
+    tx = TransceiverProcess(agent_url=agent.url).start()  # --drain-seconds 3
+    try:
+
+        async def main() -> float:
+            c = Caller(ToneTrack(440), data_channel=True)
+            await c.start(signal_via(tx, ingress(relay)))
+            await asyncio.wait_for(c.wait_connected(), 10)
+            await asyncio.sleep(0.5)
+            assert tx.proc is not None
+            t0 = time.monotonic()
+            tx.proc.terminate()
+            await asyncio.sleep(0.5)
+            status, body = await asyncio.to_thread(tx.request, "GET", "/healthz")
+            assert status == 200 and b'"draining": true' in body
+            # new calls are refused while draining
+            status, _ = await asyncio.to_thread(tx.create_session, "v=0\r\n", ingress(relay))
+            assert status == 503
+            # the call in progress keeps working during the grace period
+            before = len(c.result.received)
+            await asyncio.sleep(1.0)
+            assert len(c.result.received) > before
+            await asyncio.to_thread(tx.proc.wait, 15)
+            elapsed = time.monotonic() - t0
+            await c.close()
+            return elapsed
+
+        elapsed = asyncio.run(main())
+        assert 3.0 <= elapsed < 10.0
+        assert tx.proc is not None and tx.proc.returncode == 0
+    finally:
+        tx.kill()
+        agent.kill()
+        relay.kill()
+
+
+def _speech(seconds: float, freq: float = 300.0) -> bytes:
+    import array
+    import math
+
+    n = int(48000 * seconds)
+    return array.array(
+        "h", (int(12000 * math.sin(2 * math.pi * freq * i / 48000)) for i in range(n))
+    ).tobytes()
+
+
+def test_parrot_repeats_after_a_pause_and_stops_on_barge_in() -> None:
+    relay = RelayProcess().start()
+    agent = AgentProcess("parrot").start()
+    tx = TransceiverProcess(agent_url=agent.url).start()
+    try:
+        # 2.5 s of "speech" at 300 Hz, 1 s of silence (the parrot starts saying it back
+        # 600 ms in), then we talk over it at 500 Hz: it must stop at once.
+        script = _speech(2.5) + bytes(48000 * 2) + _speech(1.5, 500) + bytes(48000 * 2 * 4)
+
+        def window(pcm: bytes, start: float, end: float) -> bytes:
+            return pcm[int(48000 * start) * 2 : int(48000 * end) * 2]
+
+        async def main() -> tuple[bytes, list[dict[str, Any]]]:
+            c = Caller(ToneTrack(pcm=script), data_channel=True)
+            await c.start(signal_via(tx, ingress(relay)))
+            await asyncio.wait_for(c.wait_connected(), 10)
+            await asyncio.sleep(8.0)
+            await c.close()
+            import json
+
+            return bytes(c.result.received), [
+                json.loads(m) for m in c.result.events if isinstance(m, str)
+            ]
+
+        pcm, events = asyncio.run(main())
+        kinds = [e.get("type") for e in events]
+        for expected in ("speech_started", "speech_stopped", "response_started", "response_done"):
+            assert expected in kinds, kinds
+        done = [e for e in events if e.get("type") == "response_done"]
+        assert done[0]["interrupted"] is True  # barge-in cut the first reply short
+        assert tone_power(window(pcm, 0.0, 2.4), 300) < 0.0005  # silent while we spoke
+        assert tone_power(window(pcm, 3.2, 3.5), 300) > 0.001  # then it said it back
+        assert tone_power(window(pcm, 4.1, 5.0), 300) < 0.0005  # and stopped when we talked
+    finally:
+        tx.kill()
+        agent.kill()
+        relay.kill()
+
+
+def test_hook_points_of_the_pinned_aiortc_and_aioice() -> None:
+    from services.transceiver.rtc import hook_points
+
+    async def main() -> dict[str, bool]:
+        return hook_points()
+
+    points = asyncio.run(main())
+    assert all(points.values()), {k: v for k, v in points.items() if not v}
+    assert aioice.__version__.startswith("0.13")
+    import aiortc
+
+    assert aiortc.__version__.startswith("1.16")
+    assert event_count  # imported helper stays used

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.transceiver.mux import SessionMux
+from shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2
+from tests.support import binding_request, mint, rtp
+
+RELAY = ("10.0.0.9", 40000)
+RELAY2 = ("10.0.0.10", 40001)
+INGRESS = ("198.51.100.1", 3478)
+CLIENT = ("203.0.113.5", 5555)
+
+
+class S:
+    pass
+
+
+def framed(payload: bytes, client: tuple[str, int] = CLIENT) -> bytes:
+    return build_proxy_v2(client, INGRESS) + payload
+
+
+def test_binding_request_finds_session_by_ufrag_and_routes_back_through_the_relay() -> None:
+    mux: SessionMux[S] = SessionMux()
+    s = S()
+    token = mint("10.0.0.1", 5004).decode()
+    mux.add_ufrag(token, s)
+    d = mux.on_datagram(RELAY, framed(binding_request(token.encode())))
+    assert d is not None and d.session is s and d.client == CLIENT
+    data, dest = mux.frame_for(CLIENT, b"resp")  # type: ignore[misc]
+    assert dest == RELAY
+    hdr = parse_proxy_v2(data)
+    assert (hdr.src, hdr.dst) == (INGRESS, CLIENT)
+    assert data[hdr.payload_offset :] == b"resp"
+
+
+def test_only_stun_until_ice_validates_the_client() -> None:
+    mux: SessionMux[S] = SessionMux()
+    s = S()
+    token = mint().decode()
+    mux.add_ufrag(token, s)
+    mux.on_datagram(RELAY, framed(binding_request(token.encode())))
+    assert mux.on_datagram(RELAY, framed(b"\x16\xfe\xfd" + bytes(30))) is None
+    assert mux.drops["unvalidated"] == 1
+    mux.validated(s, CLIENT)
+    d = mux.on_datagram(RELAY, framed(rtp()))
+    assert d is not None and d.session is s
+
+
+def test_replies_follow_the_relay_that_last_delivered() -> None:
+    mux: SessionMux[S] = SessionMux()
+    s = S()
+    mux.validated(s, CLIENT)
+    mux.on_datagram(RELAY, framed(rtp()))
+    mux.on_datagram(RELAY2, framed(rtp()))
+    assert mux.frame_for(CLIENT, b"x")[1] == RELAY2  # type: ignore[index]
+
+
+def test_drops() -> None:
+    mux: SessionMux[S] = SessionMux()
+    assert mux.on_datagram(CLIENT, rtp()) is None  # unframed without --accept-direct
+    assert mux.on_datagram(RELAY, framed(binding_request(mint()))) is None  # unknown ufrag
+    assert mux.on_datagram(RELAY, framed(b"")) is None
+    assert mux.on_datagram(RELAY, framed(bytes(1501))) is None
+    assert mux.on_datagram(RELAY, build_proxy_v2(CLIENT, INGRESS)[:20]) is None
+    assert mux.frame_for(("1.2.3.4", 1), b"x") is None
+    assert set(mux.drops) == {
+        "unframed",
+        "unknown_ufrag",
+        "empty",
+        "oversize",
+        "proxy_malformed",
+        "no_route",
+    }
+
+
+def test_direct_mode_answers_unframed() -> None:
+    mux: SessionMux[S] = SessionMux(accept_direct=True)
+    s = S()
+    token = mint().decode()
+    mux.add_ufrag(token, s)
+    assert mux.on_datagram(CLIENT, binding_request(token.encode())) is not None
+    assert mux.frame_for(CLIENT, b"resp") == (b"resp", CLIENT)
+
+
+def test_remove_session_forgets_everything() -> None:
+    mux: SessionMux[S] = SessionMux()
+    s = S()
+    token = mint().decode()
+    mux.add_ufrag(token, s)
+    mux.validated(s, CLIENT)
+    mux.on_datagram(RELAY, framed(rtp()))
+    mux.remove_session(s, [token])
+    assert not mux.by_ufrag and not mux.by_client and not mux.routes
+
+
+@given(st.binary(max_size=200), st.booleans())
+def test_garbage_never_raises(data: bytes, direct: bool) -> None:
+    mux: SessionMux[S] = SessionMux(accept_direct=direct)
+    mux.on_datagram(RELAY, data)
+    mux.on_datagram(RELAY, build_proxy_v2(CLIENT, INGRESS) + data)

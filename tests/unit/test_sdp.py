@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import pytest
+
+from shared.sdp import (
+    SdpError,
+    check_offer,
+    classify_candidate,
+    mark_ice_lite,
+    sdpfrag_credentials,
+    strip_candidates,
+)
+
+FP = "a=fingerprint:sha-256 " + ":".join(["AB"] * 32)
+OFFER = (
+    "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0 1\r\n"
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:0\r\na=ice-ufrag:abcd\r\n"
+    "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\n" + FP + "\r\na=setup:actpass\r\n"
+    "a=candidate:1 1 udp 2130706431 192.168.1.5 5000 typ host\r\na=end-of-candidates\r\n"
+    "m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\na=mid:1\r\na=ice-ufrag:abcd\r\n"
+    "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\n" + FP + "\r\n"
+)
+
+
+def test_valid_offer_with_data_channel() -> None:
+    offer = check_offer(OFFER)
+    assert offer.has_data_channel
+    assert len(offer.candidates) == 1
+
+
+def test_strip_and_mark() -> None:
+    stripped = strip_candidates(OFFER)
+    assert "a=candidate" not in stripped and "end-of-candidates" not in stripped
+    lite = mark_ice_lite(stripped)
+    assert lite.index("a=ice-lite") < lite.index("m=audio")
+    assert mark_ice_lite(lite) == lite
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda s: s.replace("a=group:BUNDLE 0 1\r\n", ""), "BUNDLE"),
+        (lambda s: s.replace("a=ice-ufrag:abcd", "a=ice-ufrag:ab"), "ice-ufrag"),
+        (lambda s: s.replace("a=setup:actpass", "a=setup:weird"), "setup"),
+        (
+            lambda s: s.replace("webrtc-datachannel", "x").replace("UDP/DTLS/SCTP", "RTP/AVP"),
+            "SCTP",
+        ),
+        (lambda s: s.replace("v=0", "a=ice-lite\r\nv=0", 1), "v=0"),
+        (lambda s: s.replace("t=0 0\r\n", "t=0 0\r\na=ice-lite\r\n"), "ICE-lite"),
+        (lambda s: s + "garbage\r\n", "malformed"),
+        (lambda s: s.replace("m=audio 9 UDP", "m=audio x UDP"), "m-line"),
+        (lambda s: s + "x" * 70000, "larger"),
+    ],
+)
+def test_rejections_say_why(mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SdpError, match=reason):
+        check_offer(mutate(OFFER))
+
+
+@pytest.mark.parametrize(
+    ("candidate", "verdict"),
+    [
+        ("candidate:1 1 udp 1 203.0.113.1 5000 typ host", None),
+        ("candidate:1 1 udp 1 127.0.0.1 5000 typ host", "denied_range"),
+        ("candidate:1 1 udp 1 169.254.1.1 5000 typ host", "denied_range"),
+        ("candidate:1 1 udp 1 224.0.0.1 5000 typ host", "denied_range"),
+        ("candidate:1 1 udp 1 0.0.0.0 5000 typ host", "denied_range"),
+        ("candidate:1 1 udp 1 fe80::1 5000 typ host", "denied_range"),
+        ("candidate:1 1 udp 1 10.0.0.1 5000 typ host", None),
+        ("candidate:1 1 udp 1 x.local 5000 typ host", "mdns"),
+        ("candidate:1 1 tcp 1 203.0.113.1 9 typ host tcptype active", "not_udp"),
+        ("candidate:1 1 udp 1", "malformed"),
+    ],
+)
+def test_candidate_classification(candidate: str, verdict: str | None) -> None:
+    assert classify_candidate(candidate) == verdict
+
+
+def test_private_ranges_configurable() -> None:
+    assert classify_candidate("candidate:1 1 udp 1 10.0.0.1 5 typ host", ["10.0.0.0/8"]) == (
+        "denied_range"
+    )
+
+
+def test_sdpfrag() -> None:
+    frag = (
+        "a=ice-ufrag:EsAw\r\na=ice-pwd:P2uYro0UCOQ4zxjKXaWCBui1\r\n"
+        "a=candidate:1 1 udp 1 1.2.3.4 5 typ host\r\n"
+    )
+    assert sdpfrag_credentials(frag) == (
+        "EsAw",
+        "P2uYro0UCOQ4zxjKXaWCBui1",
+        ["candidate:1 1 udp 1 1.2.3.4 5 typ host"],
+    )
