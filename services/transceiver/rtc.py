@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 import aioice
 import aioice.ice
+import pylibsrtp
 import trio
 from aioice.candidate import candidate_foundation, candidate_priority
 from aiortc import (
@@ -58,6 +59,7 @@ FRAME_SAMPLES = 960  # 20 ms
 FRAME_BYTES = FRAME_SAMPLES * 2
 PTIME = FRAME_SAMPLES / SAMPLE_RATE
 OUTPUT_QUEUE_FRAMES = 50  # 1 s of agent audio waiting to be played
+MAX_RECEIVE_QUEUE = 256  # datagrams waiting for DTLS/SRTP in one session
 
 
 # -- calling between Trio and asyncio on one thread ---------------------------------------
@@ -236,6 +238,34 @@ class SessionCallbacks:
     event: Callable[[str], None]
     validated: Callable[[Address], None]
     milestone: Callable[[str], None]
+    count: Callable[[str], None]
+
+
+class CountingSrtp:
+    """Wraps a receive-side pylibsrtp session to count auth and replay failures, which
+    aiortc only logs at debug level and drops."""
+
+    def __init__(self, inner: Any, count: Callable[[str], None]) -> None:
+        self._inner = inner
+        self._count = count
+
+    def _failed(self, exc: Exception) -> None:
+        text = str(exc).lower()
+        self._count("srtp_replay_fail" if "replay" in text else "srtp_auth_fail")
+
+    def unprotect(self, data: bytes) -> bytes:
+        try:
+            return bytes(self._inner.unprotect(data))
+        except pylibsrtp.Error as exc:
+            self._failed(exc)
+            raise
+
+    def unprotect_rtcp(self, data: bytes) -> bytes:
+        try:
+            return bytes(self._inner.unprotect_rtcp(data))
+        except pylibsrtp.Error as exc:
+            self._failed(exc)
+            raise
 
 
 @dataclass
@@ -346,10 +376,16 @@ class RtcSession:
 
     # -- datagrams from the shared socket --------------------------------------------------
 
-    def datagram_received(self, data: bytes, addr: Address) -> None:
+    def datagram_received(self, data: bytes, addr: Address) -> bool:
+        """Hand one datagram to ICE; False if it was dropped because the session's receive
+        queue is full (aioice's own queue is unbounded)."""
         protocol = self.protocol
-        if protocol is not None:
-            protocol.datagram_received(data, addr)
+        if protocol is None:
+            return False
+        if data[0] > 3 and protocol.receiver._queue.qsize() >= MAX_RECEIVE_QUEUE:
+            return False
+        protocol.datagram_received(data, addr)
+        return True
 
     # -- events ------------------------------------------------------------------------------
 
@@ -364,6 +400,8 @@ class RtcSession:
         def watch() -> None:
             if transport.state == "connected":
                 self.callbacks.milestone("dtls_connected")
+                if transport._rx_srtp is not None:
+                    transport._rx_srtp = CountingSrtp(transport._rx_srtp, self.callbacks.count)
             elif transport.state == "failed":
                 self.callbacks.milestone("dtls_failed")
 
@@ -420,6 +458,8 @@ class RtcSession:
 
 def hook_points() -> dict[str, bool]:
     """Whether every aiortc/aioice internal this module relies on is where we expect it."""
+    from aiortc.rtcdtlstransport import RTCDtlsTransport
+
     conn = aioice.Connection(ice_controlling=False)
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.addTransceiver("audio")
@@ -434,6 +474,8 @@ def hook_points() -> dict[str, bool]:
         "Connection.check_complete": hasattr(conn, "check_complete"),
         "Connection.query_consent": hasattr(conn, "query_consent"),
         "StunProtocol.datagram_received": hasattr(aioice.ice.StunProtocol, "datagram_received"),
+        "Connection._queue": hasattr(conn, "_queue"),
+        "RTCDtlsTransport._rx_srtp": "_rx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
         "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
         **{
             f"RTCRtpReceiver.{name}": hasattr(receiver, f"_RTCRtpReceiver{name}")

@@ -124,7 +124,8 @@ class Transceiver:
             if payload[0] < 4:
                 session.stun_seen()
             try:
-                session.rtc.datagram_received(payload, delivery.client)
+                if not session.rtc.datagram_received(payload, delivery.client):
+                    self.counters["session_queue_full"] += 1
             except Exception:  # aioice raises struct.error & co on crafted STUN
                 self.counters["session_datagram_error"] += 1
                 log.debug("datagram for session %s raised", session.session_id, exc_info=True)

@@ -85,6 +85,7 @@ class Session:
                 event=self._event_in,
                 validated=lambda addr: self.on_validated(self, addr),
                 milestone=self._milestone,
+                count=self._count,
             ),
         )
 
@@ -128,6 +129,9 @@ class Session:
             self.milestones[name] = time.monotonic() - self.created
         if name == "datachannel_open":
             self.rtc.send_event(json.dumps({"type": "call.state", "state": self.state}))
+
+    def _count(self, name: str) -> None:
+        self.counters[name] += 1
 
     def stun_seen(self) -> None:
         self.last_check = time.monotonic()

@@ -8,6 +8,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -236,6 +237,13 @@ def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ig
             for d in datagrams:
                 junk.sendto(d, tx.media)
         junk.close()
+        # forged SRTP from the caller's own (validated) address: authentication fails
+        pc: Any = c.pc
+        (ice,) = pc._RTCPeerConnection__iceTransports
+        pair = ice._connection._nominated[1]
+        for seq in range(5):
+            forged = b"\x80\x6f" + seq.to_bytes(2, "big") + bytes(8) + b"\xaa" * 60
+            pair.protocol.transport.sendto(forged, pair.remote_addr)
         await asyncio.sleep(1.5)
         heard = dominant(bytes(c.result.received[-48000:]), [440, 880])
         await c.close()
@@ -243,6 +251,7 @@ def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ig
 
     asyncio.run(main())
     assert event_count(tx, "session_datagram_error") >= 1
+    assert event_count(tx, "srtp_auth_fail") >= 5
     status, _ = tx.request("GET", "/healthz")
     assert status == 200
 
