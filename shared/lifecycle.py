@@ -13,13 +13,16 @@ import trio
 
 
 def setup_logging(prefix: str) -> None:
+    level = os.environ.get("FIRSTHOP_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(
-        level=os.environ.get("FIRSTHOP_LOG_LEVEL", "INFO").upper(),
-        format=f"{prefix} %(levelname)s %(name)s: %(message)s",
+        level=level,
+        format=f"%(asctime)s.%(msecs)03d {prefix} %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
-    # aioice logs every pair state change at INFO: per-session noise at scale.
-    logging.getLogger("aioice").setLevel(logging.WARNING)
+    if level != "DEBUG":
+        # aioice logs every pair state change at INFO: per-session noise at scale.
+        logging.getLogger("aioice").setLevel(logging.WARNING)
 
 
 async def run_until_signal(serve: Callable[..., Awaitable[Any]], *args: Any) -> None:

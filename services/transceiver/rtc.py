@@ -9,10 +9,11 @@ upgrade moves them):
 * `get_component_candidates` creates no socket: it gives aioice a `StunProtocol` on a
   `VirtualTransport` whose `sendto` frames the datagram onto the process's ONE shared UDP
   socket, and returns the relay ingress address(es) as host candidates;
-* `check_start` is replaced by ICE-lite behaviour (RFC 8445 §2.5): the server never sends a
-  connectivity check; a pair succeeds when the caller's authenticated check arrives on it,
-  and is nominated by the caller's USE-CANDIDATE. So the server never sends anything to a
-  caller-supplied address, and setup does not wait on a server check racing the answer;
+* `check_start` and `connect` are replaced by ICE-lite behaviour (RFC 8445 §2.5): the server
+  never sends a connectivity check; a pair succeeds (and is taken as nominated) when the
+  caller's authenticated check arrives on it. So the server never sends anything to a
+  caller-supplied address, and setup waits neither on a server check racing the answer nor on
+  the caller's nomination round;
 * `query_consent` does nothing: consent is the caller's job towards a lite agent (RFC 7675);
   the transceiver watches the caller's checks instead.
 
@@ -350,18 +351,33 @@ class RtcSession:
 
         async def lite_check_start(pair: aioice.ice.CandidatePair) -> None:
             # RFC 8445 §2.5 / §7.3.1.4: a lite agent sends no check; the caller's
-            # authenticated check on this pair (it just arrived) makes it valid.
+            # authenticated check on this pair (it just arrived) makes it valid. It is also
+            # taken as nominated at once: waiting for the caller's USE-CANDIDATE costs a
+            # whole ping interval (~50 ms with Chromium) before DTLS may start. If the caller
+            # later nominates another pair, check_incoming moves `_nominated` to it.
             conn.check_state(pair, aioice.ice.CandidatePair.State.SUCCEEDED)
-            if pair.remote_nominated:
-                pair.nominated = True
+            pair.nominated = True
             session.callbacks.validated(pair.remote_addr)
             conn.check_complete(pair)
+
+        async def lite_connect() -> None:
+            # A lite agent paces no checks (aioice's connect() polls every 20 ms for that):
+            # replay the checks that came before connect(), then wait for the check list.
+            if not conn._local_candidates_end:
+                raise ConnectionError("Local candidates gathering was not performed")
+            conn._early_checks_done = True
+            for early_check in conn._early_checks:
+                conn.check_incoming(*early_check)
+            conn._early_checks.clear()
+            if await conn._check_list_state.get() != aioice.ice.ICE_COMPLETED:
+                raise ConnectionError("ICE negotiation failed")
 
         async def no_consent_checks() -> None:
             await asyncio.Event().wait()
 
         conn.get_component_candidates = get_component_candidates  # type: ignore[method-assign]
         conn.check_start = lite_check_start  # type: ignore[method-assign]
+        conn.connect = lite_connect  # type: ignore[method-assign]
         conn.query_consent = no_consent_checks  # type: ignore[method-assign]
 
     def restart_ice(self, ufrag: str, pwd: str, remote_ufrag: str, remote_pwd: str) -> None:
@@ -473,6 +489,12 @@ def hook_points() -> dict[str, bool]:
         "Connection.check_state": hasattr(conn, "check_state"),
         "Connection.check_complete": hasattr(conn, "check_complete"),
         "Connection.query_consent": hasattr(conn, "query_consent"),
+        "Connection.connect": hasattr(conn, "connect"),
+        "Connection._check_list_state": hasattr(conn, "_check_list_state"),
+        "Connection._early_checks": hasattr(conn, "_early_checks"),
+        "Connection._early_checks_done": hasattr(conn, "_early_checks_done"),
+        "Connection._local_candidates_end": hasattr(conn, "_local_candidates_end"),
+        "ice.ICE_COMPLETED": hasattr(aioice.ice, "ICE_COMPLETED"),
         "StunProtocol.datagram_received": hasattr(aioice.ice.StunProtocol, "datagram_received"),
         "Connection._queue": hasattr(conn, "_queue"),
         "RTCDtlsTransport._rx_srtp": "_rx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
