@@ -40,7 +40,9 @@ async function call(target) {
   const mic = await navigator.mediaDevices.getUserMedia({audio: true});
   mic.getTracks().forEach((t) => pc.addTrack(t, mic));
   window.marks = {};
-  pc.oniceconnectionstatechange = () => { window.marks["ice_" + pc.iceConnectionState] = performance.now() - t0; };
+  pc.oniceconnectionstatechange = () => {
+    window.marks["ice_" + pc.iceConnectionState] = performance.now() - t0;
+  };
   const connected = new Promise((res, rej) => {
     pc.onconnectionstatechange = () => {
       window.marks["pc_" + pc.connectionState] = performance.now() - t0;
