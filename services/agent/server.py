@@ -18,14 +18,17 @@ import logging
 from typing import Any
 
 import trio
+from opentelemetry.trace import SpanKind
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from services.agent.vad import FRAME_MS, TurnTaker
 from shared.config import add_option, hostport_arg
 from shared.lifecycle import run_until_signal, setup_logging
+from shared.telemetry import context_from_traceparent, setup_tracing, shutdown_tracing, tracer
 
 log = logging.getLogger("firsthop.agent")
 
+TRACER = tracer("firsthop.agent")
 MAX_MESSAGE = 1 << 20
 PLAYBACK_LEAD = 3  # frames sent ahead of real time, so the transceiver's queue never runs dry
 
@@ -120,7 +123,17 @@ async def serve_agent(
                 await ws.aclose(code=1002, reason="expected session.start")
                 return
             log.info("%s session %s started", kind, start.get("session_id"))
-            await handler(ws)
+            with TRACER.start_as_current_span(
+                "agent.session",
+                context=context_from_traceparent(start.get("traceparent")),
+                kind=SpanKind.SERVER,
+                attributes={
+                    "firsthop.session_id": str(start.get("session_id")),
+                    "firsthop.call_id": str(start.get("call_id")),
+                    "firsthop.agent": kind,
+                },
+            ):
+                await handler(ws)
         except (ConnectionClosed, ValueError):
             pass
         finally:
@@ -144,7 +157,11 @@ async def serve_agent(
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(f"agent[{args.kind}]")
-    trio.run(run_until_signal, serve_agent, args.kind, hostport_arg(args.listen))
+    setup_tracing("agent")
+    try:
+        trio.run(run_until_signal, serve_agent, args.kind, hostport_arg(args.listen))
+    finally:
+        shutdown_tracing()
     return 0
 
 

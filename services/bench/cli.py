@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from services.bench import wire
+from services.bench import relay, setup, wire
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="run a benchmark next to its reference")
     benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     wire.register(benches)
+    relay.register(benches)
+    setup.register(benches)

@@ -56,6 +56,16 @@ class Stored:
 
 
 @dataclass(frozen=True, slots=True)
+class Pinned:
+    """Flows that just got their first answer (for the relay's first-packet span):
+    (client, token, dest, via, created, established_at)."""
+
+    flows: list[
+        tuple[tuple[str, int], bytes, tuple[str, int], tuple[str, int] | None, float, float]
+    ]
+
+
+@dataclass(frozen=True, slots=True)
 class LookupWanted:
     client: tuple[str, int]
 
@@ -78,7 +88,8 @@ class DataPlane:
         self.notify = notify  # wakes the Trio side; must be thread-safe
         self.cpu = cpu
         self.commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self.outbox: collections.deque[Stored | LookupWanted] = collections.deque()
+        self.outbox: collections.deque[Stored | LookupWanted | Pinned] = collections.deque()
+        self.want_pins = False  # set when first-packet spans are wanted (tracing on)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._stopping = False
         # Counters owned by this thread; `snapshot` is a consistent copy for readers.
@@ -257,6 +268,18 @@ class DataPlane:
     # -- housekeeping and commands --------------------------------------------------------
 
     def _housekeeping(self, now: float) -> None:
+        if self.want_pins:
+            new = [f for f in self.table.events.established if f.established_at >= f.created]
+            if new:
+                self.outbox.append(
+                    Pinned(
+                        [
+                            (f.client, f.token, f.dest, f.via, f.created, f.established_at)
+                            for f in new
+                            if f.stored_at == float("-inf")
+                        ]
+                    )
+                )
         due: list[Flow] = self.table.due_for_store(now)
         if due:
             self.outbox.append(Stored([(f.client, f.token, f.via) for f in due]))

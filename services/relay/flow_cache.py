@@ -117,5 +117,22 @@ class FlowCache:
         self.hits += sum(1 for t in tokens if t)
         return tokens
 
+    async def trace_parents(self, tokens: list[bytes]) -> list[bytes | None]:
+        """`firsthop:trace:{ufrag}` for each token: the sessions' traceparents (§9)."""
+        if not self.available:
+            raise CacheUnavailable("backing off")
+
+        def read() -> list[bytes | None]:
+            pipe = self._client.pipeline(transaction=False)
+            for token in tokens:
+                pipe.get(b"firsthop:trace:" + token)
+            return list(pipe.execute())
+
+        try:
+            return await trio.to_thread.run_sync(read, limiter=self._limiter)
+        except redis.RedisError as exc:
+            self._failed(exc)
+            raise CacheUnavailable(str(exc)) from exc
+
     def close(self) -> None:
         self._client.close()

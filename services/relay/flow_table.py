@@ -98,6 +98,7 @@ class Flow:
     last_seen: float
     candidate: Candidate | None = None
     stored_at: float = float("-inf")  # last write to the flow cache
+    established_at: float = 0.0
 
 
 # Decisions. The I/O layer sends; these say what.
@@ -391,8 +392,10 @@ class FlowTable:
             cand = flow.candidate
             if cand is None or src != cand.dest:
                 return self._drop("return_wrong_source")
+            flow.last_seen = now
             self._repoint(flow, cand)
         elif not flow.established:
+            flow.last_seen = now
             self._establish(flow)
         flow.last_seen = now
         if flow.via is not None:
@@ -401,6 +404,7 @@ class FlowTable:
 
     def _establish(self, flow: Flow) -> None:
         flow.established = True
+        flow.established_at = flow.last_seen
         self._unpend(flow)
         self.events.established.append(flow)
 

@@ -24,11 +24,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from opentelemetry.trace import SpanKind
 
 from services.relay.config import RelayConfig
-from services.relay.dataplane import SOCKET_BUFFER, DataPlane, LookupWanted, Stored
+from services.relay.dataplane import SOCKET_BUFFER, DataPlane, LookupWanted, Pinned, Stored
 from services.relay.flow_cache import MAX_PENDING_WRITES, CacheUnavailable, FlowCache
 from services.relay.flow_table import FlowTable
+from shared.telemetry import (
+    context_from_traceparent,
+    setup_tracing,
+    shutdown_tracing,
+    tracer,
+    tracing_enabled,
+)
 from shared.wire.route_token import DestinationFilter
 
 log = logging.getLogger("firsthop.relay")
@@ -37,6 +45,7 @@ Address = tuple[str, int]
 FLUSH_ON_EXIT = 2.0  # seconds given to the last cache writes at shutdown
 STATS_EVERY = 0.5
 CONFIG_ENV = "FIRSTHOP_RELAY_WORKER_CONFIG"
+TRACER = tracer("firsthop.relay")
 
 
 def udp_socket(addr: Address, *, reuseport: bool) -> socket.socket:
@@ -125,6 +134,8 @@ async def serve_worker(
         dataplane=dp,
         cache=cache,
     )
+    dp.want_pins = cache is not None and tracing_enabled()
+    pins_send, pins_recv = trio.open_memory_channel[Pinned](100)
     pending_writes: dict[Address, tuple[Address, bytes, Address | None]] = {}
     store_wanted = trio.Event()
     lookup_send, lookup_recv = trio.open_memory_channel[Address](10_000)
@@ -143,6 +154,11 @@ async def serve_worker(
                         if len(pending_writes) < MAX_PENDING_WRITES or entry[0] in pending_writes:
                             pending_writes[entry[0]] = entry
                     store_wanted.set()
+                elif isinstance(item, Pinned):
+                    try:
+                        pins_send.send_nowait(item)
+                    except trio.WouldBlock:
+                        pass  # spans are best effort; forwarding never waits for them
                 elif isinstance(item, LookupWanted):
                     try:
                         lookup_send.send_nowait(item.client)
@@ -166,6 +182,34 @@ async def serve_worker(
                 continue
             for client, token in zip(batch, tokens, strict=True):
                 dp.send_command("recovered", (client, token))
+
+    async def first_packet_spans() -> None:
+        """One span per new flow, joined to its session's trace (§10), off the packet path."""
+        assert cache is not None
+        async for pinned in pins_recv:
+            try:
+                parents = await cache.trace_parents([token for _, token, *_ in pinned.flows])
+            except CacheUnavailable:
+                continue
+            for (client, _, dest, via, created, established), parent in zip(
+                pinned.flows, parents, strict=True
+            ):
+                ctx = context_from_traceparent(parent.decode() if parent else None)
+                span = TRACER.start_span(
+                    "relay.flow",
+                    context=ctx,
+                    kind=SpanKind.SERVER,
+                    start_time=int(created * 1e9),
+                    attributes={
+                        "firsthop.client": f"{client[0]}:{client[1]}",
+                        "firsthop.destination": f"{dest[0]}:{dest[1]}",
+                        "firsthop.cluster": config.cluster,
+                        "firsthop.relay_worker": index,
+                        "firsthop.hop": f"{via[0]}:{via[1]}" if via else "",
+                    },
+                )
+                span.add_event("first_answer", timestamp=int(established * 1e9))
+                span.end(end_time=int(established * 1e9))
 
     async def flush_writes() -> None:
         assert cache is not None
@@ -195,6 +239,8 @@ async def serve_worker(
             if cache is not None:
                 nursery.start_soon(lookups)
                 nursery.start_soon(writes)
+                if dp.want_pins:
+                    nursery.start_soon(first_packet_spans)
             thread_done = trio.Event()
 
             async def run_thread() -> None:
@@ -286,7 +332,11 @@ def main() -> None:
     _die_with_parent()
     config = RelayConfig.from_json(os.environ[CONFIG_ENV])
     index = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    trio.run(_worker_process, config, index)
+    setup_tracing("relay")
+    try:
+        trio.run(_worker_process, config, index)
+    finally:
+        shutdown_tracing()
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ import signal
 import trio
 
 from services.transceiver.api import create_app
-from services.transceiver.registry import heartbeat
+from services.transceiver.registry import heartbeat, trace_handoff_writer
 from services.transceiver.rtc import run_trio_guest
 from services.transceiver.service import Transceiver, TransceiverConfig
 from shared.config import add_option, format_hostport, hostport_arg, parse_cidrs
 from shared.http import bound_address, hypercorn_config
 from shared.lifecycle import setup_logging
+from shared.telemetry import setup_tracing, shutdown_tracing
 from shared.wire.route_token import parse_route_keys
 
 log = logging.getLogger("firsthop.transceiver")
@@ -54,6 +55,9 @@ async def serve_transceiver(
                 }
 
             nursery.start_soon(heartbeat, config.redis, config.id, fields, tx.counters)
+            send, receive = trio.open_memory_channel[tuple[str, str]](1000)
+            tx.trace_writes = send
+            nursery.start_soon(trace_handoff_writer, config.redis, receive, tx.counters)
         log.info(
             "transceiver %s (region %s, cluster %d): media %s advertised as %s, api %s",
             config.id,
@@ -163,5 +167,9 @@ def config_from_args(args: argparse.Namespace) -> TransceiverConfig:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     setup_logging(f"transceiver[{config.id}]")
-    run_trio_guest(lambda: _process(config))
+    setup_tracing("transceiver")
+    try:
+        run_trio_guest(lambda: _process(config))
+    finally:
+        shutdown_tracing()
     return 0

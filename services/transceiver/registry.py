@@ -74,3 +74,36 @@ async def heartbeat(
             except redis.RedisError:
                 pass
             client.close()
+
+
+TRACE_TTL = 4 * 3600  # the longest session
+
+
+async def trace_handoff_writer(
+    url: str,
+    pairs: trio.MemoryReceiveChannel[tuple[str, str]],
+    counters: Counter[str],
+) -> None:
+    """Write `firsthop:trace:{ufrag}` = traceparent for each new session token."""
+    client = redis_client(url)
+
+    def write(batch: list[tuple[str, str]]) -> None:
+        pipe = client.pipeline(transaction=False)
+        for ufrag, traceparent in batch:
+            pipe.set(f"firsthop:trace:{ufrag}", traceparent, ex=TRACE_TTL)
+        pipe.execute()
+
+    try:
+        async for first in pairs:
+            batch = [first]
+            while True:
+                try:
+                    batch.append(pairs.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            try:
+                await trio.to_thread.run_sync(write, batch)
+            except redis.RedisError:
+                counters["redis_errors"] += 1
+    finally:
+        client.close()

@@ -19,17 +19,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import trio
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from services.transceiver.mux import SessionMux
 from services.transceiver.session import Session
 from shared.metrics import Histogram
 from shared.sdp import check_offer, classify_candidate, mark_ice_lite, strip_candidates
+from shared.telemetry import context_from_traceparent, traceparent_of, tracer
 from shared.wire.route_token import encode_route_token, fresh_nonce
 
 log = logging.getLogger("firsthop.transceiver")
 
 Address = tuple[str, int]
 RECV_BUFFER = 2048
+TRACER = tracer("firsthop.transceiver")
 SETUP_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -82,6 +86,8 @@ class Transceiver:
         self.draining = False
         self._session_removed = trio.Event()
         self.media_addr: Address | None = None
+        # (ufrag, traceparent) pairs for the Redis trace hand-off; None without Redis.
+        self.trace_writes: trio.MemorySendChannel[tuple[str, str]] | None = None
         self._sock: socket.socket | None = None
         self._sessions_nursery: trio.Nursery | None = None
 
@@ -171,6 +177,17 @@ class Transceiver:
             reason = classify_candidate(candidate, self.config.deny_candidate_cidr)
             self.counters[f"candidate_{reason or 'ignored'}"] += 1
         assert self._sessions_nursery is not None
+        span = TRACER.start_span(
+            "transceiver.session",
+            context=context_from_traceparent(traceparent),
+            kind=SpanKind.SERVER,
+            attributes={
+                "firsthop.call_id": call_id,
+                "firsthop.region": region or self.config.region,
+                "firsthop.transceiver": self.config.id,
+                "firsthop.ingress": ",".join(f"{h}:{p}" for h, p in ingress),
+            },
+        )
         session = Session(
             session_id=secrets.token_urlsafe(12),
             call_id=call_id,
@@ -184,13 +201,20 @@ class Transceiver:
             counters=self.counters,
             traceparent=traceparent,
             remote_ufrag=offer.media[0].ufrag,
+            span=span,
         )
+        span.set_attribute("firsthop.session_id", session.session_id)
         try:
-            answer = await session.answer(strip_candidates(offer_sdp))
+            with trace.use_span(span, end_on_exit=False):
+                with TRACER.start_as_current_span("transceiver.answer"):
+                    answer = await session.answer(strip_candidates(offer_sdp))
         except Exception as exc:  # aiortc's own checks: AssertionError, ValueError, ...
             self.counters["offer_rejected"] += 1
             await session.rtc.close()
+            span.set_status(trace.StatusCode.ERROR, "offer rejected")
+            span.end()
             raise CreateError(400, f"offer rejected: {exc or type(exc).__name__}") from exc
+        self.trace_handoff(session.ufrag, span)
         self.sessions[session.session_id] = session
         self.mux.add_ufrag(session.ufrag, session)
         self._sessions_nursery.start_soon(self._run_session, session)
@@ -215,8 +239,21 @@ class Transceiver:
         session.ufrag, session.pwd = ufrag, pwd
         session.rtc.restart_ice(ufrag, pwd, remote_ufrag, remote_pwd)
         session.remote_ufrag = remote_ufrag
+        if session.span is not None:
+            session.span.add_event("ice_restart")
+            self.trace_handoff(ufrag, session.span)
         self.mux.add_ufrag(ufrag, session)
         return ufrag, pwd
+
+    def trace_handoff(self, ufrag: str, span: Span) -> None:
+        """Leave the session's traceparent at `firsthop:trace:{ufrag}` for the relay's
+        first-packet span (ARCHITECTURE §9), off the request path."""
+        traceparent = traceparent_of(span)
+        if traceparent and self.trace_writes is not None:
+            try:
+                self.trace_writes.send_nowait((ufrag, traceparent))
+            except trio.WouldBlock:
+                self.counters["trace_handoff_dropped"] += 1
 
     def end_session(self, session_id: str, reason: str) -> bool:
         session = self.sessions.get(session_id)

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from opentelemetry.trace import Span
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from services.transceiver.rtc import RtcSession, SessionCallbacks, call_asyncio
+from shared.telemetry import traceparent_of
 
 log = logging.getLogger("firsthop.transceiver.session")
 
@@ -60,6 +62,7 @@ class Session:
     counters: Counter[str]
     traceparent: str | None = None
     remote_ufrag: str | None = None
+    span: Span | None = None
     created: float = field(default_factory=time.monotonic)
     milestones: dict[str, float] = field(default_factory=dict)
     state: str = "new"
@@ -127,6 +130,8 @@ class Session:
     def _milestone(self, name: str) -> None:
         if name not in self.milestones:
             self.milestones[name] = time.monotonic() - self.created
+            if self.span is not None:
+                self.span.add_event(name)
         if name == "datachannel_open":
             self.rtc.send_event(json.dumps({"type": "call.state", "state": self.state}))
 
@@ -160,6 +165,9 @@ class Session:
                 await call_asyncio(self.rtc.close())
             self._audio_send.close()
             self._events_send.close()
+            if self.span is not None:
+                self.span.set_attribute("firsthop.end_reason", self.end_reason or "")
+                self.span.end()
             log.info("session %s ended: %s", self.session_id, self.end_reason)
 
     async def _watch(self) -> None:
@@ -195,7 +203,7 @@ class Session:
             "call_id": self.call_id,
             "sample_rate": 48000,
             "frame_ms": 20,
-            "traceparent": self.traceparent,
+            "traceparent": traceparent_of(self.span) if self.span else self.traceparent,
         }
         while True:
             try:
