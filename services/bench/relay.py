@@ -281,7 +281,7 @@ class Relay:
         with open(self.stats_path, "wb") as out:
             self.proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,  # a worker exits when its stdin closes (parent gone)
                 stdout=log if supervised else out,
                 stderr=log,
                 env=env,

@@ -55,6 +55,7 @@ class WorkerProcess:
                     proc = await trio.lowlevel.open_process(
                         [sys.executable, "-m", "services.relay.worker", str(self.index)],
                         env=env,
+                        stdin=subprocess.PIPE,  # never written: EOF tells the worker we died
                         stdout=subprocess.PIPE,
                     )
                     self.process = proc

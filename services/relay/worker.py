@@ -278,14 +278,16 @@ async def serve_worker(
 # -- as a process of `firsthop relay` ----------------------------------------------------
 
 
-def _die_with_parent() -> None:
+async def _until_parent_gone() -> None:
+    """Return when the supervisor is gone: it holds the write end of our stdin and never
+    writes, so EOF means it exited, however it died. (PR_SET_PDEATHSIG would fire when the
+    *thread* that spawned us exits, and Trio spawns from short-lived helper threads.)"""
+    stream = trio.lowlevel.FdStream(os.dup(0))
     try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        while await stream.receive_some(1024):
+            pass
+    finally:
+        await stream.aclose()
 
 
 def _emit(message: dict[str, Any]) -> None:
@@ -317,8 +319,19 @@ async def _worker_process(config: RelayConfig, index: int) -> None:
                     await trio.sleep(STATS_EVERY)
 
             nursery.start_soon(report)
-            async for _ in signals:
-                break
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    return
+
+            async with trio.open_nursery() as waiters:
+                for waiter in (stop_on_signal, _until_parent_gone):
+
+                    async def first(waiter: Any = waiter) -> None:
+                        await waiter()
+                        waiters.cancel_scope.cancel()
+
+                    waiters.start_soon(first)
             nursery.cancel_scope.cancel()
     _emit({"type": "stats", "index": index, "stats": handle.stats()})
 
@@ -329,7 +342,6 @@ def main() -> None:
         format=f"relay[w{sys.argv[1] if len(sys.argv) > 1 else 0}] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    _die_with_parent()
     config = RelayConfig.from_json(os.environ[CONFIG_ENV])
     index = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     setup_tracing("relay")

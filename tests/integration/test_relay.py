@@ -203,3 +203,29 @@ def test_sigterm_exits_within_5s() -> None:
         assert proc.proc is not None and proc.proc.returncode == 0
     finally:
         proc.kill()
+
+
+def test_no_worker_restarts_during_the_module(relay: RelayProcess) -> None:
+    # Workers must outlive Trio's idle helper threads (a PDEATHSIG regression restarted them
+    # every ~10 s and lost their flows).
+    assert relay.metric("firsthop_relay_worker_restarts_total") == 0
+
+
+def test_workers_exit_when_the_supervisor_is_killed() -> None:
+    import os
+    import signal
+    import subprocess
+
+    proc = RelayProcess(workers=2).start()
+    assert proc.proc is not None
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(proc.proc.pid)], capture_output=True, text=True
+    ).stdout
+    workers = [int(p) for p in out.split()]
+    assert len(workers) == 2
+    os.kill(proc.proc.pid, signal.SIGKILL)
+    proc.proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{w}") for w in workers):
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{w}") for w in workers)
