@@ -40,12 +40,13 @@ from services.relay.flow_table import (
 
 log = logging.getLogger("firsthop.relay")
 
-RECV_BUFFER = 2048  # > MAX_DATAGRAM + a PROXY v6 header: oversize is seen, not truncated
+RECV_BUFFER = 2048  # > headroom + MAX_DATAGRAM: oversize is seen, not truncated
 BATCH = 256  # datagrams drained from one socket before the others get a turn
 TICK = 0.25  # housekeeping period, seconds
 EXPIRE_EVERY = 1.0
 SOCKET_BUFFER = 4 * 1024 * 1024
-V4_FAMILY_BYTE = 0x12
+HEADROOM = 28  # an IPv4 PROXY v2 header (the relay's sockets are IPv4)
+MAX_UPSTREAM = 4096  # connected upstream sockets per worker; beyond, the shared `own` one
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,11 @@ class DataPlane:
         self.downstream = 0
         self.upstream_bytes = 0
         self.downstream_bytes = 0
+        self.upstreams: dict[tuple[str, int], socket.socket] = {}
+        self._upstream_by_fd: dict[int, tuple[socket.socket, tuple[str, int]]] = {}
+        self._ep: select.epoll | None = None
+        self._buf = bytearray(RECV_BUFFER)
+        self._payload_view = memoryview(self._buf)[HEADROOM:]
         self.snapshot: dict[str, Any] = self._make_snapshot()
         self.thread_id: int | None = None
 
@@ -120,14 +126,15 @@ class DataPlane:
                 log.info("cpu pinning unavailable: %s", exc)
         for sock in (self.public, self.own, self.peer):
             sock.setblocking(False)
-        ep = select.epoll()
+        self._ep = ep = select.epoll()
         pub_fd, own_fd, peer_fd = self.public.fileno(), self.own.fileno(), self.peer.fileno()
         for fd in (pub_fd, own_fd, peer_fd, self._wake_fd):
             ep.register(fd, select.EPOLLIN)
-        buf = bytearray(RECV_BUFFER)
+        buf = self._buf
         view = memoryview(buf)
         next_tick = 0.0
         next_expire = 0.0
+        upstream_by_fd = self._upstream_by_fd
         try:
             while not self._stopping:
                 now = time.time()
@@ -141,83 +148,142 @@ class DataPlane:
                     now = time.time()
                     if fd == pub_fd:
                         self._drain_public(buf, view, now)
-                    elif fd == own_fd:
-                        self._drain_own(buf, view, now)
+                    elif fd in upstream_by_fd:
+                        self._drain_upstream(upstream_by_fd[fd], buf, view, now)
                     elif fd == peer_fd:
                         self._drain_peer(buf, view, now)
+                    elif fd == own_fd:
+                        self._drain_own(buf, view, now)
                     else:
                         os.eventfd_read(self._wake_fd)
                         self._run_commands(time.time())
         finally:
             ep.close()
+            for sock in self.upstreams.values():
+                sock.close()
             self.snapshot = self._make_snapshot()
 
+    # Upstream sockets: one per destination (transceiver or peer relay), bound on the
+    # internal host and connect()ed, so a send names no address (no per-packet address
+    # parsing, route cached by the kernel) and a reply needs no source check (the kernel
+    # only delivers the connected peer's datagrams). Destinations are few.
+
+    def upstream_for(self, dest: tuple[str, int]) -> socket.socket | None:
+        sock = self.upstreams.get(dest)
+        if sock is not None or len(self.upstreams) >= MAX_UPSTREAM:
+            return sock
+        sock = socket.socket(self.own.family, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            sock.bind((self.own.getsockname()[0], 0))
+            sock.connect(dest)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            self.table.count_drop("upstream_socket_error")
+            return None
+        self.upstreams[dest] = sock
+        self._upstream_by_fd[sock.fileno()] = (sock, dest)
+        if self._ep is not None:
+            self._ep.register(sock.fileno(), select.EPOLLIN)
+        return sock
+
     def _drain_public(self, buf: bytearray, view: memoryview, now: float) -> None:
+        # Receive past room for the frame, then write the flow's header in front: the frame
+        # leaves as one buffer, built without copying the payload.
         recv = self.public.recvfrom_into
-        send = self.own.sendmsg
+        payload_view = self._payload_view
+        upstreams = self.upstreams
         flows = self.table.flows
         fwd = fwd_bytes = 0
         for _ in range(BATCH):
             try:
-                n, addr = recv(buf)
+                n, addr = recv(payload_view)
             except BlockingIOError:
                 break
             except OSError:
                 self.table.count_drop("recv_error")
                 continue
             flow = flows.get(addr)
-            if flow is not None and 0 < n <= MAX_DATAGRAM and buf[0] > 3:
-                flow.last_seen = now
-                try:
-                    send((flow.header, view[:n]), (), 0, flow.dest)
-                except OSError:
-                    self.table.count_drop("send_error")
+            if flow is not None and 0 < n <= MAX_DATAGRAM and buf[HEADROOM] > 3:
+                sock = upstreams.get(flow.dest)
+                if sock is not None:
+                    flow.last_seen = now
+                    buf[:HEADROOM] = flow.header
+                    try:
+                        sock.send(view[: HEADROOM + n])
+                    except OSError:
+                        self.table.count_drop("send_error")
+                        continue
+                    fwd += 1
+                    fwd_bytes += n
                     continue
-                fwd += 1
-                fwd_bytes += n
-            else:
-                self._carry_out(self.table.on_client(addr, bytes(view[:n]), now), view, n)
+            data = bytes(view[HEADROOM : HEADROOM + n])
+            self._carry_out(self.table.on_client(addr, data, now), data, n)
         self.upstream += fwd
         self.upstream_bytes += fwd_bytes
 
-    def _drain_own(self, buf: bytearray, view: memoryview, now: float) -> None:
-        recv = self.own.recvfrom_into
+    def _drain_upstream(
+        self,
+        entry: tuple[socket.socket, tuple[str, int]],
+        buf: bytearray,
+        view: memoryview,
+        now: float,
+    ) -> None:
+        sock, peer = entry
+        recv = sock.recv_into
         send = self.public.sendto
         by_return = self.table.by_return
         out = out_bytes = 0
         for _ in range(BATCH):
             try:
-                n, addr = recv(buf)
+                n = recv(buf)
+            except BlockingIOError:
+                break
+            except OSError:  # e.g. ECONNREFUSED: ICMP port unreachable from the peer
+                self.table.count_drop("upstream_error")
+                continue
+            flow = by_return.get(bytes(view[:HEADROOM])) if n >= HEADROOM else None
+            if (
+                flow is not None
+                and flow.established
+                and flow.dest == peer
+                and n - HEADROOM <= MAX_DATAGRAM
+            ):
+                flow.last_seen = now
+                try:
+                    if flow.via is None:
+                        send(view[HEADROOM:n], flow.client)
+                    else:  # second hop: the frame goes back to the first relay as it is
+                        self.peer.sendto(view[:n], flow.via)
+                except OSError:
+                    self.table.count_drop("send_error")
+                    continue
+                out += 1
+                out_bytes += n - HEADROOM
+            else:
+                data = bytes(view[:n])
+                self._carry_out(self.table.on_return(peer, data, now), data, n)
+        self.downstream += out
+        self.downstream_bytes += out_bytes
+
+    def _drain_own(self, buf: bytearray, view: memoryview, now: float) -> None:
+        # Only when more destinations exist than upstream sockets (MAX_UPSTREAM).
+        for _ in range(BATCH):
+            try:
+                n, addr = self.own.recvfrom_into(buf)
             except BlockingIOError:
                 break
             except OSError:
                 self.table.count_drop("recv_error")
                 continue
-            hlen = 28 if n > 13 and buf[13] == V4_FAMILY_BYTE else 52
-            flow = by_return.get(bytes(view[:hlen])) if n >= hlen else None
-            if (
-                flow is not None
-                and flow.established
-                and flow.via is None
-                and addr == flow.dest
-                and n - hlen <= MAX_DATAGRAM
-            ):
-                flow.last_seen = now
-                try:
-                    send(view[hlen:n], flow.client)
-                except OSError:
-                    self.table.count_drop("send_error")
-                    continue
-                out += 1
-                out_bytes += n - hlen
-            else:
-                self._carry_out(self.table.on_return(addr, bytes(view[:n]), now), view, n)
-        self.downstream += out
-        self.downstream_bytes += out_bytes
+            data = bytes(view[:n])
+            self._carry_out(self.table.on_return(addr, data, now), data, n)
 
     def _drain_peer(self, buf: bytearray, view: memoryview, now: float) -> None:
         recv = self.peer.recvfrom_into
-        send = self.own.sendto
+        upstreams = self.upstreams
         hop_flows = self.table.hop_flows
         fwd = fwd_bytes = 0
         for _ in range(BATCH):
@@ -228,35 +294,46 @@ class DataPlane:
             except OSError:
                 self.table.count_drop("recv_error")
                 continue
-            hlen = 28 if n > 13 and buf[13] == V4_FAMILY_BYTE else 52
-            flow = hop_flows.get(bytes(view[:hlen])) if n > hlen else None
-            if flow is not None and addr == flow.via and buf[hlen] > 3 and n - hlen <= MAX_DATAGRAM:
-                flow.last_seen = now
-                try:
-                    send(view[:n], flow.dest)
-                except OSError:
-                    self.table.count_drop("send_error")
+            flow = hop_flows.get(bytes(view[:HEADROOM])) if n > HEADROOM else None
+            if (
+                flow is not None
+                and addr == flow.via
+                and buf[HEADROOM] > 3
+                and n - HEADROOM <= MAX_DATAGRAM
+            ):
+                sock = upstreams.get(flow.dest)
+                if sock is not None:
+                    flow.last_seen = now
+                    try:
+                        sock.send(view[:n])
+                    except OSError:
+                        self.table.count_drop("send_error")
+                        continue
+                    fwd += 1
+                    fwd_bytes += n - HEADROOM
                     continue
-                fwd += 1
-                fwd_bytes += n - hlen
-            else:
-                self._carry_out(self.table.on_peer(addr, bytes(view[:n]), now), view, n)
+            data = bytes(view[:n])
+            self._carry_out(self.table.on_peer(addr, data, now), data, n)
         self.upstream += fwd
         self.upstream_bytes += fwd_bytes
 
-    def _carry_out(self, decision: object, data: memoryview | bytes, n: int) -> None:
-        """Carry out a core decision for the datagram `data[:n]`."""
+    def _carry_out(self, decision: object, data: bytes, n: int) -> None:
+        """Carry out a core decision for the datagram `data` (of `n` bytes)."""
         try:
             if type(decision) is Forward:
-                self.own.sendmsg((decision.header, data[:n]), (), 0, decision.dest)
+                sock = self.upstream_for(decision.dest)
+                if sock is not None:
+                    sock.sendmsg((decision.header, data))
+                else:
+                    self.own.sendmsg((decision.header, data), (), 0, decision.dest)
                 self.upstream += 1
                 self.upstream_bytes += n
             elif type(decision) is Deliver:
-                self.public.sendto(data[decision.offset : n], decision.client)
+                self.public.sendto(data[decision.offset :], decision.client)
                 self.downstream += 1
                 self.downstream_bytes += n - decision.offset
             elif type(decision) is ReturnToPeer:
-                self.peer.sendto(data[:n], decision.via)
+                self.peer.sendto(data, decision.via)
                 self.downstream += 1
                 self.downstream_bytes += n
             elif type(decision) is Recover:

@@ -78,8 +78,10 @@ def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack) -> None
 
     results = asyncio.run(main())
     assert all(sent == heard for sent, heard in results), results
-    # every answer advertised the relay, never the transceiver's own socket
-    assert metric(tx, "firsthop_transceiver_packets_total", direction="in") > 1000
+    # all of it came through the relay: media both ways, and nothing unframed
+    assert relay.metric("firsthop_relay_packets_total", direction="upstream") > 500
+    assert relay.metric("firsthop_relay_packets_total", direction="downstream") > 500
+    assert metric(tx, "firsthop_transceiver_drops_total", reason="unframed") == 0
 
 
 def test_answer_advertises_only_the_ingress_and_is_ice_lite(stack) -> None:  # type: ignore[no-untyped-def]
