@@ -43,7 +43,7 @@ log = logging.getLogger("firsthop.relay")
 RECV_BUFFER = 2048  # > headroom + MAX_DATAGRAM: oversize is seen, not truncated
 BATCH = 256  # datagrams drained from one socket before the others get a turn
 TICK = 0.25  # housekeeping period, seconds
-EXPIRE_EVERY = 1.0
+SWEEP_MIN = 1000  # flows looked at per tick, at least
 SOCKET_BUFFER = 4 * 1024 * 1024
 HEADROOM = 28  # an IPv4 PROXY v2 header (the relay's sockets are IPv4)
 MAX_UPSTREAM = 4096  # connected upstream sockets per worker; beyond, the shared `own` one
@@ -133,16 +133,15 @@ class DataPlane:
         buf = self._buf
         view = memoryview(buf)
         next_tick = 0.0
-        next_expire = 0.0
         upstream_by_fd = self._upstream_by_fd
         try:
             while not self._stopping:
                 now = time.time()
                 if now >= next_tick:
                     next_tick = now + TICK
-                    if now >= next_expire:
-                        next_expire = now + EXPIRE_EVERY
-                        self.table.expire(now)
+                    # A quarter of the table per tick: every flow is looked at each second.
+                    table = self.table
+                    table.sweep(now, budget=max(SWEEP_MIN, table.size // 4 + 1))
                     self._housekeeping(now)
                 for fd, _ in ep.poll(TICK):
                     now = time.time()

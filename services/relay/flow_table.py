@@ -196,6 +196,9 @@ class FlowTable:
         self._lookup_bucket = TokenBucket(self.limits.lookup_rate, self.limits.lookup_rate, now)
         self._negative: dict[Address, float] = {}
         self.recovering: dict[Address, list[tuple[bytes, Address | None]]] = {}
+        self._sweep: list[Flow] | None = None
+        self._sweep_pos = 0
+        self._refresh_due: list[Flow] = []
 
     # -- datagrams from clients (public socket) -------------------------------------------
 
@@ -488,45 +491,61 @@ class FlowTable:
     # -- housekeeping ----------------------------------------------------------------------------
 
     def expire(self, now: float) -> int:
-        """Drop flows past their deadline; returns how many."""
+        """A whole sweep at once (tests, small tables); returns how many flows expired."""
+        return self.sweep(now, budget=None)
+
+    def sweep(self, now: float, budget: int | None) -> int:
+        """Look at up to `budget` flows (None: all) for expiry and for a due cache refresh,
+        resuming where the last call stopped, so a big table never stalls forwarding for
+        a whole pass. Returns how many flows expired."""
         lim = self.limits
-        dead: list[Flow] = []
-        for flow in (*self.flows.values(), *self.hop_flows.values()):
+        if self._sweep is None:
+            self._sweep = [*self.flows.values(), *self.hop_flows.values()]
+            self._sweep_pos = 0
+            for client in [c for c, t in self._negative.items() if t <= now]:
+                del self._negative[client]
+            self._new_flow_limiter.prune(now)
+        batch = self._sweep
+        stop = len(batch) if budget is None else min(len(batch), self._sweep_pos + budget)
+        expired = 0
+        for flow in batch[self._sweep_pos : stop]:
+            if not self._is_live(flow):
+                continue
             if flow.established:
                 if now - flow.last_seen > lim.idle_ttl:
-                    dead.append(flow)
+                    self._remove(flow)
+                    expired += 1
+                    continue
+                if now - flow.stored_at >= lim.store_refresh and flow.last_seen > flow.stored_at:
+                    self._refresh_due.append(flow)
             elif now - flow.created > lim.pending_ttl:
-                dead.append(flow)
+                self._remove(flow)
+                expired += 1
+                continue
             cand = flow.candidate
             if cand is not None and now - cand.created > lim.pending_ttl:
                 flow.candidate = None
-        for flow in dead:
-            self._remove(flow)
-        for client in [c for c, t in self._negative.items() if t <= now]:
-            del self._negative[client]
-        self._new_flow_limiter.prune(now)
-        self.events.expired += len(dead)
-        return len(dead)
+        self._sweep_pos = stop
+        if stop >= len(batch):
+            self._sweep = None
+        self.events.expired += expired
+        return expired
+
+    def _is_live(self, flow: Flow) -> bool:
+        if flow.via is None:
+            return self.flows.get(flow.client) is flow
+        return self.hop_flows.get(flow.header) is flow
 
     def due_for_store(self, now: float) -> list[Flow]:
-        """Established flows the cache should (re)learn: new ones at once, live ones every
-        `store_refresh` seconds while they carry traffic."""
+        """Established flows the cache should (re)learn: new ones at once, and live ones the
+        sweep found due (every `store_refresh` seconds while they carry traffic)."""
         due: list[Flow] = []
-        refresh = self.limits.store_refresh
-        for flow in self.events.established:
-            if flow.established and flow.stored_at != now:
+        for flow in (*self.events.established, *self._refresh_due):
+            if flow.established and flow.stored_at != now and self._is_live(flow):
                 flow.stored_at = now
                 due.append(flow)
         self.events.established.clear()
-        for flow in (*self.flows.values(), *self.hop_flows.values()):
-            if (
-                flow.established
-                and flow.stored_at != now
-                and now - flow.stored_at >= refresh
-                and flow.last_seen > flow.stored_at
-            ):
-                flow.stored_at = now
-                due.append(flow)
+        self._refresh_due.clear()
         return due
 
     def _drop(self, reason: str) -> Drop:
@@ -535,6 +554,10 @@ class FlowTable:
 
     def count_drop(self, reason: str, n: int = 1) -> None:
         self.drops[reason] += n
+
+    @property
+    def size(self) -> int:
+        return len(self.flows) + len(self.hop_flows)
 
     @property
     def established_count(self) -> int:

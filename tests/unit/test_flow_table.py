@@ -298,5 +298,17 @@ def test_store_refresh_only_while_traffic_flows() -> None:
     assert len(t.due_for_store(T0)) == 1
     assert t.due_for_store(T0 + 5) == []
     t.on_client(C1, rtp(), T0 + 6)
+    t.expire(T0 + 10)  # the sweep notices the flow is due
     assert len(t.due_for_store(T0 + 10)) == 1
+    t.expire(T0 + 25)
     assert t.due_for_store(T0 + 25) == []  # no traffic since the last write
+
+
+def test_incremental_sweep_covers_every_flow_once_per_pass() -> None:
+    t = table(new_flow_rate=1e6, new_flow_burst=1e6, max_pending_per_ip=1000)
+    for port in range(100):
+        t.on_client(("203.0.113.50", 1000 + port), binding_request(mint(*TX1, issued_at=T0)), T0)
+    assert t.size == 100
+    later = T0 + 11  # all pending flows are past their 10 s
+    assert [t.sweep(later, budget=30) for _ in range(4)] == [30, 30, 30, 10]
+    assert t.size == 0 and t.pending == 0
