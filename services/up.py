@@ -1,8 +1,9 @@
 """`firsthop up`: the whole local stack on loopback, in one Trio nursery.
 
-It runs what exists: a Redis (when a `redis-server` binary is found and `--redis` is not
-given; otherwise in-memory), and the relay. Each service is the real `firsthop <service>`
-process with its log lines prefixed; Ctrl-C (or SIGTERM) stops them all and waits for them.
+It runs: a Redis (when a `redis-server` binary is found and `--redis` is not given;
+otherwise in-memory), one relay, two transceivers and both agents (echo, parrot). Each
+service is the real `firsthop <service>` process with its log lines prefixed; Ctrl-C (or
+SIGTERM) stops them all and waits for them.
 Route keys are generated per run unless FIRSTHOP_ROUTE_KEYS is set.
 """
 
@@ -107,7 +108,7 @@ async def _run_service(service: Service, *, task_status: trio.TaskStatus[None]) 
 def plan(args: argparse.Namespace) -> tuple[list[Service], dict[str, str]]:
     """The services to start and what to tell the user."""
     keys = os.environ.get("FIRSTHOP_ROUTE_KEYS") or format_route_keys({1: os.urandom(KEY_LENGTH)})
-    env = {"FIRSTHOP_ROUTE_KEYS": keys, "FIRSTHOP_ROUTE_KEY_ID": "1"}
+    env = {"FIRSTHOP_ROUTE_KEYS": keys}
     services: list[Service] = []
     redis_url = args.redis
     redis_bin = shutil.which("redis-server")
@@ -154,9 +155,51 @@ def plan(args: argparse.Namespace) -> tuple[list[Service], dict[str, str]]:
             ready_http=f"http://127.0.0.1:{args.relay_metrics_port}/healthz",
         )
     )
+    agents: dict[str, str] = {}
+    for kind in ("echo", "parrot"):
+        port = _free_port(socket.SOCK_STREAM)
+        agents[kind] = f"ws://127.0.0.1:{port}"
+        services.append(
+            Service(
+                f"agent-{kind}",
+                me + ["agent", "--kind", kind, "--listen", f"127.0.0.1:{port}"],
+                ready_tcp=port,
+            )
+        )
+    transceivers: list[str] = []
+    for i in (1, 2):
+        media, api = _free_port(socket.SOCK_DGRAM), _free_port(socket.SOCK_STREAM)
+        tx_args = [
+            "transceiver",
+            "--id",
+            f"tx-{i}",
+            "--region",
+            "local",
+            "--media",
+            f"127.0.0.1:{media}",
+            "--api",
+            f"127.0.0.1:{api}",
+            "--agent-url",
+            agents["echo"],
+            "--drain-seconds",
+            "5",
+        ]
+        if redis_url:
+            tx_args += ["--redis", redis_url]
+        transceivers.append(f"http://127.0.0.1:{api}")
+        services.append(
+            Service(
+                f"tx-{i}",
+                me + tx_args,
+                {**env, "FIRSTHOP_ROUTE_KEY_ID": "1"},
+                ready_http=f"http://127.0.0.1:{api}/healthz",
+            )
+        )
     info = {
         "relay ingress": f"udp://127.0.0.1:{args.relay_port}",
         "relay metrics": f"http://127.0.0.1:{args.relay_metrics_port}/metrics",
+        "transceivers": " ".join(transceivers),
+        "agents": " ".join(f"{k}={v}" for k, v in agents.items()),
         "redis": redis_url or "none (in-memory)",
     }
     return services, info
