@@ -9,14 +9,18 @@ from collections.abc import Callable, Sequence
 from services import up
 from services.agent import server as agent_server
 from services.bench import cli as bench_cli
+from services.call import main as call_main
 from services.relay import main as relay_main
+from services.signaling import main as signaling_main
 from services.transceiver import main as transceiver_main
 
 # Each entry registers its own subparser and sets `func` to the handler (args) -> exit code.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     relay_main.register,
     transceiver_main.register,
+    signaling_main.register,
     agent_server.register,
+    call_main.register,
     up.register,
     bench_cli.register,
 ]

@@ -1,7 +1,8 @@
 """`firsthop up`: the whole local stack on loopback, in one Trio nursery.
 
 It runs: a Redis (when a `redis-server` binary is found and `--redis` is not given;
-otherwise in-memory), one relay, two transceivers and both agents (echo, parrot). Each
+otherwise in-memory), one relay, two transceivers, both agents (echo, parrot) and signaling
+with the demo page (in --dev mode: it hands the page client secrets on loopback). Each
 service is the real `firsthop <service>` process with its log lines prefixed; Ctrl-C (or
 SIGTERM) stops them all and waits for them.
 Route keys are generated per run unless FIRSTHOP_ROUTE_KEYS is set.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -195,7 +197,37 @@ def plan(args: argparse.Namespace) -> tuple[list[Service], dict[str, str]]:
                 ready_http=f"http://127.0.0.1:{api}/healthz",
             )
         )
+    api_key = os.environ.get("FIRSTHOP_API_KEYS", "").split(",")[
+        0
+    ] or "dev-" + secrets.token_urlsafe(16)
+    sig_args = [
+        "signaling",
+        "--listen",
+        f"127.0.0.1:{args.port}",
+        "--region",
+        "local",
+        "--ingress",
+        f"local=127.0.0.1:{args.relay_port}",
+        "--api-keys",
+        api_key,
+        "--dev",
+        *(arg for kind, url in agents.items() for arg in ("--agent-url", f"{kind}={url}")),
+    ]
+    if redis_url:
+        sig_args += ["--redis", redis_url]
+    else:
+        sig_args += [arg for url in transceivers for arg in ("--transceiver", url)]
+    services.append(
+        Service(
+            "signaling",
+            me + sig_args,
+            ready_http=f"http://127.0.0.1:{args.port}/healthz",
+        )
+    )
     info = {
+        "demo": f"http://127.0.0.1:{args.port}/",
+        "dev API key": api_key,
+        "try": f"firsthop call http://127.0.0.1:{args.port} --api-key {api_key}",
         "relay ingress": f"udp://127.0.0.1:{args.relay_port}",
         "relay metrics": f"http://127.0.0.1:{args.relay_metrics_port}/metrics",
         "transceivers": " ".join(transceivers),
@@ -228,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run the whole local stack on loopback")
     add_option(p, "--redis", default=None, help="use this Redis instead of starting one")
+    add_option(p, "--port", default=8080, type=int, help="signaling HTTP port (the demo page)")
     add_option(p, "--relay-port", default=3478, type=int, help="relay ingress UDP port")
     add_option(p, "--relay-metrics-port", default=9478, type=int, help="relay /metrics port")
     p.set_defaults(func=run)

@@ -8,7 +8,7 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from shared.wire import stun
@@ -429,3 +429,55 @@ class TransceiverProcess(ServiceProcess):
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
+
+
+class SignalingProcess(ServiceProcess):
+    """A real `firsthop signaling` process on a free loopback port (API key `API_KEY`)."""
+
+    API_KEY = "test-api-key"
+
+    def __init__(self, *extra: str, region: str = "a", api_keys: str | None = None) -> None:
+        self.port = free_tcp_port()
+        args = [
+            "signaling",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--region",
+            region,
+            "--api-keys",
+            api_keys if api_keys is not None else self.API_KEY,
+            *extra,
+        ]
+        super().__init__(args, f"http://127.0.0.1:{self.port}/healthz")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/ws"
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, every: float = 0.05) -> None:
+    """Poll `predicate` until it is truthy; AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(every)
+
+
+def start_all(*services: ServiceProcess | RelayProcess) -> None:
+    """Start services side by side (each waits for its own health); on any failure, kill
+    the ones that did start and re-raise."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(services) or 1) as pool:
+        futures = [pool.submit(s.start) for s in services]
+        errors = [f.exception() for f in futures]
+    failed = next((e for e in errors if e is not None), None)
+    if failed is not None:
+        for s in services:
+            s.kill()
+        raise failed

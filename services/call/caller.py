@@ -29,15 +29,30 @@ class ToneTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, freq: float = 440.0, amplitude: float = 0.3, pcm: bytes | None = None):
+    def __init__(
+        self,
+        freq: float = 440.0,
+        amplitude: float = 0.3,
+        pcm: bytes | None = None,
+        beep: tuple[float, float] | None = None,
+    ):
         super().__init__()
         self.freq = freq
         self.amplitude = amplitude
         self.pcm = pcm
+        self.beep = beep  # (every, length) seconds: tone only in short bursts
+        self.beep_starts: list[float] = []  # monotonic time each burst's first frame left
         self._start: float | None = None
         self._pts = 0
 
     def _samples(self, start: int) -> bytes:
+        if self.beep is not None:
+            every, length = self.beep
+            into = (start / SAMPLE_RATE) % every
+            if into >= length:
+                return bytes(FRAME_SAMPLES * 2)
+            if into < FRAME_SAMPLES / SAMPLE_RATE:
+                self.beep_starts.append(time.monotonic())
         if self.pcm is not None:
             chunk = self.pcm[start * 2 : (start + FRAME_SAMPLES) * 2]
             return chunk.ljust(FRAME_SAMPLES * 2, b"\0")
@@ -99,6 +114,7 @@ def dominant(pcm: bytes, candidates: list[float]) -> float:
 class CallResult:
     timeline: dict[str, float] = field(default_factory=dict)  # seconds since start
     received: bytearray = field(default_factory=bytearray)  # PCM16 mono 48 kHz
+    frame_times: list[float] = field(default_factory=list)  # monotonic arrival of each frame
     events: list[Any] = field(default_factory=list)
     answer_sdp: str = ""
 
@@ -146,6 +162,7 @@ class Caller:
                 return
             assert isinstance(frame, AudioFrame)
             self.mark("first_audio_in")
+            self.result.frame_times.append(time.monotonic())
             self.result.received += to_mono(frame)
 
     async def start(self, signal: Signal) -> None:
@@ -177,3 +194,23 @@ class Caller:
         for task in self._tasks:
             task.cancel()
         await self.pc.close()
+
+
+def beep_onsets(caller: Caller, threshold: float = 0.002) -> list[float]:
+    """Mouth-to-ear delays: for each burst heard back, arrival of its first loud frame minus
+    the time that burst's first frame left the caller's track (seconds)."""
+    track = caller.track
+    starts = getattr(track, "beep_starts", [])
+    result = caller.result
+    frame_bytes = FRAME_SAMPLES * 2
+    delays: list[float] = []
+    loud_before = False
+    for i, arrived in enumerate(result.frame_times):
+        chunk = bytes(result.received[i * frame_bytes : (i + 1) * frame_bytes])
+        loud = tone_power(chunk, getattr(track, "freq", 440.0)) > threshold
+        if loud and not loud_before:
+            sent = [t for t in starts if t <= arrived]
+            if sent:
+                delays.append(arrived - sent[-1])
+        loud_before = loud
+    return delays

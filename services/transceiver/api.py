@@ -102,7 +102,11 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
             return _error(404, "no such session")
         if request.mimetype != "application/trickle-ice-sdpfrag":
             return _error(415, "expected application/trickle-ice-sdpfrag")
-        frag = str(await request.get_data(as_text=True))
+        raw = await request.get_data(as_text=False)
+        try:
+            frag = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError:
+            return _error(400, "sdpfrag is not UTF-8")
         ufrag, pwd, candidates = sdpfrag_credentials(frag)
         tx.counters["trickle_candidates_ignored"] += len(candidates)
         session = tx.sessions[session_id]

@@ -1,15 +1,19 @@
-"""`firsthop up` starts what exists, serves it, and Ctrl-C leaves no process behind."""
+"""`firsthop up` runs the whole stack: the demo page is served, a call works, and Ctrl-C
+leaves no process behind."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+from services.call.caller import Caller, ToneTrack, dominant
 from tests.support import free_tcp_port, free_udp_port
 
 
@@ -35,14 +39,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_up_runs_the_stack_and_ctrl_c_stops_everything() -> None:
-    metrics = free_tcp_port()
+def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
+    port, metrics = free_tcp_port(), free_tcp_port()
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "services.cli",
             "up",
+            "--port",
+            str(port),
             "--relay-port",
             str(free_udp_port()),
             "--relay-metrics-port",
@@ -51,33 +57,61 @@ def test_up_runs_the_stack_and_ctrl_c_stops_everything() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={k: v for k, v in os.environ.items() if k != "FIRSTHOP_ROUTE_KEYS"},
+        env={k: v for k, v in os.environ.items() if not k.startswith("FIRSTHOP_")},
     )
-    try:
+    lines: list[str] = []
+    up = threading.Event()
+
+    def drain() -> None:  # keep the pipe flowing: `up` logs for every service
         assert proc.stdout is not None
-        lines = []
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
+        for line in proc.stdout:
             lines.append(line)
             if "firsthop is up" in line:
-                break
-        assert any("firsthop is up" in line for line in lines), lines
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/healthz", timeout=5) as r:
-            assert r.status == 200
+                up.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        assert up.wait(40), "".join(lines[-30:])
+        time.sleep(0.2)  # the summary lines follow the headline
+        key = next(line.split()[-1] for line in lines if "dev API key" in line)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+            assert r.status == 200 and b"firsthop" in r.read()
+
+        async def call() -> float:
+            c = Caller(ToneTrack(550))
+
+            def post(offer: str) -> str:
+                req = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/calls?agent=echo",
+                    data=offer.encode(),
+                    method="POST",
+                    headers={"Content-Type": "application/sdp", "Authorization": f"Bearer {key}"},
+                )
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    assert resp.status == 201
+                    return str(resp.read().decode())
+
+            async def signal_(offer: str) -> str:
+                return await asyncio.to_thread(post, offer)
+
+            await c.start(signal_)
+            await asyncio.wait_for(c.wait_connected(), 10)
+            await asyncio.sleep(1.5)
+            heard = dominant(bytes(c.result.received[-48000:]), [350.0, 550.0, 750.0])
+            await c.close()
+            return heard
+
+        assert asyncio.run(call()) == 550.0
         children = _children(proc.pid)
-        assert children  # redis, relay and its worker
+        assert len(children) >= 7  # redis, relay (+worker), 2 transceivers, 2 agents, signaling
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
-        proc.stdout.close()
-        alive = [
-            p
-            for p in children
-            if os.path.exists(f"/proc/{p}")
-            and "zombie" not in open(f"/proc/{p}/status").read().lower()
-        ]
-        assert alive == []
+        proc.wait(timeout=20)
+        reader.join(5)
+        assert [p for p in children if _alive(p)] == []
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -1,0 +1,256 @@
+"""The public HTTP API on Quart-Trio (§6): WHIP-style calls, client secrets, WS, health.
+
+Every failure is ``{"error": "<reason>"}`` with its status (a `Problem`, or a framework
+HTTP error such as 404/405/413 rendered the same way); only a bug in this code is a 500.
+Checks run cheapest first: per-IP rate limit, Content-Type, declared size, credential,
+per-key rate limit, then the body (size while reading, SDP sanity) and finally placement.
+
+CORS: responses on ``/v1/`` carry ``Access-Control-Allow-Origin`` for the configured
+origins (``*`` allows any) and expose ``Location`` (WHIP clients need it), ``Retry-After``
+and ``ETag``; ``OPTIONS`` preflights are answered 204 before any route runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+from quart import Response, request, websocket
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from services.signaling.auth import DEV_ISSUER, Authenticator
+from services.signaling.calls import CallRequest, Calls, Stats, parse_offer_body
+from services.signaling.config import SignalingConfig
+from services.signaling.errors import Problem
+from services.signaling.ratelimit import RateLimiter
+from services.signaling.transceivers import SDPFRAG
+from services.signaling.ws import WsSession
+from shared.metrics import CONTENT_TYPE, render
+from shared.sdp import MAX_SDP_BYTES
+
+DEMO_PAGE = (Path(__file__).parent / "static" / "index.html").read_bytes()
+
+log = logging.getLogger("firsthop.signaling")
+
+CALL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CORS_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
+CORS_HEADERS = "Authorization, Content-Type, If-Match, traceparent"
+CORS_EXPOSE = "Location, Retry-After, ETag, Link, X-Firsthop-Transceiver, X-Firsthop-Region"
+BODY_DRAIN_TIMEOUT = 2.0
+
+
+@dataclass
+class Context:
+    config: SignalingConfig
+    auth: Authenticator
+    calls: Calls
+    ip_limiter: RateLimiter
+    key_limiter: RateLimiter
+    stats: Stats
+
+
+def json_response(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+def problem_response(problem: Problem) -> Response:
+    resp = json_response({"error": problem.reason}, problem.status)
+    resp.headers.update(problem.headers)
+    return resp
+
+
+def create_app(ctx: Context) -> QuartTrio:
+    app = QuartTrio("firsthop-signaling")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_SDP_BYTES
+    config = ctx.config
+    origins = set(config.cors_origins)
+
+    def allowed_origin() -> str | None:
+        origin = request.headers.get("Origin")
+        if origin is None or not origins:
+            return None
+        if "*" in origins:
+            return "*"
+        return origin if origin in origins else None
+
+    def client_ip() -> str:
+        return request.remote_addr or ""
+
+    def limit_ip() -> None:
+        retry = ctx.ip_limiter.check(client_ip())
+        if retry:
+            ctx.stats.rate_limited["ip"] += 1
+            raise Problem(429, "too many requests from this address", retry_after=retry)
+
+    def limit_key(tenant: str) -> None:
+        retry = ctx.key_limiter.check(tenant)
+        if retry:
+            ctx.stats.rate_limited["key"] += 1
+            raise Problem(429, "too many requests for this key", retry_after=retry)
+
+    def require_type(mimetype: str) -> None:
+        if request.mimetype != mimetype:
+            raise Problem(415, f"expected Content-Type: {mimetype}")
+        if request.content_length is not None and request.content_length > MAX_SDP_BYTES:
+            raise Problem(413, f"body over {MAX_SDP_BYTES} bytes")
+
+    async def body_bytes() -> bytes:
+        data = await request.get_data()  # 413 past MAX_CONTENT_LENGTH, even when chunked
+        return data if isinstance(data, bytes) else data.encode()
+
+    def call_id_ok(call_id: str) -> None:
+        if not CALL_ID.match(call_id):
+            raise Problem(404, "no such call")
+
+    @app.before_request
+    async def preflight() -> Response | None:
+        if request.method == "OPTIONS" and request.path.startswith("/v1/"):
+            return Response("", status=204)
+        return None
+
+    async def body_drained() -> bool:
+        """Read what is left of a small request body that an early answer (401, 415, 429,
+        404, ...) skipped. Hypercorn may otherwise drop a keep-alive connection with a request
+        half read, and the client's next request on it hangs. False: close the connection."""
+        length = request.content_length
+        if length is not None and length > MAX_SDP_BYTES:
+            return False
+        try:
+            with trio.move_on_after(BODY_DRAIN_TIMEOUT) as scope:
+                await request.get_data()
+        except HTTPException:  # 413 while reading
+            return False
+        return not scope.cancelled_caught
+
+    @app.after_request
+    async def finish(response: Response) -> Response:
+        if request.method not in ("GET", "HEAD", "OPTIONS") and not await body_drained():
+            response.headers["Connection"] = "close"
+        if request.path.startswith("/v1/"):
+            origin = allowed_origin()
+            if origin is not None:
+                response.headers["Access-Control-Allow-Origin"] = origin
+                response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSE
+                if origin != "*":
+                    response.headers["Vary"] = "Origin"
+                if request.method == "OPTIONS":
+                    response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+                    response.headers["Access-Control-Allow-Headers"] = CORS_HEADERS
+                    response.headers["Access-Control-Max-Age"] = "600"
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        ctx.stats.requests[(request.method, rule, response.status_code)] += 1
+        return response
+
+    @app.errorhandler(Problem)
+    async def on_problem(problem: Problem) -> Response:
+        return problem_response(problem)
+
+    @app.errorhandler(HTTPException)
+    async def on_http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        reason = {413: f"body over {MAX_SDP_BYTES} bytes"}.get(status, exc.name.lower())
+        return problem_response(Problem(status, reason))
+
+    @app.errorhandler(Exception)
+    async def on_bug(exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_response({"error": "internal error"}, 500)
+
+    @app.post("/v1/calls")
+    async def create_call() -> Response:
+        limit_ip()
+        require_type("application/sdp")
+        principal = ctx.auth.authenticate(request.headers.get("Authorization"))
+        limit_key(principal.tenant)
+        offer = parse_offer_body(await body_bytes())
+        record, answer = await ctx.calls.create(
+            CallRequest(
+                offer=offer,
+                agent=request.args.get("agent"),
+                principal=principal,
+                region_header=request.headers.get("X-Client-Region"),
+                client_ip=client_ip(),
+                traceparent=request.headers.get("traceparent"),
+            )
+        )
+        resp = Response(answer, status=201, content_type="application/sdp")
+        resp.headers["Location"] = f"/v1/calls/{record.call_id}"
+        # Which transceiver and region carry the call: the demo page and `firsthop call` show it.
+        resp.headers["X-Firsthop-Transceiver"] = record.transceiver_id
+        resp.headers["X-Firsthop-Region"] = record.region
+        return resp
+
+    @app.patch("/v1/calls/<call_id>")
+    async def patch_call(call_id: str) -> Response:
+        call_id_ok(call_id)
+        principal = ctx.auth.authenticate(request.headers.get("Authorization"), allow_expired=True)
+        require_type(SDPFRAG)
+        frag = await body_bytes()
+        try:
+            frag.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Problem(400, "sdpfrag is not UTF-8") from None
+        record = await ctx.calls.find(call_id, principal)
+        status, ctype, body = await ctx.calls.patch(record, frag)
+        if status == 204:
+            return Response("", status=204)
+        if status >= 400:
+            try:
+                reason = str(json.loads(body)["error"])
+            except (ValueError, KeyError, TypeError):
+                reason = f"transceiver answered {status}"
+            raise Problem(status, reason)
+        return Response(body, status=status, content_type=ctype or SDPFRAG)
+
+    @app.delete("/v1/calls/<call_id>")
+    async def delete_call(call_id: str) -> Response:
+        call_id_ok(call_id)
+        principal = ctx.auth.authenticate(request.headers.get("Authorization"), allow_expired=True)
+        record = await ctx.calls.find(call_id, principal)
+        await ctx.calls.end(record)
+        return Response("", status=204)
+
+    @app.post("/v1/client_secrets")
+    async def client_secret() -> Response:
+        limit_ip()
+        principal = ctx.auth.api_key_only(request.headers.get("Authorization"))
+        limit_key(principal.tenant)
+        value, expires_at = ctx.auth.secrets.mint(principal.tenant)
+        return json_response({"value": value, "expires_at": expires_at}, 201)
+
+    @app.get("/v1/dev/secret")
+    async def dev_secret() -> Response:
+        if not config.dev:
+            raise Problem(404, "not found")
+        limit_ip()
+        value, expires_at = ctx.auth.secrets.mint(DEV_ISSUER)
+        return json_response({"value": value, "expires_at": expires_at}, 200)
+
+    @app.websocket("/v1/ws")
+    async def ws() -> None:
+        await WsSession(ctx, websocket._get_current_object()).run()  # type: ignore[attr-defined]
+
+    @app.get("/")
+    async def demo_page() -> Response:
+        # The demo page (static, no build step). It gets its client secret from
+        # /v1/dev/secret, so it places calls only on a --dev server on loopback.
+        return Response(DEMO_PAGE, content_type="text/html; charset=utf-8")
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        transceivers = await ctx.calls.directory.snapshot()
+        return json_response(
+            {"ok": True, "region": config.region, "transceivers": len(transceivers)}
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render(ctx.stats.families()), content_type=CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,180 @@
+"""Who is calling: API keys and client secrets (§6). Pure: the clock is injected.
+
+* An **API key** is a long-lived server-side credential (``--api-keys``,
+  ``--api-keys-file``). It is never stored or logged; its *fingerprint* (first 8 bytes of
+  its SHA-256, hex) names it in rate limits and call ownership. Comparison against every
+  configured key is constant-time and visits all of them.
+* A **client secret** is what a browser gets from its backend (``POST /v1/client_secrets``):
+  self-contained, so any signaling replica can check it with no lookup::
+
+      "fhcs_" + base64url( version=1 | id (16 random bytes) | expires_at (u32 BE)
+                           | issuer fingerprint (8 bytes) | MAC (16 bytes) )
+
+  MAC = first 16 bytes of HMAC-SHA256(secret key, all preceding bytes). Single use is not
+  decided here: the ledger in `stores.py` records used ids (Redis when configured). A used
+  secret stays valid, past its expiry, for ``PATCH``/``DELETE`` of the one call it created:
+  that is how it is bound to its call.
+
+Errors are `Problem` (401: missing, unknown, malformed or forged; 403: expired, or the wrong
+kind of credential for the route).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import struct
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from services.signaling.errors import Problem
+
+SECRET_PREFIX = "fhcs_"
+SECRET_VERSION = 1
+SECRET_ID_BYTES = 16
+FINGERPRINT_BYTES = 8
+MAC_BYTES = 16
+_BODY = struct.Struct(f"!B{SECRET_ID_BYTES}sI{FINGERPRINT_BYTES}s")
+SECRET_BYTES = _BODY.size + MAC_BYTES  # 45 bytes -> 60 base64url chars, no padding
+DEV_ISSUER = "dev"
+MAX_TOKEN = 512
+
+
+def fingerprint(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).digest()[:FINGERPRINT_BYTES].hex()
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller. `tenant` (the API key fingerprint, or "dev") is what rate
+    limits count; `owner` is what a call records and PATCH/DELETE must match."""
+
+    kind: str  # "key" | "secret"
+    tenant: str
+    secret_id: str | None = None
+    expires_at: int | None = None
+
+    @property
+    def owner(self) -> str:
+        if self.kind == "secret":
+            return f"secret:{self.secret_id}"
+        return f"key:{self.tenant}"
+
+
+def bearer_token(header: str | None) -> str:
+    if not header:
+        raise Problem(401, "missing Authorization: Bearer token")
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Problem(401, "Authorization must be a Bearer token")
+    if len(token) > MAX_TOKEN or not token.isascii() or not token.isprintable():
+        raise Problem(401, "malformed bearer token")
+    return token
+
+
+class ApiKeys:
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._keys = [(k.encode(), fingerprint(k)) for k in dict.fromkeys(keys) if k]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def match(self, token: str) -> str | None:
+        """The fingerprint of the key equal to `token`, or None (no early exit)."""
+        given = token.encode()
+        found = None
+        for key, fp in self._keys:
+            if hmac.compare_digest(key, given):
+                found = fp
+        return found
+
+
+def derive_secret_key(api_keys: Iterable[str]) -> bytes | None:
+    """A client-secret MAC key every replica with the same API keys derives alike."""
+    keys = sorted(set(api_keys))
+    if not keys:
+        return None
+    return hmac.new(b"firsthop client secret v1", "\n".join(keys).encode(), "sha256").digest()
+
+
+class ClientSecrets:
+    def __init__(self, key: bytes, ttl: float, clock: Callable[[], float] = time.time) -> None:
+        if len(key) < 16:
+            raise ValueError("client secret key must be at least 16 bytes")
+        self._key = key
+        self.ttl = ttl
+        self._clock = clock
+
+    def _mac(self, body: bytes) -> bytes:
+        return hmac.new(self._key, body, "sha256").digest()[:MAC_BYTES]
+
+    def mint(self, tenant: str) -> tuple[str, int]:
+        """A new secret for `tenant` (an API key fingerprint, or "dev"): (value, expires_at)."""
+        expires_at = int(self._clock() + self.ttl)
+        issuer = _issuer_bytes(tenant)
+        body = _BODY.pack(SECRET_VERSION, os.urandom(SECRET_ID_BYTES), expires_at, issuer)
+        raw = body + self._mac(body)
+        return SECRET_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("="), expires_at
+
+    def verify(self, token: str, *, allow_expired: bool = False) -> Principal:
+        if not token.startswith(SECRET_PREFIX):
+            raise Problem(401, "not a client secret")
+        text = token[len(SECRET_PREFIX) :]
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        except (binascii.Error, ValueError):
+            raise Problem(401, "malformed client secret") from None
+        if len(raw) != SECRET_BYTES:
+            raise Problem(401, "malformed client secret")
+        body, mac = raw[: _BODY.size], raw[_BODY.size :]
+        if not hmac.compare_digest(mac, self._mac(body)):
+            raise Problem(401, "invalid client secret")
+        version, secret_id, expires_at, issuer = _BODY.unpack(body)
+        if version != SECRET_VERSION:
+            raise Problem(401, "unsupported client secret version")
+        if not allow_expired and self._clock() > expires_at:
+            raise Problem(403, "client secret expired")
+        return Principal(
+            kind="secret",
+            tenant=_tenant_from_issuer(issuer),
+            secret_id=secret_id.hex(),
+            expires_at=expires_at,
+        )
+
+
+def _issuer_bytes(tenant: str) -> bytes:
+    if tenant == DEV_ISSUER:
+        return bytes(FINGERPRINT_BYTES)
+    return bytes.fromhex(tenant)
+
+
+def _tenant_from_issuer(issuer: bytes) -> str:
+    return DEV_ISSUER if issuer == bytes(FINGERPRINT_BYTES) else issuer.hex()
+
+
+class Authenticator:
+    """Bearer token → Principal, for each route's rules."""
+
+    def __init__(self, keys: ApiKeys, secrets: ClientSecrets) -> None:
+        self.keys = keys
+        self.secrets = secrets
+
+    def authenticate(self, header: str | None, *, allow_expired: bool = False) -> Principal:
+        token = bearer_token(header)
+        if token.startswith(SECRET_PREFIX):
+            return self.secrets.verify(token, allow_expired=allow_expired)
+        fp = self.keys.match(token)
+        if fp is None:
+            raise Problem(401, "unknown API key")
+        return Principal(kind="key", tenant=fp)
+
+    def api_key_only(self, header: str | None) -> Principal:
+        principal = self.authenticate(header)
+        if principal.kind != "key":
+            raise Problem(403, "a client secret cannot mint client secrets")
+        return principal

@@ -1,0 +1,269 @@
+"""Calls: create (placement + failover), patch, end — shared by the HTTP and WS front ends.
+
+Creating a call: check the offer (`shared.sdp.check_offer`), resolve the agent, claim the
+client secret (single use), choose the region, rank the transceivers, and ask them in turn
+(at most `MAX_ATTEMPTS`) until one answers. A transceiver that is down, draining or full is
+skipped for the next; one that rejects the offer ends the attempt with its 400. Nobody left:
+503 with ``Retry-After`` and the secret is given back. The call map records which
+transceiver and session own the call, and which credential created it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import random
+import secrets
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from services.signaling.auth import Principal
+from services.signaling.errors import Problem
+from services.signaling.placement import RegionTable, choose_region, ingress_for, rank
+from services.signaling.stores import CallRecord, CallStore, Directory, SecretLedger
+from services.signaling.transceivers import (
+    TransceiverClient,
+    TransceiverDown,
+    TransceiverRejected,
+    new_traceparent,
+)
+from shared.metrics import MetricFamily
+from shared.sdp import MAX_SDP_BYTES, SdpError, check_offer
+from shared.telemetry import context_from_traceparent, traceparent_of, tracer
+
+log = logging.getLogger("firsthop.signaling")
+TRACER = tracer("firsthop.signaling")
+
+MAX_ATTEMPTS = 3
+NO_CAPACITY_RETRY_AFTER = 2.0
+
+
+@dataclass
+class Stats:
+    requests: Counter[tuple[str, str, int]] = field(default_factory=Counter)
+    placement_failures: Counter[str] = field(default_factory=Counter)
+    calls_created: Counter[str] = field(default_factory=Counter)
+    rate_limited: Counter[str] = field(default_factory=Counter)
+    counters: Counter[str] = field(default_factory=Counter)  # redis_errors, tx_failures, ...
+    ws_active: int = 0
+
+    def families(self) -> list[MetricFamily]:
+        requests = MetricFamily(
+            "firsthop_signaling_requests_total", "counter", "HTTP requests by route and status"
+        )
+        for (method, route, status), n in sorted(self.requests.items()):
+            requests.add(n, method=method, route=route, status=str(status))
+        failures = MetricFamily(
+            "firsthop_signaling_placement_failures_total",
+            "counter",
+            "Calls that could not be placed, by reason",
+        )
+        for reason, n in sorted(self.placement_failures.items()):
+            failures.add(n, reason=reason)
+        created = MetricFamily(
+            "firsthop_signaling_calls_created_total", "counter", "Calls created, by region"
+        )
+        for region, n in sorted(self.calls_created.items()):
+            created.add(n, region=region)
+        limited = MetricFamily(
+            "firsthop_signaling_rate_limited_total", "counter", "Requests refused with 429"
+        )
+        for scope, n in sorted(self.rate_limited.items()):
+            limited.add(n, scope=scope)
+        events = MetricFamily("firsthop_signaling_events_total", "counter", "Counted events")
+        for name, n in sorted(self.counters.items()):
+            events.add(n, event=name)
+        ws = MetricFamily("firsthop_signaling_ws_active", "gauge", "Open WebSocket sessions")
+        ws.add(self.ws_active)
+        return [requests, failures, created, limited, events, ws]
+
+
+def parse_offer_body(raw: bytes) -> str:
+    """The offer text, after the sanity checks (400 with their reason)."""
+    if len(raw) > MAX_SDP_BYTES:
+        raise Problem(413, f"offer larger than {MAX_SDP_BYTES} bytes")
+    try:
+        offer = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Problem(400, "offer is not UTF-8") from None
+    try:
+        check_offer(offer)
+    except SdpError as exc:
+        raise Problem(400, str(exc)) from None
+    return offer
+
+
+@dataclass
+class CallRequest:
+    offer: str
+    agent: str | None
+    principal: Principal
+    region_header: str | None
+    client_ip: str | None
+    traceparent: str | None = None
+
+
+class Calls:
+    def __init__(
+        self,
+        *,
+        own_region: str,
+        ingress: Mapping[str, Sequence[str]],
+        regions: RegionTable,
+        agents: Mapping[str, str],
+        directory: Directory,
+        store: CallStore,
+        ledger: SecretLedger,
+        client: TransceiverClient,
+        stats: Stats,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.own_region = own_region
+        self.ingress = ingress
+        self.regions = regions
+        self.agents = agents
+        self.directory = directory
+        self.store = store
+        self.ledger = ledger
+        self.client = client
+        self.stats = stats
+        self._rng = rng or random.Random()
+
+    def agent_url(self, agent: str | None) -> str | None:
+        if agent is None or agent == "":
+            return None
+        url = self.agents.get(agent)
+        if url is None:
+            known = ", ".join(sorted(self.agents)) or "none configured"
+            raise Problem(400, f"unknown agent {agent[:32]!r} (known: {known})")
+        return url
+
+    async def create(self, req: CallRequest) -> tuple[CallRecord, str]:
+        """Place the call; (record, answer SDP). Raises Problem."""
+        agent_url = self.agent_url(req.agent)
+        call_id = secrets.token_urlsafe(16)
+        principal = req.principal
+        if principal.secret_id is not None:
+            claimed = await self.ledger.claim(
+                principal.secret_id, call_id, float(principal.expires_at or 0)
+            )
+            if not claimed:
+                raise Problem(403, "secret already used")
+        try:
+            with TRACER.start_as_current_span(
+                "signaling.place_call",
+                context=context_from_traceparent(req.traceparent),
+                attributes={"firsthop.call_id": call_id},
+            ):
+                return await self._place(req, call_id, agent_url)
+        except Exception:
+            if principal.secret_id is not None:
+                await self.ledger.release(principal.secret_id)
+            raise
+
+    async def _place(
+        self, req: CallRequest, call_id: str, agent_url: str | None
+    ) -> tuple[CallRecord, str]:
+        region, how = choose_region(req.region_header, req.client_ip, self.regions, self.own_region)
+        candidates = rank(
+            await self.directory.snapshot(),
+            region,
+            self.own_region,
+            tiebreak=lambda _: self._rng.random(),
+        )[:MAX_ATTEMPTS]
+        if not candidates:
+            self.stats.placement_failures["no_transceiver"] += 1
+            raise Problem(503, "no transceiver available", retry_after=NO_CAPACITY_RETRY_AFTER)
+        span = trace.get_current_span()
+        span.set_attribute("firsthop.region", region)
+        span.set_attribute("firsthop.region_source", how)
+        # The transceiver's session span joins this trace (§10); with tracing off, a fresh
+        # W3C traceparent still ties the services' logs together.
+        traceparent = traceparent_of() or new_traceparent(req.traceparent)
+        for tx in candidates:
+            ingress = ingress_for(self.ingress, region, tx.region)
+            if not ingress:
+                self.stats.placement_failures["no_ingress"] += 1
+                log.error("no --ingress for region %s (nor %s)", region, tx.region)
+                continue
+            try:
+                session_id, answer = await self.client.create_session(
+                    tx.api_url,
+                    call_id=call_id,
+                    offer_sdp=req.offer,
+                    ingress=ingress,
+                    agent_url=agent_url,
+                    region=tx.region,
+                    traceparent=traceparent,
+                )
+            except TransceiverRejected as exc:
+                self.stats.placement_failures["offer_rejected"] += 1
+                raise Problem(400, exc.reason) from None
+            except TransceiverDown as exc:
+                span.add_event("transceiver_failed", {"firsthop.transceiver": tx.id})
+                self.stats.counters["transceiver_failures"] += 1
+                log.warning("transceiver %s (%s) failed: %s", tx.id, tx.api_url, exc.reason)
+                continue
+            self.directory.note_placed(tx.id)
+            span.set_attribute("firsthop.transceiver", tx.id)
+            record = CallRecord(
+                call_id=call_id,
+                transceiver_id=tx.id,
+                api_url=tx.api_url,
+                session_id=session_id,
+                owner=req.principal.owner,
+                region=region,
+                created=time.time(),
+            )
+            await self.store.put(record)
+            self.stats.calls_created[tx.region] += 1
+            log.info(
+                "call %s: region %s (%s) -> transceiver %s session %s, ingress %s",
+                call_id,
+                region,
+                how,
+                tx.id,
+                session_id,
+                ",".join(ingress),
+            )
+            return record, answer
+        self.stats.placement_failures["all_failed"] += 1
+        raise Problem(503, "no transceiver could take the call", retry_after=1.0)
+
+    async def find(self, call_id: str, principal: Principal) -> CallRecord:
+        record = await self.store.get(call_id)
+        if record is None:
+            raise Problem(404, "no such call")
+        if not hmac.compare_digest(principal.owner.encode(), record.owner.encode()):
+            raise Problem(403, "this call belongs to another credential")
+        return record
+
+    async def patch(self, record: CallRecord, frag: bytes) -> tuple[int, str, bytes]:
+        """Forward a trickle/ICE-restart sdpfrag; (status, content type, body)."""
+        try:
+            reply = await self.client.patch_session(record.api_url, record.session_id, frag)
+        except TransceiverDown:
+            raise await self._unreachable(record) from None
+        if reply.status == 404:
+            await self.store.delete(record.call_id)
+            raise Problem(404, "call has ended")
+        return reply.status, reply.content_type, reply.body
+
+    async def end(self, record: CallRecord) -> None:
+        try:
+            await self.client.delete_session(record.api_url, record.session_id)
+        except TransceiverDown:
+            raise await self._unreachable(record) from None
+        # 204, or 404 (the session already ended on its own): the call is over either way.
+        await self.store.delete(record.call_id)
+
+    async def _unreachable(self, record: CallRecord) -> Problem:
+        if await self.directory.is_registered(record.transceiver_id) is False:
+            # The transceiver left the registry: its sessions went with it.
+            await self.store.delete(record.call_id)
+            return Problem(404, "call has ended (its transceiver is gone)")
+        return Problem(503, "transceiver unreachable", retry_after=1.0)

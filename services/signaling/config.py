@@ -1,0 +1,206 @@
+"""`firsthop signaling` flags (each with its FIRSTHOP_* twin) -> SignalingConfig.
+
+Repeatable flags take one item per use, or a comma-separated list from the environment:
+``--ingress REGION=HOST:PORT`` (a bare ``HOST:PORT`` means the own region),
+``--transceiver [REGION=]URL``, ``--region-cidr CIDR=REGION``, ``--agent-url KIND=URL``,
+``--cors-origin ORIGIN``. ``--dev`` is refused unless ``--listen`` is a loopback address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.signaling.placement import REGION_NAME, RegionTable, TransceiverInfo
+from services.signaling.ratelimit import RateLimit
+from shared.config import Address, add_option, format_hostport, hostport_arg, parse_hostport
+
+
+@dataclass
+class SignalingConfig:
+    listen: Address = ("0.0.0.0", 8080)
+    region: str = "local"
+    redis: str | None = None
+    transceivers: list[TransceiverInfo] = field(default_factory=list)
+    ingress: dict[str, list[str]] = field(default_factory=dict)
+    region_cidrs: list[tuple[str, str]] = field(default_factory=list)
+    api_keys: list[str] = field(default_factory=list)
+    cors_origins: list[str] = field(default_factory=list)
+    dev: bool = False
+    agents: dict[str, str] = field(default_factory=dict)
+    internal_token: str | None = None
+    secret_ttl: float = 60.0
+    secret_key: bytes | None = None
+    ip_limit: RateLimit = field(default_factory=lambda: RateLimit(5.0, 20))
+    key_limit: RateLimit = field(default_factory=lambda: RateLimit(20.0, 100))
+    ws_auth_timeout: float = 10.0
+    ws_idle_timeout: float = 60.0
+    call_poll_interval: float = 1.0  # WS call watcher: one cheap probe per call per second
+    call_lost_after: float = 5.0  # transceiver unreachable this long: the call is gone
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def register_flags(p: argparse.ArgumentParser) -> None:
+    add_option(p, "--listen", default="0.0.0.0:8080", help="HTTP + WebSocket", metavar="HOST:PORT")
+    add_option(p, "--region", default="local", help="this signaling server's own region")
+    add_option(p, "--redis", default=None, help="redis://host:port/db: registry and call map")
+    add_option(
+        p,
+        "--transceiver",
+        action="append",
+        help="[REGION=]URL of a transceiver internal API (static list, used without Redis)",
+        metavar="[REGION=]URL",
+    )
+    add_option(
+        p,
+        "--ingress",
+        action="append",
+        help="relay ingress a region advertises (repeat for several)",
+        metavar="REGION=HOST:PORT",
+    )
+    add_option(
+        p, "--region-cidr", action="append", help="client IP range -> region", metavar="CIDR=REGION"
+    )
+    add_option(p, "--api-keys", default="", help="comma-separated API keys", metavar="KEY,...")
+    add_option(p, "--api-keys-file", default=None, help="file with one API key per line")
+    add_option(
+        p, "--cors-origin", action="append", help="browser origin allowed (or *)", metavar="ORIGIN"
+    )
+    add_option(
+        p,
+        "--dev",
+        action="store_true",
+        help="serve /v1/dev/secret (a client secret with no key); loopback --listen only",
+    )
+    add_option(
+        p, "--agent-url", action="append", help="agent=KIND query -> URL", metavar="KIND=WS_URL"
+    )
+    add_option(p, "--internal-token", default=None, help="bearer token sent to transceivers")
+    add_option(p, "--secret-ttl", default=60.0, type=float, help="client secret lifetime, s")
+    add_option(
+        p,
+        "--secret-key",
+        default=None,
+        help="base64 key (>= 16 bytes) signing client secrets; default: derived from the API "
+        "keys, so replicas sharing keys agree",
+    )
+    add_option(p, "--ip-rate", default=5.0, type=float, help="calls+secrets per second per IP")
+    add_option(p, "--ip-burst", default=20, type=int, help="burst allowed per IP")
+    add_option(p, "--key-rate", default=20.0, type=float, help="calls+secrets per second per key")
+    add_option(p, "--key-burst", default=100, type=int, help="burst allowed per key")
+    add_option(p, "--ws-auth-timeout", default=10.0, type=float, help="WebSocket auth deadline, s")
+    add_option(
+        p,
+        "--ws-idle-timeout",
+        default=60.0,
+        type=float,
+        help="WebSocket with no call and no message for this long is closed, s",
+    )
+
+
+def _pairs(items: list[str], what: str) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{what} {item!r} is not KEY=VALUE")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def _region(name: str) -> str:
+    if not REGION_NAME.match(name):
+        raise ValueError(f"bad region name {name!r}")
+    return name
+
+
+def parse_transceivers(items: list[str], own_region: str) -> list[TransceiverInfo]:
+    out = []
+    for item in items:
+        region, url = own_region, item.strip()
+        if not url.startswith(("http://", "https://")):
+            region, _, url = item.partition("=")
+            region, url = _region(region.strip()), url.strip()
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--transceiver {item!r} is not [REGION=]http(s)://HOST:PORT")
+        url = url.rstrip("/")
+        out.append(TransceiverInfo(id=url, api_url=url, region=region))
+    return out
+
+
+def parse_ingress(items: list[str], own_region: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in items:
+        region, sep, addr = item.rpartition("=")
+        region = _region(region.strip()) if sep else own_region
+        out.setdefault(region, []).append(format_hostport(parse_hostport(addr)))
+    return out
+
+
+def read_api_keys(inline: str, path: str | None) -> list[str]:
+    keys = [k.strip() for k in inline.split(",") if k.strip()]
+    if path:
+        for line in Path(path).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                keys.append(line)
+    return keys
+
+
+def config_from_args(args: argparse.Namespace) -> SignalingConfig:
+    try:
+        listen = hostport_arg(args.listen)
+        region = _region(args.region)
+        agents = dict(_pairs(args.agent_url, "--agent-url"))
+        for kind, url in agents.items():
+            if not url.startswith(("ws://", "wss://")):
+                raise ValueError(f"--agent-url {kind}={url!r} is not a ws:// URL")
+        cidrs = _pairs(args.region_cidr, "--region-cidr")
+        RegionTable(cidrs)  # validates
+        secret_key = None
+        if args.secret_key:
+            secret_key = base64.b64decode(args.secret_key, validate=True)
+            if len(secret_key) < 16:
+                raise ValueError("--secret-key must decode to at least 16 bytes")
+        origins = [o.strip() for item in args.cors_origin for o in item.split(",") if o.strip()]
+        config = SignalingConfig(
+            listen=listen,
+            region=region,
+            redis=args.redis or None,
+            transceivers=parse_transceivers(args.transceiver, region),
+            ingress=parse_ingress(args.ingress, region),
+            region_cidrs=cidrs,
+            api_keys=read_api_keys(args.api_keys or "", args.api_keys_file),
+            cors_origins=origins,
+            dev=args.dev,
+            agents=agents,
+            internal_token=args.internal_token or None,
+            secret_ttl=args.secret_ttl,
+            secret_key=secret_key,
+            ip_limit=RateLimit(args.ip_rate, args.ip_burst),
+            key_limit=RateLimit(args.key_rate, args.key_burst),
+            ws_auth_timeout=args.ws_auth_timeout,
+            ws_idle_timeout=args.ws_idle_timeout,
+        )
+    except (ValueError, OSError, binascii.Error, argparse.ArgumentTypeError) as exc:
+        raise SystemExit(f"firsthop signaling: {exc}") from exc
+    if config.dev and not is_loopback(config.listen[0]):
+        raise SystemExit(
+            "firsthop signaling: --dev hands out client secrets with no key; it is only "
+            "allowed when --listen is a loopback address"
+        )
+    if config.secret_ttl <= 0:
+        raise SystemExit("firsthop signaling: --secret-ttl must be positive")
+    return config

@@ -1,0 +1,134 @@
+"""`firsthop signaling`: wire the pieces together and serve them on Hypercorn's Trio worker.
+
+`serve_signaling` owns every resource for its lifetime — the pooled httpx client for the
+transceivers' internal API, the Redis link — and reports the bound address through
+`task_status` (``--listen`` may name port 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from functools import partial
+
+import httpx
+import trio
+from hypercorn.trio import serve
+
+from services.signaling.app import Context, create_app
+from services.signaling.auth import ApiKeys, Authenticator, ClientSecrets, derive_secret_key
+from services.signaling.calls import Calls, Stats
+from services.signaling.config import SignalingConfig, config_from_args, register_flags
+from services.signaling.placement import RegionTable
+from services.signaling.ratelimit import RateLimiter
+from services.signaling.stores import CallStore, Directory, RedisLink, SecretLedger
+from services.signaling.transceivers import TransceiverClient
+from services.signaling.ws import MAX_MESSAGE
+from shared.config import Address, format_hostport
+from shared.http import bound_address, hypercorn_config
+from shared.lifecycle import run_until_signal, setup_logging
+from shared.telemetry import setup_tracing, shutdown_tracing
+
+log = logging.getLogger("firsthop.signaling")
+
+
+def secret_key_for(config: SignalingConfig) -> bytes:
+    if config.secret_key is not None:
+        return config.secret_key
+    derived = derive_secret_key(config.api_keys)
+    if derived is not None:
+        return derived
+    if config.redis:
+        log.warning(
+            "no API keys and no --secret-key: client secrets are signed with a per-process "
+            "key, so other replicas will not accept them"
+        )
+    return os.urandom(32)
+
+
+def build_context(
+    config: SignalingConfig, http: httpx.AsyncClient, link: RedisLink | None, stats: Stats
+) -> Context:
+    calls = Calls(
+        own_region=config.region,
+        ingress=config.ingress,
+        regions=RegionTable(config.region_cidrs),
+        agents=config.agents,
+        directory=Directory(config.transceivers, link),
+        store=CallStore(link),
+        ledger=SecretLedger(link),
+        client=TransceiverClient(http, config.internal_token),
+        stats=stats,
+    )
+    auth = Authenticator(
+        ApiKeys(config.api_keys), ClientSecrets(secret_key_for(config), config.secret_ttl)
+    )
+    return Context(
+        config=config,
+        auth=auth,
+        calls=calls,
+        ip_limiter=RateLimiter(config.ip_limit),
+        key_limiter=RateLimiter(config.key_limit),
+        stats=stats,
+    )
+
+
+def _warn_about(config: SignalingConfig) -> None:
+    if not config.api_keys and not config.dev:
+        log.warning("no API keys configured: every call will be refused (401)")
+    if config.region not in config.ingress:
+        log.warning("no --ingress for own region %r: calls placed there will fail", config.region)
+    if not config.redis and not config.transceivers:
+        log.warning("no --redis and no --transceiver: no call can be placed (503)")
+
+
+async def serve_signaling(
+    config: SignalingConfig, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve the public API until cancelled; reports the bound (host, port)."""
+    _warn_about(config)
+    stats = Stats()
+    link = RedisLink(config.redis, stats.counters) if config.redis else None
+    try:
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+        async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
+            app = create_app(build_context(config, http, link, stats))
+            hc = hypercorn_config(config.listen)
+            hc.websocket_max_message_size = MAX_MESSAGE + 1024
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(partial(serve, app, hc))
+                addr = bound_address(binds)
+                log.info(
+                    "signaling (region %s) on %s; transceivers from %s",
+                    config.region,
+                    format_hostport(addr),
+                    "Redis" if config.redis else f"{len(config.transceivers)} static URL(s)",
+                )
+                task_status.started(addr)
+    finally:
+        if link is not None:
+            link.close()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "signaling",
+        help="public HTTP + WebSocket API: auth, placement, offer -> answer",
+        description="Authenticates callers, picks a region and a transceiver, and returns "
+        "the transceiver's answer (WHIP-compatible POST /v1/calls, and /v1/ws).",
+    )
+    register_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    setup_logging("signaling")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request
+    setup_tracing("signaling")
+    try:
+        trio.run(run_until_signal, serve_signaling, config)
+    finally:
+        shutdown_tracing()
+    return 0

@@ -1,0 +1,135 @@
+"""Placement: which region serves a call, and which transceivers to ask, in order (§4).
+
+Pure: no I/O, no clock. The region comes from the request context, in this order: the
+``X-Client-Region`` header (set by a CDN or edge), the CIDR → region table on the client IP,
+then the signaling server's own region. Transceivers come from the registry hashes
+(`firsthop:transceiver:{id}`, §9) or from the static ``--transceiver`` list.
+
+Ranking: transceivers that are draining or full are never asked. Those of the chosen region
+come first, least loaded first (sessions / capacity); when that region has none, or all of
+them fail, the own region's follow. Equal loads are shuffled by the caller's `tiebreak`, so
+replicas working from the same one-second-old snapshot do not all pile onto one transceiver.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+# Region names travel in a header: keep them to a safe, short alphabet.
+REGION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class TransceiverInfo:
+    id: str
+    api_url: str
+    region: str
+    cluster: int = 0
+    media_addr: str = ""
+    sessions: int = 0
+    capacity: int = 0  # 0: unknown (static list), never "full"
+    draining: bool = False
+
+    @property
+    def load(self) -> float:
+        if self.capacity <= 0:
+            return 0.0
+        return self.sessions / self.capacity
+
+    @property
+    def full(self) -> bool:
+        return self.capacity > 0 and self.sessions >= self.capacity
+
+
+def info_from_hash(tx_id: str, fields: Mapping[str, str]) -> TransceiverInfo | None:
+    """A registry hash -> TransceiverInfo; None when it is incomplete or malformed."""
+    api_url = fields.get("api_url", "")
+    region = fields.get("region", "")
+    if not api_url.startswith(("http://", "https://")) or not region:
+        return None
+    try:
+        return TransceiverInfo(
+            id=tx_id,
+            api_url=api_url.rstrip("/"),
+            region=region,
+            cluster=int(fields.get("cluster", "0")),
+            media_addr=fields.get("media_addr", ""),
+            sessions=max(0, int(fields.get("sessions", "0"))),
+            capacity=max(0, int(fields.get("capacity", "0"))),
+            draining=fields.get("draining", "0") not in ("0", "", "false"),
+        )
+    except ValueError:
+        return None
+
+
+class RegionTable:
+    """Client IP → region by longest-prefix match over ``--region-cidr CIDR=REGION``."""
+
+    def __init__(self, entries: Iterable[tuple[str, str]] = ()) -> None:
+        table: list[tuple[IpNetwork, str]] = []
+        for cidr, region in entries:
+            if not REGION_NAME.match(region):
+                raise ValueError(f"bad region name {region!r}")
+            table.append((ipaddress.ip_network(cidr, strict=False), region))
+        # Longest prefix first, so the first match is the most specific.
+        self._table = sorted(table, key=lambda item: -item[0].prefixlen)
+
+    def lookup(self, ip: str | None) -> str | None:
+        if not ip:
+            return None
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            return None
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        for network, region in self._table:
+            if addr.version == network.version and addr in network:
+                return region
+        return None
+
+
+def choose_region(
+    header: str | None, client_ip: str | None, table: RegionTable, own: str
+) -> tuple[str, str]:
+    """(region, how it was chosen: "header" | "cidr" | "own")."""
+    if header is not None:
+        value = header.strip()
+        if REGION_NAME.match(value):
+            return value, "header"
+    found = table.lookup(client_ip)
+    if found is not None:
+        return found, "cidr"
+    return own, "own"
+
+
+def rank(
+    transceivers: Sequence[TransceiverInfo],
+    region: str,
+    own_region: str,
+    *,
+    tiebreak: Callable[[TransceiverInfo], float] | None = None,
+) -> list[TransceiverInfo]:
+    """Transceivers to ask, in order: the region's least loaded first, then own region's."""
+    usable = [t for t in transceivers if not t.draining and not t.full]
+
+    def key(t: TransceiverInfo) -> tuple[float, float, str]:
+        return (t.load, tiebreak(t) if tiebreak is not None else 0.0, t.id)
+
+    first = sorted((t for t in usable if t.region == region), key=key)
+    if region == own_region:
+        return first
+    fallback = sorted((t for t in usable if t.region == own_region), key=key)
+    return first + fallback
+
+
+def ingress_for(
+    ingress: Mapping[str, Sequence[str]], client_region: str, transceiver_region: str
+) -> list[str]:
+    """The relay ingress to advertise: the client's region's (the entry point nearest the
+    client; Global Relay carries media on to another cluster), else the transceiver's."""
+    return list(ingress.get(client_region) or ingress.get(transceiver_region) or [])

@@ -1,0 +1,66 @@
+"""Token-bucket rate limits, one bucket per key (a client IP, or an API key fingerprint).
+
+Pure: the clock is injected (`time.monotonic` by default), so tests step time by hand.
+`check(key)` either spends a token and returns 0.0, or returns how many seconds until one
+is available — the ``Retry-After`` of the 429. A rate of 0 turns the limiter off.
+
+Memory stays bounded: a bucket that has refilled completely is the same as no bucket, so
+when the table outgrows `max_keys` those are dropped; if a flood of distinct keys leaves it
+still too large, the table is cleared (failing open beats failing every client).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    rate: float  # tokens per second
+    burst: float  # bucket size
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate > 0 and self.burst >= 1
+
+
+class RateLimiter:
+    def __init__(
+        self,
+        limit: RateLimit,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 100_000,
+    ) -> None:
+        self.limit = limit
+        self._clock = clock
+        self._max_keys = max_keys
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, last update)
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def check(self, key: str) -> float:
+        if not self.limit.enabled:
+            return 0.0
+        now = self._clock()
+        tokens, last = self._buckets.get(key, (self.limit.burst, now))
+        tokens = min(self.limit.burst, tokens + (now - last) * self.limit.rate)
+        if tokens >= 1.0:
+            self._buckets[key] = (tokens - 1.0, now)
+            if len(self._buckets) > self._max_keys:
+                self._prune(now)
+            return 0.0
+        self._buckets[key] = (tokens, now)
+        return (1.0 - tokens) / self.limit.rate
+
+    def _prune(self, now: float) -> None:
+        rate, burst = self.limit.rate, self.limit.burst
+        self._buckets = {
+            k: (tokens, last)
+            for k, (tokens, last) in self._buckets.items()
+            if tokens + (now - last) * rate < burst
+        }
+        if len(self._buckets) > self._max_keys:
+            self._buckets.clear()

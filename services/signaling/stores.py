@@ -1,0 +1,287 @@
+"""Shared state: the transceiver directory, the call map, the used-secret ledger (§9).
+
+Strategy: Redis is the truth shared by every signaling replica; an in-memory copy is the
+fallback that keeps one replica working (degraded, logged, counted) when Redis is down or
+not configured. There is no Trio Redis client, so the redis-py sync client runs in worker
+threads with short timeouts and no retries (a slow Redis must not hold a signaling request).
+
+Keys:
+
+* ``firsthop:transceiver:{id}`` — read only (the transceivers' heartbeat hashes), scanned
+  at most every `DIRECTORY_MAX_AGE` seconds;
+* ``firsthop:call:{call_id}`` — hash ``transceiver_id, session_id, api_url, owner, region,
+  created``, TTL the longest session (4 h);
+* ``firsthop:secret:{secret_id}`` — the call a client secret created, ``SET NX`` so a secret
+  is spent once across replicas; TTL until the secret has expired anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+import redis
+import trio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from services.signaling.placement import TransceiverInfo, info_from_hash
+
+log = logging.getLogger("firsthop.signaling.stores")
+
+T = TypeVar("T")
+REGISTRY_PREFIX = "firsthop:transceiver:"
+CALL_PREFIX = "firsthop:call:"
+SECRET_PREFIX = "firsthop:secret:"
+CALL_TTL = 4 * 3600  # the longest session (FIRSTHOP_TOKEN_MAX_AGE default)
+DIRECTORY_MAX_AGE = 0.5
+MEMORY_MAX_ENTRIES = 200_000
+
+
+class StoreUnavailable(Exception):
+    pass
+
+
+class RedisLink:
+    """One sync Redis client, used from worker threads; errors counted, logged per outage."""
+
+    def __init__(self, url: str, counters: Counter[str], timeout: float = 0.5) -> None:
+        self.client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+        self._counters = counters
+        self._down = False
+
+    async def run(self, fn: Callable[[redis.Redis], T]) -> T:
+        try:
+            result = await trio.to_thread.run_sync(fn, self.client)
+        except redis.RedisError as exc:
+            self._counters["redis_errors"] += 1
+            if not self._down:
+                log.warning("Redis unavailable (%s): using in-memory state", exc)
+            self._down = True
+            raise StoreUnavailable(str(exc)) from exc
+        if self._down:
+            log.info("Redis reachable again")
+        self._down = False
+        return result
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class Directory:
+    """Where transceivers are: the Redis registry (when configured) or the static list.
+
+    Placements made since the last scan are added to each transceiver's session count, so a
+    burst of calls spreads out before the next heartbeat reports it.
+    """
+
+    def __init__(
+        self,
+        static: Sequence[TransceiverInfo],
+        link: RedisLink | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.static = list(static)
+        self.link = link
+        self._clock = clock
+        self._snapshot: list[TransceiverInfo] = list(static)
+        self._taken = -1e9
+        self._placed: Counter[str] = Counter()
+        self._lock = trio.Lock()
+        self.from_registry = False  # whether the current snapshot came from Redis
+
+    async def snapshot(self) -> list[TransceiverInfo]:
+        if self.link is None:
+            return [_with_extra(t, self._placed[t.id]) for t in self.static]
+        async with self._lock:
+            if self._clock() - self._taken >= DIRECTORY_MAX_AGE:
+                await self._refresh(self.link)
+        return [_with_extra(t, self._placed[t.id]) for t in self._snapshot]
+
+    async def _refresh(self, link: RedisLink) -> None:
+        try:
+            rows = await link.run(_scan_registry)
+        except StoreUnavailable:
+            self._snapshot, self.from_registry = list(self.static), False
+        else:
+            infos = [info_from_hash(key[len(REGISTRY_PREFIX) :], fields) for key, fields in rows]
+            self._snapshot = [i for i in infos if i is not None]
+            self.from_registry = True
+        self._taken = self._clock()
+        self._placed.clear()
+
+    def note_placed(self, tx_id: str) -> None:
+        self._placed[tx_id] += 1
+
+    async def is_registered(self, tx_id: str) -> bool | None:
+        """Whether the registry lists `tx_id` now; None when that cannot be known."""
+        if self.link is None:
+            return None
+        snapshot = await self.snapshot()
+        if not self.from_registry:
+            return None
+        return any(t.id == tx_id for t in snapshot)
+
+
+def _with_extra(info: TransceiverInfo, placed: int) -> TransceiverInfo:
+    if not placed:
+        return info
+    return TransceiverInfo(**{**asdict(info), "sessions": info.sessions + placed})
+
+
+def _scan_registry(client: redis.Redis) -> list[tuple[str, dict[str, str]]]:
+    keys = list(client.scan_iter(match=REGISTRY_PREFIX + "*", count=500))
+    if not keys:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    return list(zip(keys, pipe.execute(), strict=True))
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    call_id: str
+    transceiver_id: str
+    api_url: str
+    session_id: str
+    owner: str
+    region: str
+    created: float
+
+    def to_fields(self) -> dict[str, str]:
+        return {k: str(v) for k, v in asdict(self).items() if k != "call_id"}
+
+    @classmethod
+    def from_fields(cls, call_id: str, fields: dict[str, str]) -> CallRecord | None:
+        try:
+            return cls(
+                call_id=call_id,
+                transceiver_id=fields["transceiver_id"],
+                api_url=fields["api_url"],
+                session_id=fields["session_id"],
+                owner=fields["owner"],
+                region=fields["region"],
+                created=float(fields["created"]),
+            )
+        except (KeyError, ValueError):
+            return None
+
+
+class _Expiring:
+    """A bounded in-memory map with per-entry expiry (the Redis fallback)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._items: dict[str, tuple[Any, float]] = {}
+
+    def get(self, key: str) -> Any:
+        item = self._items.get(key)
+        if item is None or item[1] <= self._clock():
+            self._items.pop(key, None)
+            return None
+        return item[0]
+
+    def set(self, key: str, value: Any, ttl: float) -> None:
+        if len(self._items) >= MEMORY_MAX_ENTRIES:
+            now = self._clock()
+            self._items = {k: v for k, v in self._items.items() if v[1] > now}
+            if len(self._items) >= MEMORY_MAX_ENTRIES:
+                oldest = min(self._items, key=lambda k: self._items[k][1])
+                del self._items[oldest]
+        self._items[key] = (value, self._clock() + ttl)
+
+    def pop(self, key: str) -> None:
+        self._items.pop(key, None)
+
+
+class CallStore:
+    """call_id -> CallRecord, so PATCH/DELETE work on any replica."""
+
+    def __init__(self, link: RedisLink | None, clock: Callable[[], float] = time.time) -> None:
+        self.link = link
+        self._memory = _Expiring(clock)
+
+    async def put(self, record: CallRecord) -> None:
+        if self.link is not None:
+            key, fields = CALL_PREFIX + record.call_id, record.to_fields()
+
+            def write(client: redis.Redis) -> None:
+                pipe = client.pipeline(transaction=False)
+                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+                pipe.expire(key, CALL_TTL)
+                pipe.execute()
+
+            try:
+                await self.link.run(write)
+                return
+            except StoreUnavailable:
+                pass
+        self._memory.set(record.call_id, record, CALL_TTL)
+
+    async def get(self, call_id: str) -> CallRecord | None:
+        if self.link is not None:
+            key = CALL_PREFIX + call_id
+            try:
+                fields = await self.link.run(lambda c: c.hgetall(key))
+            except StoreUnavailable:
+                pass
+            else:
+                if fields:
+                    return CallRecord.from_fields(
+                        call_id, {str(k): str(v) for k, v in fields.items()}
+                    )
+        found: CallRecord | None = self._memory.get(call_id)
+        return found
+
+    async def delete(self, call_id: str) -> None:
+        self._memory.pop(call_id)
+        if self.link is not None:
+            key = CALL_PREFIX + call_id
+            try:
+                await self.link.run(lambda c: c.delete(key))
+            except StoreUnavailable:
+                pass
+
+
+class SecretLedger:
+    """Which client secrets were spent. Claim is atomic (SET NX) across replicas; without
+    Redis it holds per replica only."""
+
+    def __init__(self, link: RedisLink | None, clock: Callable[[], float] = time.time) -> None:
+        self.link = link
+        self._clock = clock
+        self._memory = _Expiring(clock)
+
+    async def claim(self, secret_id: str, call_id: str, expires_at: float) -> bool:
+        ttl = max(1, int(expires_at - self._clock()) + 60)
+        if self._memory.get(secret_id) is not None:
+            return False
+        self._memory.set(secret_id, call_id, ttl)
+        if self.link is None:
+            return True
+        key = SECRET_PREFIX + secret_id
+        try:
+            return bool(await self.link.run(lambda c: c.set(key, call_id, nx=True, ex=ttl)))
+        except StoreUnavailable:
+            return True  # degraded: single use holds on this replica only
+
+    async def release(self, secret_id: str) -> None:
+        """Give a secret back when the call it was spent on could not be created."""
+        self._memory.pop(secret_id)
+        if self.link is not None:
+            key = SECRET_PREFIX + secret_id
+            try:
+                await self.link.run(lambda c: c.delete(key))
+            except StoreUnavailable:
+                pass

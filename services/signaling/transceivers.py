@@ -1,0 +1,166 @@
+"""The transceiver internal API client (§7): httpx on Trio (via anyio), one pooled client.
+
+Transport errors are translated once, here, into a small hierarchy::
+
+    TransceiverError          the request did not produce a usable answer
+     ├── TransceiverDown      connection refused/reset, timeout, 5xx, 401 (misconfigured
+     │                        token): worth trying another transceiver
+     └── TransceiverRejected  a 4xx about the request itself (bad offer): not worth retrying
+
+Every request carries ``Authorization: Bearer <internal token>`` when one is configured, and
+session creation carries the call's W3C ``traceparent``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import httpx
+
+SDPFRAG = "application/trickle-ice-sdpfrag"
+TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+CREATE_TIMEOUT = 10.0  # aiortc builds the answer (certificates, codecs): well under this
+CONNECT_TIMEOUT = 1.0
+SMALL_TIMEOUT = 3.0
+
+
+class TransceiverError(Exception):
+    def __init__(self, status: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class TransceiverDown(TransceiverError):
+    pass
+
+
+class TransceiverRejected(TransceiverError):
+    pass
+
+
+def new_traceparent(incoming: str | None = None) -> str:
+    """W3C trace context: keep an incoming valid trace id, always a new span id."""
+    trace_id = os.urandom(16).hex()
+    if incoming:
+        m = TRACEPARENT.match(incoming.strip().lower())
+        if m and m.group(1) != "0" * 32:
+            trace_id = m.group(1)
+    return f"00-{trace_id}-{os.urandom(8).hex()}-01"
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    content_type: str
+    body: bytes
+
+
+def _reason(resp: httpx.Response) -> str:
+    try:
+        data = json.loads(resp.content)
+        if isinstance(data, dict) and isinstance(data.get("error"), str):
+            return data["error"]
+    except ValueError:
+        pass
+    return f"transceiver answered {resp.status_code}"
+
+
+class TransceiverClient:
+    def __init__(self, http: httpx.AsyncClient, internal_token: str | None) -> None:
+        self.http = http
+        self._auth = {"Authorization": f"Bearer {internal_token}"} if internal_token else {}
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        limit: float,
+        headers: dict[str, str] | None = None,
+        content: bytes | None = None,
+    ) -> httpx.Response:
+        try:
+            return await self.http.request(
+                method,
+                url,
+                headers={**self._auth, **(headers or {})},
+                content=content,
+                timeout=httpx.Timeout(limit, connect=CONNECT_TIMEOUT),
+            )
+        except httpx.HTTPError as exc:
+            raise TransceiverDown(None, f"{type(exc).__name__}: {exc}") from exc
+
+    async def create_session(
+        self,
+        api_url: str,
+        *,
+        call_id: str,
+        offer_sdp: str,
+        ingress: list[str],
+        agent_url: str | None,
+        region: str,
+        traceparent: str,
+    ) -> tuple[str, str]:
+        """(session_id, answer_sdp)."""
+        body = json.dumps(
+            {
+                "call_id": call_id,
+                "offer_sdp": offer_sdp,
+                "ingress": ingress,
+                "agent_url": agent_url,
+                "region": region,
+            }
+        ).encode()
+        resp = await self._request(
+            "POST",
+            f"{api_url}/internal/v1/sessions",
+            limit=CREATE_TIMEOUT,
+            headers={"Content-Type": "application/json", "traceparent": traceparent},
+            content=body,
+        )
+        if resp.status_code >= 500 or resp.status_code in (401, 403, 404, 429):
+            raise TransceiverDown(resp.status_code, _reason(resp))
+        if resp.status_code >= 400:
+            raise TransceiverRejected(resp.status_code, _reason(resp))
+        try:
+            data = resp.json()
+            session_id, answer = data["session_id"], data["answer_sdp"]
+        except (ValueError, KeyError, TypeError):
+            raise TransceiverDown(resp.status_code, "malformed transceiver reply") from None
+        if not isinstance(session_id, str) or not isinstance(answer, str):
+            raise TransceiverDown(resp.status_code, "malformed transceiver reply")
+        return session_id, answer
+
+    async def patch_session(self, api_url: str, session_id: str, frag: bytes) -> Reply:
+        """Forward a trickle-ice-sdpfrag; 404 means the session is gone."""
+        resp = await self._request(
+            "PATCH",
+            f"{api_url}/internal/v1/sessions/{session_id}",
+            limit=SMALL_TIMEOUT,
+            headers={"Content-Type": SDPFRAG},
+            content=frag,
+        )
+        if resp.status_code >= 500 or resp.status_code == 401:
+            raise TransceiverDown(resp.status_code, _reason(resp))
+        return Reply(resp.status_code, resp.headers.get("content-type", ""), resp.content)
+
+    async def delete_session(self, api_url: str, session_id: str) -> int:
+        resp = await self._request(
+            "DELETE", f"{api_url}/internal/v1/sessions/{session_id}", limit=SMALL_TIMEOUT
+        )
+        if resp.status_code >= 500 or resp.status_code == 401:
+            raise TransceiverDown(resp.status_code, _reason(resp))
+        return resp.status_code
+
+    async def session_alive(self, api_url: str, session_id: str) -> bool:
+        """The cheap liveness probe: an empty trickle PATCH (204 alive, 404 gone)."""
+        reply = await self.patch_session(api_url, session_id, b"")
+        if reply.status == 404:
+            return False
+        if reply.status >= 400:
+            raise TransceiverDown(reply.status, f"probe answered {reply.status}")
+        return True
