@@ -41,7 +41,8 @@ async def serve_transceiver(
         )
         api = bound_address(binds)
         if config.redis:
-            host = config.api[0] if config.api[0] not in ("0.0.0.0", "::") else media[0]
+            # A wildcard --api is reached at the advertised media host (the pod IP).
+            host = config.api[0] if config.api[0] not in ("0.0.0.0", "::") else config.advertised[0]
 
             def fields() -> dict[str, str]:
                 return {
@@ -74,9 +75,15 @@ async def _process(config: TransceiverConfig) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             tx, _ = await nursery.start(serve_transceiver, config)
+            terms = 0
             async for signum in signals:
-                if signum == signal.SIGINT or tx.draining:
+                if signum == signal.SIGINT:
                     break
+                terms += 1
+                if terms > 1:  # a second SIGTERM: stop now
+                    break
+                # SIGTERM drains (also when a preStop hook already asked for it through the
+                # API: then this just waits for that drain to end), then exits.
                 log.info("SIGTERM: draining (up to %.0fs)", config.drain_seconds)
                 nursery.start_soon(_drain_then_stop, tx, config.drain_seconds, nursery)
             nursery.cancel_scope.cancel()

@@ -160,3 +160,43 @@ def test_region_from_the_cidr_table_and_fallback_to_own(regions: Regions) -> Non
     assert place("127.0.0.1") == ({a_port}, "tx-a")  # no match: own region
     assert place("127.0.0.2", **{"X-Client-Region": "a"}) == ({a_port}, "tx-a")  # header first
     assert place("127.0.0.1", **{"X-Client-Region": "nowhere"}) == ({a_port}, "tx-a")
+
+
+def test_media_through_a_global_relay_hop_from_a_s_ingress(regions: Regions) -> None:
+    """A caller told to use A's ingress for a session on B's transceiver (cluster 2): relay A
+    forwards the flow to relay B, which delivers it to tx-b; replies return through A."""
+    before_b = packets_in(regions.tx_b)
+    a_ingress = f"{regions.relay_a.listen[0]}:{regions.relay_a.listen[1]}"
+
+    async def main() -> Caller:
+        caller = Caller(ToneTrack(770.0))
+
+        async def signal(offer: str) -> str:
+            status, body = await asyncio.to_thread(
+                regions.tx_b.create_session,
+                offer,
+                [a_ingress],
+                agent_url=regions_agent_url(regions),
+            )
+            assert status == 201, body
+            return str(body["answer_sdp"])
+
+        try:
+            await caller.start(signal)
+            await asyncio.wait_for(caller.wait_connected(), 15)
+            await asyncio.sleep(2.0)
+        finally:
+            await caller.close()
+        return caller
+
+    caller = asyncio.run(main())
+    assert candidate_ports(caller.result.answer_sdp) == {regions.relay_a.listen[1]}
+    assert_heard(caller, 770.0)
+    assert packets_in(regions.tx_b) > before_b + 50
+    # both relays carried the flow: A as the ingress, B as the second hop
+    assert regions.relay_a.metric("firsthop_relay_packets_total", direction="upstream") > 50
+    assert regions.relay_b.metric("firsthop_relay_packets_total", direction="upstream") > 50
+
+
+def regions_agent_url(regions: Regions) -> str:
+    return str(regions.sig.args[regions.sig.args.index("--agent-url") + 1].split("=", 1)[1])

@@ -190,3 +190,35 @@ def test_hook_points_of_the_pinned_aiortc_and_aioice() -> None:
 
     assert aiortc.__version__.startswith("1.16")
     assert event_count  # imported helper stays used
+
+
+def test_sigterm_after_an_api_drain_still_lets_calls_finish() -> None:
+    """Kubernetes' preStop hook drains through the API, then the kubelet sends SIGTERM: the
+    calls in progress must still get their grace period."""
+    relay = RelayProcess().start()
+    agent = AgentProcess("echo").start()
+    tx = TransceiverProcess(agent_url=agent.url).start()  # --drain-seconds 3
+    try:
+
+        async def main() -> float:
+            c = Caller(ToneTrack(440))
+            await c.start(signal_via(tx, ingress(relay)))
+            await asyncio.wait_for(c.wait_connected(), 10)
+            status, _ = await asyncio.to_thread(tx.request, "POST", "/internal/v1/drain")
+            assert status == 200
+            assert tx.proc is not None
+            t0 = time.monotonic()
+            tx.proc.terminate()
+            before = len(c.result.received)
+            await asyncio.sleep(1.0)
+            assert len(c.result.received) > before  # still talking after the SIGTERM
+            await asyncio.to_thread(tx.proc.wait, 15)
+            await c.close()
+            return time.monotonic() - t0
+
+        elapsed = asyncio.run(main())
+        assert 1.5 <= elapsed < 10.0
+    finally:
+        tx.kill()
+        agent.kill()
+        relay.kill()

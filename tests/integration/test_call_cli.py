@@ -1,0 +1,101 @@
+"""`firsthop call` against a real stack: HTTP and WebSocket signaling, timeline, echo delay,
+and the reply saved as a WAV."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import (
+    AgentProcess,
+    RelayProcess,
+    SignalingProcess,
+    TransceiverProcess,
+    relay_env,
+    start_all,
+)
+
+
+@pytest.fixture(scope="module")
+def signaling() -> Iterator[SignalingProcess]:
+    relay = RelayProcess()
+    agent = AgentProcess("echo")
+    start_all(relay, agent)
+    tx = TransceiverProcess(agent_url=agent.url)
+    tx.start()
+    sig = SignalingProcess(
+        "--transceiver",
+        tx.api,
+        "--ingress",
+        f"a=127.0.0.1:{relay.listen[1]}",
+        "--agent-url",
+        f"echo={agent.url}",
+    )
+    sig.start()
+    yield sig
+    for p in (sig, tx, agent):
+        p.kill()
+    relay.kill()
+
+
+@pytest.mark.parametrize("ws", [False, True])
+def test_call_prints_the_timeline_and_echo_delay_and_saves_the_reply(
+    signaling: SignalingProcess, tmp_path: Path, ws: bool
+) -> None:
+    out = tmp_path / "reply.wav"
+    args = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "call",
+        signaling.url,
+        "--api-key",
+        signaling.API_KEY,
+        "--seconds",
+        "4",
+        "--out",
+        str(out),
+    ]
+    if ws:
+        args.append("--ws")
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=relay_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout
+    for line in (
+        "answer from signaling",
+        "ICE + DTLS connected",
+        "first audio back",
+        "echo delay (mouth to ear)",
+        f"reply saved to {out}",
+    ):
+        assert line in text, text
+    with wave.open(str(out)) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 48000)
+        assert w.getnframes() > 48000 * 2  # more than 2 s of audio came back
+
+
+def test_call_with_a_wrong_key_says_why(signaling: SignalingProcess) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "call",
+            signaling.url,
+            "--api-key",
+            "nope",
+            "--seconds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=relay_env(),
+    )
+    assert done.returncode != 0
+    assert "401" in done.stdout + done.stderr
