@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1
+# One image for every firsthop service; the subcommand picks the service:
+#   docker run IMAGE relay | transceiver | signaling | agent --kind echo | ...
+#
+# Native code: every compiled dependency is a manylinux wheel that bundles the libraries it
+# links (av carries FFmpeg, libopus and libvpx in av.libs/; pylibsrtp links libsrtp
+# statically; cryptography and google-crc32c likewise). What is left to the system is glibc,
+# libstdc++, libgcc_s and zlib, all already in python:3.11-slim, so neither stage installs an
+# apt package and the builder needs no compiler (--only-binary makes a missing wheel a build
+# error instead of a silent source build).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/firsthop
+WORKDIR /src
+# Dependencies first, read from pyproject.toml alone, so a code change reuses this layer.
+COPY pyproject.toml README.md ./
+RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' > /tmp/requirements.txt \
+ && /opt/firsthop/bin/pip install --only-binary=:all: -r /tmp/requirements.txt
+COPY shared ./shared
+COPY services ./services
+# The wheel holds only what setuptools packages (.py files, unless pyproject declares package
+# data): put the signaling demo page next to the installed package. -P keeps /src off sys.path
+# so the path printed is the installed one; cp -T merges if the wheel already has it.
+RUN /opt/firsthop/bin/pip install --no-deps . \
+ && dest="$(/opt/firsthop/bin/python -P -c 'import os, services.signaling as m; print(os.path.dirname(m.__file__))')" \
+ && cp -rT services/signaling/static "$dest/static" \
+ && /opt/firsthop/bin/firsthop --help >/dev/null
+
+FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="firsthop" \
+      org.opencontainers.image.description="WebRTC edge for real-time voice AI" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# A fixed numeric uid so Kubernetes' runAsNonRoot can check it without a passwd lookup.
+RUN groupadd --system --gid 10001 firsthop \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin firsthop
+# Same path as in the builder, so the venv's scripts keep working.
+COPY --from=builder /opt/firsthop /opt/firsthop
+ENV PATH=/opt/firsthop/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /tmp
+USER 10001:10001
+# relay: 3478/udp public, 3479/udp internal, 9478 metrics; transceiver: 5004/udp media,
+# 8081 internal API; signaling: 8080; agent: 8090.
+EXPOSE 3478/udp 3479/udp 9478 5004/udp 8081 8080 8090
+ENTRYPOINT ["firsthop"]
+CMD ["--help"]
