@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from services.bench.procs import wait_tcp
 from shared.wire import stun
 from shared.wire.route_token import encode_route_token
 
@@ -332,17 +333,6 @@ class ServiceProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-def wait_tcp(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {port}")
 
 
 class AgentProcess(ServiceProcess):

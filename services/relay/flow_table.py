@@ -41,6 +41,7 @@ from shared.wire.proxy_v2 import (
     V4_HEADER,
     V6_HEADER,
     ProxyError,
+    ProxyHeader,
     build_proxy_v2,
     parse_proxy_v2,
 )
@@ -217,19 +218,15 @@ class FlowTable:
         # or one the destination allow-list covers (a relay fleet lives in internal ranges).
         if src[0] not in self.peer_hosts and not self.allow_dest.allows_host(src[0]):
             return self._drop("peer_not_allowed")
-        hlen = _header_length(data)
-        flow = self.hop_flows.get(data[:hlen]) if hlen else None
+        found = self._framed(self.hop_flows, data)
+        if isinstance(found, Drop):
+            return found
+        flow, hlen, hdr = found
         if flow is None:
-            try:
-                hdr = parse_proxy_v2(data)
-            except ProxyError as exc:
-                return self._drop(exc.reason)
-            hlen = hdr.payload_offset
-            flow = self.hop_flows.get(build_proxy_v2(hdr.src, hdr.dst))
-            if flow is None:
-                if len(data) - hlen > MAX_DATAGRAM:
-                    return self._drop("oversize")
-                return self._unknown(hdr.src, data, hlen, src, hdr.dst, now)
+            assert hdr is not None
+            if len(data) - hlen > MAX_DATAGRAM:
+                return self._drop("oversize")
+            return self._unknown(hdr.src, data, hlen, src, hdr.dst, now)
         if len(data) - hlen > MAX_DATAGRAM:
             return self._drop("oversize")
         flow.via = src
@@ -378,17 +375,12 @@ class FlowTable:
     # -- datagrams from destinations (internal socket) ------------------------------------
 
     def on_return(self, src: Address, data: bytes, now: float) -> Decision:
-        hlen = _header_length(data)
-        flow = self.by_return.get(data[:hlen]) if hlen else None
+        found = self._framed(self.by_return, data)
+        if isinstance(found, Drop):
+            return found
+        flow, hlen, _ = found
         if flow is None:
-            try:
-                hdr = parse_proxy_v2(data)
-            except ProxyError as exc:
-                return self._drop(exc.reason)
-            hlen = hdr.payload_offset
-            flow = self.by_return.get(build_proxy_v2(hdr.src, hdr.dst))
-            if flow is None:
-                return self._drop("return_no_flow")
+            return self._drop("return_no_flow")
         if len(data) - hlen > MAX_DATAGRAM:
             return self._drop("oversize")
         if src != flow.dest:
@@ -404,6 +396,22 @@ class FlowTable:
         if flow.via is not None:
             return ReturnToPeer(flow.via)
         return Deliver(flow.client, hlen)
+
+    def _framed(
+        self, index: dict[bytes, Flow], data: bytes
+    ) -> tuple[Flow | None, int, ProxyHeader | None] | Drop:
+        """The flow a framed datagram belongs to in `index` (keyed by exact header bytes),
+        with the payload offset; a header with TLVs or another spelling is parsed and looked
+        up in its canonical form."""
+        hlen = _header_length(data)
+        flow = index.get(data[:hlen]) if hlen else None
+        if flow is not None:
+            return flow, hlen, None
+        try:
+            hdr = parse_proxy_v2(data)
+        except ProxyError as exc:
+            return self._drop(exc.reason)
+        return index.get(build_proxy_v2(hdr.src, hdr.dst)), hdr.payload_offset, hdr
 
     def _establish(self, flow: Flow) -> None:
         flow.established = True

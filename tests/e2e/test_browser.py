@@ -10,6 +10,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
+from services.bench.setup import CHROMIUM
+from services.bench.setup import CHROMIUM_ARGS as BENCH_CHROMIUM_ARGS
 from tests.support import (
     AgentProcess,
     RelayProcess,
@@ -18,19 +20,8 @@ from tests.support import (
     start_all,
 )
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-]
+# the flags this machine's Chromium needs, shared with `firsthop bench setup`
+CHROMIUM_ARGS = ["--headless", *BENCH_CHROMIUM_ARGS, "--autoplay-policy=no-user-gesture-required"]
 
 
 @pytest.fixture(scope="module")
