@@ -156,11 +156,17 @@ class TransceiverClient:
             raise TransceiverDown(resp.status_code, _reason(resp))
         return resp.status_code
 
-    async def session_alive(self, api_url: str, session_id: str) -> bool:
-        """The cheap liveness probe: an empty trickle PATCH (204 alive, 404 gone)."""
+    async def session_alive(self, api_url: str, session_id: str) -> str | None:
+        """The cheap liveness probe: an empty trickle PATCH. None while the session lives
+        (204); once it is gone (404), why it ended, as the transceiver remembers it (drain,
+        agent, consent, ...) or "session_ended"."""
         reply = await self.patch_session(api_url, session_id, b"")
         if reply.status == 404:
-            return False
+            try:
+                reason = json.loads(reply.body).get("reason")
+            except (ValueError, AttributeError):
+                reason = None
+            return str(reason) if reason else "session_ended"
         if reply.status >= 400:
             raise TransceiverDown(reply.status, f"probe answered {reply.status}")
-        return True
+        return None

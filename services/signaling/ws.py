@@ -241,7 +241,7 @@ class WsSession:
             while True:
                 await trio.sleep(ctx.config.call_poll_interval)
                 try:
-                    alive = await client.session_alive(record.api_url, record.session_id)
+                    ended = await client.session_alive(record.api_url, record.session_id)
                 except TransceiverDown:
                     if reachable:
                         reachable = False
@@ -251,8 +251,8 @@ class WsSession:
                     if lost or registered is False:
                         await self._server_bye(record, "transceiver_lost")
                     continue
-                if not alive:
-                    await self._server_bye(record, "session_ended")
+                if ended is not None:
+                    await self._server_bye(record, ended)
                 last_ok = trio.current_time()
                 if not reachable:
                     reachable = True

@@ -96,10 +96,17 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
             content_type="application/json",
         )
 
+    def _gone(session_id: str) -> Response:
+        reason = tx.ended.get(session_id)
+        if reason is None:
+            return _error(404, "no such session")
+        body = {"error": "session ended", "reason": reason}
+        return Response(json.dumps(body), status=404, content_type="application/json")
+
     @app.patch("/internal/v1/sessions/<session_id>")
     async def patch(session_id: str) -> Response:
         if session_id not in tx.sessions:
-            return _error(404, "no such session")
+            return _gone(session_id)
         if request.mimetype != "application/trickle-ice-sdpfrag":
             return _error(415, "expected application/trickle-ice-sdpfrag")
         raw = await request.get_data(as_text=False)
@@ -123,7 +130,7 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
     @app.delete("/internal/v1/sessions/<session_id>")
     async def delete(session_id: str) -> Response:
         if not tx.end_session(session_id, "deleted"):
-            return _error(404, "no such session")
+            return _gone(session_id)
         return Response("", status=204)
 
     @app.post("/internal/v1/drain")

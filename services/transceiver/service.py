@@ -34,6 +34,7 @@ log = logging.getLogger("firsthop.transceiver")
 Address = tuple[str, int]
 RECV_BUFFER = 2048
 TRACER = tracer("firsthop.transceiver")
+ENDED_REMEMBERED = 10_000
 SETUP_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -84,6 +85,8 @@ class Transceiver:
             SETUP_BUCKETS,
         )
         self.draining = False
+        # why recent sessions ended (oldest first), so signaling can tell its clients
+        self.ended: dict[str, str] = {}
         self._session_removed = trio.Event()
         self.media_addr: Address | None = None
         # (ufrag, traceparent) pairs for the Redis trace hand-off; None without Redis.
@@ -231,6 +234,9 @@ class Transceiver:
             if setup is not None:
                 self.setup_seconds.observe(setup)
             self.counters[f"ended_{session.end_reason}"] += 1
+            self.ended[session.session_id] = session.end_reason or "ended"
+            while len(self.ended) > ENDED_REMEMBERED:
+                del self.ended[next(iter(self.ended))]
 
     def restart_ice(self, session_id: str, remote_ufrag: str, remote_pwd: str) -> tuple[str, str]:
         session = self.sessions[session_id]

@@ -320,11 +320,12 @@ async def test_ws_bearer_header_and_server_side_end(stack: Stack) -> None:
         answer = await recv(ws)
         assert answer["type"] == "answer"
         assert await recv(ws) == {"type": "state", "state": "live"}
-        # ended elsewhere (REST DELETE): the watcher notices the session is gone
+        # ended elsewhere (REST DELETE): the watcher notices the session is gone, and the
+        # transceiver remembers why (here "deleted"; a drain says "drain", ...)
         resp = call_request(stack.sig, "DELETE", f"/v1/calls/{answer['call_id']}")
         assert resp.status_code == 204
         assert await recv(ws) == {"type": "state", "state": "ended"}
-        assert await recv(ws) == {"type": "bye", "reason": "session_ended"}
+        assert await recv(ws) == {"type": "bye", "reason": "deleted"}
         assert await closed_code(ws) == 1000
 
 

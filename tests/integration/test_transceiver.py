@@ -345,3 +345,35 @@ def test_agent_down_then_back(stack) -> None:  # type: ignore[no-untyped-def]
         agent.kill()
     assert silent < 0.001 < loud
     assert event_count(tx, "agent_failures") >= 1
+
+
+def test_an_ended_session_says_why(stack) -> None:  # type: ignore[no-untyped-def]
+    relay, _, tx = stack
+    ids: list[str] = []
+
+    async def main() -> None:
+        c = Caller()
+
+        async def signal(offer: str) -> str:
+            status, body = await asyncio.to_thread(tx.create_session, offer, ingress(relay))
+            assert status == 201
+            ids.append(body["session_id"])
+            return str(body["answer_sdp"])
+
+        await c.start(signal)
+        await asyncio.wait_for(c.wait_connected(), 10)
+        status, _ = await asyncio.to_thread(tx.request, "DELETE", f"/internal/v1/sessions/{ids[0]}")
+        assert status == 204
+        await c.close()
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5
+    while True:
+        status, body = tx.request(
+            "PATCH", f"/internal/v1/sessions/{ids[0]}", b"", "application/trickle-ice-sdpfrag"
+        )
+        if status == 404 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert status == 404
+    assert json.loads(body) == {"error": "session ended", "reason": "deleted"}
