@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections import Counter
 from typing import Any
 
 import trio
@@ -23,7 +24,9 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 
 from services.agent.vad import FRAME_MS, TurnTaker
 from shared.config import add_option, hostport_arg
+from shared.http import serve_simple
 from shared.lifecycle import run_until_signal, setup_logging
+from shared.metrics import CONTENT_TYPE, MetricFamily, render
 from shared.telemetry import context_from_traceparent, setup_tracing, shutdown_tracing, tracer
 
 log = logging.getLogger("firsthop.agent")
@@ -41,7 +44,9 @@ async def echo_session(ws: WebSocketConnection) -> None:
     while True:
         message = await ws.get_message()
         if isinstance(message, bytes):
+            STATS["frames_in"] += 1
             await ws.send_message(message)
+            STATS["frames_out"] += 1
             continue
         try:
             msg = json.loads(message)
@@ -70,6 +75,7 @@ async def parrot_session(ws: WebSocketConnection) -> None:
                     break
                 await trio.sleep_until(start + max(0, i - PLAYBACK_LEAD) * FRAME_MS / 1000)
                 await ws.send_message(pcm)
+                STATS["frames_out"] += 1
             if interrupted:
                 await ws.send_message(json.dumps({"type": "output.clear"}))
                 await _send_event(ws, {"type": "response_done", "interrupted": True})
@@ -89,6 +95,7 @@ async def parrot_session(ws: WebSocketConnection) -> None:
                     nursery.cancel_scope.cancel()
                     return
                 continue
+            STATS["frames_in"] += 1
             for name, utterance in turns.feed(message):
                 if name == "speech_started":
                     speaking.set()
@@ -106,16 +113,39 @@ async def parrot_session(ws: WebSocketConnection) -> None:
 KINDS = {"echo": echo_session, "parrot": parrot_session}
 
 
+STATS: Counter[str] = Counter()
+
+
+def agent_metrics(kind: str) -> str:
+    sessions = MetricFamily("firsthop_agent_sessions", "gauge", "Sessions in progress")
+    sessions.add(STATS["active"], kind=kind)
+    total = MetricFamily("firsthop_agent_sessions_total", "counter", "Sessions started")
+    total.add(STATS["started"], kind=kind)
+    frames = MetricFamily("firsthop_agent_frames_total", "counter", "20 ms audio frames")
+    frames.add(STATS["frames_in"], kind=kind, direction="in")
+    frames.add(STATS["frames_out"], kind=kind, direction="out")
+    return render([sessions, total, frames])
+
+
 async def serve_agent(
     kind: str,
     listen: tuple[str, int],
+    metrics: tuple[str, int] | None = None,
     *,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     handler = KINDS[kind]
 
+    async def http(method: str, path: str) -> tuple[int, str, bytes]:
+        if path == "/metrics":
+            return 200, CONTENT_TYPE, agent_metrics(kind).encode()
+        if path == "/healthz":
+            return 200, "application/json", json.dumps({"ok": True, "kind": kind}).encode()
+        return 404, "text/plain", b"not found\n"
+
     async def on_request(request: WebSocketRequest) -> None:
         ws = await request.accept()
+        STATS["active"] += 1
         try:
             first = await ws.get_message()
             start = json.loads(first) if isinstance(first, str) else {}
@@ -123,6 +153,7 @@ async def serve_agent(
                 await ws.aclose(code=1002, reason="expected session.start")
                 return
             log.info("%s session %s started", kind, start.get("session_id"))
+            STATS["started"] += 1
             with TRACER.start_as_current_span(
                 "agent.session",
                 context=context_from_traceparent(start.get("traceparent")),
@@ -137,9 +168,12 @@ async def serve_agent(
         except (ConnectionClosed, ValueError):
             pass
         finally:
+            STATS["active"] -= 1
             await ws.aclose()
 
     async with trio.open_nursery() as nursery:
+        if metrics is not None:
+            await nursery.start(serve_simple, http, metrics)
         server = await nursery.start(
             lambda task_status: serve_websocket(
                 on_request,
@@ -158,8 +192,11 @@ async def serve_agent(
 def run(args: argparse.Namespace) -> int:
     setup_logging(f"agent[{args.kind}]")
     setup_tracing("agent")
+    if args.kind not in KINDS:
+        raise SystemExit(f"firsthop agent: --kind must be one of {', '.join(KINDS)}")
+    metrics = hostport_arg(args.metrics) if args.metrics else None
     try:
-        trio.run(run_until_signal, serve_agent, args.kind, hostport_arg(args.listen))
+        trio.run(run_until_signal, serve_agent, args.kind, hostport_arg(args.listen), metrics)
     finally:
         shutdown_tracing()
     return 0
@@ -169,4 +206,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="reference agent backend (echo or parrot) over WebSocket")
     add_option(p, "--listen", default="0.0.0.0:8090", help="WebSocket address", metavar="HOST:PORT")
     add_option(p, "--kind", default="echo", help="echo | parrot")
+    add_option(
+        p, "--metrics", default=None, help="/metrics and /healthz (off if unset)", metavar="ADDR"
+    )
     p.set_defaults(func=run)

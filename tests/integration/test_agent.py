@@ -1,0 +1,71 @@
+"""The reference agents over their WebSocket protocol (§8), in process, on loopback."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import trio
+from trio_websocket import open_websocket_url
+
+from services.agent.server import serve_agent
+
+
+async def test_echo_returns_frames_and_answers_events_and_counts_them() -> None:
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(serve_agent, "echo", ("127.0.0.1", 0), ("127.0.0.1", 0))
+        with trio.fail_after(10):
+            async with open_websocket_url(f"ws://{host}:{port}") as ws:
+                await ws.send_message(json.dumps({"type": "session.start", "session_id": "s1"}))
+                for i in range(5):
+                    frame = bytes([i]) * 1920
+                    await ws.send_message(frame)
+                    assert await ws.get_message() == frame
+                event = {"type": "client.event", "data": {"hello": 1}}
+                await ws.send_message(json.dumps(event))
+                reply = json.loads(await ws.get_message())
+                assert reply == {
+                    "type": "agent.event",
+                    "data": {"type": "echo", "event": {"hello": 1}},
+                }
+                await ws.send_message(json.dumps({"type": "session.end"}))
+        nursery.cancel_scope.cancel()
+
+
+def test_metrics_endpoint_over_a_real_process() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from tests.support import free_tcp_port
+
+    port, metrics = free_tcp_port(), free_tcp_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "agent",
+            "--kind",
+            "echo",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics",
+            f"127.0.0.1:{metrics}",
+        ],
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                resp = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert resp.status_code == 200
+        assert 'firsthop_agent_sessions{kind="echo"} 0' in resp.text
+        assert httpx.get(f"http://127.0.0.1:{metrics}/healthz").json()["ok"] is True
+    finally:
+        proc.terminate()
+        proc.wait(10)
