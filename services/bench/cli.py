@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.bench import relay, setup, wire
+from services.bench import echo, relay, sessions, setup, wire
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,3 +13,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     wire.register(benches)
     relay.register(benches)
     setup.register(benches)
+    sessions.register(benches)
+    echo.register(benches)

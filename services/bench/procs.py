@@ -1,17 +1,29 @@
-"""Start the real services on free loopback ports for benchmarks (and the tests that run them)."""
+"""Start the real services on free loopback ports for benchmarks (and the tests that run them).
+
+Also the UDP tap `bench echo` puts in front of a transceiver's media socket, run as its own
+process: `python -m services.bench.procs tap TX_PORT` (see `tap`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
 import socket
+import struct
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
+from shared.wire.proxy_v2 import ProxyError, parse_proxy_v2
 from shared.wire.route_token import format_route_keys
+
+Address = tuple[str, int]
+HOST = "127.0.0.1"
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
 
 
 def free_port(kind: int = socket.SOCK_DGRAM) -> int:
@@ -57,6 +69,7 @@ class Stack:
     tx_api: int = 0
     agent_port: int = 0
     stock_port: int = 0
+    relay_metrics: int = 0
 
     def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
         env = {
@@ -72,6 +85,7 @@ class Stack:
     def start(self, *, stock: bool = False, tx_args: tuple[str, ...] = ()) -> Stack:
         me = [sys.executable, "-m", "services.cli"]
         self.relay_port, metrics = free_port(), free_port(socket.SOCK_STREAM)
+        self.relay_metrics = metrics
         relay = self._spawn(
             me
             + [
@@ -90,7 +104,9 @@ class Stack:
         )
         self.agent_port = free_port(socket.SOCK_STREAM)
         self._spawn(me + ["agent", "--kind", "echo", "--listen", f"127.0.0.1:{self.agent_port}"])
-        self.tx_media, self.tx_api = free_port(), free_port(socket.SOCK_STREAM)
+        # A preset media port is kept: a bench may have to know it before the start (a tap).
+        self.tx_media = self.tx_media or free_port()
+        self.tx_api = free_port(socket.SOCK_STREAM)
         tx = self._spawn(
             me
             + [
@@ -110,10 +126,25 @@ class Stack:
         wait_http(f"http://127.0.0.1:{self.tx_api}/healthz", tx)
         wait_tcp(self.agent_port)
         if stock:
-            self.stock_port = free_port(socket.SOCK_STREAM)
-            self._spawn([sys.executable, "-m", "services.bench.stock", str(self.stock_port)])
-            wait_tcp(self.stock_port)
+            self.stock_port, _ = self.spawn_stock()
         return self
+
+    def spawn_stock(self, *args: str) -> tuple[int, int]:
+        """Start a stock aiortc answerer (`services/bench/stock.py` with `args`, e.g.
+        "--mono"); returns its (port, pid). The one `start(stock=True)` starts is the first."""
+        port = free_port(socket.SOCK_STREAM)
+        proc = self._spawn([sys.executable, "-m", "services.bench.stock", str(port), *args])
+        wait_tcp(port)
+        return port, proc.pid
+
+    @property
+    def relay_pid(self) -> int:
+        """The relay supervisor; its worker is a child process of it."""
+        return self.procs[0].pid
+
+    @property
+    def agent_pid(self) -> int:
+        return self.procs[1].pid
 
     @property
     def tx_pid(self) -> int:
@@ -123,8 +154,13 @@ class Stack:
     def stock_pid(self) -> int:
         return self.procs[3].pid
 
-    def offer_to_firsthop(self, offer: str, *, direct: bool = False) -> str:
-        ingress = f"127.0.0.1:{self.tx_media if direct else self.relay_port}"
+    def offer_to_firsthop(
+        self, offer: str, *, direct: bool = False, ingress: str | None = None
+    ) -> str:
+        """Answer from the transceiver, advertising the relay (or, `direct`, the media
+        socket itself; or any `ingress` HOST:PORT given)."""
+        if ingress is None:
+            ingress = f"127.0.0.1:{self.tx_media if direct else self.relay_port}"
         body = json.dumps(
             {"call_id": f"bench-{time.monotonic_ns()}", "offer_sdp": offer, "ingress": [ingress]}
         ).encode()
@@ -137,15 +173,27 @@ class Stack:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return str(json.loads(resp.read())["answer_sdp"])
 
-    def offer_to_stock(self, offer: str) -> str:
+    def offer_to_stock(self, offer: str, *, port: int | None = None) -> str:
+        """Answer from the stock answerer (or the one `spawn_stock` started on `port`)."""
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.stock_port}/offer",
+            f"http://127.0.0.1:{port or self.stock_port}/offer",
             data=offer.encode(),
             method="POST",
             headers={"Content-Type": "application/sdp"},
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
             return str(resp.read().decode())
+
+    def firsthop_sessions(self) -> int:
+        """Live sessions on the transceiver (its /healthz)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.tx_api}/healthz", timeout=5) as resp:
+            return int(json.loads(resp.read())["sessions"])
+
+    def stock_sessions(self, port: int | None = None) -> int:
+        """Live peer connections on a stock answerer (`GET /sessions`)."""
+        url = f"http://127.0.0.1:{port or self.stock_port}/sessions"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(json.loads(resp.read())["sessions"])
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -166,3 +214,107 @@ def cpu_seconds(pid: int) -> float:
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
+
+
+# -- a timestamping UDP tap ---------------------------------------------------------------
+
+
+def _udp() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((HOST, 0))
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    return sock
+
+
+def _receive(sock: socket.socket) -> tuple[bytes, Address, int]:
+    data, ancillary, _, src = sock.recvmsg(2048, socket.CMSG_SPACE(16))
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+            sec, nsec = struct.unpack("qq", raw[:16])
+            return data, (src[0], src[1]), sec * 1_000_000_000 + nsec
+    return data, (src[0], src[1]), time.time_ns()
+
+
+def _send(sock: socket.socket, data: bytes, addr: Address) -> None:
+    try:
+        sock.sendto(data, addr)
+    except OSError:
+        pass  # as a network would: the datagram is lost
+
+
+def _is_rtp(payload: bytes) -> bool:
+    # RFC 7983: 128..191 is RTP/RTCP; RTCP packet types 192..223 sit in the second byte.
+    return len(payload) > 1 and 128 <= payload[0] <= 191 and not 192 <= payload[1] <= 223
+
+
+def _note(records: list[Any], stamp: int, way: str, data: bytes, client: Address | None) -> None:
+    payload = data
+    if client is None:  # framed by the relay: the client is in the PROXY v2 header
+        try:
+            header = parse_proxy_v2(data)
+        except ProxyError:
+            return
+        client = header.src if way == "up" else header.dst
+        payload = data[header.payload_offset :]
+    if _is_rtp(payload):
+        records.append((stamp, way, f"{client[0]}:{client[1]}", len(payload)))
+
+
+def tap(tx_port: int) -> None:
+    """Forward relay <-> transceiver on one socket and direct clients <-> transceiver
+    through one socket per client; print "ready RELAY_SIDE DIRECT_SIDE"; on "dump" print the
+    records so far as one JSON line and forget them; exit at EOF."""
+    tx = (HOST, tx_port)
+    relay_side, direct_side = _udp(), _udp()
+    selector = selectors.DefaultSelector()
+    selector.register(relay_side, selectors.EVENT_READ, "relay")
+    selector.register(direct_side, selectors.EVENT_READ, "direct")
+    selector.register(0, selectors.EVENT_READ, "control")
+    relay: Address | None = None
+    uplinks: dict[Address, socket.socket] = {}
+    records: list[Any] = []
+    control = b""
+    print(f"ready {relay_side.getsockname()[1]} {direct_side.getsockname()[1]}", flush=True)
+    while True:
+        for key, _ in selector.select():
+            what = key.data
+            if what == "control":
+                chunk = os.read(0, 4096)
+                if not chunk:
+                    return
+                control += chunk
+                while b"\n" in control:
+                    line, _, control = control.partition(b"\n")
+                    if line.strip() == b"dump":
+                        print(json.dumps(records), flush=True)
+                        records = []
+                continue
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            try:
+                data, src, stamp = _receive(sock)
+            except OSError:  # an ICMP error for an earlier send (a caller hung up): skip
+                continue
+            if what == "relay":
+                if src == tx:
+                    if relay is not None:
+                        _send(relay_side, data, relay)
+                    _note(records, stamp, "down", data, None)
+                else:
+                    relay = src
+                    _send(relay_side, data, tx)
+                    _note(records, stamp, "up", data, None)
+            elif what == "direct":
+                uplink = uplinks.get(src)
+                if uplink is None:
+                    uplink = uplinks[src] = _udp()
+                    selector.register(uplink, selectors.EVENT_READ, src)
+                _send(uplink, data, tx)
+                _note(records, stamp, "up", data, src)
+            else:  # from the transceiver, on the uplink socket of direct client `what`
+                _send(direct_side, data, what)
+                _note(records, stamp, "down", data, what)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["tap"]:
+    tap(int(sys.argv[2]))

@@ -1,17 +1,40 @@
 """The reference for transceiver benchmarks: stock aiortc, one RTCPeerConnection and one UDP
 socket per call, plain asyncio, doing the same echo work (decode, hand the frame back,
 encode). Run as `python -m services.bench.stock PORT`: it answers `POST /offer` (body: SDP)
-with the answer SDP on 127.0.0.1:PORT and prints "ready" once listening.
+with the answer SDP on 127.0.0.1:PORT and prints "ready" once listening; `GET /sessions`
+answers `{"sessions": N}`, the peer connections still open (benches wait for it to drain).
+
+`python -m services.bench.stock PORT --mono` echoes each decoded frame as a fresh mono frame
+(as the transceiver hands audio to its agent and plays it back) instead of the decoder's own
+frame: aiortc's sender computes the RFC 6465 audio level in pure Python over the whole plane
+buffer, and a frame from the Opus decoder is padded to 120 ms of stereo (23,040 bytes), so
+echoing it as is costs about 8x the audio-level work of a 20 ms mono frame.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import json
 import sys
 
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from av import AudioFrame
 from av.frame import Frame
 from av.packet import Packet
+
+MONO = False  # set by `--mono`
+
+
+def mono_copy(frame: AudioFrame) -> AudioFrame:
+    """The same 20 ms as a fresh, unpadded PCM16 mono frame (left channel)."""
+    channels = len(frame.layout.channels)
+    samples = array.array("h")
+    samples.frombytes(bytes(frame.planes[0])[: frame.samples * 2 * channels])
+    out = AudioFrame(format="s16", layout="mono", samples=frame.samples)
+    out.planes[0].update(samples[::channels].tobytes())
+    out.pts, out.sample_rate, out.time_base = frame.pts, frame.sample_rate, frame.time_base
+    return out
 
 
 class EchoTrack(MediaStreamTrack):
@@ -23,7 +46,10 @@ class EchoTrack(MediaStreamTrack):
 
     async def recv(self) -> Frame | Packet:
         source = await self.source
-        return await source.recv()
+        frame = await source.recv()
+        if MONO and isinstance(frame, AudioFrame):
+            return mono_copy(frame)
+        return frame
 
 
 PEERS: set[RTCPeerConnection] = set()
@@ -54,6 +80,15 @@ async def answer(offer: str) -> str:
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         head = await reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET "):
+            data = json.dumps({"sessions": len(PEERS)}).encode()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                + f"Content-Length: {len(data)}\r\n\r\n".encode()
+                + data
+            )
+            await writer.drain()
+            return
         length = 0
         for line in head.split(b"\r\n"):
             if line.lower().startswith(b"content-length:"):
@@ -79,4 +114,5 @@ async def main(port: int) -> None:
 
 
 if __name__ == "__main__":
+    MONO = "--mono" in sys.argv[2:]
     asyncio.run(main(int(sys.argv[1])))

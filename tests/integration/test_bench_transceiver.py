@@ -1,0 +1,85 @@
+"""`firsthop bench sessions --quick` and `firsthop bench echo --quick`, end to end.
+
+Only that each bench runs against the real stack and measures what it says: every call
+connects, every target has its rows, costs are positive, each caller hears its own tone, and
+the tap sees the transceiver's residence. No timing thresholds here (the machines are shared
+and noisy); the targets belong to the benches' own reports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "bench", *args, "--quick", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_quick_sessions_bench_measures_firsthop_and_stock() -> None:
+    result = bench("sessions")
+    rows = result["rows"]
+    assert {r["target"] for r in rows} == {"firsthop", "stock", "stock-mono"}
+    for row in rows:
+        assert row["calls"] > 0
+        assert row["connected"] == row["calls"], row["setup_errors"]
+        assert row["window_s"] > 0
+        assert all(v > 0 for v in row["cpu_pct_of_core"].values()), row["cpu_pct_of_core"]
+        for cost in row["costs"].values():
+            assert cost["cpu_pct_per_session"] > 0
+            assert cost["sessions_per_core"] > 0
+        assert len(row["per_call"]) == row["calls"]
+        freqs = [call["freq"] for call in row["per_call"]]
+        assert len(set(freqs)) == len(freqs)
+        for call in row["per_call"]:
+            assert 0 <= call["loss_pct"] <= 100
+            assert call["frames"] > 0
+            assert call["heard_own"], call
+    firsthop = next(r for r in rows if r["target"] == "firsthop")
+    assert set(firsthop["cpu_pct_of_core"]) == {"transceiver", "agent", "relay"}
+    summary = next(iter(result["summary"].values()))
+    assert set(summary["ratio_to"]) == {"stock", "stock-mono"}
+    assert all(v is not None and v > 0 for v in summary["ratio_to"]["stock"].values())
+
+
+def test_quick_echo_bench_measures_residence_and_mouth_to_ear() -> None:
+    result = bench("echo")
+    rows = result["rows"]
+    assert {r["target"] for r in rows} == {"relay", "direct", "direct-notap", "stock"}
+    heard = sent = 0
+    for row in rows:
+        assert row["bursts_sent"] == result["config"]["bursts"]
+        assert row["bursts_heard"] > 0, row
+        heard, sent = heard + row["bursts_heard"], sent + row["bursts_sent"]
+        values = [v for v in row["mouth_to_ear_ms"] if v is not None]
+        assert values and all(v > 0 for v in values), row
+        if row["target"] in ("relay", "direct"):
+            residence = [v for v in row["burst_residence_ms"] if v is not None]
+            assert residence and all(v > 0 for v in residence), row
+            sizes = row["packet_bytes_median"]
+            # the size split the tap relies on: silence is small, tone is large, both ways
+            assert sizes["up_small"] < sizes["up_big"] and sizes["down_small"] < sizes["down_big"]
+    assert heard >= 0.75 * sent
+    summary = result["summary"]
+    assert set(summary["targets"]) >= {
+        "residence_p50_ms",
+        "mouth_to_ear_p50_ms",
+        "relay_over_direct_ms",
+    }
+    assert summary["relay"]["residence_ms"]["p50"] > 0
+    assert summary["stock"]["mouth_to_ear_ms"]["p50"] > 0
