@@ -29,7 +29,6 @@ import asyncio
 import fractions
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -49,17 +48,13 @@ from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from services.transceiver.jitter import LowLatencyJitterBuffer
+from services.transceiver.pacing import FRAME_BYTES, FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
 
 log = logging.getLogger("firsthop.transceiver.rtc")
 
 Address = tuple[str, int]
 T = TypeVar("T")
 
-SAMPLE_RATE = 48000
-FRAME_SAMPLES = 960  # 20 ms
-FRAME_BYTES = FRAME_SAMPLES * 2
-PTIME = FRAME_SAMPLES / SAMPLE_RATE
-OUTPUT_QUEUE_FRAMES = 50  # 1 s of agent audio waiting to be played
 MAX_RECEIVE_QUEUE = 256  # datagrams waiting for DTLS/SRTP in one session
 
 
@@ -161,42 +156,54 @@ def stereo_to_mono(frame: AudioFrame) -> bytes:
 
 
 class AgentAudioTrack(MediaStreamTrack):
-    """The agent's voice: 20 ms PCM16 mono frames paced at real time from a bounded queue,
-    silence when it is empty."""
+    """The agent's voice: 20 ms PCM16 mono frames paced at real time (see `pacing.py`),
+    silence when the queue is empty."""
 
     kind = "audio"
 
     def __init__(self) -> None:
         super().__init__()
-        self.queue: deque[bytes] = deque()
-        self.dropped = 0
+        self.out = OutputQueue()
         self.frames_out = 0
         self.first_audio_at: float | None = None
         self.on_first_audio: Callable[[], None] | None = None
-        self._start: float | None = None
-        self._pts = 0
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def dropped(self) -> int:
+        return self.out.dropped_full
 
     def push(self, pcm: bytes) -> None:
-        for off in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):
-            if len(self.queue) >= OUTPUT_QUEUE_FRAMES:
-                self.queue.popleft()
-                self.dropped += 1
-            self.queue.append(pcm[off : off + FRAME_BYTES])
+        self.out.push(pcm)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and self.out.frames:
+            waiter.set_result(None)
 
     def clear(self) -> None:
-        self.queue.clear()
+        self.out.clear()
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            self._pts += FRAME_SAMPLES
-            wait = self._start + self._pts / SAMPLE_RATE - time.monotonic()
-            if wait > 0:
+        loop = asyncio.get_running_loop()
+        out = self.out
+        deadline = out.next_deadline(loop.time())
+        wait = deadline - loop.time()
+        if wait > 0:
+            if out.may_start_early():
+                # Idle: sleep to the tick, but agent audio arriving first goes out at once.
+                waiter = self._waiter = loop.create_future()
+                timer = loop.call_at(deadline, _resolve, waiter)
+                try:
+                    await waiter
+                finally:
+                    timer.cancel()
+                    self._waiter = None
+                if out.frames and loop.time() < deadline:
+                    out.rephase(loop.time())
+            else:
                 await asyncio.sleep(wait)
-        pcm = self.queue.popleft() if self.queue else None
+        pcm = out.pop()
         if pcm is not None:
             self.frames_out += 1
             if self.first_audio_at is None:
@@ -205,10 +212,15 @@ class AgentAudioTrack(MediaStreamTrack):
                     self.on_first_audio()
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
         frame.planes[0].update(pcm or bytes(FRAME_BYTES))
-        frame.pts = self._pts
+        frame.pts = out.pts
         frame.sample_rate = SAMPLE_RATE
         frame.time_base = fractions.Fraction(1, SAMPLE_RATE)
         return frame
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _decoder_sink(receiver: Any) -> Callable[[Any], None]:

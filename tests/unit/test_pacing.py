@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import array
+import math
+
+from services.transceiver.pacing import (
+    BACKLOG,
+    FRAME_BYTES,
+    MAX_FRAMES,
+    OutputQueue,
+    is_quiet,
+)
+
+QUIET = bytes(FRAME_BYTES)
+LOUD = array.array(
+    "h", (int(8000 * math.sin(2 * math.pi * 440 * i / 48000)) for i in range(FRAME_BYTES // 2))
+).tobytes()
+
+
+def test_quiet_detection() -> None:
+    assert is_quiet(QUIET)
+    assert is_quiet(array.array("h", [30, -40] * 480).tobytes())
+    assert not is_quiet(LOUD)
+
+
+def test_clock_ticks_every_20_ms_and_rephases_when_idle() -> None:
+    q = OutputQueue()
+    assert q.next_deadline(100.0) == 100.0
+    assert q.pop() is None and q.idle
+    assert q.next_deadline(100.0) == 100.02
+    assert q.may_start_early()
+    q.push(LOUD)  # agent audio arrives 5 ms before the tick
+    q.rephase(100.015)
+    assert q.pop() == LOUD and not q.idle
+    assert abs(q.next_deadline(100.015) - 100.035) < 1e-9  # the clock follows the new phase
+    q.push(LOUD)
+    assert not q.may_start_early()  # mid-speech: keep the clock
+
+
+def test_backlog_drains_through_silence_never_through_speech() -> None:
+    q = OutputQueue()
+    q.push(LOUD * BACKLOG)
+    q.push(QUIET * 5)
+    assert len(q.frames) == BACKLOG and q.dropped_quiet == 5
+    q.push(LOUD * 3)  # speech sent ahead on purpose stays
+    assert len(q.frames) == BACKLOG + 3
+    q.clear()
+    q.push(QUIET)  # a lone quiet frame is played (it is the agent's silence, not backlog)
+    assert len(q.frames) == 1
+
+
+def test_bounded() -> None:
+    q = OutputQueue()
+    q.push(LOUD * (MAX_FRAMES + 7))
+    assert len(q.frames) == MAX_FRAMES and q.dropped_full == 7
