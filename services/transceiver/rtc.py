@@ -28,6 +28,7 @@ import array
 import asyncio
 import fractions
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -98,6 +99,19 @@ def run_trio_guest(
         return outcome.unwrap()
 
     return asyncio.run(host())
+
+
+def watch_readable(sock: socket.socket, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call `callback` on the asyncio host loop whenever `sock` is readable; returns the
+    function that stops it. (Called from Trio in guest mode: same thread, same loop.)"""
+    loop = asyncio.get_running_loop()
+    fd = sock.fileno()
+    loop.add_reader(fd, callback)
+
+    def stop() -> None:
+        loop.remove_reader(fd)
+
+    return stop
 
 
 # -- the shared socket, seen from aioice ----------------------------------------------------
