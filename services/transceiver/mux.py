@@ -20,13 +20,22 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from shared.wire.proxy_v2 import SIGNATURE, ProxyError, build_proxy_v2, parse_proxy_v2
+from shared.wire.proxy_v2 import (
+    FAMILY_INET6_DGRAM,
+    SIGNATURE,
+    V4_HEADER,
+    V6_HEADER,
+    ProxyError,
+    build_proxy_v2,
+    parse_proxy_v2,
+)
 from shared.wire.stun import binding_request_server_ufrag
 
 S = TypeVar("S")
 Address = tuple[str, int]
 
 MAX_DATAGRAM = 1500
+MAX_CACHED_HEADERS = 65536
 
 
 @dataclass(slots=True)
@@ -52,6 +61,7 @@ class SessionMux(Generic[S]):
     clients_of: dict[int, set[Address]] = field(default_factory=dict)  # id(session) -> clients
     drops: Counter[str] = field(default_factory=Counter)
     received: int = 0
+    headers: dict[bytes, tuple[Address, Address]] = field(default_factory=dict)
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -80,12 +90,24 @@ class SessionMux(Generic[S]):
         """Decide where one datagram goes; None means dropped (counted by reason)."""
         self.received += 1
         if data.startswith(SIGNATURE):
-            try:
-                hdr = parse_proxy_v2(data)
-            except ProxyError as exc:
-                self.drops[exc.reason] += 1
-                return None
-            client, ingress, payload = hdr.src, hdr.dst, data[hdr.payload_offset :]
+            # A flow's header is the same on every datagram: parse it once, then look the
+            # exact bytes up (bounded cache; a header with TLVs is parsed each time).
+            hlen = V6_HEADER if len(data) > 13 and data[13] == FAMILY_INET6_DGRAM else V4_HEADER
+            known = self.headers.get(data[:hlen])
+            if known is None:
+                try:
+                    hdr = parse_proxy_v2(data)
+                except ProxyError as exc:
+                    self.drops[exc.reason] += 1
+                    return None
+                known = (hdr.src, hdr.dst)
+                hlen = hdr.payload_offset
+                if hlen in (V4_HEADER, V6_HEADER):
+                    if len(self.headers) >= MAX_CACHED_HEADERS:
+                        self.headers.clear()
+                    self.headers[data[:hlen]] = known
+            client, ingress = known
+            payload = data[hlen:]
             relay: Address | None = src
         elif self.accept_direct:
             client, ingress, payload, relay = src, None, data, None

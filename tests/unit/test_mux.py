@@ -100,3 +100,19 @@ def test_garbage_never_raises(data: bytes, direct: bool) -> None:
     mux: SessionMux[S] = SessionMux(accept_direct=direct)
     mux.on_datagram(RELAY, data)
     mux.on_datagram(RELAY, build_proxy_v2(CLIENT, INGRESS) + data)
+
+
+def test_a_flows_header_is_parsed_once() -> None:
+    mux: SessionMux[S] = SessionMux()
+    s = S()
+    mux.validated(s, CLIENT)
+    first = mux.on_datagram(RELAY, framed(rtp(1)))
+    second = mux.on_datagram(RELAY, framed(rtp(2)))
+    assert first is not None and second is not None
+    assert (second.client, second.payload) == (CLIENT, rtp(2))
+    assert list(mux.headers.values()) == [(CLIENT, INGRESS)]
+    # a header with TLVs is not cached, and still delivers
+    hdr = bytearray(build_proxy_v2(CLIENT, INGRESS))
+    hdr[14:16] = (12 + 4).to_bytes(2, "big")
+    d = mux.on_datagram(RELAY, bytes(hdr) + b"\x04\x00\x01x" + rtp(3))
+    assert d is not None and d.payload == rtp(3) and len(mux.headers) == 1
