@@ -26,9 +26,14 @@ from typing import Any
 
 import trio
 from opentelemetry.trace import Span
-from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
-from services.transceiver.rtc import RtcSession, SessionCallbacks, call_asyncio
+from services.transceiver.rtc import (
+    AgentLink,
+    AgentLinkError,
+    RtcSession,
+    SessionCallbacks,
+    call_asyncio,
+)
 from shared.telemetry import traceparent_of
 
 log = logging.getLogger("firsthop.transceiver.session")
@@ -37,7 +42,7 @@ Address = tuple[str, int]
 
 SETUP_TIMEOUT = 30.0
 CONSENT_TIMEOUT = 30.0  # no ICE check from the caller for this long: the call is gone
-AUDIO_QUEUE = 50  # frames (1 s) of caller audio waiting for the agent
+AGENT_CONNECT_TIMEOUT = 5.0
 MAX_EVENT_BYTES = 64 * 1024
 RECONNECT_MIN = 0.2
 RECONNECT_MAX = 5.0
@@ -75,8 +80,7 @@ class Session:
     def __post_init__(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._state_changed = trio.Event()
-        self._audio_send, self._audio_recv = trio.open_memory_channel[bytes](AUDIO_QUEUE)
-        self._events_send, self._events_recv = trio.open_memory_channel[str](64)
+        self._link: AgentLink | None = None
         self.rtc = RtcSession(
             ufrag=self.ufrag,
             pwd=self.pwd,
@@ -95,12 +99,10 @@ class Session:
     # -- callbacks from the asyncio side (same thread) ---------------------------------------
 
     def _audio_in(self, pcm: bytes) -> None:
-        try:
-            self._audio_send.send_nowait(pcm)
-        except trio.WouldBlock:
+        # Straight onto the agent's socket, frame by frame as it is decoded.
+        link = self._link
+        if link is None or not link.send_bytes(pcm):
             self.counters["agent_audio_dropped"] += 1
-        except trio.ClosedResourceError:
-            pass
 
     def _state_in(self, state: str) -> None:
         self.state = state
@@ -120,12 +122,9 @@ class Session:
         self._event_to_agent({"type": "client.event", "data": data})
 
     def _event_to_agent(self, message: dict[str, Any]) -> None:
-        try:
-            self._events_send.send_nowait(json.dumps(message))
-        except trio.WouldBlock:
-            self.counters["event_dropped_backlog"] += 1
-        except trio.ClosedResourceError:
-            pass
+        link = self._link
+        if link is None or not link.send_text(json.dumps(message)):
+            self.counters["event_dropped_no_agent"] += 1
 
     def _milestone(self, name: str) -> None:
         if name not in self.milestones:
@@ -163,8 +162,6 @@ class Session:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await call_asyncio(self.rtc.close())
-            self._audio_send.close()
-            self._events_send.close()
             if self.span is not None:
                 self.span.set_attribute("firsthop.end_reason", self.end_reason or "")
                 self.span.end()
@@ -206,54 +203,64 @@ class Session:
             "traceparent": traceparent_of(self.span) if self.span else self.traceparent,
         }
         while True:
+            closed = trio.Event()
+            why: list[str] = []
+
+            def on_closed(reason: str, closed: trio.Event = closed, why: list[str] = why) -> None:
+                why.append(reason)
+                self._token.run_sync_soon(closed.set)
+
             try:
-                async with open_websocket_url(
-                    self.agent_url, max_message_size=1 << 20, connect_timeout=5
-                ) as ws:
-                    await ws.send_message(json.dumps(start))
-                    delay = RECONNECT_MIN
-                    self.counters["agent_connects"] += 1
-                    try:
-                        async with trio.open_nursery() as nursery:
-                            nursery.start_soon(self._pump_audio, ws)
-                            nursery.start_soon(self._pump_events, ws)
-                            await self._from_agent(ws)
-                    finally:
-                        if self.ended.is_set():
-                            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                                await ws.send_message(json.dumps({"type": "session.end"}))
-            except (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError) as exc:
+                link = AgentLink(
+                    self.agent_url,
+                    on_binary=self.rtc.output.push,
+                    on_text=self._from_agent,
+                    on_closed=on_closed,
+                )
+            except AgentLinkError as exc:
+                self.counters["agent_bad_url"] += 1
+                log.error("session %s: %s; the call goes on without an agent", self.session_id, exc)
+                return
+            try:
+                with trio.fail_after(AGENT_CONNECT_TIMEOUT):
+                    await call_asyncio(link.connect())
+            except (OSError, AgentLinkError, trio.TooSlowError) as exc:
+                link.close()
                 self.counters["agent_failures"] += 1
                 log.warning("session %s: agent unreachable (%s)", self.session_id, exc)
-            # The call goes on with silence while we reconnect.
-            await trio.sleep(delay)
-            delay = min(RECONNECT_MAX, delay * 2)
-
-    async def _pump_audio(self, ws: Any) -> None:
-        async for pcm in self._audio_recv:
-            await ws.send_message(pcm)
-
-    async def _pump_events(self, ws: Any) -> None:
-        async for text in self._events_recv:
-            await ws.send_message(text)
-
-    async def _from_agent(self, ws: Any) -> None:
-        while True:
-            message = await ws.get_message()
-            if isinstance(message, bytes):
-                self.rtc.output.push(message)
+                # The call goes on with silence while we reconnect.
+                await trio.sleep(delay)
+                delay = min(RECONNECT_MAX, delay * 2)
                 continue
+            link.send_text(json.dumps(start))
+            self._link = link
+            self.counters["agent_connects"] += 1
+            delay = RECONNECT_MIN
             try:
-                msg = json.loads(message)
-            except ValueError:
-                self.counters["agent_bad_message"] += 1
-                continue
-            kind = msg.get("type")
-            if kind == "output.clear":
-                self.rtc.output.clear()
-            elif kind == "agent.event":
-                text = json.dumps(msg.get("data"))
-                if len(text) > MAX_EVENT_BYTES:
-                    self.counters["event_dropped_oversize"] += 1
-                elif not self.rtc.send_event(text):
-                    self.counters["event_dropped_no_channel"] += 1
+                await closed.wait()
+                self.counters["agent_failures"] += 1
+                log.warning("session %s: agent link lost (%s)", self.session_id, why[0])
+            finally:
+                self._link = None
+                if link.open:  # the session is ending: say so, then hang up
+                    link.send_text(json.dumps({"type": "session.end"}))
+                link.close()
+
+    def _from_agent(self, text: str) -> None:
+        try:
+            msg = json.loads(text)
+        except ValueError:
+            self.counters["agent_bad_message"] += 1
+            return
+        if not isinstance(msg, dict):
+            self.counters["agent_bad_message"] += 1
+            return
+        kind = msg.get("type")
+        if kind == "output.clear":
+            self.rtc.output.clear()
+        elif kind == "agent.event":
+            event = json.dumps(msg.get("data"))
+            if len(event) > MAX_EVENT_BYTES:
+                self.counters["event_dropped_oversize"] += 1
+            elif not self.rtc.send_event(event):
+                self.counters["event_dropped_no_channel"] += 1
