@@ -1,0 +1,81 @@
+"""The transceiver's agent link (wsproto on the asyncio host loop) against a real
+WebSocket server from another library."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import websockets
+
+from services.transceiver.rtc import AgentLink, AgentLinkError
+
+
+async def _serve(handler):  # type: ignore[no-untyped-def]
+    server = await websockets.serve(handler, "127.0.0.1", 0, max_size=4 << 20)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"ws://127.0.0.1:{port}/agent"
+
+
+def test_messages_both_ways_and_oversize_and_close() -> None:
+    async def main() -> None:
+        got_bin: list[bytes] = []
+        got_text: list[str] = []
+        closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def handler(ws):  # type: ignore[no-untyped-def]
+            async for message in ws:
+                if message == "big":
+                    await ws.send(b"x" * (2 << 20))
+                elif message == "bye":
+                    await ws.close()
+                else:
+                    await ws.send(message)
+
+        server, url = await _serve(handler)
+        link = AgentLink(
+            url,
+            on_binary=got_bin.append,
+            on_text=got_text.append,
+            on_closed=lambda why: closed.done() or closed.set_result(why),
+        )
+        await asyncio.wait_for(link.connect(), 5)
+        for i in range(50):
+            assert link.send_bytes(bytes([i]) * 1920)
+        assert link.send_text('{"type": "hello"}')
+        for _ in range(200):
+            if len(got_bin) == 50 and got_text:
+                break
+            await asyncio.sleep(0.01)
+        assert got_bin == [bytes([i]) * 1920 for i in range(50)]
+        assert got_text == ['{"type": "hello"}']
+        link.send_text("big")
+        assert "over 1 MiB" in await asyncio.wait_for(closed, 5)
+        assert not link.open and not link.send_bytes(b"late")
+
+        closed2: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        link2 = AgentLink(
+            url,
+            on_binary=got_bin.append,
+            on_text=got_text.append,
+            on_closed=lambda why: closed2.done() or closed2.set_result(why),
+        )
+        await asyncio.wait_for(link2.connect(), 5)
+        link2.send_text("bye")
+        assert "closed" in await asyncio.wait_for(closed2, 5)
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_bad_urls_and_refusals() -> None:
+    with pytest.raises(AgentLinkError):
+        AgentLink("http://x", on_binary=print, on_text=print, on_closed=print)
+
+    async def main() -> None:
+        link = AgentLink("ws://127.0.0.1:1", on_binary=print, on_text=print, on_closed=print)
+        with pytest.raises(OSError):
+            await asyncio.wait_for(link.connect(), 5)
+
+    asyncio.run(main())
