@@ -58,6 +58,7 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
         stderr=subprocess.STDOUT,
         text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("FIRSTHOP_")},
+        start_new_session=True,  # so a failing test can take the whole tree down
     )
     lines: list[str] = []
     up = threading.Event()
@@ -111,7 +112,7 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
         assert [p for p in children if _alive(p)] == []
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # `up` and every service it started
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
