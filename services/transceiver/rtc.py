@@ -46,7 +46,7 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame
+from av import AudioFrame, CodecContext, Packet
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
 from wsproto.events import (
@@ -60,7 +60,7 @@ from wsproto.events import (
 )
 
 from services.transceiver.jitter import LowLatencyJitterBuffer
-from services.transceiver.pacing import FRAME_BYTES, FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
+from services.transceiver.pacing import FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
 
 log = logging.getLogger("firsthop.transceiver.rtc")
 
@@ -69,6 +69,10 @@ T = TypeVar("T")
 
 MAX_RECEIVE_QUEUE = 256  # datagrams waiting for DTLS/SRTP in one session
 
+
+TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+OPUS_BITRATE = 48000  # mono voice
+OPUS_SILENCE = b"\xf8\xff\xfe"  # one 20 ms CELT frame of silence (RFC 6716 §3.1 TOC 0xf8)
 
 # -- calling between Trio and asyncio on one thread ---------------------------------------
 
@@ -373,6 +377,13 @@ class AgentAudioTrack(MediaStreamTrack):
         self.first_audio_at: float | None = None
         self.on_first_audio: Callable[[], None] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._codec = CodecContext.create("libopus", "w")
+        self._codec.bit_rate = OPUS_BITRATE
+        self._codec.format = "s16"
+        self._codec.layout = "mono"
+        self._codec.sample_rate = SAMPLE_RATE
+        self._codec.time_base = TIME_BASE
+        self._codec.options = {"application": "voip", "frame_duration": "20"}
 
     @property
     def dropped(self) -> int:
@@ -387,7 +398,7 @@ class AgentAudioTrack(MediaStreamTrack):
     def clear(self) -> None:
         self.out.clear()
 
-    async def recv(self) -> AudioFrame:
+    async def recv(self) -> Packet:
         if self.readyState != "live":
             raise MediaStreamError
         loop = asyncio.get_running_loop()
@@ -409,18 +420,31 @@ class AgentAudioTrack(MediaStreamTrack):
             else:
                 await asyncio.sleep(wait)
         pcm = out.pop()
+        payload = OPUS_SILENCE
         if pcm is not None:
             self.frames_out += 1
             if self.first_audio_at is None:
                 self.first_audio_at = time.monotonic()
                 if self.on_first_audio is not None:
                     self.on_first_audio()
+            payload = self._encode(pcm, out.pts)
+        # Hand aiortc an encoded packet: it then only packs it (no resampling, no executor
+        # hop, no pure-Python audio-level pass over the frame).
+        packet = Packet(payload)
+        packet.pts = out.pts
+        packet.time_base = TIME_BASE
+        return packet
+
+    def _encode(self, pcm: bytes, pts: int) -> bytes:
+        """Opus-encode one mono 20 ms frame (a mono Opus stream is valid in the negotiated
+        opus/48000/2, RFC 7587 §3.4)."""
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        frame.planes[0].update(pcm or bytes(FRAME_BYTES))
-        frame.pts = out.pts
+        frame.planes[0].update(pcm)
+        frame.pts = pts
         frame.sample_rate = SAMPLE_RATE
-        frame.time_base = fractions.Fraction(1, SAMPLE_RATE)
-        return frame
+        frame.time_base = TIME_BASE
+        packets = self._codec.encode(frame)
+        return bytes(packets[0]) if packets else OPUS_SILENCE
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
