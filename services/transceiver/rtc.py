@@ -72,6 +72,7 @@ MAX_RECEIVE_QUEUE = 256  # datagrams waiting for DTLS/SRTP in one session
 
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 OPUS_BITRATE = 48000  # mono voice
+LATE_GRACE = 0.008  # seconds a mid-speech frame may be late before silence fills its slot
 OPUS_SILENCE = b"\xf8\xff\xfe"  # one 20 ms CELT frame of silence (RFC 6716 §3.1 TOC 0xf8)
 
 # -- calling between Trio and asyncio on one thread ---------------------------------------
@@ -408,17 +409,15 @@ class AgentAudioTrack(MediaStreamTrack):
         if wait > 0:
             if out.may_start_early():
                 # Idle: sleep to the tick, but agent audio arriving first goes out at once.
-                waiter = self._waiter = loop.create_future()
-                timer = loop.call_at(deadline, _resolve, waiter)
-                try:
-                    await waiter
-                finally:
-                    timer.cancel()
-                    self._waiter = None
+                await self._wait_for_frame(loop, deadline)
                 if out.frames and loop.time() < deadline:
                     out.rephase(loop.time())
             else:
                 await asyncio.sleep(wait)
+        if not out.frames and not out.idle:
+            # Mid-speech and the next frame is not here yet: give it a moment before playing
+            # silence (a gap), keeping the clock, so the next tick catches up.
+            await self._wait_for_frame(loop, loop.time() + LATE_GRACE)
         pcm = out.pop()
         payload = OPUS_SILENCE
         if pcm is not None:
@@ -434,6 +433,16 @@ class AgentAudioTrack(MediaStreamTrack):
         packet.pts = out.pts
         packet.time_base = TIME_BASE
         return packet
+
+    async def _wait_for_frame(self, loop: asyncio.AbstractEventLoop, until: float) -> None:
+        """Sleep until `until`, or until the agent's next frame arrives if sooner."""
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_at(until, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
 
     def _encode(self, pcm: bytes, pts: int) -> bytes:
         """Opus-encode one mono 20 ms frame (a mono Opus stream is valid in the negotiated
