@@ -31,7 +31,8 @@ pytest: $(STAMP) system-deps
 test: lint typecheck pytest
 
 # Runs the local stack on loopback (what exists so far; see `firsthop up --help`).
-up: $(STAMP) system-deps
+up: $(STAMP)
+	@./scripts/ensure-system-deps redis-server || echo "(no redis-server: firsthop up runs in memory)"
 	$(BIN)/firsthop up
 
 clean:
