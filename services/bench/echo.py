@@ -42,12 +42,10 @@ from collections.abc import Callable
 from typing import Any
 
 from aiortc import MediaStreamTrack
-from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame
 
 from services.bench.procs import HOST, Stack, free_port
 from services.bench.relay import BenchError, Child
-from services.call.caller import FRAME_SAMPLES, SAMPLE_RATE, Caller, ToneTrack, to_mono, tone_power
+from services.call.caller import FRAME_SAMPLES, SAMPLE_RATE, Caller, ToneTrack, tone_power
 
 BIG = 120  # bytes of SRTP: a tone packet is ~320, a silence packet ~40
 DECIMATE = 4  # Goertzel on every 4th sample: 12 kHz is plenty for tones below 5.5 kHz
@@ -85,17 +83,9 @@ class RecordingCaller(Caller):
         self.recording = False
         self.frames: list[tuple[float, bytes]] = []
 
-    async def _record(self, track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            now = time.monotonic()
-            assert isinstance(frame, AudioFrame)
-            self.mark("first_audio_in")
-            if self.recording:
-                self.frames.append((now, to_mono(frame)))
+    def on_frame(self, arrived: float, pcm: bytes) -> None:
+        if self.recording:
+            self.frames.append((arrived, pcm))
 
 
 # -- the caller: tone bursts out, frames in -------------------------------------------------

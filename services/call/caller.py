@@ -162,8 +162,12 @@ class Caller:
                 return
             assert isinstance(frame, AudioFrame)
             self.mark("first_audio_in")
-            self.result.frame_times.append(time.monotonic())
-            self.result.received += to_mono(frame)
+            self.on_frame(time.monotonic(), to_mono(frame))
+
+    def on_frame(self, arrived: float, pcm: bytes) -> None:
+        """One received frame (PCM16 mono): kept in `result`; subclasses may do otherwise."""
+        self.result.frame_times.append(arrived)
+        self.result.received += pcm
 
     async def start(self, signal: Signal) -> None:
         self._t0 = time.monotonic()
