@@ -187,6 +187,7 @@ def test_garbage_never_hurts(relay: RelayProcess, datagrams: list[bytes], target
             sock.sendto(data, getattr(relay, target))
     finally:
         sock.close()
+    assert relay.proc is not None and relay.proc.poll() is None  # nothing took the relay down
 
 
 def test_still_healthy_after_garbage(
