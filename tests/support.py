@@ -57,6 +57,11 @@ def binding_request(
     )
 
 
+def binding_success(transaction_id: bytes | None = None) -> bytes:
+    """A STUN Binding success response: what establishes a relay flow."""
+    return stun.build_stun(stun.BINDING, stun.SUCCESS, transaction_id or os.urandom(12))
+
+
 def rtp(seq: int = 1, size: int = 160) -> bytes:
     return bytes([0x80, 111]) + seq.to_bytes(2, "big") + bytes(size - 4)
 

@@ -387,7 +387,10 @@ class DataPlane:
             "flows": t.established_count,
             "pending": t.pending,
             "recoveries": t.recoveries,
+            "revocations": t.revocations,
+            "revoked": len(t.revoked),
             "drops": dict(t.drops),
+            "evictions": dict(t.evictions),
         }
 
     def close(self) -> None:

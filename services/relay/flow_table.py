@@ -15,12 +15,22 @@ A relay worker has three sockets and this table decides for each datagram (ARCHI
   payload goes to that client only if the client has a flow *and* the datagram came from
   that flow's destination. The relay never sends to an address without a flow.
 
-Flow safety (§3 of the relay issue): a new flow is *pending* until its destination sends
-something back to the client; pending flows expire after `pending_ttl` and are capped per
-source IP and globally; established flows expire after `idle_ttl` without traffic. A Binding
-request from an established client with a different valid token (ICE restart, or a spoofed
-source) becomes a *candidate*: its STUN goes to the new destination, everything else keeps
-going to the old one, and the flow re-points only when the new destination answers.
+Flow safety: a new flow is *pending* until its destination answers the client's check with a
+STUN Binding *success* response — the one thing on the return path the relay reads, since a
+transceiver answers only checks that authenticate (RFC 8445 §7.3); anything else coming back
+for a pending flow is dropped, so no amount of unauthenticated traffic establishes a flow.
+Pending flows expire after `pending_ttl` and are capped per source IP, per route token and
+globally, with the global pool shared fairly between tokens (`token_ledger.py`); established
+flows are capped per token (the least recently used yields) and expire after `idle_ttl`
+without traffic. A Binding request from an established client with a different valid token
+(ICE restart, or a spoofed source) becomes a *candidate*: its STUN goes to the new
+destination, everything else keeps going to the old one, and the flow re-points only when
+the new destination answers with a success response.
+
+Revocation: a transceiver that gets a check for a token none of its sessions holds (the call
+ended) says so with a TOKEN_REVOKED TLV (`proxy_v2.revocation_tlv`). The relay believes it
+only from where that token routes to, then refuses the token for new flows and drops its
+flows; the notice outlives nothing (it expires with the token, and the list is bounded).
 
 Strategy: every decision a datagram needs is one dict lookup keyed by bytes or an address
 tuple. Frames toward a destination are built once per flow (`Flow.header`); frames coming
@@ -36,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from services.relay.limits import KeyedLimiter, TokenBucket
+from services.relay.token_ledger import TokenLedger
 from shared.wire.proxy_v2 import (
     FAMILY_INET6_DGRAM,
     V4_HEADER,
@@ -44,6 +55,7 @@ from shared.wire.proxy_v2 import (
     ProxyHeader,
     build_proxy_v2,
     parse_proxy_v2,
+    revoked_token,
 )
 from shared.wire.route_token import (
     DEFAULT_MAX_AGE,
@@ -53,12 +65,14 @@ from shared.wire.route_token import (
     TokenError,
     verify_route_token,
 )
-from shared.wire.stun import binding_request_server_ufrag
+from shared.wire.stun import HEADER_LENGTH, MAGIC_COOKIE, binding_request_server_ufrag
 
 Address = tuple[str, int]
 
 MAX_DATAGRAM = 1500  # larger datagrams are dropped: no WebRTC packet needs more on the wire
 MAX_RECOVERY_BUFFER = 8  # datagrams held per client while its flow is looked up
+_BINDING_SUCCESS = b"\x01\x01"  # message_type(BINDING, SUCCESS), RFC 8489 §5
+_COOKIE = MAGIC_COOKIE.to_bytes(4, "big")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +82,9 @@ class RelayLimits:
     max_flows: int = 200_000
     max_pending: int = 20_000
     max_pending_per_ip: int = 32
+    max_pending_per_token: int = 8  # a real call: one per client candidate pair
+    max_flows_per_token: int = 8  # established; the least recently used yields beyond
+    max_revoked: int = 100_000  # tokens remembered as revoked (oldest forgotten first)
     new_flow_rate: float = 20.0  # per source IP, per second
     new_flow_burst: float = 40.0
     token_max_age: float = DEFAULT_MAX_AGE
@@ -148,7 +165,14 @@ class Recover:
     via: Address | None
 
 
-Decision = Forward | Deliver | ReturnToPeer | Drop | Recover | Held
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """The datagram was for the relay itself (a revocation notice): nothing to send."""
+
+
+CONSUMED = Consumed()
+
+Decision = Forward | Deliver | ReturnToPeer | Drop | Recover | Held | Consumed
 
 FORWARDED_AS_IS = b""
 
@@ -190,7 +214,14 @@ class FlowTable:
         self.by_return: dict[bytes, Flow] = {}
         self.pending = 0
         self.pending_per_ip: Counter[str] = Counter()
+        self.ledger: TokenLedger[Flow] = TokenLedger(
+            self.limits.max_pending_per_token, self.limits.max_flows_per_token
+        )
+        # revoked token -> when it would have expired anyway (unix s), oldest first
+        self.revoked: dict[bytes, float] = {}
         self.drops: Counter[str] = Counter()
+        self.evictions: Counter[str] = Counter()  # flows that yielded to another, by cap
+        self.revocations = 0
         self.recoveries = 0
         self.events = FlowEvents()
         self._new_flow_limiter = KeyedLimiter(self.limits.new_flow_rate, self.limits.new_flow_burst)
@@ -248,7 +279,12 @@ class FlowTable:
                     return route
                 dest, header = route
                 if dest == flow.dest:
-                    flow.token = ufrag  # new token, same place: nothing to re-point
+                    if (
+                        not flow.established
+                        and self.ledger.pending_count(ufrag) >= self.limits.max_pending_per_token
+                    ):
+                        return self._drop("pending_per_token")
+                    self._retoken(flow, ufrag)  # new token, same place: nothing to re-point
                     if flow.established:
                         self.events.established.append(flow)  # the cache learns the token
                 else:
@@ -269,17 +305,26 @@ class FlowTable:
         ufrag = binding_request_server_ufrag(payload)
         if ufrag is None:
             return self._recover_or_drop(client, data, via, now)
+        lim = self.limits
         if not self._new_flow_limiter.take(client[0], now):
             return self._drop("rate_limited")
-        if len(self.flows) + len(self.hop_flows) >= self.limits.max_flows:
+        if len(self.flows) + len(self.hop_flows) >= lim.max_flows:
             return self._drop("table_full")
-        if self.pending >= self.limits.max_pending:
-            return self._drop("pending_full")
-        if self.pending_per_ip[client[0]] >= self.limits.max_pending_per_ip:
+        if self.pending_per_ip[client[0]] >= lim.max_pending_per_ip:
             return self._drop("pending_per_ip")
+        if self.ledger.pending_count(ufrag) >= lim.max_pending_per_token:
+            return self._drop("pending_per_token")
+        victim = None
+        if self.pending >= lim.max_pending:
+            victim = self.ledger.victim(ufrag)
+            if victim is None:
+                return self._drop("pending_full")
         route = self._route(ufrag, client, via, ingress, now)
         if isinstance(route, Drop):
             return route
+        if victim is not None:  # only a verified token may take another's slot
+            self._remove(victim)
+            self.evictions["pending_fair_share"] += 1
         dest, header = route
         flow = self._add(client, dest, ufrag, header, via, ingress, now, established=False)
         return Forward(flow.dest, FORWARDED_AS_IS if via else flow.header, off)
@@ -293,6 +338,8 @@ class FlowTable:
         now: float,
     ) -> tuple[Address, bytes] | Drop:
         """Verify a token and say where its flow goes, with the frame toward there."""
+        if ufrag in self.revoked:
+            return self._drop("token_revoked")
         try:
             token = verify_route_token(
                 ufrag, self.keys, now, max_age=self.limits.token_max_age, allow_dest=None
@@ -349,21 +396,49 @@ class FlowTable:
         else:
             self.hop_flows[header] = flow
         self.by_return[flow.return_key] = flow
-        if not established:
+        if established:
+            self._admit_established(flow)
+        else:
             self.pending += 1
             self.pending_per_ip[client[0]] += 1
+            self.ledger.add_pending(token, flow)
         return flow
 
     def _remove(self, flow: Flow) -> None:
         if flow.via is None:
-            self.flows.pop(flow.client, None)
+            if self.flows.get(flow.client) is flow:
+                del self.flows[flow.client]
+        elif self.hop_flows.get(flow.header) is flow:
+            del self.hop_flows[flow.header]
+        if self.by_return.get(flow.return_key) is flow:
+            del self.by_return[flow.return_key]
+        if flow.established:
+            self.ledger.remove_established(flow.token, flow)
         else:
-            self.hop_flows.pop(flow.header, None)
-        self.by_return.pop(flow.return_key, None)
-        if not flow.established:
             self._unpend(flow)
 
+    def _admit_established(self, flow: Flow) -> None:
+        """Count `flow` as established under its token; beyond the cap, the token's least
+        recently used flow yields (a NAT rebinding's new path displaces the dead one)."""
+        self.ledger.add_established(flow.token, flow)
+        flows = self.ledger.established(flow.token)
+        if len(flows) > self.limits.max_flows_per_token:
+            lru = min((f for f in flows if f is not flow), key=lambda f: f.last_seen)
+            self._remove(lru)
+            self.evictions["established_per_token"] += 1
+
+    def _retoken(self, flow: Flow, token: bytes) -> None:
+        if flow.established:
+            self.ledger.remove_established(flow.token, flow)
+            flow.token = token
+            self._admit_established(flow)
+        else:
+            self.ledger.remove_pending(flow.token, flow)
+            flow.token = token
+            self.ledger.add_pending(token, flow)
+
     def _unpend(self, flow: Flow) -> None:
+        self.ledger.remove_pending(flow.token, flow)
         self.pending -= 1
         ip = flow.client[0]
         left = self.pending_per_ip[ip] - 1
@@ -378,7 +453,11 @@ class FlowTable:
         found = self._framed(self.by_return, data)
         if isinstance(found, Drop):
             return found
-        flow, hlen, _ = found
+        flow, hlen, hdr = found
+        if hdr is not None:
+            token = revoked_token(data, hdr)
+            if token is not None:
+                return self._revocation_notice(src, token, flow, now)
         if flow is None:
             return self._drop("return_no_flow")
         if len(data) - hlen > MAX_DATAGRAM:
@@ -387,9 +466,13 @@ class FlowTable:
             cand = flow.candidate
             if cand is None or src != cand.dest:
                 return self._drop("return_wrong_source")
+            if not _is_binding_success(data, hlen):
+                return self._drop("return_unconfirmed")
             flow.last_seen = now
             self._repoint(flow, cand)
         elif not flow.established:
+            if not _is_binding_success(data, hlen):
+                return self._drop("return_unconfirmed")
             flow.last_seen = now
             self._establish(flow)
         flow.last_seen = now
@@ -414,19 +497,54 @@ class FlowTable:
         return index.get(build_proxy_v2(hdr.src, hdr.dst)), hdr.payload_offset, hdr
 
     def _establish(self, flow: Flow) -> None:
+        self._unpend(flow)
         flow.established = True
         flow.established_at = flow.last_seen
-        self._unpend(flow)
+        self._admit_established(flow)
         self.events.established.append(flow)
 
     def _repoint(self, flow: Flow, cand: Candidate) -> None:
-        flow.dest, flow.token, flow.candidate = cand.dest, cand.token, None
+        self._retoken(flow, cand.token)
+        flow.dest, flow.candidate = cand.dest, None
         if flow.via is None:
             flow.header = cand.header
         if not flow.established:
             self._establish(flow)
         else:
             self.events.established.append(flow)  # the cache must learn the new token
+
+    # -- revocation ----------------------------------------------------------------------------
+
+    def _revocation_notice(
+        self, src: Address, token: bytes, flow: Flow | None, now: float
+    ) -> Decision:
+        """A TOKEN_REVOKED notice came back: believe it only from where `token` routes (its
+        transceiver, or the peer relay of its cluster), and pass it on to a first hop."""
+        try:
+            verified = verify_route_token(
+                token, self.keys, now, max_age=self.limits.token_max_age, allow_dest=None
+            )
+        except TokenError:
+            return self._drop("revocation_invalid")
+        if verified.cluster == self.cluster:
+            routes_to: Address | None = verified.dest
+        else:
+            routes_to = self.peers.get(verified.cluster)
+        if routes_to != src:
+            return self._drop("revocation_wrong_source")
+        via = flow.via if flow is not None else None
+        self.revoke(token, verified.issued_at + self.limits.token_max_age)
+        return ReturnToPeer(via) if via is not None else CONSUMED
+
+    def revoke(self, token: bytes, until: float) -> None:
+        """Route `token` no more (until it would have expired anyway) and drop its flows."""
+        if token not in self.revoked:
+            while len(self.revoked) >= self.limits.max_revoked:
+                del self.revoked[next(iter(self.revoked))]
+            self.revoked[token] = until
+            self.revocations += 1
+        for flow in self.ledger.flows_of(token):
+            self._remove(flow)
 
     # -- recovery from the flow cache --------------------------------------------------------
 
@@ -512,6 +630,9 @@ class FlowTable:
             self._sweep_pos = 0
             for client in [c for c, t in self._negative.items() if t <= now]:
                 del self._negative[client]
+            revoked = self.revoked
+            while revoked and next(iter(revoked.values())) <= now:  # roughly oldest first
+                del revoked[next(iter(revoked))]
             self._new_flow_limiter.prune(now)
         batch = self._sweep
         stop = len(batch) if budget is None else min(len(batch), self._sweep_pos + budget)
@@ -570,6 +691,17 @@ class FlowTable:
     @property
     def established_count(self) -> int:
         return len(self.flows) + len(self.hop_flows) - self.pending
+
+
+def _is_binding_success(data: bytes, offset: int) -> bool:
+    """Is the payload at `offset` a STUN Binding success response (RFC 8489 §5, §6.3)?"""
+    size = len(data) - offset
+    return (
+        size >= HEADER_LENGTH
+        and data[offset : offset + 2] == _BINDING_SUCCESS
+        and data[offset + 4 : offset + 8] == _COOKIE
+        and int.from_bytes(data[offset + 2 : offset + 4], "big") == size - HEADER_LENGTH
+    )
 
 
 def _header_length(data: bytes) -> int:

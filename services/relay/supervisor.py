@@ -112,14 +112,18 @@ class RelayHandle:
     def totals(self) -> dict[str, Any]:
         out: dict[str, float] = {}
         drops: Counter[str] = Counter()
+        evictions: Counter[str] = Counter()
         for w in self.workers:
             for key, value in w.stats.items():
                 if key == "drops":
                     drops.update(value)
+                elif key == "evictions":
+                    evictions.update(value)
                 elif isinstance(value, int | float):
                     out[key] = out.get(key, 0) + value
         result: dict[str, Any] = dict(out)
         result["drops"] = dict(drops)
+        result["evictions"] = dict(evictions)
         result["workers_ready"] = sum(1 for w in self.workers if w.ready)
         result["worker_restarts"] = sum(w.restarts for w in self.workers)
         return result
@@ -137,10 +141,24 @@ def relay_metrics(totals: dict[str, Any], workers: int) -> str:
     drops = MetricFamily("firsthop_relay_drops_total", "counter", "Datagrams dropped, by reason")
     for reason, n in sorted(totals.get("drops", {}).items()):
         drops.add(n, reason=reason)
+    evictions = MetricFamily(
+        "firsthop_relay_evictions_total", "counter", "Flows that yielded their slot, by cap"
+    )
+    for cap, n in sorted(totals.get("evictions", {}).items()):
+        evictions.add(n, cap=cap)
     families = [
         packets,
         octets,
         drops,
+        evictions,
+        MetricFamily(
+            "firsthop_relay_revocations_total",
+            "counter",
+            "Route tokens revoked by their transceiver (session gone)",
+        ).add(g("revocations", 0)),
+        MetricFamily(
+            "firsthop_relay_revoked_tokens", "gauge", "Revoked route tokens remembered"
+        ).add(g("revoked", 0)),
         MetricFamily("firsthop_relay_flows", "gauge", "Established flows").add(g("flows", 0)),
         MetricFamily(
             "firsthop_relay_pending_flows", "gauge", "Flows awaiting their first answer"

@@ -7,7 +7,13 @@ client address, followed by the untouched client payload.
 Strategy: a header is a pure function of (src, dst), which are constant for the life of a
 flow, so the I/O layers build it once per flow and send it with the payload by scatter-gather.
 Parsing returns the addresses and the payload offset; it never copies the payload. TLVs after
-the address block are skipped (their length is covered by the address-block length).
+the address block are skipped by `parse_proxy_v2` (their length is covered by the
+address-block length) and read by `parse_tlvs`.
+
+One TLV of our own, in the custom range (§2.2.7, PP2_TYPE_MIN_CUSTOM), goes from a
+transceiver back to a relay: `TOKEN_REVOKED` (type 0xE0, value = 0x01 + the route token)
+says "no session of mine answers to this token any more" — the relay stops routing it (see
+`services/relay/flow_table.py`). Such a datagram carries no payload for the client.
 
 Errors::
 
@@ -26,6 +32,9 @@ VERSION_COMMAND_PROXY = 0x21  # version 2, command PROXY
 VERSION_COMMAND_LOCAL = 0x20  # version 2, command LOCAL (health checks; carries no addresses)
 FAMILY_INET_DGRAM = 0x12  # AF_INET, SOCK_DGRAM
 FAMILY_INET6_DGRAM = 0x22  # AF_INET6, SOCK_DGRAM
+PP2_TYPE_FIRSTHOP = 0xE0  # §2.2.7: 0xE0..0xEF are for application-specific data
+FIRSTHOP_TOKEN_REVOKED = 0x01  # first value byte of our TLV: a route token follows
+MAX_TOKEN_TLV = 64  # a route token is 40 (IPv4) or 56 (IPv6) characters
 HEADER_PREFIX = 16
 V4_BLOCK = 12  # src ip, dst ip, src port, dst port
 V6_BLOCK = 36
@@ -52,24 +61,92 @@ class ProxyHeader:
     src: Address
     dst: Address
     payload_offset: int
+    tlv_offset: int = 0  # where the TLVs start (== payload_offset when there are none)
 
 
-def build_proxy_v2(src: Address, dst: Address) -> bytes:
-    """The header for a datagram from `src` to `dst`; both must be of one family."""
+def build_proxy_v2(src: Address, dst: Address, tlvs: bytes = b"") -> bytes:
+    """The header for a datagram from `src` to `dst` (both of one family), with `tlvs`
+    (already encoded, see `encode_tlv`) after the address block."""
     try:
         s4 = socket.inet_pton(socket.AF_INET, src[0])
         d4 = socket.inet_pton(socket.AF_INET, dst[0])
     except OSError:
         pass
     else:
-        return _V4.pack(
-            SIGNATURE, VERSION_COMMAND_PROXY, FAMILY_INET_DGRAM, V4_BLOCK, s4, d4, src[1], dst[1]
+        return (
+            _V4.pack(
+                SIGNATURE,
+                VERSION_COMMAND_PROXY,
+                FAMILY_INET_DGRAM,
+                V4_BLOCK + len(tlvs),
+                s4,
+                d4,
+                src[1],
+                dst[1],
+            )
+            + tlvs
         )
     s6 = socket.inet_pton(socket.AF_INET6, _as_v6(src[0]))
     d6 = socket.inet_pton(socket.AF_INET6, _as_v6(dst[0]))
-    return _V6.pack(
-        SIGNATURE, VERSION_COMMAND_PROXY, FAMILY_INET6_DGRAM, V6_BLOCK, s6, d6, src[1], dst[1]
+    return (
+        _V6.pack(
+            SIGNATURE,
+            VERSION_COMMAND_PROXY,
+            FAMILY_INET6_DGRAM,
+            V6_BLOCK + len(tlvs),
+            s6,
+            d6,
+            src[1],
+            dst[1],
+        )
+        + tlvs
     )
+
+
+def encode_tlv(tlv_type: int, value: bytes) -> bytes:
+    """One TLV (§2.2.7): type (1 byte), length (2 bytes, big-endian), value."""
+    if not 0 <= tlv_type <= 0xFF or len(value) > 0xFFFF:
+        raise ValueError(f"TLV type {tlv_type:#x} with {len(value)} bytes")
+    return bytes((tlv_type,)) + len(value).to_bytes(2, "big") + value
+
+
+def revocation_tlv(token: bytes) -> bytes:
+    """Our TOKEN_REVOKED TLV for a route token (the session behind it is gone)."""
+    return encode_tlv(PP2_TYPE_FIRSTHOP, bytes((FIRSTHOP_TOKEN_REVOKED,)) + token)
+
+
+def parse_tlvs(data: bytes | bytearray | memoryview, hdr: ProxyHeader) -> list[tuple[int, bytes]]:
+    """The TLVs of a header parsed from `data`; raises `MalformedProxy` if they do not
+    tile the space between the address block and the payload exactly."""
+    out: list[tuple[int, bytes]] = []
+    offset, end = hdr.tlv_offset, hdr.payload_offset
+    while offset < end:
+        if end - offset < 3:
+            raise MalformedProxy("truncated TLV header")
+        length = int.from_bytes(data[offset + 1 : offset + 3], "big")
+        if offset + 3 + length > end:
+            raise MalformedProxy("TLV overruns the address block")
+        out.append((data[offset], bytes(data[offset + 3 : offset + 3 + length])))
+        offset += 3 + length
+    return out
+
+
+def revoked_token(data: bytes | bytearray | memoryview, hdr: ProxyHeader) -> bytes | None:
+    """The route token of a TOKEN_REVOKED TLV in this header, or None (never raises)."""
+    if hdr.tlv_offset == hdr.payload_offset:
+        return None
+    try:
+        tlvs = parse_tlvs(data, hdr)
+    except MalformedProxy:
+        return None
+    for tlv_type, value in tlvs:
+        if (
+            tlv_type == PP2_TYPE_FIRSTHOP
+            and 1 < len(value) <= MAX_TOKEN_TLV + 1
+            and value[0] == FIRSTHOP_TOKEN_REVOKED
+        ):
+            return value[1:]
+    return None
 
 
 def _as_v6(host: str) -> str:
@@ -92,11 +169,14 @@ def parse_proxy_v2(data: bytes | bytearray | memoryview) -> ProxyHeader:
             raise MalformedProxy("IPv4 address block too short")
         _, _, _, _, s, d, sp, dp = _V4.unpack_from(data)
         af = socket.AF_INET
+        tlv_offset = V4_HEADER
     elif fam == FAMILY_INET6_DGRAM:
         if block < V6_BLOCK:
             raise MalformedProxy("IPv6 address block too short")
         _, _, _, _, s, d, sp, dp = _V6.unpack_from(data)
         af = socket.AF_INET6
+        tlv_offset = V6_HEADER
     else:
         raise MalformedProxy(f"unsupported family/transport 0x{fam:02x}")
-    return ProxyHeader((socket.inet_ntop(af, s), sp), (socket.inet_ntop(af, d), dp), end)
+    src = (socket.inet_ntop(af, s), sp)
+    return ProxyHeader(src, (socket.inet_ntop(af, d), dp), end, tlv_offset)

@@ -18,6 +18,7 @@ from tests.support import (
     FakeTransceiver,
     RelayProcess,
     binding_request,
+    binding_success,
     mint,
     rtp,
 )
@@ -73,9 +74,10 @@ def open_call(relay: RelayProcess, client: Endpoint, tx: FakeTransceiver) -> tup
     client.send(req, relay.listen)
     src, dst, payload, via = tx.recv_framed()
     assert (src, dst, payload) == (client.addr, relay.listen, req)
-    tx.reply(via, client.addr, relay.listen, b"\x01\x01" + bytes(18))
+    answer = binding_success()
+    tx.reply(via, client.addr, relay.listen, answer)
     data, frm = client.recv()
-    assert (data, frm) == (b"\x01\x01" + bytes(18), relay.listen)
+    assert (data, frm) == (answer, relay.listen)
     return via
 
 

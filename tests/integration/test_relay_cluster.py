@@ -15,10 +15,13 @@ from tests.support import (
     RedisServer,
     RelayProcess,
     binding_request,
+    binding_success,
     mint,
     redis_server,
     rtp,
 )
+
+OK = binding_success()
 
 
 def test_two_workers_share_the_port_and_keep_each_client_on_one() -> None:
@@ -58,8 +61,9 @@ def test_global_relay_hop_preserves_client_and_returns_through_first_relay() -> 
         src, dst, payload, via = tx.recv_framed()
         # the original client address and the ingress it used survive both hops
         assert (src, dst, payload) == (client.addr, a.listen, req)
-        tx.reply(via, client.addr, a.listen, b"\x01\x01answer")
-        assert client.recv() == (b"\x01\x01answer", a.listen)
+        answer = binding_success()
+        tx.reply(via, client.addr, a.listen, answer)
+        assert client.recv() == (answer, a.listen)
         for seq in range(10):
             client.send(rtp(seq), a.listen)
             assert tx.recv_framed()[2] == rtp(seq)
@@ -120,15 +124,15 @@ def test_restart_without_redis_resumes_at_next_binding_request() -> None:
         token = mint(*tx.addr)
         client.send(binding_request(token), relay.listen)
         *_, via = tx.recv_framed()
-        tx.reply(via, client.addr, relay.listen, b"\x01\x01ok")
+        tx.reply(via, client.addr, relay.listen, OK)
         client.recv()
         relay = _restart(relay)
         client.send(rtp(1), relay.listen)
         assert tx.recv_none()  # nothing knows this client any more
         client.send(binding_request(token), relay.listen)  # the next consent check
         *_, via = tx.recv_framed()
-        tx.reply(via, client.addr, relay.listen, b"\x01\x01ok")
-        assert client.recv()[0] == b"\x01\x01ok"
+        tx.reply(via, client.addr, relay.listen, OK)
+        assert client.recv()[0] == OK
         client.send(rtp(2), relay.listen)
         assert tx.recv_framed()[2] == rtp(2)
     finally:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.relay.flow_table import (
+    CONSUMED,
     HELD,
     MAX_DATAGRAM,
     Deliver,
@@ -15,9 +18,11 @@ from services.relay.flow_table import (
     RelayLimits,
     ReturnToPeer,
 )
-from shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2
+from shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2, revocation_tlv
 from shared.wire.route_token import DestinationFilter
-from tests.support import KEYS, binding_request, mint, rtp
+from tests.support import KEYS, binding_request, binding_success, mint, rtp
+
+OK = binding_success()
 
 T0 = 1_800_000_000.0
 INGRESS = ("198.51.100.1", 3478)
@@ -67,7 +72,7 @@ def test_first_binding_request_pins_a_pending_flow_framed_to_the_token_destinati
 def test_return_from_destination_establishes_and_delivers() -> None:
     t = table()
     open_flow(t)
-    d = t.on_return(TX1, ret(b"\x01\x01\x00\x00" + bytes(16)), T0 + 0.01)
+    d = t.on_return(TX1, ret(OK), T0 + 0.01)
     assert d == Deliver(C1, 28)
     assert t.pending == 0 and t.established_count == 1
     assert [f.client for f in t.due_for_store(T0 + 0.02)] == [C1]
@@ -122,7 +127,7 @@ def test_pending_expires_after_10s_established_after_60s_idle() -> None:
     t = table()
     open_flow(t, C1)
     open_flow(t, C2)
-    t.on_return(TX1, ret(b"x", C2), T0)
+    t.on_return(TX1, ret(OK, C2), T0)
     assert t.expire(T0 + 10) == 0
     assert t.expire(T0 + 10.5) == 1  # C1 never answered
     assert C1 not in t.flows and C2 in t.flows
@@ -137,7 +142,7 @@ def test_pending_expires_after_10s_established_after_60s_idle() -> None:
 def test_ice_restart_repoints_only_when_the_new_destination_answers() -> None:
     t = table()
     open_flow(t, C1, TX1)
-    t.on_return(TX1, ret(b"x"), T0)
+    t.on_return(TX1, ret(OK), T0)
     new = mint(*TX2, issued_at=T0)
     d = t.on_client(C1, binding_request(new), T0 + 1)
     assert isinstance(d, Forward) and d.dest == TX2  # the check reaches the new destination
@@ -145,7 +150,8 @@ def test_ice_restart_repoints_only_when_the_new_destination_answers() -> None:
     assert t.on_return(TX1, ret(b"media"), T0 + 1) == Deliver(C1, 28)  # old still works
     # a retransmitted check with the new token goes to the new place again
     assert t.on_client(C1, binding_request(new), T0 + 1.5).dest == TX2  # type: ignore[union-attr]
-    assert t.on_return(TX2, ret(b"resp"), T0 + 2) == Deliver(C1, 28)
+    assert t.on_return(TX2, ret(b"media"), T0 + 2) == Drop("return_unconfirmed")
+    assert t.on_return(TX2, ret(OK), T0 + 2) == Deliver(C1, 28)
     assert t.on_client(C1, rtp(), T0 + 2).dest == TX2  # type: ignore[union-attr]
     assert t.on_return(TX1, ret(b"late"), T0 + 2) == Drop("return_wrong_source")
     assert [f.token for f in t.due_for_store(T0 + 3)] == [new]
@@ -154,7 +160,7 @@ def test_ice_restart_repoints_only_when_the_new_destination_answers() -> None:
 def test_spoofed_restart_that_never_answers_changes_nothing() -> None:
     t = table()
     open_flow(t, C1, TX1)
-    t.on_return(TX1, ret(b"x"), T0)
+    t.on_return(TX1, ret(OK), T0)
     t.on_client(C1, binding_request(mint(*TX2, issued_at=T0)), T0 + 1)
     t.expire(T0 + 12)
     flow = t.flows[C1]
@@ -165,7 +171,7 @@ def test_spoofed_restart_that_never_answers_changes_nothing() -> None:
 def test_restart_to_same_destination_just_updates_token() -> None:
     t = table()
     open_flow(t, C1, TX1)
-    t.on_return(TX1, ret(b"x"), T0)
+    t.on_return(TX1, ret(OK), T0)
     t.due_for_store(T0)
     new = mint(*TX1, issued_at=T0)
     assert t.on_client(C1, binding_request(new), T0 + 1).dest == TX1  # type: ignore[union-attr]
@@ -176,32 +182,133 @@ def test_restart_to_same_destination_just_updates_token() -> None:
 def test_invalid_token_from_established_client_is_dropped_and_flow_kept() -> None:
     t = table()
     open_flow(t)
-    t.on_return(TX1, ret(b"x"), T0)
+    t.on_return(TX1, ret(OK), T0)
     assert t.on_client(C1, binding_request(b"B" * 40), T0) == Drop("token_malformed")
     assert t.on_client(C1, rtp(), T0).dest == TX1  # type: ignore[union-attr]
 
 
 def test_pending_caps_per_ip_and_global() -> None:
     t = table(max_pending_per_ip=2, max_pending=3, new_flow_rate=1000, new_flow_burst=1000)
+    token = mint(*TX1, issued_at=T0)
     for port in (1, 2):
-        assert isinstance(
-            t.on_client(("203.0.113.9", port), binding_request(mint(*TX1, issued_at=T0)), T0),
-            Forward,
-        )
-    assert t.on_client(("203.0.113.9", 3), binding_request(mint(*TX1, issued_at=T0)), T0) == Drop(
-        "pending_per_ip"
-    )
-    assert isinstance(
-        t.on_client(("203.0.113.10", 1), binding_request(mint(*TX1, issued_at=T0)), T0), Forward
-    )
-    assert t.on_client(("203.0.113.11", 1), binding_request(mint(*TX1, issued_at=T0)), T0) == Drop(
-        "pending_full"
-    )
+        assert isinstance(t.on_client(("203.0.113.9", port), binding_request(token), T0), Forward)
+    assert t.on_client(("203.0.113.9", 3), binding_request(token), T0) == Drop("pending_per_ip")
+    assert isinstance(t.on_client(("203.0.113.10", 1), binding_request(token), T0), Forward)
+    # the pool is full, and held by this very token: nothing fairer to give way
+    assert t.on_client(("203.0.113.11", 1), binding_request(token), T0) == Drop("pending_full")
     # an answer frees a pending slot
-    t.on_return(TX1, ret(b"x", ("203.0.113.9", 1)), T0)
-    assert isinstance(
-        t.on_client(("203.0.113.11", 1), binding_request(mint(*TX1, issued_at=T0)), T0), Forward
+    t.on_return(TX1, ret(OK, ("203.0.113.9", 1)), T0)
+    assert isinstance(t.on_client(("203.0.113.11", 1), binding_request(token), T0), Forward)
+
+
+def spoofed(i: int) -> tuple[str, int]:
+    return (f"198.18.{i // 250}.{i % 250 + 1}", 1024 + i)
+
+
+def test_one_token_opens_at_most_its_cap_of_pending_flows_from_spoofed_sources() -> None:
+    t = table(new_flow_rate=1000, new_flow_burst=1000)
+    token = mint(*TX1, issued_at=T0)
+    decisions = [t.on_client(spoofed(i), binding_request(token), T0) for i in range(200)]
+    assert sum(isinstance(d, Forward) for d in decisions) == 8
+    assert t.drops["pending_per_token"] == 192 and t.pending == 8
+
+
+def test_a_full_pending_pool_makes_room_for_a_new_calls_token() -> None:
+    t = table(max_pending=20, new_flow_rate=1000, new_flow_burst=1000)
+    flood = [mint(*TX1, issued_at=T0) for _ in range(10)]  # many tokens, 2 flows each
+    for i in range(20):
+        assert isinstance(t.on_client(spoofed(i), binding_request(flood[i % 10]), T0), Forward)
+    assert t.pending == 20
+    oldest = t.flows[spoofed(0)]
+    new_call = mint(*TX1, issued_at=T0)
+    assert isinstance(t.on_client(C1, binding_request(new_call), T0 + 1), Forward)
+    assert t.pending == 20 and C1 in t.flows and not t._is_live(oldest)
+    assert t.evictions["pending_fair_share"] == 1
+    # the new call's answer establishes it (a slot frees), and its next pair gets that slot
+    assert t.on_return(TX1, ret(OK), T0 + 1.05) == Deliver(C1, 28)
+    assert isinstance(t.on_client(C2, binding_request(new_call), T0 + 1.1), Forward)
+    # but a flood token holding as many as the fullest gets no one's slot
+    assert t.on_client(spoofed(99), binding_request(flood[3]), T0 + 1.2) == Drop("pending_full")
+    # and a forged token takes nobody's slot (the victim yields only to a verified token)
+    forged = new_call[:-4] + b"AAAA"
+    assert t.on_client(spoofed(98), binding_request(forged), T0 + 1.3) == Drop("token_bad_mac")
+    assert t.pending == 20 and t.evictions["pending_fair_share"] == 1
+
+
+def test_established_flows_per_token_are_capped_the_least_recently_used_yields() -> None:
+    t = table(new_flow_rate=1000, new_flow_burst=1000)
+    token = mint(*TX1, issued_at=T0)
+    for i in range(8):
+        t.on_client(spoofed(i), binding_request(token), T0 + i)
+        assert t.on_return(TX1, ret(OK, spoofed(i)), T0 + i) == Deliver(spoofed(i), 28)
+    t.on_client(spoofed(0), rtp(), T0 + 20)  # the first path is the busiest, not the LRU
+    t.on_client(C1, binding_request(token), T0 + 21)  # a NAT rebinding: a ninth path
+    assert t.on_return(TX1, ret(OK), T0 + 21) == Deliver(C1, 28)
+    assert t.established_count == 8 and spoofed(1) not in t.flows and spoofed(0) in t.flows
+    assert t.evictions["established_per_token"] == 1
+
+
+def test_nothing_but_a_binding_success_from_the_destination_establishes() -> None:
+    t = table()
+    open_flow(t)
+    for junk in (b"x", rtp(), binding_request(mint(*TX1, issued_at=T0)), OK[:19], OK + b"\0"):
+        assert t.on_return(TX1, ret(junk), T0) == Drop("return_unconfirmed")
+    error = bytearray(OK)
+    error[1] = 0x11  # Binding error response
+    assert t.on_return(TX1, ret(bytes(error)), T0) == Drop("return_unconfirmed")
+    assert t.pending == 1 and t.established_count == 0
+    assert t.on_return(TX1, ret(OK), T0) == Deliver(C1, 28)
+
+
+def notice(token: bytes, client: tuple[str, int] = C1) -> bytes:
+    return build_proxy_v2(INGRESS, client, revocation_tlv(token))
+
+
+def test_a_revocation_from_the_tokens_transceiver_ends_its_flows_and_refuses_it() -> None:
+    t = table()
+    token = open_flow(t, C1)
+    t.on_return(TX1, ret(OK), T0)
+    open_flow(t, C2)  # another call, untouched
+    # from anyone but the transceiver the token names, a notice is refused
+    assert t.on_return(TX2, notice(token), T0 + 1) == Drop("revocation_wrong_source")
+    assert t.on_return(TX1, notice(b"B" * 40), T0 + 1) == Drop("revocation_invalid")
+    assert C1 in t.flows and not t.revoked
+    assert t.on_return(TX1, notice(token), T0 + 1) is CONSUMED
+    assert C1 not in t.flows and C2 in t.flows and t.revocations == 1
+    assert t.on_client(C1, binding_request(token), T0 + 2) == Drop("token_revoked")
+    assert t.on_client(("198.18.0.1", 9), binding_request(token), T0 + 2) == Drop("token_revoked")
+    # the memory of it ends when the token would have expired anyway, and is bounded
+    t.expire(T0 + 4 * 3600 + 1)
+    assert not t.revoked
+
+
+def test_the_revoked_list_is_bounded() -> None:
+    t = table(max_revoked=3)
+    tokens = [mint(*TX1, issued_at=T0) for _ in range(5)]
+    for token in tokens:
+        assert t.on_return(TX1, notice(token), T0) is CONSUMED
+    assert list(t.revoked) == tokens[2:]
+
+
+def test_a_second_hop_passes_a_revocation_back_to_the_first() -> None:
+    b = FlowTable(
+        cluster=2,
+        keys=KEYS,
+        ingress=("192.0.2.2", 3478),
+        allow_dest=DestinationFilter(["10.0.0.0/16"]),
+        peers={1: ("10.9.0.2", 3479)},
+        now=T0,
     )
+    a_worker = ("10.9.0.2", 45000)
+    token = mint(*TX2, cluster=2, issued_at=T0)
+    b.on_peer(a_worker, build_proxy_v2(C1, INGRESS) + binding_request(token), T0)
+    assert b.on_return(TX2, notice(token), T0) == ReturnToPeer(a_worker)
+    assert b.revoked and not b.hop_flows
+    # the first hop believes it from the peer relay the token's cluster routes to
+    a = table()
+    a.on_client(C1, binding_request(token), T0)
+    assert a.on_return(PEER_B, notice(token), T0) is CONSUMED
+    assert token in a.revoked and C1 not in a.flows
 
 
 def test_table_cap() -> None:
@@ -249,7 +356,7 @@ def test_second_hop_forwards_unchanged_and_returns_to_first_hop() -> None:
     d = b.on_peer(a_worker, framed, T0)
     assert d == Forward(TX2, b"", 28)
     # the transceiver answers with src = A's ingress, dst = the client
-    assert b.on_return(TX2, build_proxy_v2(INGRESS, C1) + b"resp", T0) == ReturnToPeer(a_worker)
+    assert b.on_return(TX2, build_proxy_v2(INGRESS, C1) + OK, T0) == ReturnToPeer(a_worker)
     media = build_proxy_v2(C1, INGRESS) + rtp()
     assert b.on_peer(a_worker, media, T0) == Forward(TX2, b"", 28)
     # a token for yet another cluster is never forwarded a second time
@@ -294,7 +401,7 @@ def test_recovery_lookups_are_rate_limited() -> None:
 def test_store_refresh_only_while_traffic_flows() -> None:
     t = table()
     open_flow(t)
-    t.on_return(TX1, ret(b"x"), T0)
+    t.on_return(TX1, ret(OK), T0)
     assert len(t.due_for_store(T0)) == 1
     assert t.due_for_store(T0 + 5) == []
     t.on_client(C1, rtp(), T0 + 6)
@@ -312,3 +419,106 @@ def test_incremental_sweep_covers_every_flow_once_per_pass() -> None:
     later = T0 + 11  # all pending flows are past their 10 s
     assert [t.sweep(later, budget=30) for _ in range(4)] == [30, 30, 30, 10]
     assert t.size == 0 and t.pending == 0
+
+
+# -- properties: what no sequence of datagrams can do ------------------------------------
+
+TOKENS = [mint(*TX1, issued_at=T0), mint(*TX1, issued_at=T0), mint(*TX2, issued_at=T0)]
+DTLS = b"\x16\xfe\xfd" + bytes(20)
+SOURCES = [spoofed(i) for i in range(8)]  # few, so that answers meet their flows
+
+client_datagram = st.tuples(
+    st.just("client"),
+    st.sampled_from(SOURCES),
+    st.sampled_from([TOKENS[0], TOKENS[0], *TOKENS, TOKENS[0][:-4] + b"AAAA"]),
+    st.sampled_from(["check", "check", "check", "rtp", "dtls"]),
+)
+unconfirmed_return = st.tuples(
+    st.just("return"),
+    st.sampled_from([TX1, TX2, ("10.0.0.3", 5004)]),
+    st.sampled_from(SOURCES),
+    st.sampled_from([b"x", rtp(), OK[:19], bytes([0x01, 0x11]) + OK[2:], binding_request(b"a")]),
+)
+any_return = st.tuples(
+    st.just("return"),
+    st.sampled_from([TX1, TX2]),
+    st.sampled_from(SOURCES),
+    st.sampled_from([b"x", OK]),
+)
+answer = st.tuples(st.just("answer"), st.sampled_from(SOURCES))  # the right place answers
+tick = st.tuples(st.just("tick"), st.floats(0.0, 15.0))
+
+
+def play(t: FlowTable, ops: list[tuple[object, ...]]) -> list[object]:
+    now = T0
+    decisions: list[object] = []
+    for op in ops:
+        if op[0] == "client":
+            _, src, token, kind = op
+            data = {"check": binding_request(token), "rtp": rtp(), "dtls": DTLS}
+            decisions.append(t.on_client(src, data[kind], now))  # type: ignore[arg-type,index]
+        elif op[0] == "answer":
+            flow = t.flows.get(op[1])  # type: ignore[arg-type]
+            if flow is not None:
+                dest = flow.candidate.dest if flow.candidate else flow.dest
+                decisions.append(t.on_return(dest, ret(OK, flow.client), now))
+        elif op[0] == "return":
+            _, dest, client, payload = op
+            decisions.append(t.on_return(dest, ret(payload, client), now))  # type: ignore[arg-type]
+        else:
+            now += op[1]  # type: ignore[operator]
+            t.sweep(now, budget=7)
+        check_invariants(t)
+    return decisions
+
+
+def check_invariants(t: FlowTable) -> None:
+    lim = t.limits
+    live = [*t.flows.values(), *t.hop_flows.values()]
+    assert t.pending == sum(not f.established for f in live)
+    assert sum(t.pending_per_ip.values()) == t.pending
+    assert all(t.by_return[f.return_key] is f for f in live)
+    by_token: dict[bytes, list[int]] = {}
+    for f in live:
+        counts = by_token.setdefault(f.token, [0, 0])
+        counts[f.established] += 1
+    for token, (pending, established) in by_token.items():
+        assert pending == t.ledger.pending_count(token) <= lim.max_pending_per_token
+        assert established == len(t.ledger.established(token)) <= lim.max_flows_per_token
+    assert t.pending <= lim.max_pending and t.size <= lim.max_flows
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(client_datagram, client_datagram, unconfirmed_return, tick),
+        min_size=20,
+        max_size=120,
+    )
+)
+def test_no_unauthenticated_sequence_establishes_a_flow_or_reaches_a_client(
+    ops: list[tuple[object, ...]],
+) -> None:
+    t = table(max_pending=12, new_flow_rate=1000, new_flow_burst=1000)
+    decisions = play(t, ops)
+    assert t.established_count == 0
+    assert not any(isinstance(d, (Deliver, ReturnToPeer)) for d in decisions)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(client_datagram, client_datagram, answer, any_return, tick),
+        min_size=20,
+        max_size=150,
+    )
+)
+def test_no_sequence_breaks_the_per_token_caps_or_the_books(ops: list[tuple[object, ...]]) -> None:
+    t = table(
+        max_pending=6,
+        max_pending_per_token=2,
+        max_flows_per_token=1,
+        new_flow_rate=1000,
+        new_flow_burst=1000,
+    )
+    play(t, ops)

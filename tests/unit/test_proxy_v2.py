@@ -27,7 +27,7 @@ def test_ipv6_layout() -> None:
     assert len(hdr) == 52
     assert hdr[12:16] == b"\x21\x22\x00\x24"
     parsed = pv.parse_proxy_v2(memoryview(hdr + b"x"))
-    assert parsed == pv.ProxyHeader(("2001:db8::1", 1), ("2001:db8::2", 2), 52)
+    assert parsed == pv.ProxyHeader(("2001:db8::1", 1), ("2001:db8::2", 2), 52, 52)
 
 
 def test_mixed_family_uses_mapped_v6() -> None:
@@ -92,3 +92,27 @@ def test_garbage_after_signature(rest: bytes) -> None:
         pv.parse_proxy_v2(pv.SIGNATURE + rest)
     except pv.ProxyError:
         pass
+
+
+def test_tlvs_round_trip_and_our_revocation_tlv() -> None:
+    token = b"AQEAAQQKAAABE4xrSdIAZOFZ9HR8rmRJPUejIrUM"
+    tlvs = pv.encode_tlv(0x04, b"noop") + pv.revocation_tlv(token)
+    hdr = pv.build_proxy_v2(("10.0.0.1", 1), ("10.0.0.2", 2), tlvs)
+    parsed = pv.parse_proxy_v2(hdr + b"payload")
+    assert (parsed.tlv_offset, parsed.payload_offset) == (28, 28 + len(tlvs))
+    assert pv.parse_tlvs(hdr, parsed) == [(0x04, b"noop"), (0xE0, b"\x01" + token)]
+    assert pv.revoked_token(hdr, parsed) == token
+    plain = pv.build_proxy_v2(("10.0.0.1", 1), ("10.0.0.2", 2))
+    assert pv.revoked_token(plain, pv.parse_proxy_v2(plain)) is None
+    v6 = pv.build_proxy_v2(("2001:db8::1", 1), ("2001:db8::2", 2), pv.revocation_tlv(token))
+    assert pv.revoked_token(v6, pv.parse_proxy_v2(v6)) == token
+
+
+@given(st.binary(max_size=80))
+def test_garbage_tlvs_never_raise_from_revoked_token(tlvs: bytes) -> None:
+    hdr = bytearray(pv.build_proxy_v2(("10.0.0.1", 1), ("10.0.0.2", 2)))
+    hdr[14:16] = (12 + len(tlvs)).to_bytes(2, "big")
+    data = bytes(hdr) + tlvs
+    parsed = pv.parse_proxy_v2(data)
+    token = pv.revoked_token(data, parsed)
+    assert token is None or 0 < len(token) <= pv.MAX_TOKEN_TLV
