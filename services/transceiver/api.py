@@ -100,6 +100,7 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
         reason = tx.ended.get(session_id)
         if reason is None:
             return _error(404, "no such session")
+        tx.reason_read(session_id)
         body = {"error": "session ended", "reason": reason}
         return Response(json.dumps(body), status=404, content_type="application/json")
 

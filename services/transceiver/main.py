@@ -91,6 +91,7 @@ async def _process(config: TransceiverConfig) -> None:
 
 async def _drain_then_stop(tx: Transceiver, deadline: float, nursery: trio.Nursery) -> None:
     await tx.drain(deadline)
+    await tx.end_reasons_read()  # the API stays up until signaling knows why calls ended
     nursery.cancel_scope.cancel()
 
 
@@ -132,6 +133,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_option(p, "--internal-token", default=None, help="bearer token required on /internal/")
     add_option(p, "--drain-seconds", default=3600.0, type=float, help="SIGTERM grace for calls")
+    add_option(
+        p,
+        "--consent-timeout",
+        default=30.0,
+        type=float,
+        help="a call with no authenticated ICE check for this long ends (RFC 7675: 30 s)",
+    )
     p.set_defaults(func=run)
 
 
@@ -158,6 +166,7 @@ def config_from_args(args: argparse.Namespace) -> TransceiverConfig:
             deny_candidate_cidr=parse_cidrs(args.deny_candidate_cidr),
             internal_token=args.internal_token or None,
             drain_seconds=args.drain_seconds,
+            consent_timeout=args.consent_timeout,
         )
     except (ValueError, argparse.ArgumentTypeError) as exc:
         raise SystemExit(f"firsthop transceiver: {exc}") from exc

@@ -4,11 +4,18 @@ Datagrams arrive PROXY-v2 framed from relays (src = the client as the relay saw 
 ingress it used), or unframed straight from clients with `--accept-direct`. Rules:
 
 * a STUN Binding request goes to the session whose ufrag (the route token) is the server
-  half of its USERNAME — ICE then authenticates it (MESSAGE-INTEGRITY) and answers;
-* anything else goes to a session only from a client address ICE has validated (a
-  succeeded pair), so no unauthenticated DTLS or SRTP ever reaches aiortc;
+  half of its USERNAME — that session's ICE-lite agent (`ice_lite.py`) then authenticates it;
+* another STUN message from an address a session is validating (its answer to our check)
+  goes to that session;
+* anything else goes to a session only from a client address ICE has validated, so no
+  unauthenticated DTLS or SRTP ever reaches aiortc;
 * the route back to a client is the relay that most recently delivered its traffic, framed
   with (src = ingress, dst = client); direct clients are answered unframed.
+
+Nothing is remembered about a client until it has authenticated: the route back is noted by
+`note_route` once its check passed, and the parsed-header cache only learns the headers of
+validated clients. So a flood of unauthenticated packets, from however many sources, leaves
+no state behind.
 
 Pure: no sockets, no clock; the Trio loop in `service.py` feeds it and sends what it says.
 Generic over the session type so tests can use plain objects.
@@ -50,6 +57,18 @@ class Delivery(Generic[S]):
     session: S
     client: Address
     payload: bytes
+    relay: Address | None = None  # where it came from (None: a direct client)
+    ingress: Address | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unrouted:
+    """A Binding request for a ufrag no session holds (the call ended, or never was here)."""
+
+    ufrag: bytes
+    client: Address
+    relay: Address | None
+    ingress: Address | None
 
 
 @dataclass
@@ -57,6 +76,8 @@ class SessionMux(Generic[S]):
     accept_direct: bool = False
     by_ufrag: dict[bytes, S] = field(default_factory=dict)
     by_client: dict[Address, S] = field(default_factory=dict)  # validated clients only
+    probing: dict[Address, S] = field(default_factory=dict)  # addresses being validated
+    probe_of: dict[int, Address] = field(default_factory=dict)  # id(session) -> its probe
     routes: dict[Address, Route] = field(default_factory=dict)
     clients_of: dict[int, set[Address]] = field(default_factory=dict)  # id(session) -> clients
     drops: Counter[str] = field(default_factory=Counter)
@@ -76,22 +97,52 @@ class SessionMux(Generic[S]):
         self.by_client[client] = session
         self.clients_of.setdefault(id(session), set()).add(client)
 
-    def remove_session(self, session: S, ufrags: list[str]) -> None:
+    def expect(self, session: S, client: Address) -> None:
+        """`session` is validating `client`: its answer (not yet validated) may come in."""
+        self.unexpect(session)
+        self.probing[client] = session
+        self.probe_of[id(session)] = client
+
+    def unexpect(self, session: S) -> None:
+        client = self.probe_of.pop(id(session), None)
+        if client is not None and self.probing.get(client) is session:
+            del self.probing[client]
+
+    def forget(self, session: S, client: Address) -> None:
+        """`session` no longer listens to `client` (a path it let go of)."""
+        if self.by_client.get(client) is session:
+            del self.by_client[client]
+        if self.probe_of.get(id(session)) == client:
+            self.unexpect(session)
+        clients = self.clients_of.get(id(session))
+        if clients is not None and client in clients:
+            clients.discard(client)
+            self.routes.pop(client, None)
+
+    def remove_session(self, session: S, ufrags: list[str]) -> list[tuple[Address, Route]]:
+        """Forget a session; returns its clients' routes (to tell their relays)."""
         for ufrag in ufrags:
             self.remove_ufrag(ufrag)
+        self.unexpect(session)
+        routes = []
         for client in self.clients_of.pop(id(session), set()):
             if self.by_client.get(client) is session:
                 del self.by_client[client]
-            self.routes.pop(client, None)
+            route = self.routes.pop(client, None)
+            if route is not None:
+                routes.append((client, route))
+        return routes
 
     # -- datagrams ------------------------------------------------------------------------
 
-    def on_datagram(self, src: Address, data: bytes) -> Delivery[S] | None:
+    def on_datagram(self, src: Address, data: bytes) -> Delivery[S] | Unrouted | None:
         """Decide where one datagram goes; None means dropped (counted by reason)."""
         self.received += 1
+        cache_as = b""
         if data.startswith(SIGNATURE):
             # A flow's header is the same on every datagram: parse it once, then look the
-            # exact bytes up (bounded cache; a header with TLVs is parsed each time).
+            # exact bytes up (a bounded cache of validated clients' headers; a header with
+            # TLVs is parsed each time).
             hlen = V6_HEADER if len(data) > 13 and data[13] == FAMILY_INET6_DGRAM else V4_HEADER
             known = self.headers.get(data[:hlen])
             if known is None:
@@ -103,9 +154,7 @@ class SessionMux(Generic[S]):
                 known = (hdr.src, hdr.dst)
                 hlen = hdr.payload_offset
                 if hlen in (V4_HEADER, V6_HEADER):
-                    if len(self.headers) >= MAX_CACHED_HEADERS:
-                        self.headers.clear()
-                    self.headers[data[:hlen]] = known
+                    cache_as = data[:hlen]
             client, ingress = known
             payload = data[hlen:]
             relay: Address | None = src
@@ -120,22 +169,32 @@ class SessionMux(Generic[S]):
         if not payload:
             self.drops["empty"] += 1
             return None
-        session = None
-        if payload[0] < 4:  # STUN (RFC 7983)
+        if payload[0] < 4:  # STUN (RFC 7983): authenticated by the session, not here
             ufrag = binding_request_server_ufrag(payload)
             if ufrag is not None:
                 session = self.by_ufrag.get(ufrag)
                 if session is None:
                     self.drops["unknown_ufrag"] += 1
-                    return None
-                self.clients_of.setdefault(id(session), set()).add(client)
+                    return Unrouted(ufrag, client, relay, ingress)
+                return Delivery(session, client, payload, relay, ingress)
+            session = self.probing.get(client)
+            if session is not None:
+                return Delivery(session, client, payload, relay, ingress)
+        session = self.by_client.get(client)
         if session is None:
-            session = self.by_client.get(client)
-            if session is None:
-                self.drops["unvalidated"] += 1
-                return None
+            self.drops["unvalidated"] += 1
+            return None
+        if cache_as:
+            if len(self.headers) >= MAX_CACHED_HEADERS:
+                self.headers.clear()
+            self.headers[cache_as] = (client, ingress)  # type: ignore[assignment]
         self._note_route(client, relay, ingress)
-        return Delivery(session, client, payload)
+        return Delivery(session, client, payload, relay, ingress)
+
+    def note_route(self, session: S, delivery: Delivery[S]) -> None:
+        """`delivery`'s client authenticated: answers to it go back the way it came."""
+        self.clients_of.setdefault(id(session), set()).add(delivery.client)
+        self._note_route(delivery.client, delivery.relay, delivery.ingress)
 
     def _note_route(self, client: Address, relay: Address | None, ingress: Address | None) -> None:
         route = self.routes.get(client)

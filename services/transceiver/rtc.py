@@ -9,11 +9,13 @@ upgrade moves them):
 * `get_component_candidates` creates no socket: it gives aioice a `StunProtocol` on a
   `VirtualTransport` whose `sendto` frames the datagram onto the process's ONE shared UDP
   socket, and returns the relay ingress address(es) as host candidates;
-* `check_start` and `connect` are replaced by ICE-lite behaviour (RFC 8445 §2.5): the server
-  never sends a connectivity check; a pair succeeds (and is taken as nominated) when the
-  caller's authenticated check arrives on it. So the server never sends anything to a
-  caller-supplied address, and setup waits neither on a server check racing the answer nor on
-  the caller's nomination round;
+* `check_start` and `connect` are replaced by ICE-lite behaviour (RFC 8445 §2.5): aioice
+  sends no connectivity check; the session's `LiteIce` (`ice_lite.py`) has authenticated
+  every check aioice sees and says which path is selected. A pair to the selected address
+  succeeds and is taken as nominated when its check arrives (setup waits neither on a server
+  check racing the answer nor on the caller's nomination round); a pair to any other address
+  waits, in progress, until `LiteIce` has validated that address (`select_path`). So media
+  never goes to an address that has not proved it is the caller;
 * `query_consent` does nothing: consent is the caller's job towards a lite agent (RFC 7675);
   the transceiver watches the caller's checks instead.
 
@@ -456,6 +458,12 @@ class AgentAudioTrack(MediaStreamTrack):
         return bytes(packets[0]) if packets else OPUS_SILENCE
 
 
+def _nominate(conn: aioice.Connection, pair: aioice.ice.CandidatePair) -> None:
+    conn.check_state(pair, aioice.ice.CandidatePair.State.SUCCEEDED)
+    pair.nominated = True
+    conn.check_complete(pair)  # moves `_nominated`, which is where aioice sends
+
+
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -487,7 +495,7 @@ class SessionCallbacks:
     audio: Callable[[bytes], None]
     state: Callable[[str], None]
     event: Callable[[str], None]
-    validated: Callable[[Address], None]
+    selected: Callable[[], Address | None]  # the media path `LiteIce` chose, if any
     milestone: Callable[[str], None]
     count: Callable[[str], None]
 
@@ -601,14 +609,15 @@ class RtcSession:
 
         async def lite_check_start(pair: aioice.ice.CandidatePair) -> None:
             # RFC 8445 §2.5 / §7.3.1.4: a lite agent sends no check; the caller's
-            # authenticated check on this pair (it just arrived) makes it valid. It is also
-            # taken as nominated at once: waiting for the caller's USE-CANDIDATE costs a
-            # whole ping interval (~50 ms with Chromium) before DTLS may start. If the caller
-            # later nominates another pair, check_incoming moves `_nominated` to it.
-            conn.check_state(pair, aioice.ice.CandidatePair.State.SUCCEEDED)
-            pair.nominated = True
-            session.callbacks.validated(pair.remote_addr)
-            conn.check_complete(pair)
+            # authenticated check on this pair (it just arrived) makes it valid if it is on
+            # the selected path. It is also taken as nominated at once: waiting for the
+            # caller's USE-CANDIDATE costs a whole ping interval (~50 ms with Chromium)
+            # before DTLS may start. A pair to another address stays in progress (so
+            # USE-CANDIDATE on it moves nothing) until `select_path` after validation.
+            if pair.remote_addr == session.callbacks.selected():
+                _nominate(conn, pair)
+            else:
+                conn.check_state(pair, aioice.ice.CandidatePair.State.IN_PROGRESS)
 
         async def lite_connect() -> None:
             # A lite agent paces no checks (aioice's connect() polls every 20 ms for that):
@@ -629,6 +638,37 @@ class RtcSession:
         conn.check_start = lite_check_start  # type: ignore[method-assign]
         conn.connect = lite_connect  # type: ignore[method-assign]
         conn.query_consent = no_consent_checks  # type: ignore[method-assign]
+
+    def select_path(self, addr: Address) -> bool:
+        """Send the media to `addr`, a path `LiteIce` has validated; False if ICE has no
+        pair to it (yet: a check held back until `connect()` nominates it then)."""
+        found = False
+        for ice in self.ice_transports():
+            conn = ice._connection
+            for pair in conn._check_list:
+                if pair.remote_addr == addr:
+                    _nominate(conn, pair)
+                    found = True
+                    break
+        return found
+
+    def forget_path(self, addr: Address) -> None:
+        """Drop ICE's pairs to a path `LiteIce` let go of, and their peer-reflexive
+        candidates, so a session's ICE state stays bounded however often the caller moves."""
+        for ice in self.ice_transports():
+            conn = ice._connection
+            nominated = list(conn._nominated.values())
+            gone = [p for p in conn._check_list if p.remote_addr == addr and p not in nominated]
+            if not gone:
+                continue
+            conn._check_list = [p for p in conn._check_list if p not in gone]
+            kept = {id(p.remote_candidate) for p in conn._check_list}
+            dropped = {
+                id(p.remote_candidate)
+                for p in gone
+                if p.remote_candidate.type == "prflx" and id(p.remote_candidate) not in kept
+            }
+            conn._remote_candidates = [c for c in conn._remote_candidates if id(c) not in dropped]
 
     def restart_ice(self, ufrag: str, pwd: str, remote_ufrag: str, remote_pwd: str) -> None:
         """ICE restart (RFC 8445 §9): new credentials both ways; DTLS and SRTP carry on."""
@@ -738,6 +778,9 @@ def hook_points() -> dict[str, bool]:
         "Connection.check_start": hasattr(conn, "check_start"),
         "Connection.check_state": hasattr(conn, "check_state"),
         "Connection.check_complete": hasattr(conn, "check_complete"),
+        "Connection._check_list": hasattr(conn, "_check_list"),
+        "Connection._remote_candidates": hasattr(conn, "_remote_candidates"),
+        "Connection._nominated": hasattr(conn, "_nominated"),
         "Connection.query_consent": hasattr(conn, "query_consent"),
         "Connection.connect": hasattr(conn, "connect"),
         "Connection._check_list_state": hasattr(conn, "_check_list_state"),

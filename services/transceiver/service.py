@@ -2,9 +2,15 @@
 
 Trio owns the lifecycle: the media socket's receive loop, the internal API, the registry
 heartbeat and every session are tasks in nurseries; aiortc runs on the asyncio host loop
-behind `rtc.py`. The receive loop hands each datagram to the `SessionMux` and then to a
-session's ICE agent; sessions send through `send_to_client`, which frames the datagram to the
-relay that last delivered that client's traffic.
+behind `rtc.py`. The receive loop hands each datagram to the `SessionMux`; a STUN datagram
+then goes through the session's `LiteIce` (authenticated, or dropped unanswered) before
+aioice sees it, and DTLS/SRTP from a validated client straight to aiortc. Sessions send
+through `send_to_client`, which frames the datagram to the relay that last delivered that
+client's traffic.
+
+When a check names a ufrag no session holds (its call ended), and when a session ends, the
+relays that carried it are told with a TOKEN_REVOKED notice, so they stop routing the token
+at once instead of for the rest of its hours-long lifetime (`services/relay/flow_table.py`).
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ import trio
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from services.transceiver.mux import SessionMux
+from services.transceiver.ice_lite import Credentials, PathValidated, Refused
+from services.transceiver.mux import Delivery, SessionMux, Unrouted
 from services.transceiver.rtc import watch_readable
 from services.transceiver.session import Session
 from shared.metrics import Histogram
 from shared.sdp import check_offer, classify_candidate, mark_ice_lite, strip_candidates
 from shared.telemetry import context_from_traceparent, traceparent_of, tracer
+from shared.wire.proxy_v2 import build_proxy_v2, revocation_tlv
 from shared.wire.route_token import encode_route_token, fresh_nonce
 
 log = logging.getLogger("firsthop.transceiver")
@@ -38,6 +46,10 @@ DRAIN_BATCH = 64  # datagrams read per readiness callback before yielding to the
 TRACER = tracer("firsthop.transceiver")
 ENDED_REMEMBERED = 10_000
 SETUP_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+END_REASON_GRACE = 5.0  # after a drain, how long signaling may take to read why calls ended
+ANSWER_FLUSH = 0.5  # time for an answer in flight to leave before the API goes down
+NOTICE_INTERVAL = 1.0  # one TOKEN_REVOKED per (relay, token) per second, at most
+MAX_NOTICES_REMEMBERED = 10_000
 
 
 @dataclass
@@ -57,6 +69,7 @@ class TransceiverConfig:
     deny_candidate_cidr: list[str] = field(default_factory=list)
     internal_token: str | None = None
     drain_seconds: float = 3600.0
+    consent_timeout: float = 30.0  # RFC 7675 §5.1
 
     @property
     def advertised(self) -> Address:
@@ -89,12 +102,15 @@ class Transceiver:
         self.draining = False
         # why recent sessions ended (oldest first), so signaling can tell its clients
         self.ended: dict[str, str] = {}
+        self._unread: set[str] = set()  # drained sessions whose end reason nobody asked yet
+        self._all_read = trio.Event()
         self._session_removed = trio.Event()
         self.media_addr: Address | None = None
         # (ufrag, traceparent) pairs for the Redis trace hand-off; None without Redis.
         self.trace_writes: trio.MemorySendChannel[tuple[str, str]] | None = None
         self._sock: socket.socket | None = None
         self._sessions_nursery: trio.Nursery | None = None
+        self._noticed: dict[tuple[Address, bytes], float] = {}  # (relay, token) -> when
 
     # -- the shared socket ----------------------------------------------------------------
 
@@ -143,19 +159,79 @@ class Transceiver:
         delivery = self.mux.on_datagram(src, data)
         if delivery is None:
             return
-        session = delivery.session
-        payload = delivery.payload
-        if payload[0] < 4:
-            session.stun_seen()
+        if isinstance(delivery, Unrouted):
+            self._revoked(delivery.ufrag, delivery.client, delivery.relay, delivery.ingress)
+            return
+        if delivery.payload[0] < 4:  # STUN (RFC 7983)
+            self._on_stun(delivery)
+        else:
+            self._to_rtc(delivery.session, delivery.payload, delivery.client)
+
+    def _to_rtc(self, session: Session, payload: bytes, client: Address) -> None:
         try:
-            if not session.rtc.datagram_received(payload, delivery.client):
+            if not session.rtc.datagram_received(payload, client):
                 self.counters["session_queue_full"] += 1
         except Exception:  # aioice raises struct.error & co on crafted STUN
             self.counters["session_datagram_error"] += 1
             log.debug("datagram for session %s raised", session.session_id, exc_info=True)
 
-    def _on_validated(self, session: Session, client: Address) -> None:
-        self.mux.validated(session, client)
+    def _on_stun(self, delivery: Delivery[Session]) -> None:
+        """Every STUN datagram goes through the session's `LiteIce` first (`ice_lite.py`)."""
+        session, client, payload = delivery.session, delivery.client, delivery.payload
+        ice = session.ice
+        now = time.monotonic()
+        if len(payload) < 2 or payload[0] & 0x01 or payload[1] & 0x10:
+            # not a request (RFC 8489 §5: class bits 0x0110 of the type): our check's answer?
+            outcome = ice.on_response(now, client, payload)
+            if ice.probing() is None:
+                self.mux.unexpect(session)
+            if isinstance(outcome, Refused):
+                self.counters[outcome.reason] += 1
+                return
+            assert isinstance(outcome, PathValidated)
+            self.mux.validated(session, client)
+            session.rtc.select_path(client)
+            self.counters["path_moved"] += 1
+            session.timer_changed()
+            return
+        verdict = ice.on_request(now, client, payload)
+        if isinstance(verdict, Refused):
+            self.counters[verdict.reason] += 1  # dropped unanswered
+            return
+        self.mux.note_route(session, delivery)
+        for gone in ice.forgotten:
+            self.mux.forget(session, gone)
+            session.rtc.forget_path(gone)
+        ice.forgotten.clear()
+        if verdict.selects:
+            self.mux.validated(session, client)
+        self._to_rtc(session, payload, client)  # aioice answers it (one response)
+        if verdict.probe is not None:
+            self.mux.expect(session, client)
+            self.send_to_client(verdict.probe, client)
+            self.counters["path_validations"] += 1
+            session.timer_changed()
+
+    def _revoked(
+        self, token: bytes, client: Address, relay: Address | None, ingress: Address | None
+    ) -> None:
+        """Tell `relay` that `token` routes to no session here any more (at most once per
+        `NOTICE_INTERVAL`; a direct client is told nothing)."""
+        if relay is None or ingress is None or self._sock is None:
+            return
+        now = time.monotonic()
+        key = (relay, token)
+        last = self._noticed.get(key)
+        if last is not None and now - last < NOTICE_INTERVAL:
+            return
+        if len(self._noticed) >= MAX_NOTICES_REMEMBERED:
+            self._noticed.clear()
+        self._noticed[key] = now
+        try:
+            self._sock.sendto(build_proxy_v2(ingress, client, revocation_tlv(token)), relay)
+            self.counters["revocations_sent"] += 1
+        except OSError:
+            self.counters["send_error"] += 1
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -206,20 +282,20 @@ class Transceiver:
                 "firsthop.ingress": ",".join(f"{h}:{p}" for h, p in ingress),
             },
         )
+        remote = offer.media[0]
+        assert remote.ufrag is not None and remote.pwd is not None  # check_offer saw to it
         session = Session(
             session_id=secrets.token_urlsafe(12),
             call_id=call_id,
             agent_url=agent_url or self.config.agent_url,
             region=region or self.config.region,
             ingress=ingress,
-            ufrag=self.mint_ufrag(),
-            pwd=ice_password(),
+            creds=Credentials(self.mint_ufrag(), ice_password(), remote.ufrag, remote.pwd),
             send=self.send_to_client,
-            on_validated=self._on_validated,
             counters=self.counters,
             traceparent=traceparent,
-            remote_ufrag=offer.media[0].ufrag,
             span=span,
+            consent_timeout=self.config.consent_timeout,
         )
         span.set_attribute("firsthop.session_id", session.session_id)
         try:
@@ -244,7 +320,10 @@ class Transceiver:
         finally:
             self.sessions.pop(session.session_id, None)
             self._session_removed.set()
-            self.mux.remove_session(session, [session.ufrag, *session.old_ufrags])
+            ufrags = [session.ufrag, *session.old_ufrags]
+            for client, route in self.mux.remove_session(session, ufrags):
+                for ufrag in ufrags:  # its relays stop routing the call's tokens now
+                    self._revoked(ufrag.encode(), client, route.relay, route.ingress)
             setup = session.milestones.get("dtls_connected")
             if setup is not None:
                 self.setup_seconds.observe(setup)
@@ -256,10 +335,7 @@ class Transceiver:
     def restart_ice(self, session_id: str, remote_ufrag: str, remote_pwd: str) -> tuple[str, str]:
         session = self.sessions[session_id]
         ufrag, pwd = self.mint_ufrag(), ice_password()
-        session.old_ufrags.append(session.ufrag)
-        session.ufrag, session.pwd = ufrag, pwd
-        session.rtc.restart_ice(ufrag, pwd, remote_ufrag, remote_pwd)
-        session.remote_ufrag = remote_ufrag
+        session.restart_ice(Credentials(ufrag, pwd, remote_ufrag, remote_pwd))
         if session.span is not None:
             session.span.add_event("ice_restart")
             self.trace_handoff(ufrag, session.span)
@@ -290,7 +366,23 @@ class Transceiver:
             await self._all_sessions_gone()
         for session in list(self.sessions.values()):
             session.end("drain")
+            self._unread.add(session.session_id)
         await self._all_sessions_gone()
+
+    def reason_read(self, session_id: str) -> None:
+        """Someone (signaling's call watcher) has learnt why `session_id` ended."""
+        self._unread.discard(session_id)
+        if not self._unread:
+            self._all_read.set()
+
+    async def end_reasons_read(self, grace: float = END_REASON_GRACE) -> None:
+        """Before the process exits after a drain: give signaling up to `grace` seconds to
+        read why the drained calls ended, so their clients hear "drain", not "transceiver
+        lost" (a REST-only client never asks: then the grace runs out)."""
+        if self._unread:
+            with trio.move_on_after(grace):
+                await self._all_read.wait()
+                await trio.sleep(ANSWER_FLUSH)  # the answer that told the last one, sent
 
     async def _all_sessions_gone(self) -> None:
         while self.sessions:

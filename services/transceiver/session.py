@@ -10,14 +10,17 @@ the transceiver's sessions nursery:
   reconnects with backoff;
 * events: JSON from the caller's data channel goes to the agent as `client.event`, the
   agent's `agent.event` goes to the caller; both sides get `call.state`;
-* it ends on DELETE, on a failed/closed connection, when the caller's ICE checks stop
-  (consent, RFC 7675), or on drain — and always sends `session.end` to the agent.
+* ICE: every STUN datagram of the call goes through its `LiteIce` (`ice_lite.py`) before
+  aioice sees it; a path validation's retransmissions run on a timer task here;
+* it ends on DELETE, on a failed/closed connection, when the caller's authenticated ICE
+  checks stop (consent, RFC 7675), or on drain — and always sends `session.end` to the agent.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,6 +30,7 @@ from typing import Any
 import trio
 from opentelemetry.trace import Span
 
+from services.transceiver.ice_lite import Credentials, LiteIce
 from services.transceiver.rtc import (
     AgentLink,
     AgentLinkError,
@@ -48,11 +52,6 @@ RECONNECT_MIN = 0.2
 RECONNECT_MAX = 5.0
 
 
-@dataclass
-class SessionStats:
-    counters: Counter[str] = field(default_factory=Counter)
-
-
 @dataclass(eq=False)
 class Session:
     session_id: str
@@ -60,41 +59,54 @@ class Session:
     agent_url: str | None
     region: str
     ingress: list[Address]
-    ufrag: str
-    pwd: str
+    creds: Credentials
     send: Callable[[bytes, Address], None]
-    on_validated: Callable[[Session, Address], None]
     counters: Counter[str]
     traceparent: str | None = None
-    remote_ufrag: str | None = None
     span: Span | None = None
+    consent_timeout: float = CONSENT_TIMEOUT
     created: float = field(default_factory=time.monotonic)
     milestones: dict[str, float] = field(default_factory=dict)
     state: str = "new"
     ended: trio.Event = field(default_factory=trio.Event)
     end_reason: str | None = None
     old_ufrags: list[str] = field(default_factory=list)
-    last_check: float = field(default_factory=time.monotonic)
+    ice: LiteIce = field(init=False)
     rtc: RtcSession = field(init=False)
 
     def __post_init__(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._state_changed = trio.Event()
+        self._timer_changed = trio.Event()
         self._link: AgentLink | None = None
+        self.ice = LiteIce(self.creds)
         self.rtc = RtcSession(
-            ufrag=self.ufrag,
-            pwd=self.pwd,
+            ufrag=self.creds.local_ufrag,
+            pwd=self.creds.local_pwd,
             candidates=self.ingress,
             send=self.send,
             callbacks=SessionCallbacks(
                 audio=self._audio_in,
                 state=self._state_in,
                 event=self._event_in,
-                validated=lambda addr: self.on_validated(self, addr),
+                selected=lambda: self.ice.selected,
                 milestone=self._milestone,
                 count=self._count,
             ),
         )
+
+    @property
+    def ufrag(self) -> str:
+        return self.ice.creds.local_ufrag
+
+    @property
+    def remote_ufrag(self) -> str:
+        return self.ice.creds.remote_ufrag
+
+    @property
+    def last_check(self) -> float:
+        """When the caller last proved it is there (an authenticated check), else created."""
+        return self.ice.last_check if self.ice.last_check is not None else self.created
 
     # -- callbacks from the asyncio side (same thread) ---------------------------------------
 
@@ -137,8 +149,18 @@ class Session:
     def _count(self, name: str) -> None:
         self.counters[name] += 1
 
-    def stun_seen(self) -> None:
-        self.last_check = time.monotonic()
+    def timer_changed(self) -> None:
+        """`ice.next_deadline()` may have moved: wake the timer task."""
+        self._timer_changed.set()
+
+    def restart_ice(self, creds: Credentials) -> None:
+        """ICE restart (RFC 8445 §9): new credentials both ways; DTLS and SRTP carry on."""
+        self.old_ufrags.append(self.ufrag)
+        self.ice.restart(creds)
+        self.rtc.restart_ice(
+            creds.local_ufrag, creds.local_pwd, creds.remote_ufrag, creds.remote_pwd
+        )
+        self.timer_changed()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -155,6 +177,7 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch)
+                nursery.start_soon(self._ice_timer)
                 if self.agent_url:
                     nursery.start_soon(self._agent_bridge)
                 await self.ended.wait()
@@ -185,9 +208,23 @@ class Session:
             if self.state in ("failed", "closed"):
                 self.end(f"connection_{self.state}")
                 return
-            if time.monotonic() - self.last_check > CONSENT_TIMEOUT:
+            if time.monotonic() - self.last_check > self.consent_timeout:
                 self.end("consent_expired")
                 return
+
+    async def _ice_timer(self) -> None:
+        """Let an unanswered path validation lapse when `LiteIce` says it is due."""
+        while True:
+            deadline = self.ice.next_deadline()
+            delay = math.inf if deadline is None else max(0.0, deadline - time.monotonic())
+            with trio.move_on_after(delay) as wait:
+                await self._timer_changed.wait()
+                self._timer_changed = trio.Event()
+            if not wait.cancelled_caught:
+                continue
+            lapsed = self.ice.on_deadline(time.monotonic())
+            if lapsed is not None:
+                self.counters[lapsed.reason] += 1
 
     # -- the agent bridge ------------------------------------------------------------------
 

@@ -226,6 +226,24 @@ def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ig
         # RFC 8445 PRIORITY is 4 bytes; a 2-byte one makes aioice raise struct.error
         attrs += struct.pack("!HHH", stun.PRIORITY, 2, 7) + b"\0\0"
         crafted = struct.pack("!HHI", 0x0001, len(attrs), stun.MAGIC_COOKIE) + b"x" * 12 + attrs
+        # ... and the same, signed with the call's real credentials (a hostile caller)
+        pc: Any = c.pc
+        (ice,) = pc._RTCPeerConnection__iceTransports
+        conn = ice._connection
+        pwd = next(
+            line.split(":", 1)[1]
+            for line in c.result.answer_sdp.splitlines()
+            if line.startswith("a=ice-pwd:")
+        )
+        signed = stun.build_stun(
+            stun.BINDING,
+            stun.REQUEST,
+            b"y" * 12,
+            [(stun.USERNAME, f"{ufrag}:{conn.local_username}".encode()), (stun.PRIORITY, b"\0\7")],
+            integrity_key=pwd.encode(),
+        )
+        pair = conn._nominated[1]
+        pair.protocol.transport.sendto(signed, pair.remote_addr)
         datagrams = [
             crafted,
             b"\x00\x01\x00\x00",
@@ -240,9 +258,6 @@ def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ig
                 junk.sendto(d, tx.media)
         junk.close()
         # forged SRTP from the caller's own (validated) address: authentication fails
-        pc: Any = c.pc
-        (ice,) = pc._RTCPeerConnection__iceTransports
-        pair = ice._connection._nominated[1]
         for seq in range(5):
             forged = b"\x80\x6f" + seq.to_bytes(2, "big") + bytes(8) + b"\xaa" * 60
             pair.protocol.transport.sendto(forged, pair.remote_addr)
@@ -252,7 +267,8 @@ def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ig
         assert heard == 440  # the call carried on
 
     asyncio.run(main())
-    assert event_count(tx, "session_datagram_error") >= 1
+    assert event_count(tx, "stun_auth_fail") >= 5  # unsigned: dropped before aioice
+    assert event_count(tx, "session_datagram_error") >= 1  # signed: aioice raised, counted
     assert event_count(tx, "srtp_auth_fail") >= 5
     status, _ = tx.request("GET", "/healthz")
     assert status == 200

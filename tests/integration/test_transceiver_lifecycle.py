@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import time
 from typing import Any
 
 import aioice
+import trio
 from aioice import stun as aioice_stun
 
 from services.call.caller import Caller, ToneTrack, dominant, tone_power
 from tests.integration.test_transceiver import ingress, signal_via
-from tests.support import AgentProcess, RelayProcess, TransceiverProcess
+from tests.support import (
+    AgentProcess,
+    RelayProcess,
+    SignalingProcess,
+    TransceiverProcess,
+    start_all,
+)
 
 
 def _ice_connection(caller: Caller) -> Any:
@@ -221,3 +229,31 @@ def test_sigterm_after_an_api_drain_still_lets_calls_finish() -> None:
         tx.kill()
         agent.kill()
         relay.kill()
+
+
+async def test_a_drained_call_hears_drain_not_transceiver_lost() -> None:
+    """SIGTERM drains: the transceiver ends its calls with reason `drain`, then stays up
+    until signaling has read that reason (not `transceiver_lost` because it was gone before
+    the call watcher's next probe)."""
+    from tests.integration.test_signaling import KEY, closed_code, open_ws, recv
+    from tests.unit.test_signaling_app import OFFER
+
+    tx = TransceiverProcess("--drain-seconds", "0.5")
+    sig = SignalingProcess("--transceiver", tx.api, "--ingress", "127.0.0.1:3478")
+    start_all(tx, sig)
+    try:
+        async with open_ws(sig, ("Authorization", f"Bearer {KEY}")) as ws:
+            await ws.send_message(json.dumps({"type": "offer", "sdp": OFFER}))
+            assert (await recv(ws))["type"] == "answer"
+            assert await recv(ws) == {"type": "state", "state": "live"}
+            assert tx.proc is not None
+            tx.proc.terminate()
+            assert await recv(ws) == {"type": "state", "state": "ended"}
+            assert await recv(ws) == {"type": "bye", "reason": "drain"}
+            assert await closed_code(ws) == 1000
+        with trio.fail_after(10):
+            await trio.to_thread.run_sync(tx.proc.wait)
+        assert tx.proc.returncode == 0
+    finally:
+        tx.kill()
+        sig.kill()

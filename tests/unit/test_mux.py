@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.transceiver.mux import SessionMux
+from services.transceiver.mux import Delivery, SessionMux, Unrouted
 from shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2
 from tests.support import binding_request, mint, rtp
 
@@ -27,7 +27,9 @@ def test_binding_request_finds_session_by_ufrag_and_routes_back_through_the_rela
     token = mint("10.0.0.1", 5004).decode()
     mux.add_ufrag(token, s)
     d = mux.on_datagram(RELAY, framed(binding_request(token.encode())))
-    assert d is not None and d.session is s and d.client == CLIENT
+    assert isinstance(d, Delivery) and d.session is s and d.client == CLIENT
+    assert mux.frame_for(CLIENT, b"resp") is None  # not before the check authenticated
+    mux.note_route(s, d)
     data, dest = mux.frame_for(CLIENT, b"resp")  # type: ignore[misc]
     assert dest == RELAY
     hdr = parse_proxy_v2(data)
@@ -60,7 +62,10 @@ def test_replies_follow_the_relay_that_last_delivered() -> None:
 def test_drops() -> None:
     mux: SessionMux[S] = SessionMux()
     assert mux.on_datagram(CLIENT, rtp()) is None  # unframed without --accept-direct
-    assert mux.on_datagram(RELAY, framed(binding_request(mint()))) is None  # unknown ufrag
+    token = mint()
+    assert mux.on_datagram(RELAY, framed(binding_request(token))) == Unrouted(
+        token, CLIENT, RELAY, INGRESS
+    )
     assert mux.on_datagram(RELAY, framed(b"")) is None
     assert mux.on_datagram(RELAY, framed(bytes(1501))) is None
     assert mux.on_datagram(RELAY, build_proxy_v2(CLIENT, INGRESS)[:20]) is None
@@ -80,7 +85,9 @@ def test_direct_mode_answers_unframed() -> None:
     s = S()
     token = mint().decode()
     mux.add_ufrag(token, s)
-    assert mux.on_datagram(CLIENT, binding_request(token.encode())) is not None
+    d = mux.on_datagram(CLIENT, binding_request(token.encode()))
+    assert isinstance(d, Delivery)
+    mux.note_route(s, d)
     assert mux.frame_for(CLIENT, b"resp") == (b"resp", CLIENT)
 
 
@@ -116,3 +123,43 @@ def test_a_flows_header_is_parsed_once() -> None:
     hdr[14:16] = (12 + 4).to_bytes(2, "big")
     d = mux.on_datagram(RELAY, bytes(hdr) + b"\x04\x00\x01x" + rtp(3))
     assert d is not None and d.payload == rtp(3) and len(mux.headers) == 1
+
+
+def test_unauthenticated_traffic_from_many_sources_leaves_no_state() -> None:
+    mux: SessionMux[S] = SessionMux()
+    s = S()
+    token = mint().decode()
+    mux.add_ufrag(token, s)
+    for i in range(2000):
+        client = (f"198.18.{i // 250}.{i % 250 + 1}", 1024 + i)
+        mux.on_datagram(RELAY, framed(binding_request(token.encode()), client))
+        mux.on_datagram(RELAY, framed(rtp(), client))
+        mux.on_datagram(RELAY, framed(binding_request(mint()), client))
+    assert not mux.routes and not mux.clients_of and not mux.by_client and not mux.headers
+    assert mux.drops["unvalidated"] == 2000 and mux.drops["unknown_ufrag"] == 2000
+
+
+def test_only_the_address_being_validated_may_answer_and_only_with_stun() -> None:
+    mux: SessionMux[S] = SessionMux()
+    s = S()
+    other = ("203.0.113.77", 7777)
+    mux.expect(s, other)
+    answer = bytes([0x01, 0x01]) + bytes(18)
+    d = mux.on_datagram(RELAY, framed(answer, other))
+    assert isinstance(d, Delivery) and d.session is s
+    assert mux.on_datagram(RELAY, framed(rtp(), other)) is None  # media: not yet
+    assert mux.on_datagram(RELAY, framed(answer, CLIENT)) is None  # nobody else
+    mux.expect(s, CLIENT)  # one validation per session: the old one is forgotten
+    assert mux.on_datagram(RELAY, framed(answer, other)) is None
+    mux.remove_session(s, [])
+    assert not mux.probing and not mux.probe_of
+
+
+def test_forgetting_a_path_drops_its_route_and_validation() -> None:
+    mux: SessionMux[S] = SessionMux()
+    s = S()
+    mux.validated(s, CLIENT)
+    mux.on_datagram(RELAY, framed(rtp()))
+    mux.forget(s, CLIENT)
+    assert not mux.by_client and not mux.routes
+    assert mux.on_datagram(RELAY, framed(rtp())) is None

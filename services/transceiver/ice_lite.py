@@ -1,0 +1,219 @@
+"""One session's ICE-lite agent, sans-IO: which checks count, and where the media goes.
+
+The transceiver is an ICE-lite agent (RFC 8445 §2.5): it sends no checks of its own to set a
+call up; the caller's checks, arriving through the relay, both prove the caller and choose
+the path. This module decides, for every STUN datagram of a session, before aioice sees it:
+
+* A Binding request counts only if its USERNAME is ``<our ufrag>:<their ufrag>`` and its
+  MESSAGE-INTEGRITY verifies with our password (RFC 8445 §7.3, RFC 8489 §9.1.3), and its
+  FINGERPRINT, when present, matches. Anything else is dropped and counted, never answered:
+  an answer to an unauthenticated packet turns the edge into a reflector, and a STUN error
+  response is what used to establish a relay flow for a spoofed source.
+* A transaction ID seen from one address and then from another is a captured check replayed
+  from elsewhere: dropped.
+* Consent (RFC 7675) is refreshed only by an authenticated check.
+* The first authenticated check selects the media path (the lite agent's nomination).
+* Once a path is selected, media moves to another address only after that address proves it
+  is the caller: we send it our own Binding request, signed with the caller's password, and
+  move only on a success response that verifies with it (a return-routability check, like
+  QUIC path validation, RFC 9000 §8.2). Until then the media stays where it is, and the new
+  address gets, per check it sent, one STUN response (aioice answers each check once; the
+  relay needs that success response to carry the flow at all) and at most one validation
+  request — never retransmitted on its own, so nothing goes to an unproven address that it
+  did not ask for. This is how a NAT rebinding recovers, at the caller's next check.
+* Bounds: at most `MAX_PATHS` addresses per session (the least recently checked yields), one
+  validation in flight (it lapses after `PROBE_TIMEOUT`), at most one started per
+  `PROBE_INTERVAL`.
+
+Time is passed in (monotonic seconds); randomness (transaction IDs, tie-breaker) is injected.
+Nothing here does I/O: the caller sends what the verdicts carry and calls `on_deadline` at
+`next_deadline()`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shared.wire import stun
+
+Address = tuple[str, int]
+
+MAX_PATHS = 8  # authenticated client addresses remembered per session
+MAX_RECENT = 64  # transaction IDs remembered for replay detection
+PROBE_TIMEOUT = 1.0  # a validation not answered by then lapses (s)
+PROBE_INTERVAL = 0.5  # at most one validation started per half second
+# RFC 8445 §5.1.2.1: priority of a peer-reflexive candidate, component 1, as our check's
+# PRIORITY (what the caller would learn us as; it knows us already, from the answer).
+PRFLX_PRIORITY = (110 << 24) | (65535 << 8) | (256 - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    local_ufrag: str
+    local_pwd: str
+    remote_ufrag: str
+    remote_pwd: str
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """An authenticated check: hand it to aioice (it answers); send `probe` if any."""
+
+    selects: bool  # this check selected the session's first media path
+    probe: bytes | None = None  # our Binding request to the check's source (validation)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Dropped, not answered; `reason` is the counter."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PathValidated:
+    """`client` answered our check: the media now goes there."""
+
+    client: Address
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    client: Address
+    transaction_id: bytes
+    expires: float
+
+
+class LiteIce:
+    def __init__(self, creds: Credentials, *, random: Callable[[int], bytes] = os.urandom) -> None:
+        self.creds = creds
+        self.selected: Address | None = None
+        self.last_check: float | None = None  # last authenticated check (consent)
+        self._random = random
+        self._tie_breaker = random(8)
+        self._paths: dict[Address, float] = {}  # authenticated address -> last check
+        self._validated: set[Address] = set()
+        self._recent: dict[bytes, Address] = {}  # transaction id -> its source
+        self._probe: _Probe | None = None
+        self._last_probe_start = float("-inf")
+        self.forgotten: list[Address] = []  # paths evicted since the caller last looked
+
+    # -- the caller's checks -------------------------------------------------------------------
+
+    def on_request(self, now: float, client: Address, data: bytes) -> Accepted | Refused:
+        try:
+            msg = stun.parse_stun(data)
+        except stun.StunError:
+            return Refused("stun_malformed")
+        if msg.method != stun.BINDING or msg.cls != stun.REQUEST:
+            return Refused("stun_unexpected")
+        creds = self.creds
+        try:
+            if msg.username != f"{creds.local_ufrag}:{creds.remote_ufrag}":
+                return Refused("stun_auth_fail")
+            stun.verify_message_integrity(data, msg, creds.local_pwd.encode())
+            if msg.fingerprint_offset is not None:
+                stun.verify_fingerprint(data, msg)
+        except stun.StunError:
+            return Refused("stun_auth_fail")
+        seen = self._recent.get(msg.transaction_id)
+        if seen is not None and seen != client:
+            return Refused("stun_replay")
+        if seen is None:
+            if len(self._recent) >= MAX_RECENT:
+                del self._recent[next(iter(self._recent))]
+            self._recent[msg.transaction_id] = client
+        self.last_check = now
+        self._note_path(client, now)
+        if self.selected is None:
+            self.selected = client
+            self._validated.add(client)
+            return Accepted(selects=True)
+        if client in self._validated:
+            return Accepted(selects=False)
+        return Accepted(selects=False, probe=self._start_probe(now, client))
+
+    def _note_path(self, client: Address, now: float) -> None:
+        paths = self._paths
+        if client not in paths and len(paths) >= MAX_PATHS:
+            lru = min((a for a in paths if a != self.selected), key=paths.__getitem__)
+            del paths[lru]
+            self._validated.discard(lru)
+            if self._probe is not None and self._probe.client == lru:
+                self._probe = None
+            self.forgotten.append(lru)
+        paths[client] = now
+
+    # -- path validation -------------------------------------------------------------------------
+
+    def _start_probe(self, now: float, client: Address) -> bytes | None:
+        if self._probe is not None or now - self._last_probe_start < PROBE_INTERVAL:
+            return None
+        creds = self.creds
+        transaction_id = self._random(stun.TRANSACTION_ID_LENGTH)
+        request = stun.build_stun(
+            stun.BINDING,
+            stun.REQUEST,
+            transaction_id,
+            [
+                (stun.USERNAME, f"{creds.remote_ufrag}:{creds.local_ufrag}".encode()),
+                (stun.PRIORITY, struct.pack("!I", PRFLX_PRIORITY)),
+                (stun.ICE_CONTROLLED, self._tie_breaker),
+            ],
+            integrity_key=creds.remote_pwd.encode(),
+            fingerprint=True,
+        )
+        self._last_probe_start = now
+        self._probe = _Probe(client, transaction_id, now + PROBE_TIMEOUT)
+        return request
+
+    def probing(self) -> Address | None:
+        """The address a validation is in flight to, if any."""
+        return self._probe.client if self._probe is not None else None
+
+    def on_response(self, now: float, client: Address, data: bytes) -> PathValidated | Refused:
+        probe = self._probe
+        try:
+            msg = stun.parse_stun(data)
+        except stun.StunError:
+            return Refused("stun_malformed")
+        if (
+            probe is None
+            or client != probe.client
+            or msg.transaction_id != probe.transaction_id
+            or msg.method != stun.BINDING
+        ):
+            return Refused("stun_unexpected")
+        if msg.cls != stun.SUCCESS:
+            self._probe = None
+            return Refused("path_validation_refused")
+        try:
+            stun.verify_message_integrity(data, msg, self.creds.remote_pwd.encode())
+        except stun.StunError:
+            return Refused("stun_auth_fail")
+        self._probe = None
+        self.selected = client
+        self._validated.add(client)
+        return PathValidated(client)
+
+    def next_deadline(self) -> float | None:
+        return self._probe.expires if self._probe is not None else None
+
+    def on_deadline(self, now: float) -> Refused | None:
+        """Let an unanswered validation lapse (`Refused`); None when nothing is due. The
+        caller's next check from that address starts another."""
+        probe = self._probe
+        if probe is None or now < probe.expires:
+            return None
+        self._probe = None
+        return Refused("path_validation_timeout")
+
+    # -- ICE restart ------------------------------------------------------------------------------
+
+    def restart(self, creds: Credentials) -> None:
+        """New credentials both ways (RFC 8445 §9); the media stays on its path."""
+        self.creds = creds
+        self._probe = None

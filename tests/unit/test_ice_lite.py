@@ -1,0 +1,197 @@
+"""One session's ICE-lite agent, with a fake clock and no sockets."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.transceiver.ice_lite import (
+    MAX_PATHS,
+    PROBE_INTERVAL,
+    PROBE_TIMEOUT,
+    Accepted,
+    Credentials,
+    LiteIce,
+    PathValidated,
+    Refused,
+)
+from shared.wire import stun
+from tests.support import binding_request
+
+CREDS = Credentials("SERVERufrag", "server-password-24chars!", "cLnt", "client-password-22chrs")
+CALLER = ("203.0.113.5", 5555)
+ELSEWHERE = ("198.51.100.66", 6666)
+T0 = 1000.0
+
+
+def check(creds: Credentials = CREDS, **kw: bytes) -> bytes:
+    """The caller's check, as a browser sends it (USE-CANDIDATE aside)."""
+    return binding_request(
+        kw.get("server", creds.local_ufrag.encode()),
+        kw.get("client", creds.remote_ufrag.encode()),
+        kw.get("pwd", creds.local_pwd.encode()),
+    )
+
+
+def counter_random() -> object:
+    counter = itertools.count(1)
+    return lambda n: next(counter).to_bytes(n, "big")
+
+
+def agent() -> LiteIce:
+    return LiteIce(CREDS, random=counter_random())  # type: ignore[arg-type]
+
+
+def answer(request: bytes, pwd: str = CREDS.remote_pwd, cls: int = stun.SUCCESS) -> bytes:
+    """What the caller's full ICE agent answers to our check."""
+    msg = stun.parse_stun(request)
+    return stun.build_stun(
+        stun.BINDING,
+        cls,
+        msg.transaction_id,
+        [(stun.XOR_MAPPED_ADDRESS, stun.encode_xor_address("10.0.0.9", 3478, msg.transaction_id))],
+        integrity_key=pwd.encode(),
+        fingerprint=True,
+    )
+
+
+def test_the_first_authenticated_check_selects_the_path_and_refreshes_consent() -> None:
+    ice = agent()
+    assert ice.on_request(T0, CALLER, check()) == Accepted(selects=True)
+    assert ice.selected == CALLER and ice.last_check == T0
+    assert ice.on_request(T0 + 5, CALLER, check()) == Accepted(selects=False)
+    assert ice.last_check == T0 + 5
+
+
+def test_checks_that_do_not_authenticate_are_refused_and_change_nothing() -> None:
+    ice = agent()
+    forged = [
+        check(pwd=b"not-the-password-at-all"),
+        check(server=b"SOMEONEelse"),
+        check(client=b"other"),
+        stun.build_stun(
+            stun.BINDING, stun.REQUEST, bytes(12), [(stun.USERNAME, b"SERVERufrag:cLnt")]
+        ),
+        stun.build_stun(stun.BINDING, stun.REQUEST, bytes(12)),
+    ]
+    corrupted = bytearray(check())
+    corrupted[-1] ^= 1  # the FINGERPRINT no longer matches
+    for data in [*forged, bytes(corrupted)]:
+        assert ice.on_request(T0, CALLER, data) == Refused("stun_auth_fail"), data
+    assert ice.on_request(T0, CALLER, b"\x00\x01garbage") == Refused("stun_malformed")
+    indication = stun.build_stun(stun.BINDING, stun.INDICATION, bytes(12))
+    assert ice.on_request(T0, CALLER, indication) == Refused("stun_unexpected")
+    assert ice.selected is None and ice.last_check is None and ice.next_deadline() is None
+
+
+def test_a_check_replayed_from_another_address_is_refused() -> None:
+    ice = agent()
+    captured = check()
+    assert ice.on_request(T0, CALLER, captured) == Accepted(selects=True)
+    assert ice.on_request(T0 + 1, CALLER, captured) == Accepted(selects=False)  # retransmit
+    assert ice.on_request(T0 + 1, ELSEWHERE, captured) == Refused("stun_replay")
+    assert ice.last_check == T0 + 1 and ice.probing() is None
+
+
+def test_media_moves_only_after_the_new_address_answers_our_own_check() -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    verdict = ice.on_request(T0 + 1, ELSEWHERE, check())
+    assert isinstance(verdict, Accepted) and verdict.probe is not None
+    assert ice.selected == CALLER and ice.probing() == ELSEWHERE
+    probe = stun.parse_stun(verdict.probe)
+    assert (probe.method, probe.cls) == (stun.BINDING, stun.REQUEST)
+    assert probe.username == "cLnt:SERVERufrag"  # the caller's ufrag first: we ask it
+    stun.verify_message_integrity(verdict.probe, probe, CREDS.remote_pwd.encode())
+    stun.verify_fingerprint(verdict.probe, probe)
+    assert probe.get(stun.ICE_CONTROLLED) is not None  # a lite agent is controlled
+    # answers that do not prove anything move nothing
+    assert ice.on_response(T0 + 1.1, CALLER, answer(verdict.probe)) == Refused("stun_unexpected")
+    forged = answer(verdict.probe, pwd="guessed-password-xxxxxx")
+    assert ice.on_response(T0 + 1.1, ELSEWHERE, forged) == Refused("stun_auth_fail")
+    stale = answer(check())  # another transaction
+    assert ice.on_response(T0 + 1.1, ELSEWHERE, stale) == Refused("stun_unexpected")
+    assert ice.selected == CALLER
+    assert ice.on_response(T0 + 1.1, ELSEWHERE, answer(verdict.probe)) == PathValidated(ELSEWHERE)
+    assert ice.selected == ELSEWHERE and ice.probing() is None
+    # the old path still counts as the caller's (no new validation if it checks again)
+    assert ice.on_request(T0 + 2, CALLER, check()) == Accepted(selects=False)
+    assert ice.selected == ELSEWHERE
+
+
+def test_an_error_answer_ends_the_validation() -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    verdict = ice.on_request(T0 + 1, ELSEWHERE, check())
+    assert isinstance(verdict, Accepted) and verdict.probe is not None
+    refused = answer(verdict.probe, cls=stun.ERROR)
+    assert ice.on_response(T0 + 1.1, ELSEWHERE, refused) == Refused("path_validation_refused")
+    assert ice.selected == CALLER and ice.probing() is None
+
+
+def test_a_validation_is_sent_once_and_lapses_unanswered() -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    verdict = ice.on_request(T0, ELSEWHERE, check())
+    assert isinstance(verdict, Accepted) and verdict.probe is not None
+    assert ice.next_deadline() == T0 + PROBE_TIMEOUT
+    assert ice.on_deadline(T0 + PROBE_TIMEOUT - 0.001) is None  # not due yet
+    assert ice.on_deadline(T0 + PROBE_TIMEOUT) == Refused("path_validation_timeout")
+    assert ice.next_deadline() is None and ice.probing() is None and ice.selected == CALLER
+    # an answer that comes too late moves nothing; the next check starts a new validation
+    assert ice.on_response(T0 + 2, ELSEWHERE, answer(verdict.probe)) == Refused("stun_unexpected")
+    again = ice.on_request(T0 + 5, ELSEWHERE, check())
+    assert isinstance(again, Accepted) and again.probe is not None and again.probe != verdict.probe
+
+
+def test_validations_are_one_at_a_time_and_rate_limited() -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    first = ice.on_request(T0, ELSEWHERE, check())
+    assert isinstance(first, Accepted) and first.probe is not None
+    third = ("192.0.2.3", 3333)
+    assert ice.on_request(T0, third, check()) == Accepted(selects=False, probe=None)
+    assert ice.on_response(T0 + 0.1, ELSEWHERE, answer(first.probe)) == PathValidated(ELSEWHERE)
+    assert ice.on_request(T0 + 0.2, third, check()) == Accepted(selects=False, probe=None)
+    later = ice.on_request(T0 + PROBE_INTERVAL, third, check())
+    assert isinstance(later, Accepted) and later.probe is not None
+
+
+def test_paths_are_bounded_the_least_recently_checked_yields_never_the_selected() -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    others = [(f"198.18.0.{i}", 1000 + i) for i in range(1, MAX_PATHS + 3)]
+    for i, addr in enumerate(others):
+        ice.on_request(T0 + 1 + i, addr, check())
+    assert len(ice._paths) == MAX_PATHS and CALLER in ice._paths
+    assert ice.forgotten == others[:3]
+    assert ice.selected == CALLER
+
+
+def test_ice_restart_takes_new_credentials_and_refuses_the_old() -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    ice.on_request(T0, ELSEWHERE, check())
+    new = Credentials("NEWserver", "new-server-password-24ch", "nclt", "new-client-password-22")
+    ice.restart(new)
+    assert ice.probing() is None and ice.selected == CALLER
+    assert ice.on_request(T0 + 1, CALLER, check()) == Refused("stun_auth_fail")
+    assert ice.on_request(T0 + 1, CALLER, check(new)) == Accepted(selects=False)
+    verdict = ice.on_request(T0 + 2, ELSEWHERE, check(new))
+    assert isinstance(verdict, Accepted) and verdict.probe is not None
+    assert stun.parse_stun(verdict.probe).username == "nclt:NEWserver"
+
+
+@given(st.binary(max_size=300), st.booleans())
+def test_garbage_is_refused_never_raises(data: bytes, as_response: bool) -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    verdict = ice.on_request(T0, ELSEWHERE, check())
+    assert isinstance(verdict, Accepted)
+    if as_response:
+        assert isinstance(ice.on_response(T0, ELSEWHERE, data), Refused)
+    else:
+        assert isinstance(ice.on_request(T0, ELSEWHERE, data), Refused)
+    assert ice.selected == CALLER
