@@ -12,11 +12,11 @@ import hmac
 import json
 from typing import Any
 
-import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from services.transceiver.service import CreateError, Transceiver
+from services.transceiver.service import Transceiver
+from services.transceiver.table import Refusal
 from shared.config import parse_hostport
 from shared.metrics import CONTENT_TYPE, MetricFamily, render
 from shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
@@ -28,7 +28,7 @@ def _error(status: int, reason: str) -> Response:
     return Response(json.dumps({"error": reason}), status=status, content_type="application/json")
 
 
-def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) -> QuartTrio:
+def create_app(tx: Transceiver) -> QuartTrio:
     app = QuartTrio("firsthop-transceiver")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     token = tx.config.internal_token
@@ -85,7 +85,7 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
                 region=region if isinstance(region, str) else None,
                 traceparent=request.headers.get("traceparent"),
             )
-        except CreateError as exc:
+        except Refusal as exc:
             resp = _error(exc.status, exc.reason)
             if exc.status == 503:
                 resp.headers["Retry-After"] = "1"
@@ -97,7 +97,7 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
         )
 
     def _gone(session_id: str) -> Response:
-        reason = tx.ended.get(session_id)
+        reason = tx.table.ended.get(session_id)
         if reason is None:
             return _error(404, "no such session")
         tx.reason_read(session_id)
@@ -106,7 +106,7 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
 
     @app.patch("/internal/v1/sessions/<session_id>")
     async def patch(session_id: str) -> Response:
-        if session_id not in tx.sessions:
+        if session_id not in tx.table.entries:
             return _gone(session_id)
         if request.mimetype != "application/trickle-ice-sdpfrag":
             return _error(415, "expected application/trickle-ice-sdpfrag")
@@ -117,15 +117,14 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
             return _error(400, "sdpfrag is not UTF-8")
         ufrag, pwd, candidates = sdpfrag_credentials(frag)
         tx.counters["trickle_candidates_ignored"] += len(candidates)
-        session = tx.sessions[session_id]
         if ufrag is None and pwd is None:
             return Response("", status=204)
         if not ufrag or not pwd:
             return _error(400, "an ICE restart needs both a=ice-ufrag and a=ice-pwd")
-        if ufrag == session.remote_ufrag:
+        if ufrag == tx.table.creds(session_id).remote_ufrag:
             return Response("", status=204)  # same credentials: plain trickle
-        new_ufrag, new_pwd = tx.restart_ice(session_id, ufrag, pwd)
-        body = f"a=ice-ufrag:{new_ufrag}\r\na=ice-pwd:{new_pwd}\r\n"
+        creds = tx.restart_ice(session_id, ufrag, pwd)
+        body = f"a=ice-ufrag:{creds.local_ufrag}\r\na=ice-pwd:{creds.local_pwd}\r\n"
         return Response(body, status=200, content_type="application/trickle-ice-sdpfrag")
 
     @app.delete("/internal/v1/sessions/<session_id>")
@@ -136,17 +135,15 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
 
     @app.post("/internal/v1/drain")
     async def drain() -> Response:
-        if drain_nursery is not None and not tx.draining:
-            drain_nursery.start_soon(tx.drain, tx.config.drain_seconds)
-        tx.draining = True
+        tx.start_drain(tx.config.drain_seconds)
         return Response(
-            json.dumps({"draining": True, "sessions": len(tx.sessions)}),
+            json.dumps({"draining": True, "sessions": len(tx.table)}),
             content_type="application/json",
         )
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        body = {"ok": True, "draining": tx.draining, "sessions": len(tx.sessions)}
+        body = {"ok": True, "draining": tx.draining, "sessions": len(tx.table)}
         return Response(json.dumps(body), content_type="application/json")
 
     @app.get("/metrics")
@@ -158,11 +155,11 @@ def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) ->
 
 def transceiver_metrics(tx: Transceiver) -> str:
     sessions = MetricFamily("firsthop_transceiver_sessions", "gauge", "Live sessions")
-    sessions.add(len(tx.sessions))
+    sessions.add(len(tx.table))
     drops = MetricFamily(
         "firsthop_transceiver_drops_total", "counter", "Datagrams dropped by the mux, by reason"
     )
-    for reason, n in sorted(tx.mux.drops.items()):
+    for reason, n in sorted(tx.table.mux.drops.items()):
         drops.add(n, reason=reason)
     events = MetricFamily("firsthop_transceiver_events_total", "counter", "Counted events")
     for name, n in sorted(tx.counters.items()):
@@ -170,7 +167,9 @@ def transceiver_metrics(tx: Transceiver) -> str:
     received = MetricFamily(
         "firsthop_transceiver_packets_total", "counter", "Datagrams on the media socket"
     )
-    received.add(tx.mux.received, direction="in").add(tx.counters["packets_out"], direction="out")
+    received.add(tx.table.mux.received, direction="in").add(
+        tx.counters["packets_out"], direction="out"
+    )
     draining = MetricFamily("firsthop_transceiver_draining", "gauge", "1 while draining")
     draining.add(1 if tx.draining else 0)
     return render([sessions, received, drops, events, draining, tx.setup_seconds])

@@ -35,7 +35,7 @@ async def serve_transceiver(
         log.warning("FIRSTHOP_INTERNAL_TOKEN is unset: only the network guards /internal/")
     async with trio.open_nursery() as nursery:
         media = await nursery.start(tx.serve)
-        app = create_app(tx, drain_nursery=nursery)
+        app = create_app(tx)
         binds = await nursery.start(
             lambda task_status: serve(app, hypercorn_config(config.api), task_status=task_status)
         )
@@ -50,7 +50,7 @@ async def serve_transceiver(
                     "media_addr": format_hostport(config.advertised),
                     "region": config.region,
                     "cluster": str(config.cluster),
-                    "sessions": str(len(tx.sessions)),
+                    "sessions": str(len(tx.table)),
                     "capacity": str(config.capacity),
                     "draining": "1" if tx.draining else "0",
                 }

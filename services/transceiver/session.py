@@ -1,26 +1,23 @@
 """One call on the transceiver, seen from Trio: lifecycle, agent bridge, events.
 
 A `Session` owns an `RtcSession` (aiortc, behind the asyncio boundary) and runs as one task in
-the transceiver's sessions nursery:
+the transceiver's sessions nursery, from its answer until it is told to `end` (the decisions
+are the `SessionTable`'s: setup and consent timeouts, drain, DELETE; a failed or closed
+connection is reported to it through `on_state`):
 
-* setup: it must reach `connected` within `SETUP_TIMEOUT`, or it ends;
 * the agent bridge streams decoded audio to the agent frame by frame as it arrives, and
   plays the agent's frames into the call from a bounded queue (`output.clear` empties it);
   if the agent is unreachable or goes away the call goes on with silence while the bridge
   reconnects with backoff;
 * events: JSON from the caller's data channel goes to the agent as `client.event`, the
   agent's `agent.event` goes to the caller; both sides get `call.state`;
-* ICE: every STUN datagram of the call goes through its `LiteIce` (`ice_lite.py`) before
-  aioice sees it; a path validation's retransmissions run on a timer task here;
-* it ends on DELETE, on a failed/closed connection, when the caller's authenticated ICE
-  checks stop (consent, RFC 7675), or on drain — and always sends `session.end` to the agent.
+* when it ends it closes the peer connection and always sends `session.end` to the agent.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,7 +27,7 @@ from typing import Any
 import trio
 from opentelemetry.trace import Span
 
-from services.transceiver.ice_lite import Credentials, LiteIce
+from services.transceiver.ice_lite import Credentials
 from services.transceiver.rtc import (
     AgentLink,
     AgentLinkError,
@@ -44,8 +41,6 @@ log = logging.getLogger("firsthop.transceiver.session")
 
 Address = tuple[str, int]
 
-SETUP_TIMEOUT = 30.0
-CONSENT_TIMEOUT = 30.0  # no ICE check from the caller for this long: the call is gone
 AGENT_CONNECT_TIMEOUT = 5.0
 MAX_EVENT_BYTES = 64 * 1024
 RECONNECT_MIN = 0.2
@@ -59,27 +54,23 @@ class Session:
     agent_url: str | None
     region: str
     ingress: list[Address]
-    creds: Credentials
+    creds: Credentials  # the first ones: the session table owns them from then on
     send: Callable[[bytes, Address], None]
+    selected: Callable[[], Address | None]  # the media path the session table chose
+    on_state: Callable[[Session, str], None]  # aiortc's connection state, as it changes
     counters: Counter[str]
     traceparent: str | None = None
     span: Span | None = None
-    consent_timeout: float = CONSENT_TIMEOUT
     created: float = field(default_factory=time.monotonic)
     milestones: dict[str, float] = field(default_factory=dict)
     state: str = "new"
     ended: trio.Event = field(default_factory=trio.Event)
     end_reason: str | None = None
-    old_ufrags: list[str] = field(default_factory=list)
-    ice: LiteIce = field(init=False)
     rtc: RtcSession = field(init=False)
 
     def __post_init__(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        self._state_changed = trio.Event()
-        self._timer_changed = trio.Event()
         self._link: AgentLink | None = None
-        self.ice = LiteIce(self.creds)
         self.rtc = RtcSession(
             ufrag=self.creds.local_ufrag,
             pwd=self.creds.local_pwd,
@@ -89,24 +80,11 @@ class Session:
                 audio=self._audio_in,
                 state=self._state_in,
                 event=self._event_in,
-                selected=lambda: self.ice.selected,
+                selected=self.selected,
                 milestone=self._milestone,
                 count=self._count,
             ),
         )
-
-    @property
-    def ufrag(self) -> str:
-        return self.ice.creds.local_ufrag
-
-    @property
-    def remote_ufrag(self) -> str:
-        return self.ice.creds.remote_ufrag
-
-    @property
-    def last_check(self) -> float:
-        """When the caller last proved it is there (an authenticated check), else created."""
-        return self.ice.last_check if self.ice.last_check is not None else self.created
 
     # -- callbacks from the asyncio side (same thread) ---------------------------------------
 
@@ -118,7 +96,7 @@ class Session:
 
     def _state_in(self, state: str) -> None:
         self.state = state
-        self._token.run_sync_soon(self._state_changed.set)
+        self.on_state(self, state)
         self._event_to_agent({"type": "call.state", "state": state})
         self.rtc.send_event(json.dumps({"type": "call.state", "state": state}))
 
@@ -149,19 +127,6 @@ class Session:
     def _count(self, name: str) -> None:
         self.counters[name] += 1
 
-    def timer_changed(self) -> None:
-        """`ice.next_deadline()` may have moved: wake the timer task."""
-        self._timer_changed.set()
-
-    def restart_ice(self, creds: Credentials) -> None:
-        """ICE restart (RFC 8445 §9): new credentials both ways; DTLS and SRTP carry on."""
-        self.old_ufrags.append(self.ufrag)
-        self.ice.restart(creds)
-        self.rtc.restart_ice(
-            creds.local_ufrag, creds.local_pwd, creds.remote_ufrag, creds.remote_pwd
-        )
-        self.timer_changed()
-
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def answer(self, offer_sdp: str) -> str:
@@ -176,8 +141,6 @@ class Session:
         """The session's whole life; returns once it has ended and is torn down."""
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch)
-                nursery.start_soon(self._ice_timer)
                 if self.agent_url:
                     nursery.start_soon(self._agent_bridge)
                 await self.ended.wait()
@@ -189,42 +152,6 @@ class Session:
                 self.span.set_attribute("firsthop.end_reason", self.end_reason or "")
                 self.span.end()
             log.info("session %s ended: %s", self.session_id, self.end_reason)
-
-    async def _watch(self) -> None:
-        with trio.move_on_after(SETUP_TIMEOUT) as setup:
-            while self.state != "connected":
-                if self.state in ("failed", "closed"):
-                    self.end(f"connection_{self.state}")
-                    return
-                await self._state_changed.wait()
-                self._state_changed = trio.Event()
-        if setup.cancelled_caught:
-            self.end("setup_timeout")
-            return
-        while True:
-            with trio.move_on_after(1.0):
-                await self._state_changed.wait()
-                self._state_changed = trio.Event()
-            if self.state in ("failed", "closed"):
-                self.end(f"connection_{self.state}")
-                return
-            if time.monotonic() - self.last_check > self.consent_timeout:
-                self.end("consent_expired")
-                return
-
-    async def _ice_timer(self) -> None:
-        """Let an unanswered path validation lapse when `LiteIce` says it is due."""
-        while True:
-            deadline = self.ice.next_deadline()
-            delay = math.inf if deadline is None else max(0.0, deadline - time.monotonic())
-            with trio.move_on_after(delay) as wait:
-                await self._timer_changed.wait()
-                self._timer_changed = trio.Event()
-            if not wait.cancelled_caught:
-                continue
-            lapsed = self.ice.on_deadline(time.monotonic())
-            if lapsed is not None:
-                self.counters[lapsed.reason] += 1
 
     # -- the agent bridge ------------------------------------------------------------------
 

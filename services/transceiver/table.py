@@ -1,0 +1,401 @@
+"""Every session of a transceiver, sans-IO: admission, credentials, routing, ICE, lifetimes.
+
+The transceiver's decisions live here, the way a relay's live in `FlowTable`: the Trio and
+asyncio code around it (`service.py`, `session.py`, `rtc/`) owns sockets, tasks and aiortc,
+feeds this class datagrams and state changes with the time, and carries out the commands it
+gets back. Nothing here does I/O or reads a clock, so every lifecycle path is unit-tested in
+milliseconds with a fake one.
+
+What it owns:
+
+* **admission**: `credentials` mints a session's ICE ufrag (its signed route token) and
+  password; `open` admits it, refused while draining or at capacity;
+* **routing**: the `SessionMux` says which session a datagram is for; every STUN datagram
+  then goes through that session's `LiteIce` (authentication, consent, path validation)
+  before anything reaches aiortc;
+* **lifetimes**: a session must connect within `setup_timeout`; once connected it lives as
+  long as the caller's authenticated checks keep coming (`consent_timeout`, RFC 7675); a
+  drain ends what is left when its grace runs out. `next_deadline()` says when to call
+  `on_deadline(now)`, which returns what ended (`Ended`);
+* **one source of truth for credentials**: a session's current ufrag and password are its
+  `LiteIce.creds`; ICE restart (`restart_ice`) replaces them there and routes the new ufrag;
+* **revocation**: a check for a ufrag no session holds, and every ufrag of a session that
+  ends, produce TOKEN_REVOKED notices to the relays that carried them (`proxy_v2`);
+* **why sessions ended**, remembered for signaling (bounded), and which drained sessions'
+  reasons nobody has read yet.
+
+Commands and events are small frozen classes; a session is known to the I/O side by the
+handle it gave `open` (generic: tests use plain objects).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from services.transceiver.ice_lite import Accepted, Credentials, LiteIce, PathValidated, Refused
+from services.transceiver.mux import Delivery, SessionMux, Unrouted
+from shared.wire.proxy_v2 import build_proxy_v2, revocation_tlv
+
+H = TypeVar("H")
+Address = tuple[str, int]
+
+SETUP_TIMEOUT = 30.0  # offer to connected
+CONSENT_TIMEOUT = 30.0  # RFC 7675 §5.1: no authenticated check for this long ends the call
+ENDED_REMEMBERED = 10_000
+NOTICE_INTERVAL = 1.0  # one TOKEN_REVOKED per (relay, token) per second, at most
+MAX_NOTICES_REMEMBERED = 10_000
+
+
+# -- commands (the I/O side carries them out) ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Put `data` on the shared socket toward `dest`."""
+
+    data: bytes
+    dest: Address
+
+
+@dataclass(frozen=True, slots=True)
+class ToIce(Generic[H]):
+    """An authenticated check for the session's ICE agent (aioice answers it)."""
+
+    handle: H
+    payload: bytes
+    client: Address
+
+
+@dataclass(frozen=True, slots=True)
+class ToMedia(Generic[H]):
+    """DTLS, SRTP or RTCP from a validated client of the session."""
+
+    handle: H
+    payload: bytes
+    client: Address
+
+
+@dataclass(frozen=True, slots=True)
+class PathChanged(Generic[H]):
+    """The session's media now goes to `client`, which proved it is the caller."""
+
+    handle: H
+    client: Address
+
+
+@dataclass(frozen=True, slots=True)
+class PathForgotten(Generic[H]):
+    """The session let go of a path (too many): ICE may drop its pair."""
+
+    handle: H
+    client: Address
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ended(Generic[H]):
+    """The session is over (`reason`: setup_timeout, consent_expired, drain, ...); the I/O
+    side tears it down, then calls `SessionTable.remove`."""
+
+    handle: H
+    reason: str
+
+
+Command = Send | ToIce[H] | ToMedia[H] | PathChanged[H] | PathForgotten[H]
+
+
+class Refusal(Exception):
+    """`open` refused a session: `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(eq=False)
+class Entry(Generic[H]):
+    session_id: str
+    handle: H
+    ice: LiteIce
+    opened: float
+    connected_at: float | None = None
+    ended: str | None = None  # why, once it has ended
+    old_ufrags: list[str] = field(default_factory=list)
+
+    @property
+    def ufrags(self) -> list[str]:
+        return [self.ice.creds.local_ufrag, *self.old_ufrags]
+
+
+class SessionTable(Generic[H]):
+    def __init__(
+        self,
+        *,
+        mint_ufrag: Callable[[], str],
+        mint_password: Callable[[], str],
+        capacity: int = 200,
+        accept_direct: bool = False,
+        setup_timeout: float = SETUP_TIMEOUT,
+        consent_timeout: float = CONSENT_TIMEOUT,
+    ) -> None:
+        self.mint_ufrag = mint_ufrag
+        self.mint_password = mint_password
+        self.capacity = capacity
+        self.setup_timeout = setup_timeout
+        self.consent_timeout = consent_timeout
+        self.mux: SessionMux[Entry[H]] = SessionMux(accept_direct=accept_direct)
+        self.entries: dict[str, Entry[H]] = {}
+        self.counters: Counter[str] = Counter()
+        self.draining = False
+        self.ended: dict[str, str] = {}  # session id -> why it ended, oldest first
+        self._unread: set[str] = set()  # drained sessions whose end reason nobody asked
+        self._drain_at: float | None = None
+        # timers: (when, seq, session id, kind); stale ones are skipped when they come up
+        self._timers: list[tuple[float, int, str, str]] = []
+        self._seq = itertools.count()
+        self._noticed: dict[tuple[Address, bytes], float] = {}
+
+    # -- admission --------------------------------------------------------------------------
+
+    def credentials(self, remote_ufrag: str, remote_pwd: str) -> Credentials:
+        """Fresh local credentials for a new session (or an ICE restart) of this caller."""
+        return Credentials(self.mint_ufrag(), self.mint_password(), remote_ufrag, remote_pwd)
+
+    def check_admission(self) -> None:
+        """Raise `Refusal` if a new session would be refused now (before any work on it)."""
+        if self.draining:
+            raise Refusal(503, "transceiver is draining")
+        if len(self.entries) >= self.capacity:
+            raise Refusal(503, "transceiver at capacity")
+
+    def open(self, now: float, session_id: str, handle: H, creds: Credentials) -> None:
+        """Admit a session whose answer is built: its ufrag routes, its setup clock runs."""
+        self.check_admission()
+        entry = Entry(session_id, handle, LiteIce(creds), opened=now)
+        self.entries[session_id] = entry
+        self.mux.add_ufrag(creds.local_ufrag, entry)
+        self._arm(now + self.setup_timeout, session_id, "setup")
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def creds(self, session_id: str) -> Credentials:
+        return self.entries[session_id].ice.creds
+
+    def selected(self, session_id: str) -> Address | None:
+        entry = self.entries.get(session_id)
+        return entry.ice.selected if entry is not None else None
+
+    # -- datagrams ----------------------------------------------------------------------------
+
+    def on_datagram(self, now: float, src: Address, data: bytes) -> Sequence[Command[H]]:
+        """What to do with one datagram from the shared socket (nothing: dropped, counted)."""
+        d = self.mux.on_datagram(src, data)
+        if d is None:
+            return ()
+        if type(d) is Unrouted:
+            return self._notice(now, d.ufrag, d.client, d.relay, d.ingress)
+        assert isinstance(d, Delivery)
+        if d.payload[0] > 3:  # DTLS, SRTP, RTCP (RFC 7983): from a validated client only
+            return (ToMedia(d.session.handle, d.payload, d.client),)
+        return self._on_stun(now, d)
+
+    def _on_stun(self, now: float, d: Delivery[Entry[H]]) -> Sequence[Command[H]]:
+        entry, client, payload = d.session, d.client, d.payload
+        ice = entry.ice
+        if len(payload) < 2 or payload[0] & 0x01 or payload[1] & 0x10:
+            # not a request (RFC 8489 §5: class bits 0x0110 of the type): our check's answer?
+            outcome = ice.on_response(now, client, payload)
+            if ice.probing() is None:
+                self.mux.unexpect(entry)
+            if isinstance(outcome, Refused):
+                self.counters[outcome.reason] += 1
+                return ()
+            assert isinstance(outcome, PathValidated)
+            self.mux.validated(entry, client)
+            self.counters["path_moved"] += 1
+            return (PathChanged(entry.handle, client),)
+        verdict = ice.on_request(now, client, payload)
+        if isinstance(verdict, Refused):
+            self.counters[verdict.reason] += 1  # dropped unanswered
+            return ()
+        assert isinstance(verdict, Accepted)
+        self.mux.note_route(entry, d)
+        commands: list[Command[H]] = []
+        for gone in ice.forgotten:
+            self.mux.forget(entry, gone)
+            commands.append(PathForgotten(entry.handle, gone))
+        ice.forgotten.clear()
+        if verdict.selects:
+            self.mux.validated(entry, client)
+        commands.append(ToIce(entry.handle, payload, client))  # aioice answers it
+        if verdict.probe is not None:
+            self.mux.expect(entry, client)
+            probe = self.frame_for(client, verdict.probe)
+            if probe is not None:
+                commands.append(probe)
+            self.counters["path_validations"] += 1
+            expires = ice.next_deadline()
+            if expires is not None:
+                self._arm(expires, entry.session_id, "probe")
+        return commands
+
+    def frame_for(self, client: Address, payload: bytes) -> Send | None:
+        """The datagram that carries `payload` to `client` (None: no route known)."""
+        framed = self.mux.frame_for(client, payload)
+        return Send(*framed) if framed is not None else None
+
+    def _notice(
+        self,
+        now: float,
+        token: bytes,
+        client: Address,
+        relay: Address | None,
+        ingress: Address | None,
+    ) -> Sequence[Command[H]]:
+        """TOKEN_REVOKED to `relay` (at most once per `NOTICE_INTERVAL` per token and relay;
+        a direct client is told nothing)."""
+        if relay is None or ingress is None:
+            return ()
+        key = (relay, token)
+        last = self._noticed.get(key)
+        if last is not None and now - last < NOTICE_INTERVAL:
+            return ()
+        if len(self._noticed) >= MAX_NOTICES_REMEMBERED:
+            self._noticed.clear()
+        self._noticed[key] = now
+        self.counters["revocations_sent"] += 1
+        return (Send(build_proxy_v2(ingress, client, revocation_tlv(token)), relay),)
+
+    # -- what the session's connection says ------------------------------------------------------
+
+    def connected(self, now: float, session_id: str) -> None:
+        """ICE and DTLS are up: the setup clock stops, the consent clock starts."""
+        entry = self.entries.get(session_id)
+        if entry is not None and entry.connected_at is None and entry.ended is None:
+            entry.connected_at = now
+            self._arm(now + self.consent_timeout, session_id, "consent")
+
+    def end(self, session_id: str, reason: str) -> Ended[H] | None:
+        """End a session (DELETE, a failed connection, an agent that hung up...); None if it
+        is unknown or already ending."""
+        entry = self.entries.get(session_id)
+        if entry is None or entry.ended is not None:
+            return None
+        entry.ended = reason
+        return Ended(entry.handle, reason)
+
+    def restart_ice(self, session_id: str, remote_ufrag: str, remote_pwd: str) -> Credentials:
+        """ICE restart (RFC 8445 §9): new credentials both ways; the old ufrag still routes
+        to the session (its checks no longer authenticate) until the session ends."""
+        entry = self.entries[session_id]
+        creds = self.credentials(remote_ufrag, remote_pwd)
+        entry.old_ufrags.append(entry.ice.creds.local_ufrag)
+        entry.ice.restart(creds)
+        self.mux.add_ufrag(creds.local_ufrag, entry)
+        return creds
+
+    def remove(self, session_id: str) -> Sequence[Send]:
+        """Forget a session the I/O side has torn down; returns TOKEN_REVOKED notices for
+        the relays that carried it, so they stop routing its tokens at once."""
+        entry = self.entries.pop(session_id, None)
+        if entry is None:
+            return ()
+        reason = entry.ended or "ended"
+        self.ended[session_id] = reason
+        while len(self.ended) > ENDED_REMEMBERED:
+            oldest = next(iter(self.ended))
+            del self.ended[oldest]
+            self._unread.discard(oldest)
+        self.counters[f"ended_{reason}"] += 1
+        notices: list[Send] = []
+        for client, route in self.mux.remove_session(entry, entry.ufrags):
+            if route.relay is None or route.ingress is None:
+                continue
+            for ufrag in entry.ufrags:
+                tlv = revocation_tlv(ufrag.encode())
+                notices.append(Send(build_proxy_v2(route.ingress, client, tlv), route.relay))
+        self.counters["revocations_sent"] += len(notices)
+        return notices
+
+    # -- drain ----------------------------------------------------------------------------------
+
+    def drain(self, now: float, grace: float) -> None:
+        """Admit no more sessions; those left when `grace` runs out end with `drain`."""
+        self.draining = True
+        at = now + grace
+        if self._drain_at is None or at < self._drain_at:
+            self._drain_at = at
+            self._arm(at, "", "drain")
+
+    def reason_read(self, session_id: str) -> None:
+        """Someone (signaling's call watcher) has learnt why `session_id` ended."""
+        self._unread.discard(session_id)
+
+    @property
+    def reasons_unread(self) -> int:
+        return len(self._unread)
+
+    # -- timers -----------------------------------------------------------------------------------
+
+    def _arm(self, when: float, session_id: str, kind: str) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), session_id, kind))
+
+    def next_deadline(self) -> float | None:
+        return self._timers[0][0] if self._timers else None
+
+    def on_deadline(self, now: float) -> list[Ended[H]]:
+        """Everything due by `now`: what ended, in order."""
+        out: list[Ended[H]] = []
+        while self._timers and self._timers[0][0] <= now:
+            _, _, session_id, kind = heapq.heappop(self._timers)
+            if kind == "drain":
+                out.extend(self._drain_due(now))
+                continue
+            entry = self.entries.get(session_id)
+            if entry is None or entry.ended is not None:
+                continue  # stale: the session is gone or going
+            ended = self._due(now, entry, kind)
+            if ended is not None:
+                out.append(ended)
+        return out
+
+    def _due(self, now: float, entry: Entry[H], kind: str) -> Ended[H] | None:
+        if kind == "setup":
+            if entry.connected_at is not None:
+                return None
+            return self.end(entry.session_id, "setup_timeout")
+        if kind == "consent":
+            assert entry.connected_at is not None
+            expires = max(entry.ice.last_check or 0.0, entry.connected_at) + self.consent_timeout
+            if now < expires:  # refreshed since it was armed: look again then
+                self._arm(expires, entry.session_id, "consent")
+                return None
+            return self.end(entry.session_id, "consent_expired")
+        if kind == "probe":
+            lapsed = entry.ice.on_deadline(now)
+            if lapsed is not None:
+                self.counters[lapsed.reason] += 1
+                self.mux.unexpect(entry)
+            elif (later := entry.ice.next_deadline()) is not None:
+                self._arm(later, entry.session_id, "probe")  # another validation since
+        return None
+
+    def _drain_due(self, now: float) -> list[Ended[H]]:
+        if self._drain_at is None or now < self._drain_at:
+            return []
+        out = []
+        for session_id in list(self.entries):
+            ended = self.end(session_id, "drain")
+            if ended is not None:
+                self._unread.add(session_id)
+                out.append(ended)
+        return out

@@ -1,0 +1,204 @@
+"""The transceiver's session table: every lifecycle path, with a fake clock and no sockets."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from services.transceiver.ice_lite import Credentials
+from services.transceiver.table import (
+    Ended,
+    PathChanged,
+    Refusal,
+    Send,
+    SessionTable,
+    ToIce,
+    ToMedia,
+)
+from shared.wire import stun
+from shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2, parse_tlvs, revocation_tlv
+from tests.support import binding_request, rtp
+
+T0 = 5000.0
+RELAY = ("10.0.0.9", 40000)
+INGRESS = ("198.51.100.1", 3478)
+CALLER = ("203.0.113.5", 5555)
+MOVED = ("203.0.113.5", 6666)  # the caller's NAT rebound
+
+
+def table(**kw: object) -> SessionTable[str]:
+    n = itertools.count()
+    return SessionTable(
+        mint_ufrag=lambda: f"TOKEN{next(n):035d}",
+        mint_password=lambda: f"password-{next(n):015d}",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def framed(payload: bytes, client: tuple[str, int] = CALLER) -> bytes:
+    return build_proxy_v2(client, INGRESS) + payload
+
+
+def check(creds: Credentials) -> bytes:
+    return binding_request(
+        creds.local_ufrag.encode(), creds.remote_ufrag.encode(), creds.local_pwd.encode()
+    )
+
+
+def opened(t: SessionTable[str], name: str = "s1", now: float = T0) -> Credentials:
+    creds = t.credentials("cLnt", "client-password-22chrs")
+    t.open(now, name, f"handle-{name}", creds)
+    return creds
+
+
+def test_admission_is_refused_while_draining_or_at_capacity() -> None:
+    t = table(capacity=2)
+    opened(t, "a")
+    opened(t, "b")
+    with pytest.raises(Refusal, match="capacity") as full:
+        t.check_admission()
+    assert full.value.status == 503
+    assert t.end("a", "deleted") == Ended("handle-a", "deleted")
+    t.remove("a")
+    t.check_admission()  # room again
+    t.drain(T0, 10)
+    with pytest.raises(Refusal, match="draining"):
+        opened(t, "c")
+
+
+def test_a_session_that_never_connects_ends_at_its_setup_timeout() -> None:
+    t = table(setup_timeout=30)
+    opened(t, "slow")
+    opened(t, "fast")
+    t.connected(T0 + 0.2, "fast")
+    assert t.next_deadline() == T0 + 30
+    assert t.on_deadline(T0 + 29.99) == []
+    assert t.on_deadline(T0 + 30) == [Ended("handle-slow", "setup_timeout")]
+    assert t.on_deadline(T0 + 30.1) == []  # fired once
+    t.remove("slow")
+    assert t.ended == {"slow": "setup_timeout"} and t.counters["ended_setup_timeout"] == 1
+
+
+def test_consent_is_refreshed_only_by_authenticated_checks() -> None:
+    t = table(consent_timeout=30)
+    creds = opened(t)
+    assert t.on_datagram(T0 + 0.1, RELAY, framed(check(creds)))  # the first check
+    t.connected(T0 + 0.2, "s1")
+    assert t.on_datagram(T0 + 10, RELAY, framed(check(creds)))  # a consent check
+    forged = binding_request(creds.local_ufrag.encode(), b"cLnt", b"wrong-password-x")
+    for i in range(30):  # unauthenticated, every second, from the caller's own address
+        assert t.on_datagram(T0 + 11 + i, RELAY, framed(forged)) == ()
+    assert t.counters["stun_auth_fail"] == 30
+    assert t.on_deadline(T0 + 30.2) == []  # armed at connect, refreshed since: re-armed
+    assert t.on_deadline(T0 + 39.99) == []
+    assert t.on_deadline(T0 + 40) == [Ended("handle-s1", "consent_expired")]
+
+
+def test_a_drain_ends_what_is_left_when_its_grace_runs_out_and_remembers_who_was_told() -> None:
+    t = table()
+    opened(t, "a")
+    opened(t, "b")
+    t.connected(T0, "a")
+    t.end("b", "deleted")  # already ending: not drained
+    t.drain(T0 + 1, 3)
+    assert t.on_deadline(T0 + 3.9) == []
+    assert t.on_deadline(T0 + 4) == [Ended("handle-a", "drain")]
+    for name in ("a", "b"):
+        t.remove(name)
+    assert t.ended == {"b": "deleted", "a": "drain"} and t.reasons_unread == 1
+    t.reason_read("a")
+    assert t.reasons_unread == 0
+
+
+def test_ice_restart_routes_the_new_ufrag_and_only_the_new_credentials_authenticate() -> None:
+    t = table()
+    old = opened(t)
+    t.on_datagram(T0, RELAY, framed(check(old)))
+    new = t.restart_ice("s1", "nClt", "new-client-password-22")
+    assert new.local_ufrag != old.local_ufrag and t.creds("s1") == new
+    assert t.on_datagram(T0 + 1, RELAY, framed(check(old))) == ()  # routed, refused
+    assert t.counters["stun_auth_fail"] == 1
+    commands = t.on_datagram(T0 + 1, RELAY, framed(check(new)))
+    assert [type(c) for c in commands] == [ToIce]
+    # both ufrags are revoked at the relay when the session ends
+    t.end("s1", "deleted")
+    notices = t.remove("s1")
+    tokens = {parse_tlvs(n.data, parse_proxy_v2(n.data))[0][1][1:] for n in notices}
+    assert tokens == {old.local_ufrag.encode(), new.local_ufrag.encode()}
+    assert all(n.dest == RELAY for n in notices)
+
+
+def test_media_flows_only_from_validated_clients_and_moves_only_after_validation() -> None:
+    t = table()
+    creds = opened(t)
+    assert t.on_datagram(T0, RELAY, framed(rtp())) == ()  # nothing before a check
+    first = t.on_datagram(T0, RELAY, framed(check(creds)))
+    assert first == [ToIce("handle-s1", check_payload(first), CALLER)]
+    assert t.on_datagram(T0, RELAY, framed(rtp())) == (ToMedia("handle-s1", rtp(), CALLER),)
+    # the caller's NAT rebinds: its check from the new port is answered and validated
+    moved = t.on_datagram(T0 + 5, RELAY, framed(check(creds), MOVED))
+    assert [type(c) for c in moved] == [ToIce, Send]
+    probe = moved[1]
+    assert isinstance(probe, Send) and probe.dest == RELAY
+    assert t.on_datagram(T0 + 5, RELAY, framed(rtp(), MOVED)) == ()  # not yet
+    assert t.selected("s1") == CALLER
+    request = probe.data[parse_proxy_v2(probe.data).payload_offset :]
+    answer = caller_answers(request, creds)
+    assert t.on_datagram(T0 + 5.05, RELAY, framed(answer, MOVED)) == (
+        PathChanged("handle-s1", MOVED),
+    )
+    assert t.selected("s1") == MOVED and t.counters["path_moved"] == 1
+    assert t.on_datagram(T0 + 5.1, RELAY, framed(rtp(), MOVED)) == (
+        ToMedia("handle-s1", rtp(), MOVED),
+    )
+
+
+def test_an_unanswered_validation_lapses_on_its_deadline() -> None:
+    t = table()
+    creds = opened(t)
+    t.on_datagram(T0, RELAY, framed(check(creds)))
+    t.on_datagram(T0 + 1, RELAY, framed(check(creds), MOVED))
+    assert t.mux.probing
+    assert t.next_deadline() == T0 + 1 + 1.0  # before the 30 s setup timeout
+    assert t.on_deadline(T0 + 2) == []
+    assert t.counters["path_validation_timeout"] == 1 and not t.mux.probing
+    assert t.selected("s1") == CALLER
+
+
+def test_a_check_for_a_ufrag_nobody_holds_gets_its_relay_a_revocation_once_a_second() -> None:
+    t = table()
+    gone = b"AQEAAQQKAAABE4xrSdIAZOFZ9HR8rmRJPUejIrUM"
+    request = framed(binding_request(gone))
+    (notice,) = t.on_datagram(T0, RELAY, request)
+    assert isinstance(notice, Send) and notice.dest == RELAY
+    assert notice.data == build_proxy_v2(INGRESS, CALLER, revocation_tlv(gone))
+    assert t.on_datagram(T0 + 0.5, RELAY, request) == ()
+    assert len(t.on_datagram(T0 + 1.0, RELAY, request)) == 1
+    direct = table(accept_direct=True)
+    assert direct.on_datagram(T0, CALLER, binding_request(gone)) == ()  # no relay to tell
+
+
+def test_why_sessions_ended_is_remembered_within_a_bound() -> None:
+    t = table(capacity=20_000)
+    for i in range(10_005):
+        opened(t, f"s{i}")
+        t.end(f"s{i}", "deleted")
+        t.remove(f"s{i}")
+    assert len(t.ended) == 10_000 and "s0" not in t.ended and "s10004" in t.ended
+
+
+def check_payload(commands: object) -> bytes:
+    (command,) = commands  # type: ignore[misc]
+    return command.payload  # type: ignore[no-any-return]
+
+
+def caller_answers(request: bytes, creds: Credentials) -> bytes:
+    msg = stun.parse_stun(request)
+    return stun.build_stun(
+        stun.BINDING,
+        stun.SUCCESS,
+        msg.transaction_id,
+        integrity_key=creds.remote_pwd.encode(),
+        fingerprint=True,
+    )
