@@ -11,7 +11,7 @@ import trio
 
 from services.transceiver.api import create_app
 from services.transceiver.registry import heartbeat, trace_handoff_writer
-from services.transceiver.rtc import run_trio_guest
+from services.transceiver.rtc import check_pinned_versions, run_trio_guest
 from services.transceiver.service import Transceiver, TransceiverConfig
 from shared.config import add_option, format_hostport, hostport_arg, parse_cidrs
 from shared.http import bound_address, hypercorn_config
@@ -182,6 +182,7 @@ def config_from_args(args: argparse.Namespace) -> TransceiverConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    check_pinned_versions()
     setup_logging(f"transceiver[{config.id}]")
     setup_tracing("transceiver")
     try:

@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from services.transceiver.ice_lite import Credentials
-from services.transceiver.rtc import watch_readable
+from services.transceiver.rtc import Milestone, watch_readable
 from services.transceiver.session import Session
 from services.transceiver.table import (
     Command,
@@ -306,7 +306,7 @@ class Transceiver:
             for notice in self.table.remove(session.session_id):
                 self._send(notice.data, notice.dest)  # its relays stop routing its tokens
             self._session_removed.set()
-            setup = session.milestones.get("dtls_connected")
+            setup = session.milestones.get(Milestone.DTLS_CONNECTED)
             if setup is not None:
                 self.setup_seconds.observe(setup)
 

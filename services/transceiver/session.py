@@ -9,8 +9,10 @@ connection is reported to it through `on_state`):
   plays the agent's frames into the call from a bounded queue (`output.clear` empties it);
   if the agent is unreachable or goes away the call goes on with silence while the bridge
   reconnects with backoff;
-* events: JSON from the caller's data channel goes to the agent as `client.event`, the
-  agent's `agent.event` goes to the caller; both sides get `call.state`;
+* events: JSON from the caller's data channel goes to the agent, what the agent sends for the
+  caller goes to the data channel; both sides hear of the call's state;
+* what those look like on the wire is the agent protocol's business (`agents/`, chosen by
+  the agent URL's scheme): the bridge here only carries them;
 * when it ends it closes the peer connection and always sends `session.end` to the agent.
 """
 
@@ -22,15 +24,17 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 from opentelemetry.trace import Span
 
+from services.transceiver.agents import AgentProtocol, AgentUrlError, CallInfo, agent_kind
+from services.transceiver.agents.events import ClearAudio, Malformed, PlayAudio, ToCaller
 from services.transceiver.ice_lite import Credentials
 from services.transceiver.rtc import (
     AgentLink,
     AgentLinkError,
+    Milestone,
     RtcSession,
     SessionCallbacks,
     call_asyncio,
@@ -42,7 +46,7 @@ log = logging.getLogger("firsthop.transceiver.session")
 Address = tuple[str, int]
 
 AGENT_CONNECT_TIMEOUT = 5.0
-MAX_EVENT_BYTES = 64 * 1024
+MAX_EVENT_BYTES = 64 * 1024  # a caller's data-channel message
 RECONNECT_MIN = 0.2
 RECONNECT_MAX = 5.0
 
@@ -62,7 +66,7 @@ class Session:
     traceparent: str | None = None
     span: Span | None = None
     created: float = field(default_factory=time.monotonic)
-    milestones: dict[str, float] = field(default_factory=dict)
+    milestones: dict[Milestone, float] = field(default_factory=dict)
     state: str = "new"
     ended: trio.Event = field(default_factory=trio.Event)
     end_reason: str | None = None
@@ -71,6 +75,7 @@ class Session:
     def __post_init__(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._link: AgentLink | None = None
+        self._agent: AgentProtocol | None = None
         self.rtc = RtcSession(
             ufrag=self.creds.local_ufrag,
             pwd=self.creds.local_pwd,
@@ -79,7 +84,7 @@ class Session:
             callbacks=SessionCallbacks(
                 audio=self._audio_in,
                 state=self._state_in,
-                event=self._event_in,
+                message=self._message_in,
                 selected=self.selected,
                 milestone=self._milestone,
                 count=self._count,
@@ -90,38 +95,48 @@ class Session:
 
     def _audio_in(self, pcm: bytes) -> None:
         # Straight onto the agent's socket, frame by frame as it is decoded.
-        link = self._link
-        if link is None or not link.send_bytes(pcm):
+        agent = self._agent
+        message = agent.caller_audio(pcm) if agent is not None else None
+        if message is None or not self._to_agent(message):
             self.counters["agent_audio_dropped"] += 1
 
     def _state_in(self, state: str) -> None:
         self.state = state
         self.on_state(self, state)
-        self._event_to_agent({"type": "call.state", "state": state})
+        agent = self._agent
+        message = agent.call_state(state) if agent is not None else None
+        if message is None or not self._to_agent(message):
+            self.counters["event_dropped_no_agent"] += 1
         self.rtc.send_event(json.dumps({"type": "call.state", "state": state}))
 
-    def _event_in(self, text: str) -> None:
-        if len(text.encode()) > MAX_EVENT_BYTES:
+    def _message_in(self, message: str | bytes) -> None:
+        """The caller's data channel: JSON text for the agent; anything else is dropped."""
+        if isinstance(message, bytes):
+            self.counters["event_dropped_binary"] += 1
+            return
+        if len(message.encode()) > MAX_EVENT_BYTES:
             self.counters["event_dropped_oversize"] += 1
             return
         try:
-            data = json.loads(text)
-        except ValueError:
+            data = json.loads(message)
+        except (ValueError, RecursionError):
             self.counters["event_dropped_not_json"] += 1
             return
-        self._event_to_agent({"type": "client.event", "data": data})
-
-    def _event_to_agent(self, message: dict[str, Any]) -> None:
-        link = self._link
-        if link is None or not link.send_text(json.dumps(message)):
+        agent = self._agent
+        out = agent.caller_event(data) if agent is not None else None
+        if out is None or not self._to_agent(out):
             self.counters["event_dropped_no_agent"] += 1
 
-    def _milestone(self, name: str) -> None:
-        if name not in self.milestones:
-            self.milestones[name] = time.monotonic() - self.created
+    def _to_agent(self, message: str | bytes) -> bool:
+        link = self._link
+        return link is not None and link.send(message)
+
+    def _milestone(self, milestone: Milestone) -> None:
+        if milestone not in self.milestones:
+            self.milestones[milestone] = time.monotonic() - self.created
             if self.span is not None:
-                self.span.add_event(name)
-        if name == "datachannel_open":
+                self.span.add_event(milestone.value)
+        if milestone is Milestone.DATACHANNEL_OPEN:
             self.rtc.send_event(json.dumps({"type": "call.state", "state": self.state}))
 
     def _count(self, name: str) -> None:
@@ -142,7 +157,7 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 if self.agent_url:
-                    nursery.start_soon(self._agent_bridge)
+                    nursery.start_soon(self._agent_bridge, self.agent_url)
                 await self.ended.wait()
                 nursery.cancel_scope.cancel()
         finally:
@@ -155,17 +170,19 @@ class Session:
 
     # -- the agent bridge ------------------------------------------------------------------
 
-    async def _agent_bridge(self) -> None:
-        assert self.agent_url is not None
+    async def _agent_bridge(self, url: str) -> None:
+        """Keep the call's agent connected: connect, say hello, carry messages both ways
+        until the link or the call ends; on a lost link the call goes on in silence while
+        this reconnects with backoff. The call's end is said to the agent, then it hangs up."""
+        try:
+            kind = agent_kind(url)
+        except AgentUrlError as exc:
+            self.counters["agent_bad_url"] += 1
+            log.error("session %s: %s; the call goes on without an agent", self.session_id, exc)
+            return
+        traceparent = traceparent_of(self.span) if self.span else self.traceparent
+        agent = kind.protocol(CallInfo(self.session_id, self.call_id, traceparent))
         delay = RECONNECT_MIN
-        start = {
-            "type": "session.start",
-            "session_id": self.session_id,
-            "call_id": self.call_id,
-            "sample_rate": 48000,
-            "frame_ms": 20,
-            "traceparent": traceparent_of(self.span) if self.span else self.traceparent,
-        }
         while True:
             closed = trio.Event()
             why: list[str] = []
@@ -176,9 +193,8 @@ class Session:
 
             try:
                 link = AgentLink(
-                    self.agent_url,
-                    on_binary=self.rtc.output.push,
-                    on_text=self._from_agent,
+                    kind.ws_url,
+                    on_message=lambda message: self._from_agent(agent, message),
                     on_closed=on_closed,
                 )
             except AgentLinkError as exc:
@@ -192,12 +208,12 @@ class Session:
                 link.close()
                 self.counters["agent_failures"] += 1
                 log.warning("session %s: agent unreachable (%s)", self.session_id, exc)
-                # The call goes on with silence while we reconnect.
                 await trio.sleep(delay)
                 delay = min(RECONNECT_MAX, delay * 2)
                 continue
-            link.send_text(json.dumps(start))
-            self._link = link
+            for message in agent.opening():
+                link.send(message)
+            self._link, self._agent = link, agent
             self.counters["agent_connects"] += 1
             delay = RECONNECT_MIN
             try:
@@ -205,26 +221,20 @@ class Session:
                 self.counters["agent_failures"] += 1
                 log.warning("session %s: agent link lost (%s)", self.session_id, why[0])
             finally:
-                self._link = None
+                self._link = self._agent = None
                 if link.open:  # the session is ending: say so, then hang up
-                    link.send_text(json.dumps({"type": "session.end"}))
+                    for message in agent.closing():
+                        link.send(message)
                 link.close()
 
-    def _from_agent(self, text: str) -> None:
-        try:
-            msg = json.loads(text)
-        except ValueError:
-            self.counters["agent_bad_message"] += 1
-            return
-        if not isinstance(msg, dict):
-            self.counters["agent_bad_message"] += 1
-            return
-        kind = msg.get("type")
-        if kind == "output.clear":
-            self.rtc.output.clear()
-        elif kind == "agent.event":
-            event = json.dumps(msg.get("data"))
-            if len(event) > MAX_EVENT_BYTES:
-                self.counters["event_dropped_oversize"] += 1
-            elif not self.rtc.send_event(event):
-                self.counters["event_dropped_no_channel"] += 1
+    def _from_agent(self, agent: AgentProtocol, message: str | bytes) -> None:
+        match agent.on_message(message):
+            case PlayAudio(pcm):
+                self.rtc.output.push(pcm)
+            case ClearAudio():
+                self.rtc.output.clear()
+            case ToCaller(text):
+                if not self.rtc.send_event(text):
+                    self.counters["event_dropped_no_channel"] += 1
+            case Malformed(reason):
+                self.counters[reason] += 1

@@ -19,8 +19,8 @@ async def _serve(handler):  # type: ignore[no-untyped-def]
 
 def test_messages_both_ways_and_oversize_and_close() -> None:
     async def main() -> None:
-        got_bin: list[bytes] = []
-        got_text: list[str] = []
+        got_bin: list[str | bytes] = []
+        got_text: list[str | bytes] = []
         closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         async def handler(ws):  # type: ignore[no-untyped-def]
@@ -35,33 +35,31 @@ def test_messages_both_ways_and_oversize_and_close() -> None:
         server, url = await _serve(handler)
         link = AgentLink(
             url,
-            on_binary=got_bin.append,
-            on_text=got_text.append,
+            on_message=lambda m: (got_text if isinstance(m, str) else got_bin).append(m),
             on_closed=lambda why: closed.done() or closed.set_result(why),
         )
         await asyncio.wait_for(link.connect(), 5)
         for i in range(50):
-            assert link.send_bytes(bytes([i]) * 1920)
-        assert link.send_text('{"type": "hello"}')
+            assert link.send(bytes([i]) * 1920)
+        assert link.send('{"type": "hello"}')
         for _ in range(200):
             if len(got_bin) == 50 and got_text:
                 break
             await asyncio.sleep(0.01)
         assert got_bin == [bytes([i]) * 1920 for i in range(50)]
         assert got_text == ['{"type": "hello"}']
-        link.send_text("big")
+        link.send("big")
         assert "over 1 MiB" in await asyncio.wait_for(closed, 5)
-        assert not link.open and not link.send_bytes(b"late")
+        assert not link.open and not link.send(b"late")
 
         closed2: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         link2 = AgentLink(
             url,
-            on_binary=got_bin.append,
-            on_text=got_text.append,
+            on_message=lambda m: (got_text if isinstance(m, str) else got_bin).append(m),
             on_closed=lambda why: closed2.done() or closed2.set_result(why),
         )
         await asyncio.wait_for(link2.connect(), 5)
-        link2.send_text("bye")
+        link2.send("bye")
         assert "closed" in await asyncio.wait_for(closed2, 5)
         server.close()
         await server.wait_closed()
@@ -71,10 +69,10 @@ def test_messages_both_ways_and_oversize_and_close() -> None:
 
 def test_bad_urls_and_refusals() -> None:
     with pytest.raises(AgentLinkError):
-        AgentLink("http://x", on_binary=print, on_text=print, on_closed=print)
+        AgentLink("http://x", on_message=print, on_closed=print)
 
     async def main() -> None:
-        link = AgentLink("ws://127.0.0.1:1", on_binary=print, on_text=print, on_closed=print)
+        link = AgentLink("ws://127.0.0.1:1", on_message=print, on_closed=print)
         with pytest.raises(OSError):
             await asyncio.wait_for(link.connect(), 5)
 

@@ -1,0 +1,77 @@
+"""firsthop's native agent protocol (ARCHITECTURE §8), sans-IO.
+
+Text frames are JSON control messages, binary frames are audio: PCM16 little-endian, mono,
+48 kHz, 20 ms (960 samples, 1920 bytes) per frame, both ways.
+
+* to the agent: `session.start` (session_id, call_id, sample_rate, frame_ms, traceparent),
+  the caller's audio frames, `client.event` (the caller's data-channel JSON), `call.state`,
+  `session.end`;
+* from the agent: audio frames to play, `output.clear` (barge-in), `agent.event` (its `data`
+  goes to the caller's data channel, at most `MAX_EVENT_BYTES`). Anything else is ignored;
+  what is not JSON, not an object, or too big is `Malformed`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from services.transceiver.agents.events import (
+    AgentEvent,
+    CallInfo,
+    ClearAudio,
+    Malformed,
+    Message,
+    PlayAudio,
+    ToCaller,
+)
+
+SAMPLE_RATE = 48000
+FRAME_MS = 20
+MAX_EVENT_BYTES = 64 * 1024  # an event for the caller's data channel
+
+
+class NativeProtocol:
+    def __init__(self, call: CallInfo) -> None:
+        self.call = call
+
+    def opening(self) -> list[Message]:
+        start = {
+            "type": "session.start",
+            "session_id": self.call.session_id,
+            "call_id": self.call.call_id,
+            "sample_rate": SAMPLE_RATE,
+            "frame_ms": FRAME_MS,
+            "traceparent": self.call.traceparent,
+        }
+        return [json.dumps(start)]
+
+    def caller_audio(self, pcm: bytes) -> Message | None:
+        return pcm
+
+    def caller_event(self, data: object) -> Message | None:
+        return json.dumps({"type": "client.event", "data": data})
+
+    def call_state(self, state: str) -> Message | None:
+        return json.dumps({"type": "call.state", "state": state})
+
+    def closing(self) -> list[Message]:
+        return [json.dumps({"type": "session.end"})]
+
+    def on_message(self, message: Message) -> AgentEvent | None:
+        if isinstance(message, bytes):
+            return PlayAudio(message)
+        try:
+            msg = json.loads(message)
+        except (ValueError, RecursionError):
+            return Malformed("agent_bad_message")
+        if not isinstance(msg, dict):
+            return Malformed("agent_bad_message")
+        kind = msg.get("type")
+        if kind == "output.clear":
+            return ClearAudio()
+        if kind == "agent.event":
+            text = json.dumps(msg.get("data"))
+            if len(text) > MAX_EVENT_BYTES:
+                return Malformed("event_dropped_oversize")
+            return ToCaller(text)
+        return None

@@ -1,0 +1,28 @@
+"""The asyncio boundary: the only package of firsthop that imports asyncio, aiortc or aioice.
+
+* `bridge`: Trio as a guest of the asyncio host loop, and the calls between the two;
+* `hooks`: every private aiortc/aioice attribute firsthop touches, with the pinned-version
+  check (the ICE-lite agent on the shared socket is built there);
+* `session`: one call's peer connection (`RtcSession`), reporting through callbacks;
+* `audio`: the agent's voice out (paced, Opus-encoded here) and decoded frames in;
+* `agent_link`: the WebSocket to an agent, on the host loop (the protocol spoken over it is
+  `services/transceiver/agents/`' business).
+"""
+
+from services.transceiver.rtc.agent_link import AgentLink, AgentLinkError
+from services.transceiver.rtc.bridge import call_asyncio, run_trio_guest, watch_readable
+from services.transceiver.rtc.hooks import check_pinned_versions, hook_points
+from services.transceiver.rtc.session import Milestone, RtcSession, SessionCallbacks
+
+__all__ = [
+    "AgentLink",
+    "AgentLinkError",
+    "Milestone",
+    "RtcSession",
+    "SessionCallbacks",
+    "call_asyncio",
+    "check_pinned_versions",
+    "hook_points",
+    "run_trio_guest",
+    "watch_readable",
+]

@@ -1,0 +1,132 @@
+"""Audio between aiortc and the agent: decoded frames in, the agent's voice out.
+
+* `stereo_to_mono`: aiortc's Opus decoder gives packed s16 stereo; the agent gets PCM16 mono.
+* `AgentAudioTrack`: the agent's 20 ms frames, paced at real time from a bounded queue
+  (`pacing.py`), Opus-encoded here and handed to aiortc as packets (a cached Opus silence
+  frame while the agent is quiet): no resampling, executor hop or audio-level pass per frame.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import fractions
+import time
+from collections.abc import Callable
+
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame, CodecContext, Packet
+
+from services.transceiver.pacing import FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
+
+TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+OPUS_BITRATE = 48000  # mono voice
+LATE_GRACE = 0.008  # seconds a mid-speech frame may be late before silence fills its slot
+OPUS_SILENCE = b"\xf8\xff\xfe"  # one 20 ms CELT frame of silence (RFC 6716 §3.1 TOC 0xf8)
+
+
+def stereo_to_mono(frame: AudioFrame) -> bytes:
+    """PCM16 mono from a decoded frame (aiortc's Opus decoder gives packed s16 stereo)."""
+    data = bytes(frame.planes[0])[: frame.samples * 2 * len(frame.layout.channels)]
+    if len(frame.layout.channels) == 1:
+        return data
+    samples = array.array("h")
+    samples.frombytes(data)
+    return samples[::2].tobytes()
+
+
+class AgentAudioTrack(MediaStreamTrack):
+    """The agent's voice: 20 ms PCM16 mono frames paced at real time (see `pacing.py`),
+    silence when the queue is empty."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = OutputQueue()
+        self.frames_out = 0
+        self.first_audio_at: float | None = None
+        self.on_first_audio: Callable[[], None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._codec = CodecContext.create("libopus", "w")
+        self._codec.bit_rate = OPUS_BITRATE
+        self._codec.format = "s16"
+        self._codec.layout = "mono"
+        self._codec.sample_rate = SAMPLE_RATE
+        self._codec.time_base = TIME_BASE
+        self._codec.options = {"application": "voip", "frame_duration": "20"}
+
+    @property
+    def dropped(self) -> int:
+        return self.out.dropped_full
+
+    def push(self, pcm: bytes) -> None:
+        self.out.push(pcm)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and self.out.frames:
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self.out.clear()
+
+    async def recv(self) -> Packet:
+        if self.readyState != "live":
+            raise MediaStreamError
+        loop = asyncio.get_running_loop()
+        out = self.out
+        deadline = out.next_deadline(loop.time())
+        wait = deadline - loop.time()
+        if wait > 0:
+            if out.may_start_early():
+                # Idle: sleep to the tick, but agent audio arriving first goes out at once.
+                await self._wait_for_frame(loop, deadline)
+                if out.frames and loop.time() < deadline:
+                    out.rephase(loop.time())
+            else:
+                await asyncio.sleep(wait)
+        if not out.frames and not out.idle:
+            # Mid-speech and the next frame is not here yet: give it a moment before playing
+            # silence (a gap), keeping the clock, so the next tick catches up.
+            await self._wait_for_frame(loop, loop.time() + LATE_GRACE)
+        pcm = out.pop()
+        payload = OPUS_SILENCE
+        if pcm is not None:
+            self.frames_out += 1
+            if self.first_audio_at is None:
+                self.first_audio_at = time.monotonic()
+                if self.on_first_audio is not None:
+                    self.on_first_audio()
+            payload = self._encode(pcm, out.pts)
+        # Hand aiortc an encoded packet: it then only packs it (no resampling, no executor
+        # hop, no pure-Python audio-level pass over the frame).
+        packet = Packet(payload)
+        packet.pts = out.pts
+        packet.time_base = TIME_BASE
+        return packet
+
+    async def _wait_for_frame(self, loop: asyncio.AbstractEventLoop, until: float) -> None:
+        """Sleep until `until`, or until the agent's next frame arrives if sooner."""
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_at(until, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _encode(self, pcm: bytes, pts: int) -> bytes:
+        """Opus-encode one mono 20 ms frame (a mono Opus stream is valid in the negotiated
+        opus/48000/2, RFC 7587 §3.4)."""
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(pcm)
+        frame.pts = pts
+        frame.sample_rate = SAMPLE_RATE
+        frame.time_base = TIME_BASE
+        packets = self._codec.encode(frame)
+        return bytes(packets[0]) if packets else OPUS_SILENCE
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

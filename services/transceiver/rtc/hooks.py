@@ -1,0 +1,323 @@
+"""Every reach into aiortc's and aioice's private parts, in one place, with its version check.
+
+firsthop uses stock `RTCPeerConnection`s, bent in a few documented places to be an ICE-lite
+agent on one shared socket (RFC 8445 §2.5). Each bend is a function here; nothing else in the
+project touches a private attribute of aiortc or aioice. They hold for the pinned minors
+(`PINNED`, also pinned in pyproject.toml): `check_pinned_versions` refuses to run on others,
+and `hook_points` (asserted by a test) says whether every attribute used is where expected.
+
+The bends, per ICE connection (`make_lite`):
+
+* local credentials: `_local_username`/`_local_password` are set to the session's route token
+  and password after the offer is applied and before the answer is made (and on ICE restart);
+* `get_component_candidates` creates no socket: it gives aioice a `StunProtocol` on a
+  `VirtualTransport` whose `sendto` frames the datagram onto the process's ONE shared UDP
+  socket, and returns the relay ingress address(es) as host candidates;
+* `check_start` and `connect` become ICE-lite: aioice sends no connectivity check. Every check
+  it sees has been authenticated by the session table, which also says which path is
+  selected: a pair to the selected address succeeds and is nominated when its check arrives
+  (setup waits neither on a server check racing the answer nor on the caller's nomination
+  round); a pair to another address waits, in progress, until the table has validated that
+  address (`select_path`). So media never goes to an address that did not prove it is the
+  caller;
+* `query_consent` does nothing: consent is the caller's job towards a lite agent (RFC 7675);
+  the session table watches the caller's checks instead.
+
+And per receiver and DTLS transport: a zero-delay jitter buffer feeding the decoder thread
+straight (`low_latency_receiver`), and SRTP failures counted (`count_srtp_failures`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aioice
+import aioice.ice
+import aiortc
+import pylibsrtp
+from aioice.candidate import candidate_foundation, candidate_priority
+from aiortc import RTCConfiguration, RTCPeerConnection
+
+from services.transceiver.jitter import LowLatencyJitterBuffer
+
+Address = tuple[str, int]
+
+PINNED = {"aiortc": "1.16.", "aioice": "0.13."}
+
+
+def check_pinned_versions() -> None:
+    """Refuse to run on aiortc/aioice versions the hooks were not checked against."""
+    found = {"aiortc": aiortc.__version__, "aioice": aioice.__version__}
+    for name, prefix in PINNED.items():
+        if not found[name].startswith(prefix):
+            raise RuntimeError(
+                f"{name} {found[name]} is installed; firsthop's hooks are checked against "
+                f"{prefix}x only (see services/transceiver/rtc/hooks.py)"
+            )
+
+
+# -- the shared socket, seen from aioice ----------------------------------------------------
+
+
+class VirtualTransport(asyncio.DatagramTransport):
+    """A datagram transport with no socket of its own: `sendto` goes through `send`."""
+
+    def __init__(self, send: Callable[[bytes, Address], None], sockname: Address) -> None:
+        super().__init__()
+        self._send = send
+        self._sockname = sockname
+        self._protocol: asyncio.DatagramProtocol | None = None
+        self._closing = False
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, asyncio.DatagramProtocol)
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._protocol is not None
+        return self._protocol
+
+    def sendto(self, data: bytes | bytearray | memoryview, addr: Any = None) -> None:
+        if not self._closing and addr is not None:
+            self._send(bytes(data), (addr[0], addr[1]))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._sockname if name == "sockname" else default
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        # aioice's StunProtocol.close() waits for connection_lost: without it, close hangs.
+        if not self._closing:
+            self._closing = True
+            if self._protocol is not None:
+                self._protocol.connection_lost(None)
+
+    def abort(self) -> None:
+        self.close()
+
+
+# -- ICE ----------------------------------------------------------------------------------
+
+
+def ice_connections(pc: RTCPeerConnection) -> list[aioice.Connection]:
+    transports: set[Any] = pc._RTCPeerConnection__iceTransports  # type: ignore[attr-defined]
+    return [t._connection for t in transports]
+
+
+def set_credentials(
+    conn: aioice.Connection,
+    local: tuple[str, str],
+    remote: tuple[str, str] | None = None,
+) -> None:
+    """Our (ufrag, password), and the caller's once known (RFC 8445 §5.3)."""
+    conn._local_username, conn._local_password = local
+    if remote is not None:
+        conn.remote_username, conn.remote_password = remote
+
+
+def make_lite(
+    conn: aioice.Connection,
+    *,
+    candidates: list[Address],
+    send: Callable[[bytes, Address], None],
+    selected: Callable[[], Address | None],
+) -> Callable[[], aioice.ice.StunProtocol | None]:
+    """Bend `conn` into an ICE-lite agent on the shared socket (see the module docstring).
+    Returns a function giving its `StunProtocol` once candidates are gathered."""
+    state: dict[str, aioice.ice.StunProtocol] = {}
+
+    async def get_component_candidates(
+        component: int,
+        addresses: list[str],
+        timeout: int = 5,  # noqa: ASYNC109
+    ) -> list[aioice.Candidate]:
+        transport = VirtualTransport(send, candidates[0])
+        protocol = aioice.ice.StunProtocol(conn)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        local = [
+            aioice.Candidate(
+                foundation=candidate_foundation("host", "udp", host),
+                component=component,
+                transport="udp",
+                priority=candidate_priority(component, "host"),
+                host=host,
+                port=port,
+                type="host",
+            )
+            for host, port in candidates
+        ]
+        protocol.local_candidate = local[0]
+        conn._protocols.append(protocol)
+        state["protocol"] = protocol
+        return local
+
+    async def lite_check_start(pair: aioice.ice.CandidatePair) -> None:
+        # RFC 8445 §2.5 / §7.3.1.4: a lite agent sends no check; the caller's authenticated
+        # check on this pair (it just arrived) makes it valid if it is on the selected path.
+        # It is also taken as nominated at once: waiting for the caller's USE-CANDIDATE costs
+        # a whole ping interval (~50 ms with Chromium) before DTLS may start. A pair to
+        # another address stays in progress (so USE-CANDIDATE on it moves nothing) until
+        # `select_path` after validation.
+        if pair.remote_addr == selected():
+            _nominate(conn, pair)
+        else:
+            conn.check_state(pair, aioice.ice.CandidatePair.State.IN_PROGRESS)
+
+    async def lite_connect() -> None:
+        # A lite agent paces no checks (aioice's connect() polls every 20 ms for that):
+        # replay the checks that came before connect(), then wait for the check list.
+        if not conn._local_candidates_end:
+            raise ConnectionError("Local candidates gathering was not performed")
+        conn._early_checks_done = True
+        for early_check in conn._early_checks:
+            conn.check_incoming(*early_check)
+        conn._early_checks.clear()
+        if await conn._check_list_state.get() != aioice.ice.ICE_COMPLETED:
+            raise ConnectionError("ICE negotiation failed")
+
+    async def no_consent_checks() -> None:
+        await asyncio.Event().wait()
+
+    conn.get_component_candidates = get_component_candidates  # type: ignore[method-assign]
+    conn.check_start = lite_check_start  # type: ignore[method-assign]
+    conn.connect = lite_connect  # type: ignore[method-assign]
+    conn.query_consent = no_consent_checks  # type: ignore[method-assign]
+    return lambda: state.get("protocol")
+
+
+def _nominate(conn: aioice.Connection, pair: aioice.ice.CandidatePair) -> None:
+    conn.check_state(pair, aioice.ice.CandidatePair.State.SUCCEEDED)
+    pair.nominated = True
+    conn.check_complete(pair)  # moves `_nominated`, which is where aioice sends
+
+
+def select_path(conn: aioice.Connection, addr: Address) -> bool:
+    """Send the media to `addr`, a path the session table validated; False if ICE has no
+    pair to it (yet: a check held back until `connect()` is nominated then)."""
+    for pair in conn._check_list:
+        if pair.remote_addr == addr:
+            _nominate(conn, pair)
+            return True
+    return False
+
+
+def forget_path(conn: aioice.Connection, addr: Address) -> None:
+    """Drop ICE's pairs to a path the session table let go of, and their peer-reflexive
+    candidates, so a session's ICE state stays bounded however often the caller moves."""
+    nominated = list(conn._nominated.values())
+    gone = [p for p in conn._check_list if p.remote_addr == addr and p not in nominated]
+    if not gone:
+        return
+    conn._check_list = [p for p in conn._check_list if p not in gone]
+    kept = {id(p.remote_candidate) for p in conn._check_list}
+    dropped = {
+        id(p.remote_candidate)
+        for p in gone
+        if p.remote_candidate.type == "prflx" and id(p.remote_candidate) not in kept
+    }
+    conn._remote_candidates = [c for c in conn._remote_candidates if id(c) not in dropped]
+
+
+def receive_backlog(protocol: aioice.ice.StunProtocol) -> int:
+    """Datagrams waiting in the connection's (unbounded) receive queue."""
+    return protocol.receiver._queue.qsize()
+
+
+# -- RTP and DTLS -------------------------------------------------------------------------------
+
+
+def low_latency_receiver(receiver: Any) -> None:
+    """Replace the receiver's jitter buffer with ours, releasing frames straight to its
+    decoder thread, as aiortc's own receive path does with the one frame its buffer returns."""
+
+    def sink(frame: Any) -> None:
+        if receiver._RTCRtpReceiver__decoder_thread is None:
+            return
+        codec = receiver._RTCRtpReceiver__codecs.get(frame.payload_type)
+        if codec is None:
+            return
+        frame.timestamp = receiver._RTCRtpReceiver__timestamp_mapper.map(frame.timestamp)
+        receiver._RTCRtpReceiver__decoder_queue.put((codec, frame))
+
+    receiver._RTCRtpReceiver__jitter_buffer = LowLatencyJitterBuffer(sink=sink)
+
+
+class CountingSrtp:
+    """Wraps a receive-side pylibsrtp session to count auth and replay failures, which
+    aiortc only logs at debug level and drops."""
+
+    def __init__(self, inner: Any, count: Callable[[str], None]) -> None:
+        self._inner = inner
+        self._count = count
+
+    def _failed(self, exc: Exception) -> None:
+        text = str(exc).lower()
+        self._count("srtp_replay_fail" if "replay" in text else "srtp_auth_fail")
+
+    def unprotect(self, data: bytes) -> bytes:
+        try:
+            return bytes(self._inner.unprotect(data))
+        except pylibsrtp.Error as exc:
+            self._failed(exc)
+            raise
+
+    def unprotect_rtcp(self, data: bytes) -> bytes:
+        try:
+            return bytes(self._inner.unprotect_rtcp(data))
+        except pylibsrtp.Error as exc:
+            self._failed(exc)
+            raise
+
+
+def count_srtp_failures(dtls_transport: Any, count: Callable[[str], None]) -> None:
+    """Once DTLS is up: count SRTP auth and replay failures (aiortc only logs them)."""
+    if dtls_transport._rx_srtp is not None:
+        dtls_transport._rx_srtp = CountingSrtp(dtls_transport._rx_srtp, count)
+
+
+def hook_points() -> dict[str, bool]:
+    """Whether every aiortc/aioice internal this module relies on is where we expect it."""
+    from aiortc.rtcdtlstransport import RTCDtlsTransport
+
+    conn = aioice.Connection(ice_controlling=False)
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio")
+    receiver = pc.getTransceivers()[0].receiver
+    return {
+        "Connection._local_username": hasattr(conn, "_local_username"),
+        "Connection._local_password": hasattr(conn, "_local_password"),
+        "Connection._protocols": hasattr(conn, "_protocols"),
+        "Connection.get_component_candidates": hasattr(conn, "get_component_candidates"),
+        "Connection.check_start": hasattr(conn, "check_start"),
+        "Connection.check_state": hasattr(conn, "check_state"),
+        "Connection.check_complete": hasattr(conn, "check_complete"),
+        "Connection._check_list": hasattr(conn, "_check_list"),
+        "Connection._remote_candidates": hasattr(conn, "_remote_candidates"),
+        "Connection._nominated": hasattr(conn, "_nominated"),
+        "Connection.query_consent": hasattr(conn, "query_consent"),
+        "Connection.connect": hasattr(conn, "connect"),
+        "Connection._check_list_state": hasattr(conn, "_check_list_state"),
+        "Connection._early_checks": hasattr(conn, "_early_checks"),
+        "Connection._early_checks_done": hasattr(conn, "_early_checks_done"),
+        "Connection._local_candidates_end": hasattr(conn, "_local_candidates_end"),
+        "ice.ICE_COMPLETED": hasattr(aioice.ice, "ICE_COMPLETED"),
+        "StunProtocol.datagram_received": hasattr(aioice.ice.StunProtocol, "datagram_received"),
+        "Connection._queue": hasattr(conn, "_queue"),
+        "RTCDtlsTransport._rx_srtp": "_rx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
+        "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
+        **{
+            f"RTCRtpReceiver.{name}": hasattr(receiver, f"_RTCRtpReceiver{name}")
+            for name in (
+                "__jitter_buffer",
+                "__decoder_thread",
+                "__decoder_queue",
+                "__codecs",
+                "__timestamp_mapper",
+            )
+        },
+    }

@@ -1,0 +1,188 @@
+"""One call's peer connection: a stock aiortc `RTCPeerConnection` made an ICE-lite agent on
+the shared socket (`hooks.py`), with the agent's voice as its outgoing track.
+
+It reports what happens through `SessionCallbacks`, on the loop thread: decoded audio,
+connection states (aiortc's own words: "connected", "failed", "closed", ...), the caller's
+data-channel messages, and `Milestone`s for the setup timeline (span events and metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import aioice
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
+
+from services.transceiver.rtc import hooks
+from services.transceiver.rtc.audio import AgentAudioTrack, stereo_to_mono
+
+Address = tuple[str, int]
+
+MAX_RECEIVE_QUEUE = 256  # datagrams waiting for DTLS/SRTP in one session
+
+
+class Milestone(enum.StrEnum):
+    """Facts of a call's setup, in the order they usually happen (span event names)."""
+
+    ICE_CONNECTED = "ice_connected"
+    DTLS_CONNECTED = "dtls_connected"
+    DTLS_FAILED = "dtls_failed"
+    DATACHANNEL_OPEN = "datachannel_open"
+    FIRST_RTP_IN = "first_rtp_in"
+    FIRST_AUDIO_OUT = "first_audio_out"
+
+
+@dataclass
+class SessionCallbacks:
+    """What a session reports back (called on the loop thread, from asyncio context)."""
+
+    audio: Callable[[bytes], None]  # a decoded 20 ms frame, PCM16 mono 48 kHz
+    state: Callable[[str], None]  # the peer connection's state
+    message: Callable[[str | bytes], None]  # from the caller's data channel
+    selected: Callable[[], Address | None]  # the media path the session table chose
+    milestone: Callable[[Milestone], None]
+    count: Callable[[str], None]
+
+
+@dataclass
+class RtcSession:
+    ufrag: str
+    pwd: str
+    candidates: list[Address]  # the relay ingress address(es) advertised in the answer
+    send: Callable[[bytes, Address], None]  # frames and sends one datagram to a client
+    callbacks: SessionCallbacks
+    pc: RTCPeerConnection = field(init=False)
+    output: AgentAudioTrack = field(init=False)
+    channel: Any = field(init=False, default=None)
+    _protocols: list[Callable[[], aioice.ice.StunProtocol | None]] = field(
+        init=False, default_factory=list
+    )
+    _tasks: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.output = AgentAudioTrack()
+        self.output.on_first_audio = lambda: self.callbacks.milestone(Milestone.FIRST_AUDIO_OUT)
+        self.pc.on("connectionstatechange", self._on_state)
+        self.pc.on("iceconnectionstatechange", self._on_ice_state)
+        self.pc.on("track", self._on_track)
+        self.pc.on("datachannel", self._on_datachannel)
+
+    # -- setup -----------------------------------------------------------------------------
+
+    async def answer(self, offer_sdp: str) -> str:
+        """Apply the offer (candidates already stripped) and return the answer SDP."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
+        self.pc.addTrack(self.output)
+        for conn in hooks.ice_connections(self.pc):
+            hooks.set_credentials(conn, (self.ufrag, self.pwd))
+            self._protocols.append(
+                hooks.make_lite(
+                    conn,
+                    candidates=self.candidates,
+                    send=self.send,
+                    selected=self.callbacks.selected,
+                )
+            )
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.kind == "audio":
+                hooks.low_latency_receiver(transceiver.receiver)
+        answer = await self.pc.createAnswer()
+        await self.pc.setLocalDescription(answer)
+        for transceiver in self.pc.getTransceivers():
+            dtls = transceiver.receiver.transport
+            dtls.on("statechange", self._make_dtls_watch(dtls))
+        return str(self.pc.localDescription.sdp)
+
+    def select_path(self, addr: Address) -> bool:
+        """Send the media to `addr` (validated by the session table)."""
+        return any([hooks.select_path(conn, addr) for conn in hooks.ice_connections(self.pc)])
+
+    def forget_path(self, addr: Address) -> None:
+        for conn in hooks.ice_connections(self.pc):
+            hooks.forget_path(conn, addr)
+
+    def restart_ice(self, ufrag: str, pwd: str, remote_ufrag: str, remote_pwd: str) -> None:
+        """ICE restart (RFC 8445 §9): new credentials both ways; DTLS and SRTP carry on."""
+        self.ufrag, self.pwd = ufrag, pwd
+        for conn in hooks.ice_connections(self.pc):
+            hooks.set_credentials(conn, (ufrag, pwd), (remote_ufrag, remote_pwd))
+
+    # -- datagrams from the shared socket --------------------------------------------------
+
+    def datagram_received(self, data: bytes, addr: Address) -> bool:
+        """Hand one datagram to ICE; False if it was dropped because the session's receive
+        queue is full (aioice's own queue is unbounded)."""
+        protocol = self._protocols[0]() if self._protocols else None
+        if protocol is None:
+            return False
+        if data[0] > 3 and hooks.receive_backlog(protocol) >= MAX_RECEIVE_QUEUE:
+            return False
+        protocol.datagram_received(data, addr)
+        return True
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _on_state(self) -> None:
+        self.callbacks.state(self.pc.connectionState)
+
+    def _on_ice_state(self) -> None:
+        if self.pc.iceConnectionState == "completed":
+            self.callbacks.milestone(Milestone.ICE_CONNECTED)
+
+    def _make_dtls_watch(self, transport: Any) -> Callable[[], None]:
+        def watch() -> None:
+            if transport.state == "connected":
+                self.callbacks.milestone(Milestone.DTLS_CONNECTED)
+                hooks.count_srtp_failures(transport, self.callbacks.count)
+            elif transport.state == "failed":
+                self.callbacks.milestone(Milestone.DTLS_FAILED)
+
+        return watch
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(self._read_audio(track))
+
+    async def _read_audio(self, track: MediaStreamTrack) -> None:
+        first = True
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            if first:
+                first = False
+                self.callbacks.milestone(Milestone.FIRST_RTP_IN)
+            assert isinstance(frame, AudioFrame)
+            self.callbacks.audio(stereo_to_mono(frame))
+
+    def _on_datachannel(self, channel: Any) -> None:
+        self.channel = channel
+        channel.on("message", self.callbacks.message)
+        # A channel the caller opened is announced once open (DCEP, RFC 8832).
+        self.callbacks.milestone(Milestone.DATACHANNEL_OPEN)
+
+    def send_event(self, text: str) -> bool:
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            return False
+        channel.send(text)
+        return True
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self.output.stop()
+        await self.pc.close()
