@@ -11,13 +11,19 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
-import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.signaling.placement import REGION_NAME, RegionTable, TransceiverInfo
 from services.signaling.ratelimit import RateLimit
-from shared.config import Address, add_option, format_hostport, hostport_arg, parse_hostport
+from shared.config import (
+    Address,
+    add_option,
+    format_hostport,
+    hostport_arg,
+    is_loopback,
+    parse_hostport,
+)
 
 
 @dataclass
@@ -41,15 +47,6 @@ class SignalingConfig:
     ws_idle_timeout: float = 60.0
     call_poll_interval: float = 1.0  # WS call watcher: one cheap probe per call per second
     call_lost_after: float = 5.0  # transceiver unreachable this long: the call is gone
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def register_flags(p: argparse.ArgumentParser) -> None:
