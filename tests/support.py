@@ -300,6 +300,7 @@ class ServiceProcess:
         self.args = args
         self.health_url = health_url
         self.env = {**relay_env(), "FIRSTHOP_INTERNAL_TOKEN": INTERNAL_TOKEN, **(env or {})}
+        self.cwd: str | None = None  # the working directory it starts in (default: ours)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> ServiceProcess:
@@ -307,7 +308,7 @@ class ServiceProcess:
         import urllib.request
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *self.args], env=self.env
+            [sys.executable, "-m", "services.cli", *self.args], env=self.env, cwd=self.cwd
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -5,6 +5,8 @@ HTTP error such as 404/405/413 rendered the same way); only a bug in this code i
 Checks run cheapest first: per-IP rate limit, Content-Type, declared size, credential,
 per-key rate limit, then the body (size while reading, SDP sanity) and finally placement.
 
+Only the demo page is served: no static folder.
+
 CORS: responses on ``/v1/`` carry ``Access-Control-Allow-Origin`` for the configured
 origins (``*`` allows any) and expose ``Location`` (WHIP clients need it), ``Retry-After``
 and ``ETag``; ``OPTIONS`` preflights are answered 204 before any route runs.
@@ -66,7 +68,8 @@ def problem_response(problem: Problem) -> Response:
 
 
 def create_app(ctx: Context) -> QuartTrio:
-    app = QuartTrio("firsthop-signaling")
+    # static_folder=None: Quart's default serves ./static of the working directory.
+    app = QuartTrio("firsthop-signaling", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = MAX_SDP_BYTES
     config = ctx.config
     origins = set(config.cors_origins)

@@ -29,7 +29,7 @@ def _error(status: int, reason: str) -> Response:
 
 
 def create_app(tx: Transceiver, *, drain_nursery: trio.Nursery | None = None) -> QuartTrio:
-    app = QuartTrio("firsthop-transceiver")
+    app = QuartTrio("firsthop-transceiver", static_folder=None)  # no ./static of the cwd
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     token = tx.config.internal_token
 
