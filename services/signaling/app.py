@@ -5,7 +5,10 @@ HTTP error such as 404/405/413 rendered the same way); only a bug in this code i
 Checks run cheapest first: per-IP rate limit, Content-Type, declared size, credential,
 per-key rate limit, then the body (size while reading, SDP sanity) and finally placement.
 
-Only the demo page is served: no static folder.
+In ``--dev`` mode (client secrets with no key, loopback only) every request and WebSocket
+upgrade must name a loopback Host (``localhost``, 127.0.0.0/8, ``[::1]``, any port); anything
+else is 403 before any route runs, so a page on another site whose name resolves to 127.0.0.1
+(DNS rebinding) cannot mint a secret. Only the demo page is served: no static folder.
 
 CORS: responses on ``/v1/`` carry ``Access-Control-Allow-Origin`` for the configured
 origins (``*`` allows any) and expose ``Location`` (WHIP clients need it), ``Retry-After``
@@ -33,6 +36,7 @@ from services.signaling.errors import Problem
 from services.signaling.ratelimit import RateLimiter
 from services.signaling.transceivers import SDPFRAG
 from services.signaling.ws import WsSession
+from shared.config import is_loopback, parse_hostport
 from shared.metrics import CONTENT_TYPE, render
 from shared.sdp import MAX_SDP_BYTES
 
@@ -65,6 +69,15 @@ def problem_response(problem: Problem) -> Response:
     resp = json_response({"error": problem.reason}, problem.status)
     resp.headers.update(problem.headers)
     return resp
+
+
+def loopback_host(host: str | None) -> bool:
+    """Whether a Host header names this machine's loopback (any port)."""
+    try:
+        name, _ = parse_hostport(host or "", default_port=80)
+    except ValueError:
+        return False
+    return is_loopback(name)
 
 
 def create_app(ctx: Context) -> QuartTrio:
@@ -110,6 +123,18 @@ def create_app(ctx: Context) -> QuartTrio:
     def call_id_ok(call_id: str) -> None:
         if not CALL_ID.match(call_id):
             raise Problem(404, "no such call")
+
+    def dev_host_only(host: str | None) -> None:
+        if config.dev and not loopback_host(host):
+            raise Problem(403, "--dev server: the Host header must name a loopback address")
+
+    @app.before_request
+    async def check_host() -> None:
+        dev_host_only(request.headers.get("Host"))
+
+    @app.before_websocket
+    async def check_ws_host() -> None:
+        dev_host_only(websocket.headers.get("Host"))
 
     @app.before_request
     async def preflight() -> Response | None:
