@@ -14,11 +14,16 @@ let one connection cost a service without bound.
   stream the app has already answered raises KeyError out of hypercorn's connection handler,
   which ends `serve` and the whole process — one unauthenticated connection.
 
+* An early answer: a request answered (with ``Connection: close``) before its body had
+  arrived kept its connection open for as long as the client kept sending, because the
+  close ran in a task Quart-Trio had just cancelled.
+
 Strategy: the services speak HTTP/1.1 and WebSocket (TLS, and HTTP/2 with it, end at the
 ingress), so `Http11Only` never switches a connection to HTTP/2 and `BoundedWSStream`
 negotiates no extension, checks a message's size before it appends to it, and on a too-big
 message sends the 1009 close and closes the connection at once (RFC 6455 §7.1.7, *Fail the
-WebSocket Connection*), dropping what it had buffered. A WebSocket connection then holds at
+WebSocket Connection*), dropping what it had buffered; `Http11Only` also closes a
+connection for sure once it has said it would. A WebSocket connection then holds at
 most one message (`websocket_max_message_size`), one socket read (64 KiB) and the queues
 between hypercorn and the app (`max_app_queue_size` messages, and Quart's own 10).
 
@@ -35,11 +40,15 @@ from typing import Any
 import h11
 import hypercorn.protocol
 import hypercorn.protocol.h11
+import trio
+from hypercorn.events import Closed
+from hypercorn.events import Event as HypercornEvent
 from hypercorn.protocol.events import Event, Request, StreamClosed
 from hypercorn.protocol.ws_stream import FrameTooLargeError, WebsocketBuffer, WSStream
 from wsproto.events import Message
 
 EXTENSIONS_HEADER = b"sec-websocket-extensions"
+CLOSE_GRACE = 1.0  # seconds a connection's close may take, whatever cancels its task
 
 
 class BoundedBuffer(WebsocketBuffer):
@@ -73,6 +82,23 @@ class BoundedWSStream(WSStream):
 
 
 class Http11Only(hypercorn.protocol.h11.H11Protocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        send = self.send
+
+        async def send_closing_for_sure(event: HypercornEvent) -> None:
+            if not isinstance(event, Closed):
+                return await send(event)
+            # Closing the connection (shutdown, close: never blocks) after an answer with
+            # "Connection: close" runs in the app's task, and Quart-Trio cancels that task as
+            # soon as the stream reports the disconnect, before the close is done: a request
+            # answered before its body came (401, 408, 429, ...) kept its connection for as
+            # long as the client kept sending.
+            with trio.CancelScope(deadline=trio.current_time() + CLOSE_GRACE, shield=True):
+                await send(event)
+
+        self.send = send_closing_for_sure
+
     async def _check_protocol(self, event: h11.Request) -> None:
         """Hypercorn switches to HTTP/2 here (h2c upgrade, or prior knowledge); we never do:
         an upgrade request is served as HTTP/1.1, and ``PRI * HTTP/2.0`` gets an error."""

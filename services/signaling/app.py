@@ -4,6 +4,9 @@ Every failure is ``{"error": "<reason>"}`` with its status (a `Problem`, or a fr
 HTTP error such as 404/405/413 rendered the same way); only a bug in this code is a 500.
 Checks run cheapest first: per-IP rate limit, Content-Type, declared size, credential,
 per-key rate limit, then the body (size while reading, SDP sanity) and finally placement.
+Bodies are read under a deadline and a cap on uploads in progress (`bodies.Bodies`); a request
+whose body was not read (an early answer) gets it drained under the same rules, or its
+connection closes.
 
 In ``--dev`` mode (client secrets with no key, loopback only) every request and WebSocket
 upgrade must name a loopback Host (``localhost``, 127.0.0.0/8, ``[::1]``, any port); anything
@@ -25,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from quart import Response, request, websocket
+from quart import Response, g, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from services.signaling.auth import DEV_ISSUER, Authenticator
+from services.signaling.bodies import Bodies
 from services.signaling.calls import CallRequest, Calls, Stats, parse_offer_body
 from services.signaling.config import SignalingConfig
 from services.signaling.errors import Problem
@@ -59,6 +63,7 @@ class Context:
     ip_limiter: RateLimiter
     key_limiter: RateLimiter
     stats: Stats
+    bodies: Bodies
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> Response:
@@ -83,8 +88,9 @@ def loopback_host(host: str | None) -> bool:
 def create_app(ctx: Context) -> QuartTrio:
     # static_folder=None: Quart's default serves ./static of the working directory.
     app = QuartTrio("firsthop-signaling", static_folder=None)
-    app.config["MAX_CONTENT_LENGTH"] = MAX_SDP_BYTES
     config = ctx.config
+    app.config["MAX_CONTENT_LENGTH"] = MAX_SDP_BYTES
+    app.config["BODY_TIMEOUT"] = config.body_timeout  # Quart's, per read: ours is in total
     origins = set(config.cors_origins)
 
     def allowed_origin() -> str | None:
@@ -117,8 +123,13 @@ def create_app(ctx: Context) -> QuartTrio:
             raise Problem(413, f"body over {MAX_SDP_BYTES} bytes")
 
     async def body_bytes() -> bytes:
-        data = await request.get_data()  # 413 past MAX_CONTENT_LENGTH, even when chunked
-        return data if isinstance(data, bytes) else data.encode()
+        # 413 past MAX_CONTENT_LENGTH, even when chunked; 408 past the deadline; 429/503
+        # when too many uploads are in progress (then nothing more of it is read).
+        try:
+            return await ctx.bodies.read(request, client_ip(), g.body_deadline)
+        except Problem:
+            g.body_abandoned = True
+            raise
 
     def call_id_ok(call_id: str) -> None:
         if not CALL_ID.match(call_id):
@@ -130,6 +141,7 @@ def create_app(ctx: Context) -> QuartTrio:
 
     @app.before_request
     async def check_host() -> None:
+        g.body_deadline = ctx.bodies.deadline()  # first: the body's clock starts at arrival
         dev_host_only(request.headers.get("Host"))
 
     @app.before_websocket
@@ -147,14 +159,10 @@ def create_app(ctx: Context) -> QuartTrio:
         404, ...) skipped. Hypercorn may otherwise drop a keep-alive connection with a request
         half read, and the client's next request on it hangs. False: close the connection."""
         length = request.content_length
-        if length is not None and length > MAX_SDP_BYTES:
+        if g.get("body_abandoned") or (length is not None and length > MAX_SDP_BYTES):
             return False
-        try:
-            with trio.move_on_after(BODY_DRAIN_TIMEOUT) as scope:
-                await request.get_data()
-        except HTTPException:  # 413 while reading
-            return False
-        return not scope.cancelled_caught
+        deadline = min(g.body_deadline, trio.current_time() + BODY_DRAIN_TIMEOUT)
+        return await ctx.bodies.drain(request, client_ip(), deadline)
 
     @app.after_request
     async def finish(response: Response) -> Response:
@@ -182,7 +190,10 @@ def create_app(ctx: Context) -> QuartTrio:
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
-        reason = {413: f"body over {MAX_SDP_BYTES} bytes"}.get(status, exc.name.lower())
+        reason = {
+            408: f"request body not complete within {config.body_timeout:g} s",
+            413: f"body over {MAX_SDP_BYTES} bytes",
+        }.get(status, exc.name.lower())
         return problem_response(Problem(status, reason))
 
     @app.errorhandler(Exception)
@@ -279,6 +290,7 @@ def create_app(ctx: Context) -> QuartTrio:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(render(ctx.stats.families()), content_type=CONTENT_TYPE)
+        families = [*ctx.stats.families(), ctx.bodies.metric()]
+        return Response(render(families), content_type=CONTENT_TYPE)
 
     return app

@@ -1,4 +1,5 @@
-"""Token-bucket rate limits, one bucket per key (a client IP, or an API key fingerprint).
+"""Token-bucket rate limits, one bucket per key (a client IP, an API key fingerprint, a call);
+and `Slots`, a cap on how many things may be in progress at once, in all and per key.
 
 Pure: the clock is injected (`time.monotonic` by default), so tests step time by hand.
 `check(key)` either spends a token and returns 0.0, or returns how many seconds until one
@@ -64,3 +65,34 @@ class RateLimiter:
         }
         if len(self._buckets) > self._max_keys:
             self._buckets.clear()
+
+
+class Slots:
+    """At most `total` holders at once, and at most `per_key` with the same key (a client IP).
+
+    `take(key)` returns None when a slot was taken (give it back with `give_back(key)`), or
+    the limit that refused it: "key" (this key holds `per_key` already) or "total". A limit
+    of 0 is no limit. Memory: one entry per key that holds a slot now.
+    """
+
+    def __init__(self, total: int, per_key: int) -> None:
+        self.total = total
+        self.per_key = per_key
+        self.in_use = 0
+        self._held: dict[str, int] = {}
+
+    def take(self, key: str) -> str | None:
+        held = self._held.get(key, 0)
+        if self.per_key and held >= self.per_key:
+            return "key"
+        if self.total and self.in_use >= self.total:
+            return "total"
+        self._held[key] = held + 1
+        self.in_use += 1
+        return None
+
+    def give_back(self, key: str) -> None:
+        held = self._held.pop(key, 0) - 1
+        if held > 0:
+            self._held[key] = held
+        self.in_use -= 1

@@ -197,3 +197,106 @@ def test_http2_in_clear_text_cannot_take_the_process_down(
     )
     assert resp.status_code == 200 and resp.http_version == "HTTP/1.1"
     assert sig.proc is not None and sig.proc.poll() is None
+
+
+# -- slow bodies (finding 6) ---------------------------------------------------------------
+
+BODY_TIMEOUT = 10.0
+MAX_UPLOADS, MAX_UPLOADS_PER_IP = 60, 30
+PER_PHASE = 40  # from each of three addresses: 120 connections
+MARGIN = 10.0  # on top of the body deadline, for a loaded machine
+
+
+@pytest.fixture
+def capped() -> Iterator[SignalingProcess]:
+    sig = SignalingProcess(
+        *["--ip-rate", "0", "--key-rate", "0", "--body-timeout", str(BODY_TIMEOUT)],
+        *["--max-uploads", str(MAX_UPLOADS), "--max-uploads-per-ip", str(MAX_UPLOADS_PER_IP)],
+    ).start()
+    yield sig
+    sig.kill()
+
+
+async def slow_post(port: int, source: str, done: list[tuple[str, float, bytes]]) -> None:
+    """An authenticated POST /v1/calls that announces a 1000-byte offer and sends one byte a
+    second; records (source, seconds until the server answered and closed, its reply)."""
+    sock = trio.socket.socket()
+    await sock.bind((source, 0))
+    await sock.connect(("127.0.0.1", port))
+    head = (
+        "POST /v1/calls HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/sdp\r\n"
+        f"Authorization: Bearer {KEY}\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+    started = trio.current_time()
+    async with trio.SocketStream(sock) as stream:
+        await stream.send_all(head)
+
+        async def drip() -> None:
+            try:
+                while True:
+                    await stream.send_all(b"v")
+                    await trio.sleep(1)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drip)
+            reply = await read_until_closed(stream)
+            nursery.cancel_scope.cancel()
+    done.append((source, trio.current_time() - started, reply))
+
+
+async def scrape(http: httpx.AsyncClient, sig: SignalingProcess) -> dict:
+    from shared.metrics import parse_text
+
+    return parse_text((await http.get(f"{sig.url}/metrics")).text)
+
+
+def status_of(reply: bytes) -> int | None:
+    """The status of a reply (None if the connection went before one arrived)."""
+    return int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else None
+
+
+async def test_slow_bodies_time_out_and_uploads_are_capped(capped: SignalingProcess) -> None:
+    sig = capped
+    done: list[tuple[str, float, bytes]] = []
+    uploads = ("firsthop_signaling_uploads", frozenset())
+    with trio.fail_after(BODY_TIMEOUT + 3 * MARGIN):
+        async with httpx.AsyncClient(timeout=MARGIN) as http:
+            async with trio.open_nursery() as nursery:
+
+                async def phase(source: str, held: int, finished: int) -> None:
+                    for _ in range(PER_PHASE):
+                        nursery.start_soon(slow_post, sig.port, source, done)
+                    while True:  # until the server holds `held` and `finished` were answered
+                        if (await scrape(http, sig)).get(uploads) == held:
+                            if len(done) >= finished:
+                                return
+                        await trio.sleep(0.1)
+
+                # 30 of the first address's 40 get a slot (10: 429), the second's as well
+                # (the total is full now), and the third's are all refused (503) ...
+                await phase("127.0.0.2", held=30, finished=10)
+                await phase("127.0.0.3", held=60, finished=20)
+                await phase("127.0.0.4", held=60, finished=60)
+                # ... all of it at once, while health checks still answer
+                resp = await http.get(f"{sig.url}/healthz")
+                assert resp.status_code == 200 and resp.json()["ok"]
+            metrics = await scrape(http, sig)  # every request has been answered now
+
+    assert len(done) == 3 * PER_PHASE
+    assert max(seconds for _, seconds, _ in done) < BODY_TIMEOUT + MARGIN
+    events = "firsthop_signaling_events_total"
+    assert metrics[(events, frozenset({("event", "body_timeouts")}))] == 60
+    assert metrics[(events, frozenset({("event", "uploads_refused_ip")}))] == 20
+    assert metrics[(events, frozenset({("event", "uploads_refused_total")}))] == 40
+    assert metrics[uploads] == 0
+    # What reached the clients (a reset can swallow a reply: the clients are still sending)
+    seen = {status_of(reply) for _, _, reply in done}
+    assert seen <= {408, 429, 503, None}
+    for status, words in ((408, "not complete within"), (429, "address"), (503, "too many")):
+        replies = [r for _, _, r in done if status_of(r) == status]
+        assert replies, status
+        body = json.loads(replies[0].split(b"\r\n\r\n", 1)[1])
+        assert words in body["error"], body
+        assert all(b"connection: close" in r.lower() for r in replies)
