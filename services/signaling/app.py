@@ -4,6 +4,8 @@ Every failure is ``{"error": "<reason>"}`` with its status (a `Problem`, or a fr
 HTTP error such as 404/405/413 rendered the same way); only a bug in this code is a 500.
 Checks run cheapest first: per-IP rate limit, Content-Type, declared size, credential,
 per-key rate limit, then the body (size while reading, SDP sanity) and finally placement.
+PATCH and DELETE spend from the same per-IP bucket; a PATCH is then checked as an sdpfrag and
+answered here unless it restarts ICE (`trickle`).
 Bodies are read under a deadline and a cap on uploads in progress (`bodies.Bodies`); a request
 whose body was not read (an early answer) gets it drained under the same rules, or its
 connection closes.
@@ -39,6 +41,7 @@ from services.signaling.config import SignalingConfig
 from services.signaling.errors import Problem
 from services.signaling.ratelimit import RateLimiter
 from services.signaling.transceivers import SDPFRAG
+from services.signaling.trickle import parse_fragment
 from services.signaling.ws import WsSession
 from shared.config import is_loopback, parse_hostport
 from shared.metrics import CONTENT_TYPE, render
@@ -227,28 +230,23 @@ def create_app(ctx: Context) -> QuartTrio:
 
     @app.patch("/v1/calls/<call_id>")
     async def patch_call(call_id: str) -> Response:
+        limit_ip()
         call_id_ok(call_id)
         principal = ctx.auth.authenticate(request.headers.get("Authorization"), allow_expired=True)
         require_type(SDPFRAG)
-        frag = await body_bytes()
         try:
-            frag.decode("utf-8")
+            frag = parse_fragment((await body_bytes()).decode("utf-8"))
         except UnicodeDecodeError:
             raise Problem(400, "sdpfrag is not UTF-8") from None
         record = await ctx.calls.find(call_id, principal)
-        status, ctype, body = await ctx.calls.patch(record, frag)
-        if status == 204:
+        answer = await ctx.calls.trickle(record, frag)
+        if answer is None:
             return Response("", status=204)
-        if status >= 400:
-            try:
-                reason = str(json.loads(body)["error"])
-            except (ValueError, KeyError, TypeError):
-                reason = f"transceiver answered {status}"
-            raise Problem(status, reason)
-        return Response(body, status=status, content_type=ctype or SDPFRAG)
+        return Response(answer, status=200, content_type=SDPFRAG)
 
     @app.delete("/v1/calls/<call_id>")
     async def delete_call(call_id: str) -> Response:
+        limit_ip()
         call_id_ok(call_id)
         principal = ctx.auth.authenticate(request.headers.get("Authorization"), allow_expired=True)
         record = await ctx.calls.find(call_id, principal)

@@ -96,7 +96,13 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         help="base64 key (>= 16 bytes) signing client secrets; default: derived from the API "
         "keys, so replicas sharing keys agree",
     )
-    add_option(p, "--ip-rate", default=5.0, type=float, help="calls+secrets per second per IP")
+    add_option(
+        p,
+        "--ip-rate",
+        default=5.0,
+        type=float,
+        help="requests (POST, PATCH, DELETE, WebSockets) per second per IP",
+    )
     add_option(p, "--ip-burst", default=20, type=int, help="burst allowed per IP")
     add_option(p, "--key-rate", default=20.0, type=float, help="calls+secrets per second per key")
     add_option(p, "--key-burst", default=100, type=int, help="burst allowed per key")

@@ -2,8 +2,10 @@
 and `Slots`, a cap on how many things may be in progress at once, in all and per key.
 
 Pure: the clock is injected (`time.monotonic` by default), so tests step time by hand.
-`check(key)` either spends a token and returns 0.0, or returns how many seconds until one
-is available — the ``Retry-After`` of the 429. A rate of 0 turns the limiter off.
+`check(key, cost)` either spends `cost` tokens (1 by default) and returns 0.0, or returns how
+many seconds until they are available — the ``Retry-After`` of the 429. A rate of 0 turns the
+limiter off. A bucket that refills slowly is a cap: 100 tokens refilled over 4 hours is "at
+most 100 per call" for any call that lasts less.
 
 Memory stays bounded: a bucket that has refilled completely is the same as no bucket, so
 when the table outgrows `max_keys` those are dropped; if a flood of distinct keys leaves it
@@ -42,19 +44,19 @@ class RateLimiter:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def check(self, key: str) -> float:
+    def check(self, key: str, cost: float = 1.0) -> float:
         if not self.limit.enabled:
             return 0.0
         now = self._clock()
         tokens, last = self._buckets.get(key, (self.limit.burst, now))
         tokens = min(self.limit.burst, tokens + (now - last) * self.limit.rate)
-        if tokens >= 1.0:
-            self._buckets[key] = (tokens - 1.0, now)
+        if tokens >= cost:
+            self._buckets[key] = (tokens - cost, now)
             if len(self._buckets) > self._max_keys:
                 self._prune(now)
             return 0.0
         self._buckets[key] = (tokens, now)
-        return (1.0 - tokens) / self.limit.rate
+        return (cost - tokens) / self.limit.rate
 
     def _prune(self, now: float) -> None:
         rate, burst = self.limit.rate, self.limit.burst
