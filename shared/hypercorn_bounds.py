@@ -13,19 +13,18 @@ let one connection cost a service without bound.
 * HTTP/2 in clear text (prior knowledge, ``PRI * HTTP/2.0``, or ``Upgrade: h2c``): DATA on a
   stream the app has already answered raises KeyError out of hypercorn's connection handler,
   which ends `serve` and the whole process — one unauthenticated connection.
-
 * An early answer: a request answered (with ``Connection: close``) before its body had
   arrived kept its connection open for as long as the client kept sending, because the
   close ran in a task Quart-Trio had just cancelled.
 
 Strategy: the services speak HTTP/1.1 and WebSocket (TLS, and HTTP/2 with it, end at the
-ingress), so `Http11Only` never switches a connection to HTTP/2 and `BoundedWSStream`
-negotiates no extension, checks a message's size before it appends to it, and on a too-big
-message sends the 1009 close and closes the connection at once (RFC 6455 §7.1.7, *Fail the
-WebSocket Connection*), dropping what it had buffered; `Http11Only` also closes a
-connection for sure once it has said it would. A WebSocket connection then holds at
-most one message (`websocket_max_message_size`), one socket read (64 KiB) and the queues
-between hypercorn and the app (`max_app_queue_size` messages, and Quart's own 10).
+ingress), so `Http11Only` never switches a connection to HTTP/2, and closes a connection for
+sure once it has said it would. `BoundedWSStream` negotiates no extension, checks a message's
+size before it appends to it, and on a too-big message sends the 1009 close and closes the
+connection at once (RFC 6455 §7.1.7, *Fail the WebSocket Connection*), dropping what it had
+buffered. A WebSocket connection then holds at most one message
+(`websocket_max_message_size`), one socket read (64 KiB) and the queues between hypercorn
+and the app (`max_app_queue_size` messages, and Quart's own 10).
 
 `install()` puts the two classes where hypercorn's protocol code looks them up (module
 globals: hypercorn has no setting for either); `shared.http.hypercorn_config` calls it, so
