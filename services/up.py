@@ -5,7 +5,8 @@ otherwise in-memory), one relay, two transceivers, both agents (echo, parrot) an
 with the demo page (in --dev mode: it hands the page client secrets on loopback). Each
 service is the real `firsthop <service>` process with its log lines prefixed; Ctrl-C (or
 SIGTERM) stops them all and waits for them.
-Route keys are generated per run unless FIRSTHOP_ROUTE_KEYS is set.
+Route keys and the internal API token (signaling -> transceivers) are generated per run
+unless FIRSTHOP_ROUTE_KEYS / FIRSTHOP_INTERNAL_TOKEN are set.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ async def _run_service(service: Service, *, task_status: trio.TaskStatus[None]) 
 def plan(args: argparse.Namespace) -> tuple[list[Service], dict[str, str]]:
     """The services to start and what to tell the user."""
     keys = os.environ.get("FIRSTHOP_ROUTE_KEYS") or format_route_keys({1: os.urandom(KEY_LENGTH)})
-    env = {"FIRSTHOP_ROUTE_KEYS": keys}
+    token = os.environ.get("FIRSTHOP_INTERNAL_TOKEN") or secrets.token_urlsafe(32)
+    env = {"FIRSTHOP_ROUTE_KEYS": keys, "FIRSTHOP_INTERNAL_TOKEN": token}
     services: list[Service] = []
     redis_url = args.redis
     redis_bin = shutil.which("redis-server")
@@ -221,6 +223,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Service], dict[str, str]]:
         Service(
             "signaling",
             me + sig_args,
+            {"FIRSTHOP_INTERNAL_TOKEN": token},
             ready_http=f"http://127.0.0.1:{args.port}/healthz",
         )
     )

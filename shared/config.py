@@ -121,6 +121,16 @@ def parse_mapping(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1): what ``--dev`` modes allow."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_cidrs(text: str) -> list[str]:
     cidrs = [c.strip() for c in text.split(",") if c.strip()]
     for cidr in cidrs:

@@ -1,4 +1,12 @@
-"""Small HTTP pieces shared by services: serve an ASGI app on Hypercorn's Trio worker."""
+"""Small HTTP pieces shared by services: serve an ASGI app on Hypercorn's Trio worker.
+
+`hypercorn_config` is where every service's server limits come from, sized to what the APIs
+need (issue #9): request heads up to 16 KiB, and whole within `keep_alive_timeout` (5 s);
+no more than `READ_TIMEOUT` between two reads from a peer (WebSockets get a ping every
+`WS_PING_INTERVAL`, so a live client always has a pong to send); WebSocket messages up to
+64 KiB (signaling adds its margin); a few messages queued per connection; HTTP/1.1 only, and
+hypercorn's WebSocket stream bounded (`shared.hypercorn_bounds`).
+"""
 
 from __future__ import annotations
 
@@ -11,19 +19,33 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from shared.config import Address, format_hostport
+from shared.hypercorn_bounds import install as install_bounds
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Handler = Callable[[str, str], Awaitable[tuple[int, str, bytes]]]
 
+MAX_HEAD_BYTES = 16 * 1024  # request line + headers
+READ_TIMEOUT = 30  # seconds with nothing from the peer (a request, a body, a WebSocket)
+WS_PING_INTERVAL = 10.0
+MAX_WS_MESSAGE = 64 * 1024
+APP_QUEUE = 4  # request body chunks / WebSocket messages queued between hypercorn and the app
+
 
 def hypercorn_config(bind: Address) -> Config:
+    install_bounds()
     config = Config()
     config.bind = [format_hostport(bind)]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = 2.0
+    config.alpn_protocols = ["http/1.1"]  # HTTP/2 ends at the ingress, with TLS
+    config.h11_max_incomplete_size = MAX_HEAD_BYTES
+    config.read_timeout = READ_TIMEOUT
+    config.websocket_ping_interval = WS_PING_INTERVAL
+    config.websocket_max_message_size = MAX_WS_MESSAGE
+    config.max_app_queue_size = APP_QUEUE
     return config
 
 

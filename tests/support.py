@@ -15,6 +15,7 @@ from services.bench.procs import wait_tcp
 from shared.wire import stun
 from shared.wire.route_token import encode_route_token
 
+INTERNAL_TOKEN = "test-internal-token"  # what test signaling sends and transceivers require
 KEY1 = bytes(range(32))
 KEY2 = bytes(range(50, 82))
 KEYS = {1: KEY1, 2: KEY2}
@@ -303,7 +304,8 @@ class ServiceProcess:
     def __init__(self, args: list[str], health_url: str | None, env: dict[str, str] | None = None):
         self.args = args
         self.health_url = health_url
-        self.env = {**relay_env(), **(env or {})}
+        self.env = {**relay_env(), "FIRSTHOP_INTERNAL_TOKEN": INTERNAL_TOKEN, **(env or {})}
+        self.cwd: str | None = None  # the working directory it starts in (default: ours)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> ServiceProcess:
@@ -311,7 +313,7 @@ class ServiceProcess:
         import urllib.request
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *self.args], env=self.env
+            [sys.executable, "-m", "services.cli", *self.args], env=self.env, cwd=self.cwd
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -382,6 +384,10 @@ class TransceiverProcess(ServiceProcess):
     def api(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.env['FIRSTHOP_INTERNAL_TOKEN']}"}
+
     def create_session(self, offer: str, ingress: list[str], **extra: object) -> tuple[int, dict]:
         import json
         import urllib.error
@@ -399,7 +405,7 @@ class TransceiverProcess(ServiceProcess):
             f"{self.api}/internal/v1/sessions",
             data=body,
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self.auth},
         )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
@@ -408,16 +414,24 @@ class TransceiverProcess(ServiceProcess):
             return exc.code, json.loads(exc.read() or b"{}")
 
     def request(
-        self, method: str, path: str, body: bytes = b"", ctype: str = ""
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        ctype: str = "",
+        *,
+        auth: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
+        """A request to the API with the internal token (or the `auth` headers given)."""
         import urllib.error
         import urllib.request
 
+        headers = {"Content-Type": ctype} if ctype else {}
         req = urllib.request.Request(
             f"{self.api}{path}",
             data=body or None,
             method=method,
-            headers={"Content-Type": ctype} if ctype else {},
+            headers={**headers, **(self.auth if auth is None else auth)},
         )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:

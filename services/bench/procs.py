@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import selectors
 import socket
 import struct
@@ -63,6 +64,7 @@ class Stack:
 
     quiet: bool = True
     keys: str = field(default_factory=lambda: format_route_keys({1: os.urandom(32)}))
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(16))  # internal API
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     relay_port: int = 0
     tx_media: int = 0
@@ -75,6 +77,7 @@ class Stack:
         env = {
             **os.environ,
             "FIRSTHOP_ROUTE_KEYS": self.keys,
+            "FIRSTHOP_INTERNAL_TOKEN": self.token,
             "FIRSTHOP_LOG_LEVEL": os.environ.get("FIRSTHOP_LOG_LEVEL", "WARNING"),
         }
         out = subprocess.DEVNULL if self.quiet else None
@@ -168,7 +171,7 @@ class Stack:
             f"http://127.0.0.1:{self.tx_api}/internal/v1/sessions",
             data=body,
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
             return str(json.loads(resp.read())["answer_sdp"])

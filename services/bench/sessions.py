@@ -236,7 +236,10 @@ def measure(
     leftover = _wait_idle(stack, refs)
     freqs = frequencies(calls)
     shares = [freqs[i::workers] for i in range(min(workers, calls))]
-    ports = {k: getattr(stack, k) for k in ("relay_port", "tx_media", "tx_api", "stock_port")}
+    # what a worker's Stack needs to reach the services (the token: the transceiver's API)
+    ports = {
+        k: getattr(stack, k) for k in ("relay_port", "tx_media", "tx_api", "stock_port", "token")
+    }
     argv = [sys.executable, "-m", "services.bench.sessions", "worker"]
     children = [Child(f"caller worker {i}", argv, log) for i in range(len(shares))]
     try:

@@ -4,6 +4,16 @@ Every failure is ``{"error": "<reason>"}`` with its status (a `Problem`, or a fr
 HTTP error such as 404/405/413 rendered the same way); only a bug in this code is a 500.
 Checks run cheapest first: per-IP rate limit, Content-Type, declared size, credential,
 per-key rate limit, then the body (size while reading, SDP sanity) and finally placement.
+PATCH and DELETE spend from the same per-IP bucket; a PATCH is then checked as an sdpfrag and
+answered here unless it restarts ICE (`trickle`).
+Bodies are read under a deadline and a cap on uploads in progress (`bodies.Bodies`); a request
+whose body was not read (an early answer) gets it drained under the same rules, or its
+connection closes.
+
+In ``--dev`` mode (client secrets with no key, loopback only) every request and WebSocket
+upgrade must name a loopback Host (``localhost``, 127.0.0.0/8, ``[::1]``, any port); anything
+else is 403 before any route runs, so a page on another site whose name resolves to 127.0.0.1
+(DNS rebinding) cannot mint a secret. Only the demo page is served: no static folder.
 
 CORS: responses on ``/v1/`` carry ``Access-Control-Allow-Origin`` for the configured
 origins (``*`` allows any) and expose ``Location`` (WHIP clients need it), ``Retry-After``
@@ -20,17 +30,20 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from quart import Response, request, websocket
+from quart import Response, g, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from services.signaling.auth import DEV_ISSUER, Authenticator
+from services.signaling.bodies import Bodies
 from services.signaling.calls import CallRequest, Calls, Stats, parse_offer_body
 from services.signaling.config import SignalingConfig
 from services.signaling.errors import Problem
 from services.signaling.ratelimit import RateLimiter
 from services.signaling.transceivers import SDPFRAG
+from services.signaling.trickle import parse_fragment
 from services.signaling.ws import WsSession
+from shared.config import is_loopback, parse_hostport
 from shared.metrics import CONTENT_TYPE, render
 from shared.sdp import MAX_SDP_BYTES
 
@@ -53,6 +66,7 @@ class Context:
     ip_limiter: RateLimiter
     key_limiter: RateLimiter
     stats: Stats
+    bodies: Bodies
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> Response:
@@ -65,10 +79,21 @@ def problem_response(problem: Problem) -> Response:
     return resp
 
 
+def loopback_host(host: str | None) -> bool:
+    """Whether a Host header names this machine's loopback (any port)."""
+    try:
+        name, _ = parse_hostport(host or "", default_port=80)
+    except ValueError:
+        return False
+    return is_loopback(name)
+
+
 def create_app(ctx: Context) -> QuartTrio:
-    app = QuartTrio("firsthop-signaling")
-    app.config["MAX_CONTENT_LENGTH"] = MAX_SDP_BYTES
+    # static_folder=None: Quart's default serves ./static of the working directory.
+    app = QuartTrio("firsthop-signaling", static_folder=None)
     config = ctx.config
+    app.config["MAX_CONTENT_LENGTH"] = MAX_SDP_BYTES
+    app.config["BODY_TIMEOUT"] = config.body_timeout  # Quart's, per read: ours is in total
     origins = set(config.cors_origins)
 
     def allowed_origin() -> str | None:
@@ -101,12 +126,30 @@ def create_app(ctx: Context) -> QuartTrio:
             raise Problem(413, f"body over {MAX_SDP_BYTES} bytes")
 
     async def body_bytes() -> bytes:
-        data = await request.get_data()  # 413 past MAX_CONTENT_LENGTH, even when chunked
-        return data if isinstance(data, bytes) else data.encode()
+        # 413 past MAX_CONTENT_LENGTH, even when chunked; 408 past the deadline; 429/503
+        # when too many uploads are in progress (then nothing more of it is read).
+        try:
+            return await ctx.bodies.read(request, client_ip(), g.body_deadline)
+        except Problem:
+            g.body_abandoned = True
+            raise
 
     def call_id_ok(call_id: str) -> None:
         if not CALL_ID.match(call_id):
             raise Problem(404, "no such call")
+
+    def dev_host_only(host: str | None) -> None:
+        if config.dev and not loopback_host(host):
+            raise Problem(403, "--dev server: the Host header must name a loopback address")
+
+    @app.before_request
+    async def check_host() -> None:
+        g.body_deadline = ctx.bodies.deadline()  # first: the body's clock starts at arrival
+        dev_host_only(request.headers.get("Host"))
+
+    @app.before_websocket
+    async def check_ws_host() -> None:
+        dev_host_only(websocket.headers.get("Host"))
 
     @app.before_request
     async def preflight() -> Response | None:
@@ -119,14 +162,10 @@ def create_app(ctx: Context) -> QuartTrio:
         404, ...) skipped. Hypercorn may otherwise drop a keep-alive connection with a request
         half read, and the client's next request on it hangs. False: close the connection."""
         length = request.content_length
-        if length is not None and length > MAX_SDP_BYTES:
+        if g.get("body_abandoned") or (length is not None and length > MAX_SDP_BYTES):
             return False
-        try:
-            with trio.move_on_after(BODY_DRAIN_TIMEOUT) as scope:
-                await request.get_data()
-        except HTTPException:  # 413 while reading
-            return False
-        return not scope.cancelled_caught
+        deadline = min(g.body_deadline, trio.current_time() + BODY_DRAIN_TIMEOUT)
+        return await ctx.bodies.drain(request, client_ip(), deadline)
 
     @app.after_request
     async def finish(response: Response) -> Response:
@@ -154,7 +193,10 @@ def create_app(ctx: Context) -> QuartTrio:
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
-        reason = {413: f"body over {MAX_SDP_BYTES} bytes"}.get(status, exc.name.lower())
+        reason = {
+            408: f"request body not complete within {config.body_timeout:g} s",
+            413: f"body over {MAX_SDP_BYTES} bytes",
+        }.get(status, exc.name.lower())
         return problem_response(Problem(status, reason))
 
     @app.errorhandler(Exception)
@@ -188,28 +230,23 @@ def create_app(ctx: Context) -> QuartTrio:
 
     @app.patch("/v1/calls/<call_id>")
     async def patch_call(call_id: str) -> Response:
+        limit_ip()
         call_id_ok(call_id)
         principal = ctx.auth.authenticate(request.headers.get("Authorization"), allow_expired=True)
         require_type(SDPFRAG)
-        frag = await body_bytes()
         try:
-            frag.decode("utf-8")
+            frag = parse_fragment((await body_bytes()).decode("utf-8"))
         except UnicodeDecodeError:
             raise Problem(400, "sdpfrag is not UTF-8") from None
         record = await ctx.calls.find(call_id, principal)
-        status, ctype, body = await ctx.calls.patch(record, frag)
-        if status == 204:
+        answer = await ctx.calls.trickle(record, frag)
+        if answer is None:
             return Response("", status=204)
-        if status >= 400:
-            try:
-                reason = str(json.loads(body)["error"])
-            except (ValueError, KeyError, TypeError):
-                reason = f"transceiver answered {status}"
-            raise Problem(status, reason)
-        return Response(body, status=status, content_type=ctype or SDPFRAG)
+        return Response(answer, status=200, content_type=SDPFRAG)
 
     @app.delete("/v1/calls/<call_id>")
     async def delete_call(call_id: str) -> Response:
+        limit_ip()
         call_id_ok(call_id)
         principal = ctx.auth.authenticate(request.headers.get("Authorization"), allow_expired=True)
         record = await ctx.calls.find(call_id, principal)
@@ -251,6 +288,7 @@ def create_app(ctx: Context) -> QuartTrio:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(render(ctx.stats.families()), content_type=CONTENT_TYPE)
+        families = [*ctx.stats.families(), ctx.bodies.metric()]
+        return Response(render(families), content_type=CONTENT_TYPE)
 
     return app

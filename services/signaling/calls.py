@@ -5,7 +5,8 @@ client secret (single use), choose the region, rank the transceivers, and ask th
 (at most `MAX_ATTEMPTS`) until one answers. A transceiver that is down, draining or full is
 skipped for the next; one that rejects the offer ends the attempt with its 400. Nobody left:
 503 with ``Retry-After`` and the secret is given back. The call map records which
-transceiver and session own the call, and which credential created it.
+transceiver and session own the call, which credential created it, and the caller's ICE
+ufrag. Trickle is answered here; only an ICE restart reaches the transceiver (`trickle`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
 
@@ -30,7 +31,9 @@ from services.signaling.transceivers import (
     TransceiverDown,
     TransceiverRejected,
     new_traceparent,
+    reason_of,
 )
+from services.signaling.trickle import Fragment, TricklePolicy
 from shared.metrics import MetricFamily
 from shared.sdp import MAX_SDP_BYTES, SdpError, check_offer
 from shared.telemetry import context_from_traceparent, traceparent_of, tracer
@@ -82,24 +85,31 @@ class Stats:
         return [requests, failures, created, limited, events, ws]
 
 
-def parse_offer_body(raw: bytes) -> str:
-    """The offer text, after the sanity checks (400 with their reason)."""
+@dataclass(frozen=True)
+class OfferBody:
+    sdp: str
+    ice_ufrag: str  # the caller's (bundled m-lines share it)
+
+
+def parse_offer_body(raw: bytes) -> OfferBody:
+    """The offer, after the sanity checks (400 with their reason)."""
     if len(raw) > MAX_SDP_BYTES:
         raise Problem(413, f"offer larger than {MAX_SDP_BYTES} bytes")
     try:
-        offer = raw.decode("utf-8")
+        sdp = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise Problem(400, "offer is not UTF-8") from None
     try:
-        check_offer(offer)
+        offer = check_offer(sdp)
     except SdpError as exc:
         raise Problem(400, str(exc)) from None
-    return offer
+    ufrag = next(m.ufrag for m in offer.media if m.port != 0)  # check_offer: one is live
+    return OfferBody(sdp, ufrag or "")
 
 
 @dataclass
 class CallRequest:
-    offer: str
+    offer: OfferBody
     agent: str | None
     principal: Principal
     region_header: str | None
@@ -120,6 +130,7 @@ class Calls:
         ledger: SecretLedger,
         client: TransceiverClient,
         stats: Stats,
+        trickle_policy: TricklePolicy | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.own_region = own_region
@@ -131,6 +142,7 @@ class Calls:
         self.ledger = ledger
         self.client = client
         self.stats = stats
+        self.trickle_policy = trickle_policy or TricklePolicy(refused=stats.rate_limited)
         self._rng = rng or random.Random()
 
     def agent_url(self, agent: str | None) -> str | None:
@@ -194,7 +206,7 @@ class Calls:
                 session_id, answer = await self.client.create_session(
                     tx.api_url,
                     call_id=call_id,
-                    offer_sdp=req.offer,
+                    offer_sdp=req.offer.sdp,
                     ingress=ingress,
                     agent_url=agent_url,
                     region=tx.region,
@@ -218,6 +230,7 @@ class Calls:
                 owner=req.principal.owner,
                 region=region,
                 created=time.time(),
+                client_ufrag=req.offer.ice_ufrag,
             )
             await self.store.put(record)
             self.stats.calls_created[tx.region] += 1
@@ -242,16 +255,32 @@ class Calls:
             raise Problem(403, "this call belongs to another credential")
         return record
 
-    async def patch(self, record: CallRecord, frag: bytes) -> tuple[int, str, bytes]:
-        """Forward a trickle/ICE-restart sdpfrag; (status, content type, body)."""
+    async def trickle(self, record: CallRecord, frag: Fragment) -> bytes | None:
+        """Apply a trickle-ice-sdpfrag (or one WebSocket candidate) to a call. Candidates are
+        counted and capped here, and go no further: the ICE-lite transceiver never uses them.
+        An ICE restart goes to the transceiver, and the answer is its new credentials (an
+        sdpfrag); None: nothing to answer (204). Raises Problem (429 when over a limit)."""
+        restart = frag.restarts(record.client_ufrag)
+        self.trickle_policy.admit(record.call_id, frag, restart=restart)
+        self.stats.counters["trickle_candidates"] += len(frag.candidates)
+        if not restart:
+            return None
         try:
-            reply = await self.client.patch_session(record.api_url, record.session_id, frag)
+            reply = await self.client.patch_session(
+                record.api_url, record.session_id, frag.credentials()
+            )
         except TransceiverDown:
             raise await self._unreachable(record) from None
         if reply.status == 404:
             await self.store.delete(record.call_id)
             raise Problem(404, "call has ended")
-        return reply.status, reply.content_type, reply.body
+        if reply.status >= 400:
+            raise Problem(reply.status, reason_of(reply.status, reply.body))
+        if reply.status == 200:
+            self.stats.counters["ice_restarts"] += 1
+        if frag.ufrag is not None and frag.ufrag != record.client_ufrag:
+            await self.store.put(replace(record, client_ufrag=frag.ufrag))  # 200, or 204: known
+        return reply.body if reply.status == 200 else None
 
     async def end(self, record: CallRecord) -> None:
         try:

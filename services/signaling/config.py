@@ -11,13 +11,19 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
-import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.signaling.placement import REGION_NAME, RegionTable, TransceiverInfo
 from services.signaling.ratelimit import RateLimit
-from shared.config import Address, add_option, format_hostport, hostport_arg, parse_hostport
+from shared.config import (
+    Address,
+    add_option,
+    format_hostport,
+    hostport_arg,
+    is_loopback,
+    parse_hostport,
+)
 
 
 @dataclass
@@ -37,19 +43,13 @@ class SignalingConfig:
     secret_key: bytes | None = None
     ip_limit: RateLimit = field(default_factory=lambda: RateLimit(5.0, 20))
     key_limit: RateLimit = field(default_factory=lambda: RateLimit(20.0, 100))
+    body_timeout: float = 5.0  # a request body (an SDP offer, <= 64 KiB) arrives within this
+    max_uploads: int = 256  # requests still sending their body, in all ...
+    max_uploads_per_ip: int = 16  # ... and from one client address
     ws_auth_timeout: float = 10.0
     ws_idle_timeout: float = 60.0
     call_poll_interval: float = 1.0  # WS call watcher: one cheap probe per call per second
     call_lost_after: float = 5.0  # transceiver unreachable this long: the call is gone
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def register_flags(p: argparse.ArgumentParser) -> None:
@@ -96,10 +96,37 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         help="base64 key (>= 16 bytes) signing client secrets; default: derived from the API "
         "keys, so replicas sharing keys agree",
     )
-    add_option(p, "--ip-rate", default=5.0, type=float, help="calls+secrets per second per IP")
+    add_option(
+        p,
+        "--ip-rate",
+        default=5.0,
+        type=float,
+        help="requests (POST, PATCH, DELETE, WebSockets) per second per IP",
+    )
     add_option(p, "--ip-burst", default=20, type=int, help="burst allowed per IP")
     add_option(p, "--key-rate", default=20.0, type=float, help="calls+secrets per second per key")
     add_option(p, "--key-burst", default=100, type=int, help="burst allowed per key")
+    add_option(
+        p,
+        "--body-timeout",
+        default=5.0,
+        type=float,
+        help="a request body must arrive within this many seconds (else 408)",
+    )
+    add_option(
+        p,
+        "--max-uploads",
+        default=256,
+        type=int,
+        help="requests still sending their body at once (beyond: 503)",
+    )
+    add_option(
+        p,
+        "--max-uploads-per-ip",
+        default=16,
+        type=int,
+        help="requests still sending their body at once from one address (beyond: 429)",
+    )
     add_option(p, "--ws-auth-timeout", default=10.0, type=float, help="WebSocket auth deadline, s")
     add_option(
         p,
@@ -191,6 +218,9 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             secret_key=secret_key,
             ip_limit=RateLimit(args.ip_rate, args.ip_burst),
             key_limit=RateLimit(args.key_rate, args.key_burst),
+            body_timeout=args.body_timeout,
+            max_uploads=args.max_uploads,
+            max_uploads_per_ip=args.max_uploads_per_ip,
             ws_auth_timeout=args.ws_auth_timeout,
             ws_idle_timeout=args.ws_idle_timeout,
         )
@@ -203,4 +233,9 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         )
     if config.secret_ttl <= 0:
         raise SystemExit("firsthop signaling: --secret-ttl must be positive")
+    if config.body_timeout <= 0 or config.max_uploads < 0 or config.max_uploads_per_ip < 0:
+        raise SystemExit(
+            "firsthop signaling: --body-timeout must be positive, --max-uploads and "
+            "--max-uploads-per-ip at least 0 (0: no limit)"
+        )
     return config

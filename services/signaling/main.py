@@ -18,10 +18,11 @@ from hypercorn.trio import serve
 
 from services.signaling.app import Context, create_app
 from services.signaling.auth import ApiKeys, Authenticator, ClientSecrets, derive_secret_key
+from services.signaling.bodies import Bodies
 from services.signaling.calls import Calls, Stats
 from services.signaling.config import SignalingConfig, config_from_args, register_flags
 from services.signaling.placement import RegionTable
-from services.signaling.ratelimit import RateLimiter
+from services.signaling.ratelimit import RateLimiter, Slots
 from services.signaling.stores import CallStore, Directory, RedisLink, SecretLedger
 from services.signaling.transceivers import TransceiverClient
 from services.signaling.ws import MAX_MESSAGE
@@ -71,6 +72,11 @@ def build_context(
         ip_limiter=RateLimiter(config.ip_limit),
         key_limiter=RateLimiter(config.key_limit),
         stats=stats,
+        bodies=Bodies(
+            Slots(config.max_uploads, config.max_uploads_per_ip),
+            config.body_timeout,
+            stats.counters,
+        ),
     )
 
 

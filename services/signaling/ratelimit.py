@@ -1,8 +1,11 @@
-"""Token-bucket rate limits, one bucket per key (a client IP, or an API key fingerprint).
+"""Token-bucket rate limits, one bucket per key (a client IP, an API key fingerprint, a call);
+and `Slots`, a cap on how many things may be in progress at once, in all and per key.
 
 Pure: the clock is injected (`time.monotonic` by default), so tests step time by hand.
-`check(key)` either spends a token and returns 0.0, or returns how many seconds until one
-is available — the ``Retry-After`` of the 429. A rate of 0 turns the limiter off.
+`check(key, cost)` either spends `cost` tokens (1 by default) and returns 0.0, or returns how
+many seconds until they are available — the ``Retry-After`` of the 429. A rate of 0 turns the
+limiter off. A bucket that refills slowly is a cap: 100 tokens refilled over 4 hours is "at
+most 100 per call" for any call that lasts less.
 
 Memory stays bounded: a bucket that has refilled completely is the same as no bucket, so
 when the table outgrows `max_keys` those are dropped; if a flood of distinct keys leaves it
@@ -41,19 +44,19 @@ class RateLimiter:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def check(self, key: str) -> float:
+    def check(self, key: str, cost: float = 1.0) -> float:
         if not self.limit.enabled:
             return 0.0
         now = self._clock()
         tokens, last = self._buckets.get(key, (self.limit.burst, now))
         tokens = min(self.limit.burst, tokens + (now - last) * self.limit.rate)
-        if tokens >= 1.0:
-            self._buckets[key] = (tokens - 1.0, now)
+        if tokens >= cost:
+            self._buckets[key] = (tokens - cost, now)
             if len(self._buckets) > self._max_keys:
                 self._prune(now)
             return 0.0
         self._buckets[key] = (tokens, now)
-        return (1.0 - tokens) / self.limit.rate
+        return (cost - tokens) / self.limit.rate
 
     def _prune(self, now: float) -> None:
         rate, burst = self.limit.rate, self.limit.burst
@@ -64,3 +67,34 @@ class RateLimiter:
         }
         if len(self._buckets) > self._max_keys:
             self._buckets.clear()
+
+
+class Slots:
+    """At most `total` holders at once, and at most `per_key` with the same key (a client IP).
+
+    `take(key)` returns None when a slot was taken (give it back with `give_back(key)`), or
+    the limit that refused it: "key" (this key holds `per_key` already) or "total". A limit
+    of 0 is no limit. Memory: one entry per key that holds a slot now.
+    """
+
+    def __init__(self, total: int, per_key: int) -> None:
+        self.total = total
+        self.per_key = per_key
+        self.in_use = 0
+        self._held: dict[str, int] = {}
+
+    def take(self, key: str) -> str | None:
+        held = self._held.get(key, 0)
+        if self.per_key and held >= self.per_key:
+            return "key"
+        if self.total and self.in_use >= self.total:
+            return "total"
+        self._held[key] = held + 1
+        self.in_use += 1
+        return None
+
+    def give_back(self, key: str) -> None:
+        held = self._held.pop(key, 0) - 1
+        if held > 0:
+            self._held[key] = held
+        self.in_use -= 1

@@ -10,7 +10,8 @@ Keys:
 * ``firsthop:transceiver:{id}`` — read only (the transceivers' heartbeat hashes), scanned
   at most every `DIRECTORY_MAX_AGE` seconds;
 * ``firsthop:call:{call_id}`` — hash ``transceiver_id, session_id, api_url, owner, region,
-  created``, TTL the longest session (4 h);
+  created, client_ufrag`` (the caller's current ICE ufrag: what tells trickle from an ICE
+  restart; absent in records written before it existed), TTL the longest session (4 h);
 * ``firsthop:secret:{secret_id}`` — the call a client secret created, ``SET NX`` so a secret
   is spent once across replicas; TTL until the secret has expired anyway.
 """
@@ -158,6 +159,7 @@ class CallRecord:
     owner: str
     region: str
     created: float
+    client_ufrag: str = ""  # the caller's ICE ufrag now ("": not known)
 
     def to_fields(self) -> dict[str, str]:
         return {k: str(v) for k, v in asdict(self).items() if k != "call_id"}
@@ -173,6 +175,7 @@ class CallRecord:
                 owner=fields["owner"],
                 region=fields["region"],
                 created=float(fields["created"]),
+                client_ufrag=fields.get("client_ufrag", ""),
             )
         except (KeyError, ValueError):
             return None

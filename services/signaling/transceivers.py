@@ -59,14 +59,19 @@ class Reply:
     body: bytes
 
 
-def _reason(resp: httpx.Response) -> str:
+def reason_of(status: int, body: bytes) -> str:
+    """The ``error`` of a transceiver's JSON error body, or a stand-in."""
     try:
-        data = json.loads(resp.content)
+        data = json.loads(body)
         if isinstance(data, dict) and isinstance(data.get("error"), str):
             return data["error"]
     except ValueError:
         pass
-    return f"transceiver answered {resp.status_code}"
+    return f"transceiver answered {status}"
+
+
+def _reason(resp: httpx.Response) -> str:
+    return reason_of(resp.status_code, resp.content)
 
 
 class TransceiverClient:

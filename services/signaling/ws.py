@@ -2,7 +2,8 @@
 
 Client → server: ``auth`` (first, unless the upgrade carried ``Authorization: Bearer``),
 ``offer`` (``sdp``, optional ``agent``), ``candidate`` (``candidate``, optional ``sdpMid``;
-an empty candidate means end-of-candidates), ``bye``.
+an empty candidate means end-of-candidates: checked, counted and capped per call like a
+PATCH, never forwarded — see `trickle`), ``bye``.
 Server → client: ``answer`` (``sdp``, ``call_id``), ``state`` (``live`` once the session
 exists, ``unreachable`` while its transceiver does not answer, ``ended``), ``bye``
 (``reason``), ``error`` (``code`` — the HTTP status the same failure gets on the REST API —
@@ -33,6 +34,7 @@ from services.signaling.calls import CallRequest, parse_offer_body
 from services.signaling.errors import Problem
 from services.signaling.stores import CallRecord
 from services.signaling.transceivers import TransceiverDown
+from services.signaling.trickle import Fragment, check_candidate
 from shared.sdp import MAX_SDP_BYTES
 
 if TYPE_CHECKING:
@@ -208,18 +210,15 @@ class WsSession:
             raise Problem(400, "candidate must be a string (sdpMid too, when given)")
         if any(c in candidate for c in "\r\n") or (mid and any(c in mid for c in "\r\n")):
             raise Problem(400, "candidate must be one line")
-        lines = [f"a=mid:{mid}"] if mid else []
-        if candidate:
-            lines.append("a=" + candidate.removeprefix("a="))
-        else:
-            lines.append("a=end-of-candidates")
         try:
-            frag = ("\r\n".join(lines) + "\r\n").encode()
+            candidate.encode()
         except UnicodeEncodeError:  # a lone surrogate from a JSON \u escape
             raise Problem(400, "candidate is not valid text") from None
-        status, _, _ = await self.ctx.calls.patch(self.call, frag)
-        if status >= 400:
-            raise Problem(status, "candidate refused")
+        candidate = candidate.removeprefix("a=")
+        if candidate:  # empty: end-of-candidates
+            check_candidate(candidate)
+        frag = Fragment(None, None, (candidate,) if candidate else ())
+        await self.ctx.calls.trickle(self.call, frag)  # counted and capped; never forwarded
 
     async def _bye(self) -> None:
         if self.call is not None:

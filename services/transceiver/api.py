@@ -14,6 +14,7 @@ from typing import Any
 
 from quart import Response, request
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
 from services.transceiver.service import Transceiver
 from services.transceiver.table import Refusal
@@ -22,6 +23,7 @@ from shared.metrics import CONTENT_TYPE, MetricFamily, render
 from shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
 
 MAX_BODY = MAX_SDP_BYTES + 4096
+BODY_TIMEOUT = 10.0  # bodies come from signaling, whole: seconds is generous
 
 
 def _error(status: int, reason: str) -> Response:
@@ -29,8 +31,9 @@ def _error(status: int, reason: str) -> Response:
 
 
 def create_app(tx: Transceiver) -> QuartTrio:
-    app = QuartTrio("firsthop-transceiver")
+    app = QuartTrio("firsthop-transceiver", static_folder=None)  # no ./static of the cwd
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
+    app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
     token = tx.config.internal_token
 
     @app.before_request
@@ -42,6 +45,10 @@ def create_app(tx: Transceiver) -> QuartTrio:
         if request.content_length is not None and request.content_length > MAX_BODY:
             return _error(413, f"body over {MAX_BODY} bytes")
         return None
+
+    @app.errorhandler(HTTPException)
+    async def on_http_error(exc: HTTPException) -> Response:  # 404, 405, 408, 413, ...
+        return _error(exc.code or 500, exc.name.lower())
 
     async def _json_body() -> dict[str, Any] | Response:
         if request.mimetype != "application/json":

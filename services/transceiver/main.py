@@ -13,7 +13,7 @@ from services.transceiver.api import create_app
 from services.transceiver.registry import heartbeat, trace_handoff_writer
 from services.transceiver.rtc import check_pinned_versions, run_trio_guest
 from services.transceiver.service import Transceiver, TransceiverConfig
-from shared.config import add_option, format_hostport, hostport_arg, parse_cidrs
+from shared.config import add_option, format_hostport, hostport_arg, is_loopback, parse_cidrs
 from shared.http import bound_address, hypercorn_config
 from shared.lifecycle import setup_logging
 from shared.telemetry import setup_tracing, shutdown_tracing
@@ -32,7 +32,7 @@ async def serve_transceiver(
 
     tx = Transceiver(config)
     if not config.internal_token:
-        log.warning("FIRSTHOP_INTERNAL_TOKEN is unset: only the network guards /internal/")
+        log.warning("--dev: no internal token, /internal/ is open to anything on loopback")
     async with trio.open_nursery() as nursery:
         media = await nursery.start(tx.serve)
         app = create_app(tx)
@@ -131,7 +131,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "unspecified always are)",
         metavar="CIDR,...",
     )
-    add_option(p, "--internal-token", default=None, help="bearer token required on /internal/")
+    add_option(
+        p,
+        "--internal-token",
+        default=None,
+        help="bearer token required on /internal/ (required unless --dev)",
+    )
+    add_option(
+        p,
+        "--dev",
+        action="store_true",
+        help="allow no --internal-token (an open /internal/); loopback --api only",
+    )
     add_option(p, "--drain-seconds", default=3600.0, type=float, help="SIGTERM grace for calls")
     add_option(
         p,
@@ -172,12 +183,31 @@ def config_from_args(args: argparse.Namespace) -> TransceiverConfig:
         raise SystemExit(f"firsthop transceiver: {exc}") from exc
     if config.key_id not in config.keys:
         raise SystemExit(f"firsthop transceiver: --route-key-id {config.key_id} is not a key")
+    _check_token(config.internal_token, dev=args.dev, api_host=config.api[0])
     if advertise is None and media[0] in ("0.0.0.0", "::"):
         raise SystemExit(
             "firsthop transceiver: --media binds a wildcard address; give --advertise-media "
             "(the address relays reach this socket at, e.g. the pod IP)"
         )
     return config
+
+
+def _check_token(token: str | None, *, dev: bool, api_host: str) -> None:
+    """/internal/ creates sessions, and a session opens a WebSocket to the `agent_url` the
+    request names: an open API lets anyone who reaches it make this process connect anywhere
+    (SSRF). So a token is required; only --dev on a loopback --api may go without."""
+    if dev and not is_loopback(api_host):
+        raise SystemExit(
+            "firsthop transceiver: --dev leaves /internal/ open; it is only allowed when "
+            "--api is a loopback address"
+        )
+    if not token and not dev:
+        raise SystemExit(
+            "firsthop transceiver: --internal-token (FIRSTHOP_INTERNAL_TOKEN) is missing or "
+            "empty: without it anyone who reaches --api can create sessions and make this "
+            "process open a WebSocket to any agent_url. Set the token signaling sends (its "
+            "--internal-token), or give --dev on a loopback --api for local tests"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -533,6 +533,19 @@ def test_secrets_fail_closed_in_base_are_dev_keys_in_dev_and_absent_in_prod() ->
     assert not [o for o in objs("prod") if o["kind"] == "Secret"]
 
 
+def test_the_transceiver_refuses_the_empty_internal_token_of_base(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objects = objs("base")
+    assert find(objects, "Secret", "firsthop-api")["stringData"]["internal-token"] == ""
+    ((workload, container),) = [
+        (w, c) for w, c in firsthop_containers(objects) if w["metadata"]["name"] == "transceiver"
+    ]
+    env = {**container_env(objects, workload, container), "FIRSTHOP_INTERNAL_TOKEN": ""}
+    with pytest.raises(SystemExit, match="internal-token"):
+        effective_config(container["args"], env, monkeypatch)
+
+
 def fake_transceiver_api(
     calls: list[tuple[str, str, str | None]], sessions: list[int]
 ) -> type[BaseHTTPRequestHandler]:

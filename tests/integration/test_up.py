@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -104,6 +105,15 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
             return heard
 
         assert asyncio.run(call()) == 550.0
+        # up generated an internal token: the call went through, and without it a
+        # transceiver's internal API refuses
+        tx_url = next(line.split()[1] for line in lines if line.strip().startswith("transceivers"))
+        drain = urllib.request.Request(f"{tx_url}/internal/v1/drain", data=b"", method="POST")
+        try:
+            urllib.request.urlopen(drain, timeout=5)
+            raise AssertionError("the internal API answered without a token")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
         children = _children(proc.pid)
         assert len(children) >= 7  # redis, relay (+worker), 2 transceivers, 2 agents, signaling
         proc.send_signal(signal.SIGINT)

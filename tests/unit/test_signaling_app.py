@@ -297,3 +297,14 @@ def test_api_keys_file(tmp_path: Path) -> None:
     assert config.api_keys == ["k0", "k-file-1", "k-file-2"]
     with pytest.raises(SystemExit):
         parse("--api-keys-file", str(path) + ".missing")
+
+
+async def test_patch_and_delete_spend_the_per_ip_budget(http: httpx.AsyncClient) -> None:
+    client = app_for(http, ip_limit=RateLimit(0.01, 2)).test_client()
+    ip = {"client": ("198.51.100.9", 1)}
+    frag = {"Content-Type": "application/trickle-ice-sdpfrag", **KEY}
+    first = await client.patch("/v1/calls/nope", data=b"", headers=frag, scope_base=ip)
+    second = await client.delete("/v1/calls/nope", headers=KEY, scope_base=ip)
+    third = await client.delete("/v1/calls/nope", headers=KEY, scope_base=ip)
+    assert [first.status_code, second.status_code, third.status_code] == [404, 404, 429]
+    assert json.loads(await third.get_data()) == {"error": "too many requests from this address"}

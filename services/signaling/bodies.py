@@ -1,0 +1,89 @@
+"""Request bodies, read under a deadline and a cap on how many are in progress (issue #9, 6).
+
+Why: a request holds its connection, a task and a Quart request for as long as its body takes
+to arrive, and Quart waits up to 60 s for each read: 1000 authenticated POSTs sending a byte
+every 2 s were all held for a minute, from one client.
+
+Strategy: a request's body must be complete within `--body-timeout` of its arrival (5 s; an
+SDP offer is at most 64 KiB) — past it, 408 and the connection closes. Reading a body (for the
+route, or the drain after an early answer) takes an upload slot first: `--max-uploads` in all
+(beyond: 503) and `--max-uploads-per-ip` per client address (beyond: 429); a request refused a
+slot is answered at once and its connection closes, nothing of its body is read. A body that
+is already there (the usual case: it came with the headers) holds its slot for no time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import trio
+from quart import Request
+from werkzeug.exceptions import HTTPException
+
+from services.signaling.errors import Problem
+from services.signaling.ratelimit import Slots
+from shared.metrics import MetricFamily
+
+SLOT_RETRY_AFTER = 1.0
+
+
+class Bodies:
+    def __init__(self, slots: Slots, timeout: float, counters: Counter[str]) -> None:
+        self.slots = slots
+        self.timeout = timeout
+        self._counters = counters
+
+    def deadline(self) -> float:
+        """When a body arriving now must be complete (trio time)."""
+        return trio.current_time() + self.timeout
+
+    async def read(self, request: Request, ip: str, deadline: float) -> bytes:
+        """The whole body, or Problem 408 / 429 / 503 (and HTTPException 413 past the size)."""
+        self._take(ip)
+        try:
+            with trio.move_on_at(deadline) as scope:
+                data = await request.get_data()
+        finally:
+            self.slots.give_back(ip)
+        if scope.cancelled_caught:
+            self._counters["body_timeouts"] += 1
+            raise Problem(408, f"request body not complete within {self.timeout:g} s")
+        return data if isinstance(data, bytes) else data.encode()
+
+    async def drain(self, request: Request, ip: str, deadline: float) -> bool:
+        """Read and drop what is left of a body an early answer skipped; False when it could
+        not be (no slot, too big, too slow): the connection must close."""
+        if self.slots.take(ip) is not None:
+            return False
+        try:
+            with trio.move_on_at(deadline) as scope:
+                await request.get_data()
+        except HTTPException:  # 413 while reading
+            return False
+        finally:
+            self.slots.give_back(ip)
+        return not scope.cancelled_caught
+
+    def _take(self, ip: str) -> None:
+        refused = self.slots.take(ip)
+        if refused == "key":
+            self._counters["uploads_refused_ip"] += 1
+            raise Problem(
+                429,
+                f"too many requests from this address are still sending their body "
+                f"(at most {self.slots.per_key})",
+                retry_after=SLOT_RETRY_AFTER,
+            )
+        if refused == "total":
+            self._counters["uploads_refused_total"] += 1
+            raise Problem(
+                503,
+                "too many requests are still sending their body; try again",
+                retry_after=SLOT_RETRY_AFTER,
+            )
+
+    def metric(self) -> MetricFamily:
+        gauge = MetricFamily(
+            "firsthop_signaling_uploads", "gauge", "Requests still sending their body"
+        )
+        return gauge.add(self.slots.in_use)

@@ -1,0 +1,117 @@
+"""Hypercorn, bounded: HTTP/1.1 only, and WebSocket streams that cannot grow past their limit.
+
+Why (hypercorn 0.18, wsproto 1.3; issue #9): what hypercorn does before an app sees a byte
+let one connection cost a service without bound.
+
+* A too-big WebSocket message: hypercorn checks `websocket_max_message_size` only after it
+  has appended a chunk to its message buffer, and after the 1009 close it neither empties
+  that buffer nor closes the connection, so every further chunk of the frame (whatever length
+  the header announced) is still decoded and appended. Twenty unauthenticated 15 MB frames
+  took signaling from 127 to 696 MB, and the memory stayed.
+* permessage-deflate: hypercorn accepts it whenever a client offers it, and wsproto inflates
+  a frame's data with no bound: a 200 KB compressed frame became 200 MB.
+* HTTP/2 in clear text (prior knowledge, ``PRI * HTTP/2.0``, or ``Upgrade: h2c``): DATA on a
+  stream the app has already answered raises KeyError out of hypercorn's connection handler,
+  which ends `serve` and the whole process — one unauthenticated connection.
+* An early answer: a request answered (with ``Connection: close``) before its body had
+  arrived kept its connection open for as long as the client kept sending, because the
+  close ran in a task Quart-Trio had just cancelled.
+
+Strategy: the services speak HTTP/1.1 and WebSocket (TLS, and HTTP/2 with it, end at the
+ingress), so `Http11Only` never switches a connection to HTTP/2, and closes a connection for
+sure once it has said it would. `BoundedWSStream` negotiates no extension, checks a message's
+size before it appends to it, and on a too-big message sends the 1009 close and closes the
+connection at once (RFC 6455 §7.1.7, *Fail the WebSocket Connection*), dropping what it had
+buffered. A WebSocket connection then holds at most one message
+(`websocket_max_message_size`), one socket read (64 KiB) and the queues between hypercorn
+and the app (`max_app_queue_size` messages, and Quart's own 10).
+
+`install()` puts the two classes where hypercorn's protocol code looks them up (module
+globals: hypercorn has no setting for either); `shared.http.hypercorn_config` calls it, so
+every service gets them. It checks that hypercorn still has the shape they were written for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import h11
+import hypercorn.protocol
+import hypercorn.protocol.h11
+import trio
+from hypercorn.events import Closed
+from hypercorn.events import Event as HypercornEvent
+from hypercorn.protocol.events import Event, Request, StreamClosed
+from hypercorn.protocol.ws_stream import FrameTooLargeError, WebsocketBuffer, WSStream
+from wsproto.events import Message
+
+EXTENSIONS_HEADER = b"sec-websocket-extensions"
+CLOSE_GRACE = 1.0  # seconds a connection's close may take, whatever cancels its task
+
+
+class BoundedBuffer(WebsocketBuffer):
+    """A message buffer that refuses a chunk before it would pass `max_length`."""
+
+    overflowed = False
+
+    def extend(self, event: Message) -> None:
+        if self.overflowed or self.length + len(event.data) > self.max_length:
+            self.overflowed = True
+            self.clear()
+            raise FrameTooLargeError
+        super().extend(event)
+
+
+class BoundedWSStream(WSStream):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffer = self.bounded = BoundedBuffer(self.config.websocket_max_message_size)
+
+    async def handle(self, event: Event) -> None:
+        if isinstance(event, Request):  # no permessage-deflate (nor any other extension)
+            headers = [(k, v) for k, v in event.headers if k.lower() != EXTENSIONS_HEADER]
+            event = dataclasses.replace(event, headers=headers)
+        await super().handle(event)
+
+    async def _handle_events(self) -> None:
+        await super()._handle_events()  # on a too-big message: sends the 1009 close
+        if self.bounded.overflowed and not self.closed:
+            await self.send(StreamClosed(stream_id=self.stream_id))  # ... and closes TCP
+
+
+class Http11Only(hypercorn.protocol.h11.H11Protocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        send = self.send
+
+        async def send_closing_for_sure(event: HypercornEvent) -> None:
+            if not isinstance(event, Closed):
+                return await send(event)
+            # Closing the connection (shutdown, close: never blocks) after an answer with
+            # "Connection: close" runs in the app's task, and Quart-Trio cancels that task as
+            # soon as the stream reports the disconnect, before the close is done: a request
+            # answered before its body came (401, 408, 429, ...) kept its connection for as
+            # long as the client kept sending.
+            with trio.CancelScope(deadline=trio.current_time() + CLOSE_GRACE, shield=True):
+                await send(event)
+
+        self.send = send_closing_for_sure
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        """Hypercorn switches to HTTP/2 here (h2c upgrade, or prior knowledge); we never do:
+        an upgrade request is served as HTTP/1.1, and ``PRI * HTTP/2.0`` gets an error."""
+
+
+def install() -> None:
+    """Make every hypercorn server in this process use the classes above (idempotent)."""
+    h11_module = hypercorn.protocol.h11
+    for module, name in ((h11_module, "WSStream"), (hypercorn.protocol, "H11Protocol")):
+        if not isinstance(getattr(module, name, None), type):
+            raise RuntimeError(f"hypercorn changed: {module.__name__}.{name} is gone")
+    if not hasattr(h11_module.H11Protocol, "_check_protocol") or not hasattr(
+        WSStream, "_handle_events"
+    ):
+        raise RuntimeError("hypercorn changed: the hooks shared.hypercorn_bounds uses are gone")
+    h11_module.WSStream = BoundedWSStream  # type: ignore[misc]
+    hypercorn.protocol.H11Protocol = Http11Only  # type: ignore[misc]

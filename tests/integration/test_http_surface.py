@@ -1,0 +1,117 @@
+"""What the HTTP services answer at all (issue #9, findings 7b and 7c), as real processes.
+
+* Quart apps get a default static folder, ``static/`` next to their root path, which for an
+  app named like ours falls back to the working directory: a file there was served at
+  ``/static/...``. Signaling and the transceiver serve no folder.
+* ``--dev`` signaling hands out client secrets with no key, so it answers only requests whose
+  Host names loopback: a page on another site that resolves its own name to 127.0.0.1 (DNS
+  rebinding) gets 403, on every route and on the WebSocket upgrade.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from trio_websocket import wrap_client_stream
+
+from tests.support import SignalingProcess, TransceiverProcess, start_all
+
+
+@pytest.fixture(scope="module")
+def in_a_dir_with_static(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    cwd = tmp_path_factory.mktemp("cwd")
+    (cwd / "static").mkdir()
+    (cwd / "static" / "x.txt").write_text("a file from the working directory\n")
+    yield cwd
+
+
+def test_no_static_folder_is_served_from_the_working_directory(
+    in_a_dir_with_static: Path,
+) -> None:
+    sig, tx = SignalingProcess(), TransceiverProcess(tx_id="tx-static")
+    for proc in (sig, tx):
+        proc.cwd = str(in_a_dir_with_static)
+    start_all(sig, tx)
+    try:
+        for base in (sig.url, tx.api):
+            resp = httpx.get(f"{base}/static/x.txt", timeout=5)
+            assert resp.status_code == 404, (base, resp.text)
+            assert "working directory" not in resp.text
+        assert httpx.get(sig.url + "/", timeout=5).status_code == 200  # the demo page stays
+    finally:
+        sig.kill()
+        tx.kill()
+
+
+@pytest.fixture(scope="module")
+def dev_signaling() -> Iterator[SignalingProcess]:
+    sig = SignalingProcess("--dev").start()
+    yield sig
+    sig.kill()
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["localhost", "LocalHost:8080", "127.0.0.1", "127.3.2.1:9", "[::1]", "[::1]:8080"],
+)
+def test_dev_answers_loopback_host_names(dev_signaling: SignalingProcess, host: str) -> None:
+    resp = httpx.get(f"{dev_signaling.url}/v1/dev/secret", headers={"Host": host}, timeout=5)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["value"]
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "10.0.0.1", "[::2]", ""],
+)
+def test_dev_refuses_other_host_names(dev_signaling: SignalingProcess, host: str) -> None:
+    for method, path in (("GET", "/v1/dev/secret"), ("GET", "/"), ("POST", "/v1/calls")):
+        resp = httpx.request(
+            method, f"{dev_signaling.url}{path}", headers={"Host": host}, timeout=5
+        )
+        assert resp.status_code == 403, (method, path, resp.text)
+        assert "Host" in resp.json()["error"]
+
+
+async def upgrade(sig: SignalingProcess, host: str) -> dict:
+    """A WebSocket upgrade naming `host`; the first message the server sends."""
+    async with trio.open_nursery() as nursery:
+        stream = await trio.open_tcp_stream("127.0.0.1", sig.port)
+        try:
+            ws = await wrap_client_stream(nursery, stream, host, "/v1/ws")
+            try:
+                await ws.send_message(json.dumps({"type": "bye"}))
+                return dict(json.loads(await ws.get_message()))
+            finally:
+                await ws.aclose()
+        finally:
+            await stream.aclose()
+
+
+WS_UPGRADE = {
+    "Connection": "Upgrade",
+    "Upgrade": "websocket",
+    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    "Sec-WebSocket-Version": "13",
+}
+
+
+async def test_dev_refuses_a_websocket_upgrade_from_another_host(
+    dev_signaling: SignalingProcess,
+) -> None:
+    with trio.fail_after(10):
+        async with httpx.AsyncClient() as http:
+            resp = await http.get(
+                dev_signaling.ws_url.replace("ws://", "http://"),
+                headers={**WS_UPGRADE, "Host": "evil.example:8080"},
+            )
+        assert resp.status_code == 403
+        assert "Host" in resp.json()["error"]
+        # a loopback name upgrades (and then wants auth first)
+        first = await upgrade(dev_signaling, f"localhost:{dev_signaling.port}")
+        assert first["code"] == 401
