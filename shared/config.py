@@ -12,7 +12,7 @@ import ipaddress
 import os
 from typing import Any
 
-Address = tuple[str, int]
+from shared.address import Address, parse_hostport
 
 
 def env_name(flag: str) -> str:
@@ -68,40 +68,6 @@ class _ReplacingAppend(argparse.Action):
         setattr(namespace, self.dest, [*current, values])
 
 
-def parse_hostport(text: str, *, default_port: int | None = None) -> Address:
-    """Parse ``host:port``, ``[v6]:port`` or ``v6`` with a default port."""
-    text = text.strip()
-    host: str
-    if text.startswith("["):
-        host, sep, port_text = text[1:].partition("]")
-        if not sep:
-            raise ValueError(f"unclosed bracket in address {text!r}")
-        port_text = port_text.removeprefix(":")
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-    else:
-        host, port_text = text, ""
-    if not port_text:
-        if default_port is None:
-            raise ValueError(f"address {text!r} needs a port")
-        port = default_port
-    else:
-        try:
-            port = int(port_text)
-        except ValueError as exc:
-            raise ValueError(f"bad port in address {text!r}") from exc
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port out of range in address {text!r}")
-    if not host:
-        raise ValueError(f"address {text!r} has no host")
-    return host, port
-
-
-def format_hostport(addr: Address) -> str:
-    host, port = addr[0], addr[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def hostport_arg(text: str) -> Address:
     """argparse type for HOST:PORT."""
     try:
@@ -119,16 +85,6 @@ def parse_mapping(items: list[str], what: str) -> dict[str, str]:
             raise ValueError(f"{what} {item!r} is not KEY=VALUE")
         out[key.strip()] = value.strip()
     return out
-
-
-def is_loopback(host: str) -> bool:
-    """``localhost`` or a loopback address (127.0.0.0/8, ::1): what ``--dev`` modes allow."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_cidrs(text: str) -> list[str]:

@@ -18,7 +18,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from shared.config import Address, format_hostport
+from shared.address import Address, format_hostport
 from shared.hypercorn_bounds import install as install_bounds
 
 Scope = MutableMapping[str, Any]

@@ -187,19 +187,6 @@ def mark_ice_lite(sdp: str) -> str:
     return "\r\n".join(lines) + "\r\n"
 
 
-def only_candidates(sdp: str, candidates: Sequence[str]) -> str:
-    """Replace every m-line's candidates with `candidates` (full `candidate:` values)."""
-    out: list[str] = []
-    for line in _lines(sdp):
-        if line.startswith(("a=candidate:", "a=end-of-candidates")):
-            continue
-        out.append(line)
-        if line.startswith("m="):
-            out.extend(f"a={c}" for c in candidates)
-            out.append("a=end-of-candidates")
-    return "\r\n".join(out) + "\r\n"
-
-
 def classify_candidate(candidate: str, deny: Sequence[str] = ()) -> str | None:
     """Why a candidate would be refused (None: acceptable). `candidate` is the attribute
     value after ``a=`` or ``candidate:``."""

@@ -17,7 +17,7 @@ import struct
 import threading
 from collections.abc import Iterator
 
-Address = tuple[str, int]
+from shared.address import Address
 
 
 class Spoofer:

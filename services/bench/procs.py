@@ -19,10 +19,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.address import Address
 from shared.wire.proxy_v2 import ProxyError, parse_proxy_v2
 from shared.wire.route_token import format_route_keys
 
-Address = tuple[str, int]
 HOST = "127.0.0.1"
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
 

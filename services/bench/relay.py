@@ -50,10 +50,10 @@ from typing import IO, Any
 from services.bench.wire import chrome_like_binding_request
 from services.relay.config import RelayConfig
 from services.relay.worker import CONFIG_ENV
+from shared.address import Address
 from shared.metrics import parse_text
 from shared.wire.route_token import encode_route_token, format_route_keys
 
-Address = tuple[str, int]
 Row = dict[str, Any]
 
 HOST = "127.0.0.1"

@@ -37,6 +37,7 @@ from services.relay.flow_table import (
     Recover,
     ReturnToPeer,
 )
+from shared.wire.demux import STUN_LAST
 
 log = logging.getLogger("firsthop.relay")
 
@@ -196,6 +197,7 @@ class DataPlane:
         upstreams = self.upstreams
         flows = self.table.flows
         fwd = fwd_bytes = 0
+        stun_last = STUN_LAST  # a local: this loop runs per datagram
         for _ in range(BATCH):
             try:
                 n, addr = recv(payload_view)
@@ -205,7 +207,7 @@ class DataPlane:
                 self.table.count_drop("recv_error")
                 continue
             flow = flows.get(addr)
-            if flow is not None and 0 < n <= MAX_DATAGRAM and buf[HEADROOM] > 3:
+            if flow is not None and 0 < n <= MAX_DATAGRAM and buf[HEADROOM] > stun_last:
                 sock = upstreams.get(flow.dest)
                 if sock is not None:
                     flow.last_seen = now
@@ -285,6 +287,7 @@ class DataPlane:
         upstreams = self.upstreams
         hop_flows = self.table.hop_flows
         fwd = fwd_bytes = 0
+        stun_last = STUN_LAST  # a local: this loop runs per datagram
         for _ in range(BATCH):
             try:
                 n, addr = recv(buf)
@@ -297,7 +300,7 @@ class DataPlane:
             if (
                 flow is not None
                 and addr == flow.via
-                and buf[HEADROOM] > 3
+                and buf[HEADROOM] > stun_last
                 and n - HEADROOM <= MAX_DATAGRAM
             ):
                 sock = upstreams.get(flow.dest)

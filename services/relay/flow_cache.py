@@ -21,9 +21,10 @@ import trio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from shared.address import Address
+
 log = logging.getLogger("firsthop.relay.cache")
 
-Address = tuple[str, int]
 Entry = tuple[Address, bytes, Address | None]
 
 FLOW_TTL = 60  # seconds (§9)

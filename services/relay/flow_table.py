@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 
 from services.relay.limits import KeyedLimiter, TokenBucket
 from services.relay.token_ledger import TokenLedger
+from shared.address import Address
+from shared.wire.demux import STUN_LAST
 from shared.wire.proxy_v2 import (
     FAMILY_INET6_DGRAM,
     V4_HEADER,
@@ -66,8 +68,6 @@ from shared.wire.route_token import (
     verify_route_token,
 )
 from shared.wire.stun import HEADER_LENGTH, MAGIC_COOKIE, binding_request_server_ufrag
-
-Address = tuple[str, int]
 
 MAX_DATAGRAM = 1500  # larger datagrams are dropped: no WebRTC packet needs more on the wire
 MAX_RECOVERY_BUFFER = 8  # datagrams held per client while its flow is looked up
@@ -268,7 +268,7 @@ class FlowTable:
     def _known(self, flow: Flow, data: bytes, off: int, now: float) -> Decision:
         flow.last_seen = now
         hop = flow.via is not None
-        if len(data) > off and data[off] < 4:  # STUN (RFC 7983): maybe an ICE restart
+        if len(data) > off and data[off] <= STUN_LAST:  # STUN: maybe an ICE restart
             ufrag = binding_request_server_ufrag(data[off:] if off else data)
             if ufrag is not None and ufrag != flow.token:
                 cand = flow.candidate

@@ -24,12 +24,12 @@ import trio
 
 from services.relay.config import RelayConfig
 from services.relay.worker import CONFIG_ENV
+from shared.address import Address
 from shared.http import serve_simple
 from shared.metrics import CONTENT_TYPE, MetricFamily, render
 
 log = logging.getLogger("firsthop.relay")
 
-Address = tuple[str, int]
 STOP_DEADLINE = 4.5  # seconds from SIGTERM to SIGKILL; the relay exits within 5 s
 RESTART_DELAY = 0.5
 

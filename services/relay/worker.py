@@ -30,6 +30,7 @@ from services.relay.config import RelayConfig
 from services.relay.dataplane import SOCKET_BUFFER, DataPlane, LookupWanted, Pinned, Stored
 from services.relay.flow_cache import MAX_PENDING_WRITES, CacheUnavailable, FlowCache
 from services.relay.flow_table import FlowTable
+from shared.address import Address
 from shared.telemetry import (
     context_from_traceparent,
     setup_tracing,
@@ -41,7 +42,6 @@ from shared.wire.route_token import DestinationFilter
 
 log = logging.getLogger("firsthop.relay")
 
-Address = tuple[str, int]
 FLUSH_ON_EXIT = 2.0  # seconds given to the last cache writes at shutdown
 STATS_EVERY = 0.5
 CONFIG_ENV = "FIRSTHOP_RELAY_WORKER_CONFIG"

@@ -43,7 +43,7 @@ from services.signaling.ratelimit import RateLimiter
 from services.signaling.transceivers import SDPFRAG
 from services.signaling.trickle import parse_fragment
 from services.signaling.ws import WsSession
-from shared.config import is_loopback, parse_hostport
+from shared.address import is_loopback, parse_hostport
 from shared.metrics import CONTENT_TYPE, render
 from shared.sdp import MAX_SDP_BYTES
 

@@ -16,14 +16,8 @@ from pathlib import Path
 
 from services.signaling.placement import REGION_NAME, RegionTable, TransceiverInfo
 from services.signaling.ratelimit import RateLimit
-from shared.config import (
-    Address,
-    add_option,
-    format_hostport,
-    hostport_arg,
-    is_loopback,
-    parse_hostport,
-)
+from shared.address import Address, format_hostport, is_loopback, parse_hostport
+from shared.config import add_option, hostport_arg
 
 
 @dataclass

@@ -26,7 +26,7 @@ from services.signaling.ratelimit import RateLimiter, Slots
 from services.signaling.stores import CallStore, Directory, RedisLink, SecretLedger
 from services.signaling.transceivers import TransceiverClient
 from services.signaling.ws import MAX_MESSAGE
-from shared.config import Address, format_hostport
+from shared.address import Address, format_hostport
 from shared.http import bound_address, hypercorn_config
 from shared.lifecycle import run_until_signal, setup_logging
 from shared.telemetry import setup_tracing, shutdown_tracing

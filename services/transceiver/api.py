@@ -18,7 +18,7 @@ from werkzeug.exceptions import HTTPException
 
 from services.transceiver.service import Transceiver
 from services.transceiver.table import Refusal
-from shared.config import parse_hostport
+from shared.address import parse_hostport
 from shared.metrics import CONTENT_TYPE, MetricFamily, render
 from shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
 

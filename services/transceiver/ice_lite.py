@@ -37,9 +37,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shared.address import Address
 from shared.wire import stun
-
-Address = tuple[str, int]
 
 MAX_PATHS = 8  # authenticated client addresses remembered per session
 MAX_RECENT = 64  # transaction IDs remembered for replay detection
@@ -114,7 +113,7 @@ class LiteIce:
         try:
             if msg.username != f"{creds.local_ufrag}:{creds.remote_ufrag}":
                 return Refused("stun_auth_fail")
-            stun.verify_message_integrity(data, msg, creds.local_pwd.encode())
+            stun.verify_message_integrity(data, msg, stun.short_term_key(creds.local_pwd))
             if msg.fingerprint_offset is not None:
                 stun.verify_fingerprint(data, msg)
         except stun.StunError:
@@ -163,7 +162,7 @@ class LiteIce:
                 (stun.PRIORITY, struct.pack("!I", PRFLX_PRIORITY)),
                 (stun.ICE_CONTROLLED, self._tie_breaker),
             ],
-            integrity_key=creds.remote_pwd.encode(),
+            integrity_key=stun.short_term_key(creds.remote_pwd),
             fingerprint=True,
         )
         self._last_probe_start = now
@@ -191,7 +190,7 @@ class LiteIce:
             self._probe = None
             return Refused("path_validation_refused")
         try:
-            stun.verify_message_integrity(data, msg, self.creds.remote_pwd.encode())
+            stun.verify_message_integrity(data, msg, stun.short_term_key(self.creds.remote_pwd))
         except stun.StunError:
             return Refused("stun_auth_fail")
         self._probe = None

@@ -13,7 +13,8 @@ from services.transceiver.api import create_app
 from services.transceiver.registry import heartbeat, trace_handoff_writer
 from services.transceiver.rtc import check_pinned_versions, run_trio_guest
 from services.transceiver.service import Transceiver, TransceiverConfig
-from shared.config import add_option, format_hostport, hostport_arg, is_loopback, parse_cidrs
+from shared.address import format_hostport, is_loopback
+from shared.config import add_option, hostport_arg, parse_cidrs
 from shared.http import bound_address, hypercorn_config
 from shared.lifecycle import setup_logging
 from shared.telemetry import setup_tracing, shutdown_tracing

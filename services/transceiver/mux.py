@@ -27,6 +27,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from shared.address import Address
+from shared.wire.demux import STUN_LAST
 from shared.wire.proxy_v2 import (
     FAMILY_INET6_DGRAM,
     SIGNATURE,
@@ -39,8 +41,6 @@ from shared.wire.proxy_v2 import (
 from shared.wire.stun import binding_request_server_ufrag
 
 S = TypeVar("S")
-Address = tuple[str, int]
-
 MAX_DATAGRAM = 1500
 MAX_CACHED_HEADERS = 65536
 
@@ -169,7 +169,7 @@ class SessionMux(Generic[S]):
         if not payload:
             self.drops["empty"] += 1
             return None
-        if payload[0] < 4:  # STUN (RFC 7983): authenticated by the session, not here
+        if payload[0] <= STUN_LAST:  # authenticated by the session, not here
             ufrag = binding_request_server_ufrag(payload)
             if ufrag is not None:
                 session = self.by_ufrag.get(ufrag)

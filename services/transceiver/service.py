@@ -36,6 +36,7 @@ from services.transceiver.table import (
     ToIce,
     ToMedia,
 )
+from shared.address import Address
 from shared.metrics import Histogram
 from shared.sdp import check_offer, classify_candidate, mark_ice_lite, strip_candidates
 from shared.telemetry import context_from_traceparent, traceparent_of, tracer
@@ -43,7 +44,6 @@ from shared.wire.route_token import encode_route_token, fresh_nonce
 
 log = logging.getLogger("firsthop.transceiver")
 
-Address = tuple[str, int]
 RECV_BUFFER = 2048
 DRAIN_BATCH = 64  # datagrams read per readiness callback before yielding to the loop
 TRACER = tracer("firsthop.transceiver")

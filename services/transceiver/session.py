@@ -39,11 +39,10 @@ from services.transceiver.rtc import (
     SessionCallbacks,
     call_asyncio,
 )
+from shared.address import Address
 from shared.telemetry import traceparent_of
 
 log = logging.getLogger("firsthop.transceiver.session")
-
-Address = tuple[str, int]
 
 AGENT_CONNECT_TIMEOUT = 5.0
 MAX_EVENT_BYTES = 64 * 1024  # a caller's data-channel message

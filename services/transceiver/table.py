@@ -39,11 +39,11 @@ from typing import Generic, TypeVar
 
 from services.transceiver.ice_lite import Accepted, Credentials, LiteIce, PathValidated, Refused
 from services.transceiver.mux import Delivery, SessionMux, Unrouted
+from shared.address import Address
+from shared.wire.demux import STUN_LAST
 from shared.wire.proxy_v2 import build_proxy_v2, revocation_tlv
 
 H = TypeVar("H")
-Address = tuple[str, int]
-
 SETUP_TIMEOUT = 30.0  # offer to connected
 CONSENT_TIMEOUT = 30.0  # RFC 7675 §5.1: no authenticated check for this long ends the call
 ENDED_REMEMBERED = 10_000
@@ -204,7 +204,7 @@ class SessionTable(Generic[H]):
         if type(d) is Unrouted:
             return self._notice(now, d.ufrag, d.client, d.relay, d.ingress)
         assert isinstance(d, Delivery)
-        if d.payload[0] > 3:  # DTLS, SRTP, RTCP (RFC 7983): from a validated client only
+        if d.payload[0] > STUN_LAST:  # DTLS, SRTP, RTCP: from a validated client only
             return (ToMedia(d.session.handle, d.payload, d.client),)
         return self._on_stun(now, d)
 

@@ -3,11 +3,16 @@
 The first byte decides (RFC 7983 §7): 0-3 STUN, 16-19 ZRTP, 20-63 DTLS, 64-79 TURN channel,
 128-191 RTP or RTCP. RTP and RTCP share the range; RTCP packet types 192-223 in the second
 byte tell them apart (RFC 5761 §4). Classification never raises.
+
+This is the project's one statement of that rule. Packet paths that cannot afford a call per
+datagram compare the first byte with `STUN_LAST` themselves (`first <= STUN_LAST`: STUN).
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
+
+STUN_LAST = 3  # RFC 7983 §7: a first byte of 0-3 is STUN
 
 
 class PacketClass(IntEnum):
@@ -22,7 +27,7 @@ class PacketClass(IntEnum):
 
 def _first_byte_table() -> tuple[PacketClass, ...]:
     table = [PacketClass.OTHER] * 256
-    for b in range(0, 4):
+    for b in range(0, STUN_LAST + 1):
         table[b] = PacketClass.STUN
     for b in range(16, 20):
         table[b] = PacketClass.ZRTP
@@ -50,5 +55,6 @@ def classify(data: bytes | bytearray | memoryview) -> PacketClass:
     return cls
 
 
-def is_stun_class(data: bytes | bytearray | memoryview) -> bool:
-    return bool(data) and data[0] < 4
+def is_stun(data: bytes | bytearray | memoryview) -> bool:
+    """Could this datagram be STUN (its first byte says so)?"""
+    return bool(data) and data[0] <= STUN_LAST

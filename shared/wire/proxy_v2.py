@@ -27,6 +27,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from shared.address import Address
+
 SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"  # §2.2: 12 bytes
 VERSION_COMMAND_PROXY = 0x21  # version 2, command PROXY
 VERSION_COMMAND_LOCAL = 0x20  # version 2, command LOCAL (health checks; carries no addresses)
@@ -44,8 +46,6 @@ V6_HEADER = HEADER_PREFIX + V6_BLOCK  # 52
 _V4 = struct.Struct("!12sBBH4s4sHH")
 _V6 = struct.Struct("!12sBBH16s16sHH")
 _PREFIX = struct.Struct("!BBH")
-
-Address = tuple[str, int]
 
 
 class ProxyError(Exception):

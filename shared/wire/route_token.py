@@ -312,8 +312,3 @@ def format_route_keys(keys: Mapping[int, bytes]) -> str:
 
 def fresh_nonce() -> bytes:
     return os.urandom(NONCE_LENGTH)
-
-
-def token_digest(ufrag: str) -> str:
-    """A short stable id for logs that does not reveal the token."""
-    return hashlib.sha256(ufrag.encode()).hexdigest()[:12]

@@ -217,15 +217,6 @@ class StunMessage:
         )
 
 
-def is_stun(data: bytes) -> bool:
-    """Cheap demultiplexing check: could this datagram be STUN? (RFC 7983 §7).
-
-    On a port shared with DTLS, SRTP and TURN channels, STUN is the range 0..3 of the first
-    byte; anything shorter than a STUN header cannot be STUN.
-    """
-    return len(data) >= HEADER_LENGTH and data[0] < 4
-
-
 def parse_stun(data: bytes) -> StunMessage:
     """Validate and parse one STUN message occupying the whole of ``data``.
 
@@ -366,15 +357,6 @@ def short_term_key(password: str) -> bytes:
     return password.encode("utf-8")
 
 
-def long_term_key(username: str, realm: str, password: str) -> bytes:
-    """Long-term credential key with the MD5 algorithm (RFC 8489 §9.2.2).
-
-    ``MD5(username ":" realm ":" password)``; the caller applies any OpaqueString or
-    SASLprep processing (RFC 5769 §2.4 uses "TheMatrIX" after SASLprep).
-    """
-    return hashlib.md5(f"{username}:{realm}:{password}".encode()).digest()
-
-
 def build_stun(
     method: int,
     cls: int,
@@ -464,14 +446,6 @@ def decode_xor_address(value: bytes, transaction_id: bytes) -> tuple[str, int]:
     family, port, address = _split_address(value, "XOR-MAPPED-ADDRESS")
     address ^= _xor_mask(family, transaction_id)
     port ^= MAGIC_COOKIE >> 16
-    if family == _FAMILY_IPV4:
-        return str(ipaddress.IPv4Address(address)), port
-    return str(ipaddress.IPv6Address(address)), port
-
-
-def decode_mapped_address(value: bytes) -> tuple[str, int]:
-    """Decode a plain MAPPED-ADDRESS value into ``(ip, port)`` (RFC 8489 §14.1)."""
-    family, port, address = _split_address(value, "MAPPED-ADDRESS")
     if family == _FAMILY_IPV4:
         return str(ipaddress.IPv4Address(address)), port
     return str(ipaddress.IPv6Address(address)), port

@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from shared.config import add_option, env_name, parse_hostport, parse_mapping
+from shared.address import parse_hostport
+from shared.config import add_option, env_name, parse_mapping
 
 
 def test_env_name() -> None:

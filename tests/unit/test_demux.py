@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.wire.demux import PacketClass, classify, is_stun_class
+from shared.wire.demux import PacketClass, classify, is_stun
 
 
 @pytest.mark.parametrize(
@@ -39,11 +39,11 @@ def test_rfc7983_ranges(first: int, second: int, expected: PacketClass) -> None:
 def test_short() -> None:
     assert classify(b"") is PacketClass.OTHER
     assert classify(b"\x80") is PacketClass.OTHER
-    assert not is_stun_class(b"")
-    assert is_stun_class(b"\x00")
+    assert not is_stun(b"")
+    assert is_stun(b"\x00")
 
 
 @given(st.binary(max_size=40))
 def test_never_raises(data: bytes) -> None:
     assert isinstance(classify(data), PacketClass)
-    assert is_stun_class(data) == (classify(data) is PacketClass.STUN)
+    assert is_stun(data) == (classify(data) is PacketClass.STUN)

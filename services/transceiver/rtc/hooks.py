@@ -41,8 +41,7 @@ from aioice.candidate import candidate_foundation, candidate_priority
 from aiortc import RTCConfiguration, RTCPeerConnection
 
 from services.transceiver.jitter import LowLatencyJitterBuffer
-
-Address = tuple[str, int]
+from shared.address import Address
 
 PINNED = {"aiortc": "1.16.", "aioice": "0.13."}
 

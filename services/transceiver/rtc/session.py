@@ -21,8 +21,8 @@ from av import AudioFrame
 
 from services.transceiver.rtc import hooks
 from services.transceiver.rtc.audio import AgentAudioTrack, stereo_to_mono
-
-Address = tuple[str, int]
+from shared.address import Address
+from shared.wire.demux import STUN_LAST
 
 MAX_RECEIVE_QUEUE = 256  # datagrams waiting for DTLS/SRTP in one session
 
@@ -122,7 +122,7 @@ class RtcSession:
         protocol = self._protocols[0]() if self._protocols else None
         if protocol is None:
             return False
-        if data[0] > 3 and hooks.receive_backlog(protocol) >= MAX_RECEIVE_QUEUE:
+        if data[0] > STUN_LAST and hooks.receive_backlog(protocol) >= MAX_RECEIVE_QUEUE:
             return False
         protocol.datagram_received(data, addr)
         return True
