@@ -18,23 +18,17 @@ from collections.abc import Iterable
 
 import redis
 import trio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from shared.address import Address
+from shared.redis_store import FLOW_TTL, FlowRecord, flow_key, redis_client, trace_key
 
 log = logging.getLogger("firsthop.relay.cache")
 
 Entry = tuple[Address, bytes, Address | None]
 
-FLOW_TTL = 60  # seconds (§9)
 MAX_PENDING_WRITES = 100_000
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
-
-
-def flow_key(client: Address) -> str:
-    return f"firsthop:flow:{client[0]}:{client[1]}"
 
 
 class CacheUnavailable(Exception):
@@ -43,13 +37,7 @@ class CacheUnavailable(Exception):
 
 class FlowCache:
     def __init__(self, url: str, *, timeout: float = 0.5) -> None:
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
+        self._client = redis_client(url, timeout=timeout, text=False)
         self._limiter = trio.CapacityLimiter(4)
         self.errors = 0
         self.writes = 0
@@ -85,8 +73,7 @@ class FlowCache:
             pipe = self._client.pipeline(transaction=False)
             for client, token, via in batch:
                 key = flow_key(client)
-                hop = f"{via[0]}:{via[1]}" if via else ""
-                pipe.hset(key, mapping={"token": token, "hop": hop})
+                pipe.hset(key, mapping=FlowRecord(token, via).to_hash())  # type: ignore[arg-type]
                 pipe.expire(key, FLOW_TTL)
             pipe.execute()
 
@@ -126,7 +113,7 @@ class FlowCache:
         def read() -> list[bytes | None]:
             pipe = self._client.pipeline(transaction=False)
             for token in tokens:
-                pipe.get(b"firsthop:trace:" + token)
+                pipe.get(trace_key(token.decode("ascii", "replace")))
             return list(pipe.execute())
 
         try:

@@ -25,7 +25,7 @@ from opentelemetry import trace
 from services.signaling.auth import Principal
 from services.signaling.errors import Problem
 from services.signaling.placement import RegionTable, choose_region, ingress_for, rank
-from services.signaling.stores import CallRecord, CallStore, Directory, SecretLedger
+from services.signaling.stores import CallStore, Directory, SecretLedger
 from services.signaling.transceivers import (
     TransceiverClient,
     TransceiverDown,
@@ -35,6 +35,7 @@ from services.signaling.transceivers import (
 )
 from services.signaling.trickle import Fragment, TricklePolicy
 from shared.metrics import MetricFamily
+from shared.redis_store import CallRecord
 from shared.sdp import MAX_SDP_BYTES, SdpError, check_offer
 from shared.telemetry import context_from_traceparent, traceparent_of, tracer
 

@@ -16,54 +16,12 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+
+from shared.redis_store import TransceiverInfo
 
 # Region names travel in a header: keep them to a safe, short alphabet.
 REGION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-@dataclass(frozen=True)
-class TransceiverInfo:
-    id: str
-    api_url: str
-    region: str
-    cluster: int = 0
-    media_addr: str = ""
-    sessions: int = 0
-    capacity: int = 0  # 0: unknown (static list), never "full"
-    draining: bool = False
-
-    @property
-    def load(self) -> float:
-        if self.capacity <= 0:
-            return 0.0
-        return self.sessions / self.capacity
-
-    @property
-    def full(self) -> bool:
-        return self.capacity > 0 and self.sessions >= self.capacity
-
-
-def info_from_hash(tx_id: str, fields: Mapping[str, str]) -> TransceiverInfo | None:
-    """A registry hash -> TransceiverInfo; None when it is incomplete or malformed."""
-    api_url = fields.get("api_url", "")
-    region = fields.get("region", "")
-    if not api_url.startswith(("http://", "https://")) or not region:
-        return None
-    try:
-        return TransceiverInfo(
-            id=tx_id,
-            api_url=api_url.rstrip("/"),
-            region=region,
-            cluster=int(fields.get("cluster", "0")),
-            media_addr=fields.get("media_addr", ""),
-            sessions=max(0, int(fields.get("sessions", "0"))),
-            capacity=max(0, int(fields.get("capacity", "0"))),
-            draining=fields.get("draining", "0") not in ("0", "", "false"),
-        )
-    except ValueError:
-        return None
 
 
 class RegionTable:

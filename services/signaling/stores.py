@@ -22,23 +22,26 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 import redis
 import trio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from services.signaling.placement import TransceiverInfo, info_from_hash
+from shared.redis_store import (
+    CALL_TTL,
+    TRANSCEIVER_PATTERN,
+    CallRecord,
+    TransceiverInfo,
+    call_key,
+    redis_client,
+    secret_key,
+    transceiver_key,
+)
 
 log = logging.getLogger("firsthop.signaling.stores")
 
 T = TypeVar("T")
-REGISTRY_PREFIX = "firsthop:transceiver:"
-CALL_PREFIX = "firsthop:call:"
-SECRET_PREFIX = "firsthop:secret:"
-CALL_TTL = 4 * 3600  # the longest session (FIRSTHOP_TOKEN_MAX_AGE default)
 DIRECTORY_MAX_AGE = 0.5
 MEMORY_MAX_ENTRIES = 200_000
 
@@ -51,13 +54,7 @@ class RedisLink:
     """One sync Redis client, used from worker threads; errors counted, logged per outage."""
 
     def __init__(self, url: str, counters: Counter[str], timeout: float = 0.5) -> None:
-        self.client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
+        self.client = redis_client(url, timeout=timeout)
         self._counters = counters
         self._down = False
 
@@ -115,7 +112,10 @@ class Directory:
         except StoreUnavailable:
             self._snapshot, self.from_registry = list(self.static), False
         else:
-            infos = [info_from_hash(key[len(REGISTRY_PREFIX) :], fields) for key, fields in rows]
+            infos = [
+                TransceiverInfo.from_hash(key.removeprefix(transceiver_key("")), fields)
+                for key, fields in rows
+            ]
             self._snapshot = [i for i in infos if i is not None]
             self.from_registry = True
         self._taken = self._clock()
@@ -141,44 +141,13 @@ def _with_extra(info: TransceiverInfo, placed: int) -> TransceiverInfo:
 
 
 def _scan_registry(client: redis.Redis) -> list[tuple[str, dict[str, str]]]:
-    keys = list(client.scan_iter(match=REGISTRY_PREFIX + "*", count=500))
+    keys = list(client.scan_iter(match=TRANSCEIVER_PATTERN, count=500))
     if not keys:
         return []
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.hgetall(key)
     return list(zip(keys, pipe.execute(), strict=True))
-
-
-@dataclass(frozen=True)
-class CallRecord:
-    call_id: str
-    transceiver_id: str
-    api_url: str
-    session_id: str
-    owner: str
-    region: str
-    created: float
-    client_ufrag: str = ""  # the caller's ICE ufrag now ("": not known)
-
-    def to_fields(self) -> dict[str, str]:
-        return {k: str(v) for k, v in asdict(self).items() if k != "call_id"}
-
-    @classmethod
-    def from_fields(cls, call_id: str, fields: dict[str, str]) -> CallRecord | None:
-        try:
-            return cls(
-                call_id=call_id,
-                transceiver_id=fields["transceiver_id"],
-                api_url=fields["api_url"],
-                session_id=fields["session_id"],
-                owner=fields["owner"],
-                region=fields["region"],
-                created=float(fields["created"]),
-                client_ufrag=fields.get("client_ufrag", ""),
-            )
-        except (KeyError, ValueError):
-            return None
 
 
 class _Expiring:
@@ -217,7 +186,7 @@ class CallStore:
 
     async def put(self, record: CallRecord) -> None:
         if self.link is not None:
-            key, fields = CALL_PREFIX + record.call_id, record.to_fields()
+            key, fields = call_key(record.call_id), record.to_hash()
 
             def write(client: redis.Redis) -> None:
                 pipe = client.pipeline(transaction=False)
@@ -234,14 +203,14 @@ class CallStore:
 
     async def get(self, call_id: str) -> CallRecord | None:
         if self.link is not None:
-            key = CALL_PREFIX + call_id
+            key = call_key(call_id)
             try:
                 fields = await self.link.run(lambda c: c.hgetall(key))
             except StoreUnavailable:
                 pass
             else:
                 if fields:
-                    return CallRecord.from_fields(
+                    return CallRecord.from_hash(
                         call_id, {str(k): str(v) for k, v in fields.items()}
                     )
         found: CallRecord | None = self._memory.get(call_id)
@@ -250,7 +219,7 @@ class CallStore:
     async def delete(self, call_id: str) -> None:
         self._memory.pop(call_id)
         if self.link is not None:
-            key = CALL_PREFIX + call_id
+            key = call_key(call_id)
             try:
                 await self.link.run(lambda c: c.delete(key))
             except StoreUnavailable:
@@ -273,7 +242,7 @@ class SecretLedger:
         self._memory.set(secret_id, call_id, ttl)
         if self.link is None:
             return True
-        key = SECRET_PREFIX + secret_id
+        key = secret_key(secret_id)
         try:
             return bool(await self.link.run(lambda c: c.set(key, call_id, nx=True, ex=ttl)))
         except StoreUnavailable:
@@ -283,7 +252,7 @@ class SecretLedger:
         """Give a secret back when the call it was spent on could not be created."""
         self._memory.pop(secret_id)
         if self.link is not None:
-            key = SECRET_PREFIX + secret_id
+            key = secret_key(secret_id)
             try:
                 await self.link.run(lambda c: c.delete(key))
             except StoreUnavailable:

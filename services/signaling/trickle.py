@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from services.signaling.errors import Problem
 from services.signaling.ratelimit import RateLimit, RateLimiter
-from services.signaling.stores import CALL_TTL
+from shared.redis_store import CALL_TTL
 from shared.sdp import ICE_PWD, ICE_UFRAG, classify_candidate, sdpfrag_credentials
 
 MAX_CANDIDATES = 100  # per call; a browser gathers a handful (host, srflx, relay per family)

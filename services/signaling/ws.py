@@ -32,9 +32,9 @@ from quart.wrappers.websocket import Websocket
 from services.signaling.auth import Principal
 from services.signaling.calls import CallRequest, parse_offer_body
 from services.signaling.errors import Problem
-from services.signaling.stores import CallRecord
 from services.signaling.transceivers import TransceiverDown
 from services.signaling.trickle import Fragment, check_candidate
+from shared.redis_store import CallRecord
 from shared.sdp import MAX_SDP_BYTES
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ from shared.address import format_hostport, is_loopback
 from shared.config import add_option, hostport_arg, parse_cidrs
 from shared.http import bound_address, hypercorn_config
 from shared.lifecycle import setup_logging
+from shared.redis_store import TransceiverInfo
 from shared.telemetry import setup_tracing, shutdown_tracing
 from shared.wire.route_token import parse_route_keys
 
@@ -45,18 +46,19 @@ async def serve_transceiver(
             # A wildcard --api is reached at the advertised media host (the pod IP).
             host = config.api[0] if config.api[0] not in ("0.0.0.0", "::") else config.advertised[0]
 
-            def fields() -> dict[str, str]:
-                return {
-                    "api_url": f"http://{format_hostport((host, api[1]))}",
-                    "media_addr": format_hostport(config.advertised),
-                    "region": config.region,
-                    "cluster": str(config.cluster),
-                    "sessions": str(len(tx.table)),
-                    "capacity": str(config.capacity),
-                    "draining": "1" if tx.draining else "0",
-                }
+            def info() -> TransceiverInfo:
+                return TransceiverInfo(
+                    id=config.id,
+                    api_url=f"http://{format_hostport((host, api[1]))}",
+                    region=config.region,
+                    cluster=config.cluster,
+                    media_addr=format_hostport(config.advertised),
+                    sessions=len(tx.table),
+                    capacity=config.capacity,
+                    draining=tx.draining,
+                )
 
-            nursery.start_soon(heartbeat, config.redis, config.id, fields, tx.counters)
+            nursery.start_soon(heartbeat, config.redis, config.id, info, tx.counters)
             send, receive = trio.open_memory_channel[tuple[str, str]](1000)
             tx.trace_writes = send
             nursery.start_soon(trace_handoff_writer, config.redis, receive, tx.counters)

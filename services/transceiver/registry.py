@@ -15,49 +15,40 @@ from typing import Any
 
 import redis
 import trio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+
+from shared.redis_store import (
+    HEARTBEAT_PERIOD,
+    TRACE_TTL,
+    TRANSCEIVER_TTL,
+    TransceiverInfo,
+    redis_client,
+    trace_key,
+    transceiver_key,
+)
 
 log = logging.getLogger("firsthop.transceiver.registry")
-
-TTL = 5
-PERIOD = 1.0
-
-
-def registry_key(transceiver_id: str) -> str:
-    return f"firsthop:transceiver:{transceiver_id}"
-
-
-def redis_client(url: str, timeout: float = 0.5) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
-        decode_responses=True,
-    )
 
 
 async def heartbeat(
     url: str,
     transceiver_id: str,
-    fields: Callable[[], dict[str, str]],
+    info: Callable[[], TransceiverInfo],
     counters: Counter[str],
 ) -> None:
     client = redis_client(url)
-    key = registry_key(transceiver_id)
+    key = transceiver_key(transceiver_id)
     down = False
 
     def write(mapping: dict[str, Any]) -> None:
         pipe = client.pipeline(transaction=False)
         pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
-        pipe.expire(key, TTL)
+        pipe.expire(key, TRANSCEIVER_TTL)
         pipe.execute()
 
     try:
         while True:
             try:
-                await trio.to_thread.run_sync(write, fields())
+                await trio.to_thread.run_sync(write, info().to_hash())
                 if down:
                     log.info("registry: Redis reachable again")
                 down = False
@@ -66,7 +57,7 @@ async def heartbeat(
                 if not down:
                     log.warning("registry: Redis unavailable (%s); serving on", exc)
                 down = True
-            await trio.sleep(PERIOD)
+            await trio.sleep(HEARTBEAT_PERIOD)
     finally:
         with trio.CancelScope(shield=True):
             try:
@@ -74,9 +65,6 @@ async def heartbeat(
             except redis.RedisError:
                 pass
             client.close()
-
-
-TRACE_TTL = 4 * 3600  # the longest session
 
 
 async def trace_handoff_writer(
@@ -90,7 +78,7 @@ async def trace_handoff_writer(
     def write(batch: list[tuple[str, str]]) -> None:
         pipe = client.pipeline(transaction=False)
         for ufrag, traceparent in batch:
-            pipe.set(f"firsthop:trace:{ufrag}", traceparent, ex=TRACE_TTL)
+            pipe.set(trace_key(ufrag), traceparent, ex=TRACE_TTL)
         pipe.execute()
 
     try:

@@ -6,14 +6,8 @@ import random
 
 import pytest
 
-from services.signaling.placement import (
-    RegionTable,
-    TransceiverInfo,
-    choose_region,
-    info_from_hash,
-    ingress_for,
-    rank,
-)
+from services.signaling.placement import RegionTable, choose_region, ingress_for, rank
+from shared.redis_store import TransceiverInfo
 
 
 def tx(
@@ -99,32 +93,6 @@ def test_cidr_table_ipv6_and_v4_mapped() -> None:
     assert table.lookup("not-an-ip") is None
     with pytest.raises(ValueError):
         RegionTable([("10.0.0.0/8", "bad region")])
-
-
-def test_registry_hash_parsing() -> None:
-    fields = {
-        "api_url": "http://127.0.0.1:8081/",
-        "media_addr": "127.0.0.1:5004",
-        "region": "a",
-        "cluster": "2",
-        "sessions": "3",
-        "capacity": "200",
-        "draining": "1",
-    }
-    info = info_from_hash("tx-1", fields)
-    assert info == TransceiverInfo(
-        id="tx-1",
-        api_url="http://127.0.0.1:8081",
-        region="a",
-        cluster=2,
-        media_addr="127.0.0.1:5004",
-        sessions=3,
-        capacity=200,
-        draining=True,
-    )
-    assert info_from_hash("x", {**fields, "sessions": "many"}) is None
-    assert info_from_hash("x", {**fields, "api_url": "ftp://x"}) is None
-    assert info_from_hash("x", {"region": "a"}) is None
 
 
 def test_ingress_is_the_client_regions_then_the_transceivers() -> None:

@@ -1,0 +1,185 @@
+"""The Redis contract (docs/architecture.md §9): every key, its record, its TTL, and the client.
+
+Writers and readers both go through here, so a key or a field is spelled in one place:
+
+| key | record | written by | read by |
+|---|---|---|---|
+| `firsthop:transceiver:{id}` | `TransceiverInfo` (hash) | transceiver heartbeat | signaling |
+| `firsthop:call:{call_id}` | `CallRecord` (hash) | signaling | signaling (any replica) |
+| `firsthop:flow:{ip}:{port}` | `FlowRecord` (hash) | relay | relay (after a restart) |
+| `firsthop:trace:{ufrag}` | traceparent (string) | transceiver | relay (first-packet span) |
+| `firsthop:secret:{id}` | call id (string, SET NX) | signaling | signaling |
+
+redis-py's blocking client is the only maintained one that Trio can use: services call it
+from worker threads (`trio.to_thread`), with short socket timeouts and no retries, so a slow
+or absent Redis never holds a request or a packet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from shared.address import Address, format_hostport, parse_hostport
+
+PREFIX = "firsthop:"
+TRANSCEIVER_TTL = 5  # seconds; the heartbeat rewrites it every HEARTBEAT_PERIOD
+HEARTBEAT_PERIOD = 1.0
+CALL_TTL = 4 * 3600  # the longest session (the route token's max age)
+FLOW_TTL = 60
+TRACE_TTL = 4 * 3600
+
+
+def redis_client(url: str, *, timeout: float = 0.5, text: bool = True) -> redis.Redis:
+    """The one way a service connects: short timeouts, no retries (the caller decides),
+    strings in and out unless `text` is False (the relay's tokens are bytes)."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+        decode_responses=text,
+    )
+
+
+# -- keys --------------------------------------------------------------------------------
+
+
+def transceiver_key(transceiver_id: str) -> str:
+    return f"{PREFIX}transceiver:{transceiver_id}"
+
+
+TRANSCEIVER_PATTERN = transceiver_key("*")
+
+
+def call_key(call_id: str) -> str:
+    return f"{PREFIX}call:{call_id}"
+
+
+def flow_key(client: Address) -> str:
+    return f"{PREFIX}flow:{client[0]}:{client[1]}"
+
+
+def trace_key(ufrag: str) -> str:
+    return f"{PREFIX}trace:{ufrag}"
+
+
+def secret_key(secret_id: str) -> str:
+    return f"{PREFIX}secret:{secret_id}"
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransceiverInfo:
+    """A transceiver as the registry has it (and as signaling's static list gives it)."""
+
+    id: str
+    api_url: str
+    region: str
+    cluster: int = 0
+    media_addr: str = ""
+    sessions: int = 0
+    capacity: int = 0  # 0: unknown (static list), never "full"
+    draining: bool = False
+
+    @property
+    def load(self) -> float:
+        """Sessions per capacity (0 when the capacity is unknown: a static list)."""
+        return self.sessions / self.capacity if self.capacity > 0 else 0.0
+
+    @property
+    def full(self) -> bool:
+        return self.capacity > 0 and self.sessions >= self.capacity
+
+    def to_hash(self) -> dict[str, str]:
+        fields = {k: str(v) for k, v in asdict(self).items() if k != "id"}
+        fields["draining"] = "1" if self.draining else "0"
+        return fields
+
+    @classmethod
+    def from_hash(cls, tx_id: str, fields: Mapping[str, str]) -> TransceiverInfo | None:
+        """None when the hash is incomplete or malformed."""
+        api_url = fields.get("api_url", "")
+        region = fields.get("region", "")
+        if not api_url.startswith(("http://", "https://")) or not region:
+            return None
+        try:
+            return cls(
+                id=tx_id,
+                api_url=api_url.rstrip("/"),
+                region=region,
+                cluster=int(fields.get("cluster", "0")),
+                media_addr=fields.get("media_addr", ""),
+                sessions=max(0, int(fields.get("sessions", "0"))),
+                capacity=max(0, int(fields.get("capacity", "0"))),
+                draining=fields.get("draining", "0") not in ("0", "", "false", "False"),
+            )
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """Which transceiver and session carry a call, and which credential created it."""
+
+    call_id: str
+    transceiver_id: str
+    api_url: str
+    session_id: str
+    owner: str
+    region: str
+    created: float
+    client_ufrag: str = ""  # the caller's ICE ufrag now ("": not known)
+
+    def to_hash(self) -> dict[str, str]:
+        return {k: str(v) for k, v in asdict(self).items() if k != "call_id"}
+
+    @classmethod
+    def from_hash(cls, call_id: str, fields: Mapping[str, str]) -> CallRecord | None:
+        """None when the hash is incomplete or malformed (`client_ufrag` may be absent:
+        records written before it existed)."""
+        try:
+            return cls(
+                call_id=call_id,
+                transceiver_id=fields["transceiver_id"],
+                api_url=fields["api_url"],
+                session_id=fields["session_id"],
+                owner=fields["owner"],
+                region=fields["region"],
+                created=float(fields["created"]),
+                client_ufrag=fields.get("client_ufrag", ""),
+            )
+        except (KeyError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class FlowRecord:
+    """An established relay flow: its route token (re-verified on read) and, on a second
+    hop, the first-hop relay its client's traffic comes through."""
+
+    token: bytes
+    hop: Address | None = None
+
+    def to_hash(self) -> dict[bytes, bytes]:
+        hop = format_hostport(self.hop).encode() if self.hop else b""
+        return {b"token": self.token, b"hop": hop}
+
+    @classmethod
+    def from_hash(cls, fields: Mapping[bytes, bytes]) -> FlowRecord | None:
+        token = fields.get(b"token")
+        if not token:
+            return None
+        hop_text = fields.get(b"hop", b"")
+        try:
+            hop = parse_hostport(hop_text.decode()) if hop_text else None
+        except (UnicodeDecodeError, ValueError):
+            return None
+        return cls(token, hop)
