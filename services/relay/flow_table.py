@@ -45,9 +45,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from services.relay.limits import KeyedLimiter, TokenBucket
 from services.relay.token_ledger import TokenLedger
 from shared.address import Address
+from shared.ratelimit import KeyedLimiter, TokenBucket
 from shared.wire.demux import STUN_LAST
 from shared.wire.proxy_v2 import (
     FAMILY_INET6_DGRAM,

@@ -1,15 +1,11 @@
 """Token-bucket rate limits, one bucket per key (a client IP, an API key fingerprint, a call);
 and `Slots`, a cap on how many things may be in progress at once, in all and per key.
 
-Pure: the clock is injected (`time.monotonic` by default), so tests step time by hand.
-`check(key, cost)` either spends `cost` tokens (1 by default) and returns 0.0, or returns how
-many seconds until they are available — the ``Retry-After`` of the 429. A rate of 0 turns the
-limiter off. A bucket that refills slowly is a cap: 100 tokens refilled over 4 hours is "at
-most 100 per call" for any call that lasts less.
-
-Memory stays bounded: a bucket that has refilled completely is the same as no bucket, so
-when the table outgrows `max_keys` those are dropped; if a flood of distinct keys leaves it
-still too large, the table is cleared (failing open beats failing every client).
+The buckets are `shared.ratelimit`'s; here they read an injected clock (`time.monotonic` by
+default, so tests step time by hand). `check(key, cost)` either spends `cost` tokens (1 by
+default) and returns 0.0, or returns how many seconds until they are available — the
+``Retry-After`` of the 429. A rate of 0 turns the limiter off. When a flood of distinct keys
+fills the table, it is cleared (failing open beats failing every client).
 """
 
 from __future__ import annotations
@@ -17,6 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from shared.ratelimit import KeyedLimiter
 
 
 @dataclass(frozen=True)
@@ -30,6 +28,9 @@ class RateLimit:
 
 
 class RateLimiter:
+    """A `KeyedLimiter` read with the service's clock (signaling's request paths have none
+    of their own); failing open when its table is full."""
+
     def __init__(
         self,
         limit: RateLimit,
@@ -38,35 +39,16 @@ class RateLimiter:
     ) -> None:
         self.limit = limit
         self._clock = clock
-        self._max_keys = max_keys
-        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, last update)
+        self._limiter = KeyedLimiter(limit.rate, limit.burst, max_keys=max_keys, when_full="forget")
 
     def __len__(self) -> int:
-        return len(self._buckets)
+        return len(self._limiter)
 
     def check(self, key: str, cost: float = 1.0) -> float:
+        """Spend `cost` and return 0.0, or the seconds until it could be spent."""
         if not self.limit.enabled:
             return 0.0
-        now = self._clock()
-        tokens, last = self._buckets.get(key, (self.limit.burst, now))
-        tokens = min(self.limit.burst, tokens + (now - last) * self.limit.rate)
-        if tokens >= cost:
-            self._buckets[key] = (tokens - cost, now)
-            if len(self._buckets) > self._max_keys:
-                self._prune(now)
-            return 0.0
-        self._buckets[key] = (tokens, now)
-        return (cost - tokens) / self.limit.rate
-
-    def _prune(self, now: float) -> None:
-        rate, burst = self.limit.rate, self.limit.burst
-        self._buckets = {
-            k: (tokens, last)
-            for k, (tokens, last) in self._buckets.items()
-            if tokens + (now - last) * rate < burst
-        }
-        if len(self._buckets) > self._max_keys:
-            self._buckets.clear()
+        return self._limiter.retry_after(key, self._clock(), cost)
 
 
 class Slots:

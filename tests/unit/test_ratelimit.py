@@ -1,32 +1,46 @@
-"""The signaling limiters, pure: token buckets with a hand-stepped clock, and Slots."""
+"""The one token bucket, with the time passed in."""
 
 from __future__ import annotations
 
-from services.signaling.ratelimit import RateLimit, RateLimiter, Slots
+import math
+
+import pytest
+
+from shared.ratelimit import KeyedLimiter, TokenBucket
 
 
-def test_slots_cap_in_all_and_per_key() -> None:
-    slots = Slots(total=3, per_key=2)
-    assert [slots.take("a"), slots.take("a"), slots.take("a")] == [None, None, "key"]
-    assert slots.take("b") is None
-    assert slots.take("c") == "total" and slots.in_use == 3
-    slots.give_back("a")
-    assert slots.take("c") is None  # a freed slot serves anyone
-    assert slots.take("a") == "total"
-    for key in ("a", "b", "c"):
-        slots.give_back(key)
-    assert slots.in_use == 0 and slots.take("a") is None
+def test_a_bucket_spends_refills_and_says_how_long_to_wait() -> None:
+    bucket = TokenBucket(rate=2.0, burst=3.0, now=0.0)
+    assert [bucket.take(0.0) for _ in range(4)] == [True, True, True, False]
+    assert bucket.wait(0.0) == pytest.approx(0.5)
+    assert bucket.take(0.5) and not bucket.take(0.5)
+    assert bucket.wait(10.0, cost=4) == math.inf  # more than it ever holds
+    assert bucket.full_at(10.0)
 
 
-def test_slots_of_zero_are_no_limit() -> None:
-    slots = Slots(total=0, per_key=0)
-    assert all(slots.take("a") is None for _ in range(1000))
+def test_keys_have_their_own_buckets() -> None:
+    limiter = KeyedLimiter(1.0, 2.0)
+    assert limiter.take("a", 0.0) and limiter.take("a", 0.0) and not limiter.take("a", 0.0)
+    assert limiter.take("b", 0.0)
+    assert limiter.retry_after("a", 0.0) == pytest.approx(1.0)
 
 
-def test_a_check_can_cost_several_tokens() -> None:
-    now = [0.0]
-    limiter = RateLimiter(RateLimit(1.0, 10), clock=lambda: now[0])
-    assert limiter.check("a", 7) == 0.0
-    assert limiter.check("a", 4) == 1.0  # 3 left: one more second for the 4th
-    now[0] += 1.0
-    assert limiter.check("a", 4) == 0.0
+def test_a_full_table_refuses_new_keys_or_forgets_them_all() -> None:
+    refusing = KeyedLimiter(1.0, 1.0, max_keys=2, when_full="refuse")
+    forgetting = KeyedLimiter(1.0, 1.0, max_keys=2, when_full="forget")
+    for limiter in (refusing, forgetting):
+        assert limiter.take("a", 0.0) and limiter.take("b", 0.0)
+    assert not refusing.take("c", 0.1) and len(refusing) == 2
+    assert forgetting.take("c", 0.1) and len(forgetting) == 1
+    # refilled buckets are pruned first (at most once a second)
+    assert refusing.take("c", 1.5) and len(refusing) == 1
+
+
+def test_pruning_a_full_table_is_not_done_per_key() -> None:
+    limiter = KeyedLimiter(1.0, 1.0, max_keys=1000, when_full="refuse")
+    for i in range(1000):
+        limiter.take(i, 0.0)
+    assert not limiter.take("new", 0.5)  # pruned once: nothing had refilled
+    limiter._buckets[0]._tokens = 1.0  # as if refilled
+    assert not limiter.take("new2", 0.6)  # not scanned again within the second
+    assert limiter.take("new3", 1.6)  # a second later: scanned, the refilled one dropped
