@@ -18,11 +18,18 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
-from dataclasses import dataclass, field
 
 import trio
 
+from services.launch import (
+    Spec,
+    agent_command,
+    free_port,
+    ready,
+    relay_command,
+    signaling_command,
+    transceiver_command,
+)
 from shared.config import add_option
 from shared.wire.route_token import KEY_LENGTH, format_route_keys
 
@@ -30,49 +37,12 @@ STOP_GRACE = 6.0
 READY_TIMEOUT = 30.0
 
 
-@dataclass
-class Service:
-    name: str
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    ready_tcp: int | None = None  # ready once this loopback port accepts
-    ready_http: str | None = None  # ready once this URL answers 200
-
-
-async def _wait_ready(service: Service, proc: trio.Process) -> None:
+async def _wait_ready(spec: Spec, proc: trio.Process) -> None:
     with trio.fail_after(READY_TIMEOUT):
-        while True:
+        while not await trio.to_thread.run_sync(ready, spec):
             if proc.returncode is not None:
-                raise RuntimeError(f"{service.name} exited with {proc.returncode}")
-            try:
-                if service.ready_tcp is not None:
-                    stream = await trio.open_tcp_stream("127.0.0.1", service.ready_tcp)
-                    await stream.aclose()
-                    return
-                if service.ready_http is not None:
-                    if await trio.to_thread.run_sync(_http_ok, service.ready_http):
-                        return
-                else:
-                    return
-            except OSError:
-                pass
+                raise RuntimeError(f"{spec.name} exited with {proc.returncode}")
             await trio.sleep(0.05)
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
-def _free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _pump(name: str, stream: trio.abc.ReceiveStream) -> None:
@@ -84,7 +54,7 @@ async def _pump(name: str, stream: trio.abc.ReceiveStream) -> None:
             print(f"{name:>12} | {line.decode(errors='replace')}", flush=True)
 
 
-async def _run_service(service: Service, *, task_status: trio.TaskStatus[None]) -> None:
+async def _run_service(service: Spec, *, task_status: trio.TaskStatus[None]) -> None:
     env = {**os.environ, **service.env}
     proc = await trio.lowlevel.open_process(
         service.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -108,19 +78,19 @@ async def _run_service(service: Service, *, task_status: trio.TaskStatus[None]) 
                     await proc.wait()
 
 
-def plan(args: argparse.Namespace) -> tuple[list[Service], dict[str, str]]:
+def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
     """The services to start and what to tell the user."""
     keys = os.environ.get("FIRSTHOP_ROUTE_KEYS") or format_route_keys({1: os.urandom(KEY_LENGTH)})
     token = os.environ.get("FIRSTHOP_INTERNAL_TOKEN") or secrets.token_urlsafe(32)
     env = {"FIRSTHOP_ROUTE_KEYS": keys, "FIRSTHOP_INTERNAL_TOKEN": token}
-    services: list[Service] = []
+    services: list[Spec] = []
     redis_url = args.redis
     redis_bin = shutil.which("redis-server")
     if redis_url is None and redis_bin is not None:
-        port = _free_port(socket.SOCK_STREAM)
+        port = free_port(socket.SOCK_STREAM)
         redis_url = f"redis://127.0.0.1:{port}/0"
         services.append(
-            Service(
+            Spec(
                 "redis",
                 [
                     redis_bin,
@@ -133,85 +103,43 @@ def plan(args: argparse.Namespace) -> tuple[list[Service], dict[str, str]]:
                     "--appendonly",
                     "no",
                 ],
-            )
-        )
-    me = [sys.executable, "-m", "services.cli"]
-    relay_args = [
-        "relay",
-        "--listen",
-        f"127.0.0.1:{args.relay_port}",
-        "--internal",
-        "127.0.0.1:0",
-        "--metrics",
-        f"127.0.0.1:{args.relay_metrics_port}",
-        "--workers",
-        "1",
-        "--allow-dest",
-        "127.0.0.0/8",
-    ]
-    if redis_url:
-        relay_args += ["--redis", redis_url]
-    services.append(
-        Service(
-            "relay",
-            me + relay_args,
-            env,
-            ready_http=f"http://127.0.0.1:{args.relay_metrics_port}/healthz",
-        )
-    )
-    agents: dict[str, str] = {}
-    for kind in ("echo", "parrot"):
-        port = _free_port(socket.SOCK_STREAM)
-        agents[kind] = f"ws://127.0.0.1:{port}"
-        services.append(
-            Service(
-                f"agent-{kind}",
-                me + ["agent", "--kind", kind, "--listen", f"127.0.0.1:{port}"],
                 ready_tcp=port,
             )
         )
+    relay = relay_command(
+        listen=args.relay_port,
+        internal=0,  # only peer relays use it: any port
+        metrics=args.relay_metrics_port,
+        redis=redis_url,
+    )
+    relay_ready = f"http://127.0.0.1:{args.relay_metrics_port}/healthz"
+    services.append(Spec("relay", relay, env, ready_http=relay_ready))
+    agents: dict[str, str] = {}
+    for kind in ("echo", "parrot"):
+        port = free_port(socket.SOCK_STREAM)
+        agents[kind] = f"ws://127.0.0.1:{port}"
+        services.append(Spec(f"agent-{kind}", agent_command(kind, port), ready_tcp=port))
     transceivers: list[str] = []
     for i in (1, 2):
-        media, api = _free_port(socket.SOCK_DGRAM), _free_port(socket.SOCK_STREAM)
-        tx_args = [
-            "transceiver",
-            "--id",
-            f"tx-{i}",
-            "--region",
-            "local",
-            "--media",
-            f"127.0.0.1:{media}",
-            "--api",
-            f"127.0.0.1:{api}",
-            "--agent-url",
-            agents["echo"],
-            "--drain-seconds",
-            "5",
-        ]
-        if redis_url:
-            tx_args += ["--redis", redis_url]
-        transceivers.append(f"http://127.0.0.1:{api}")
-        services.append(
-            Service(
-                f"tx-{i}",
-                me + tx_args,
-                {**env, "FIRSTHOP_ROUTE_KEY_ID": "1"},
-                ready_http=f"http://127.0.0.1:{api}/healthz",
-            )
+        media, api = free_port(), free_port(socket.SOCK_STREAM)
+        tx = transceiver_command(
+            media=media,
+            api=api,
+            tx_id=f"tx-{i}",
+            agent_url=agents["echo"],
+            redis=redis_url,
+            extra=("--region", "local", "--drain-seconds", "5"),
         )
+        transceivers.append(f"http://127.0.0.1:{api}")
+        tx_env = {**env, "FIRSTHOP_ROUTE_KEY_ID": "1"}
+        services.append(Spec(f"tx-{i}", tx, tx_env, ready_http=f"http://127.0.0.1:{api}/healthz"))
     api_key = os.environ.get("FIRSTHOP_API_KEYS", "").split(",")[
         0
     ] or "dev-" + secrets.token_urlsafe(16)
     sig_args = [
-        "signaling",
-        "--listen",
-        f"127.0.0.1:{args.port}",
-        "--region",
-        "local",
-        "--ingress",
-        f"local=127.0.0.1:{args.relay_port}",
-        "--api-keys",
-        api_key,
+        *("--region", "local"),
+        *("--ingress", f"local=127.0.0.1:{args.relay_port}"),
+        *("--api-keys", api_key),
         "--dev",
         *(arg for kind, url in agents.items() for arg in ("--agent-url", f"{kind}={url}")),
     ]
@@ -220,9 +148,9 @@ def plan(args: argparse.Namespace) -> tuple[list[Service], dict[str, str]]:
     else:
         sig_args += [arg for url in transceivers for arg in ("--transceiver", url)]
     services.append(
-        Service(
+        Spec(
             "signaling",
-            me + sig_args,
+            signaling_command(port=args.port, extra=sig_args),
             {"FIRSTHOP_INTERNAL_TOKEN": token},
             ready_http=f"http://127.0.0.1:{args.port}/healthz",
         )

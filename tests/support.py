@@ -10,8 +10,17 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Self
 
-from services.bench.procs import wait_tcp
+from services.launch import (
+    Child,
+    Spec,
+    agent_command,
+    free_port,
+    relay_command,
+    signaling_command,
+    transceiver_command,
+)
 from shared.wire import stun
 from shared.wire.route_token import encode_route_token
 
@@ -68,15 +77,11 @@ def rtp(seq: int = 1, size: int = 160) -> bytes:
 
 
 def free_udp_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_port(socket.SOCK_DGRAM, host)
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_port(socket.SOCK_STREAM, host)
 
 
 class RedisServer:
@@ -197,15 +202,41 @@ class FakeTransceiver(Endpoint):
         self.send(build_proxy_v2(ingress, client) + payload, relay)
 
 
-def relay_env() -> dict[str, str]:
+def keys_env() -> dict[str, str]:
+    """What every test service gets on top of the test's own environment."""
     from shared.wire.route_token import format_route_keys
 
-    env = dict(os.environ)
-    env["FIRSTHOP_ROUTE_KEYS"] = format_route_keys(KEYS)
-    return env
+    return {
+        "FIRSTHOP_ROUTE_KEYS": format_route_keys(KEYS),
+        "FIRSTHOP_INTERNAL_TOKEN": INTERNAL_TOKEN,
+    }
 
 
-class RelayProcess:
+def service_env() -> dict[str, str]:
+    """The whole environment of a test service: the test's own, the keys and the token."""
+    return {**os.environ, **keys_env()}
+
+
+class ServiceProcess(Child):
+    """A real `firsthop <service>` process (`launch.Child`) with the test keys and token."""
+
+    def __init__(self, name: str, argv: list[str], **ready: object) -> None:
+        super().__init__(Spec(name, argv, keys_env(), **ready))  # type: ignore[arg-type]
+
+    @property
+    def args(self) -> list[str]:
+        return self.spec.argv
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.spec.env
+
+    def start(self, timeout: float = 20.0) -> Self:
+        super().start(timeout)
+        return self
+
+
+class RelayProcess(ServiceProcess):
     """A real `firsthop relay` process on free loopback ports."""
 
     def __init__(
@@ -217,47 +248,20 @@ class RelayProcess:
         listen_port: int | None = None,
         internal_port: int | None = None,
     ) -> None:
-        self.listen = ("127.0.0.1", listen_port or free_udp_port())
-        self.internal = ("127.0.0.1", internal_port or free_udp_port())
-        self.metrics_addr = ("127.0.0.1", free_tcp_port())
-        self.args = [
-            "relay",
-            "--listen",
-            f"{self.listen[0]}:{self.listen[1]}",
-            "--internal",
-            f"{self.internal[0]}:{self.internal[1]}",
-            "--metrics",
-            f"{self.metrics_addr[0]}:{self.metrics_addr[1]}",
-            "--cluster",
-            str(cluster),
-            "--workers",
-            str(workers),
-            "--allow-dest",
-            "127.0.0.0/8",
-            *(["--redis", redis_url] if redis_url else []),
-            *args,
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 15.0) -> RelayProcess:
-        import sys
-        import urllib.request
-
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *self.args], env=relay_env()
+        self.listen = ("127.0.0.1", listen_port or free_port())
+        self.internal = ("127.0.0.1", internal_port or free_port())
+        self.metrics_addr = ("127.0.0.1", free_port(socket.SOCK_STREAM))
+        argv = relay_command(
+            listen=self.listen[1],
+            internal=self.internal[1],
+            metrics=self.metrics_addr[1],
+            cluster=cluster,
+            workers=workers,
+            redis=redis_url,
+            extra=args,
         )
-        deadline = time.monotonic() + timeout
-        url = f"http://{self.metrics_addr[0]}:{self.metrics_addr[1]}/healthz"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"relay exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(url, timeout=0.5) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("relay did not become healthy")
+        url = f"http://127.0.0.1:{self.metrics_addr[1]}/healthz"
+        super().__init__("relay", argv, ready_http=url)
 
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         import urllib.request
@@ -279,106 +283,31 @@ class RelayProcess:
                 return value
             time.sleep(0.1)
 
-    def stop(self, timeout: float = 6.0) -> float:
-        """SIGTERM; returns how long the relay took to exit."""
-        assert self.proc is not None
-        t0 = time.monotonic()
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-        return time.monotonic() - t0
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-class ServiceProcess:
-    """A real `firsthop <service>` process, ready once `health_url` answers 200."""
-
-    def __init__(self, args: list[str], health_url: str | None, env: dict[str, str] | None = None):
-        self.args = args
-        self.health_url = health_url
-        self.env = {**relay_env(), "FIRSTHOP_INTERNAL_TOKEN": INTERNAL_TOKEN, **(env or {})}
-        self.cwd: str | None = None  # the working directory it starts in (default: ours)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 20.0) -> ServiceProcess:
-        import sys
-        import urllib.request
-
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *self.args], env=self.env, cwd=self.cwd
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.args[0]} exited with {self.proc.returncode}")
-            if self.health_url is None:
-                return self
-            try:
-                with urllib.request.urlopen(self.health_url, timeout=0.5) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"{self.args[0]} did not become healthy")
-
-    def stop(self, timeout: float = 10.0) -> float:
-        assert self.proc is not None
-        t0 = time.monotonic()
-        self.proc.terminate()
-        self.proc.wait(timeout)
-        return time.monotonic() - t0
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
 
 class AgentProcess(ServiceProcess):
     def __init__(self, kind: str = "echo") -> None:
-        self.port = free_tcp_port()
-        super().__init__(["agent", "--kind", kind, "--listen", f"127.0.0.1:{self.port}"], None)
+        self.port = free_port(socket.SOCK_STREAM)
+        super().__init__(f"agent-{kind}", agent_command(kind, self.port), ready_tcp=self.port)
 
     @property
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 20.0) -> AgentProcess:
-        super().start(timeout)
-        wait_tcp(self.port, timeout)
-        return self
 
 
 class TransceiverProcess(ServiceProcess):
     def __init__(
         self, *extra: str, agent_url: str | None = None, tx_id: str = "tx-test", cluster: int = 1
     ) -> None:
-        self.media = ("127.0.0.1", free_udp_port())
-        self.api_port = free_tcp_port()
-        args = [
-            "transceiver",
-            "--media",
-            f"127.0.0.1:{self.media[1]}",
-            "--api",
-            f"127.0.0.1:{self.api_port}",
-            "--id",
-            tx_id,
-            "--cluster",
-            str(cluster),
-            "--drain-seconds",
-            "3",
-            *(["--agent-url", agent_url] if agent_url else []),
-            *extra,
-        ]
-        super().__init__(args, f"http://127.0.0.1:{self.api_port}/healthz")
+        self.media = ("127.0.0.1", free_port())
+        self.api_port = free_port(socket.SOCK_STREAM)
+        argv = transceiver_command(
+            media=self.media[1],
+            api=self.api_port,
+            tx_id=tx_id,
+            agent_url=agent_url,
+            extra=("--cluster", str(cluster), "--drain-seconds", "3", *extra),
+        )
+        super().__init__(tx_id, argv, ready_http=f"http://127.0.0.1:{self.api_port}/healthz")
 
     @property
     def api(self) -> str:
@@ -446,18 +375,12 @@ class SignalingProcess(ServiceProcess):
     API_KEY = "test-api-key"
 
     def __init__(self, *extra: str, region: str = "a", api_keys: str | None = None) -> None:
-        self.port = free_tcp_port()
-        args = [
-            "signaling",
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--region",
-            region,
-            "--api-keys",
-            api_keys if api_keys is not None else self.API_KEY,
-            *extra,
-        ]
-        super().__init__(args, f"http://127.0.0.1:{self.port}/healthz")
+        self.port = free_port(socket.SOCK_STREAM)
+        keys = api_keys if api_keys is not None else self.API_KEY
+        argv = signaling_command(
+            port=self.port, extra=("--region", region, "--api-keys", keys, *extra)
+        )
+        super().__init__("signaling", argv, ready_http=f"http://127.0.0.1:{self.port}/healthz")
 
     @property
     def url(self) -> str:

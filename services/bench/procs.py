@@ -19,43 +19,20 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.launch import (
+    HOST,
+    Child,
+    Spec,
+    agent_command,
+    free_port,
+    relay_command,
+    transceiver_command,
+)
 from shared.address import Address
 from shared.wire.proxy_v2 import ProxyError, parse_proxy_v2
 from shared.wire.route_token import format_route_keys
 
-HOST = "127.0.0.1"
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
-
-
-def free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=0.5) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer")
-
-
-def wait_tcp(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {port}")
 
 
 @dataclass
@@ -65,7 +42,7 @@ class Stack:
     quiet: bool = True
     keys: str = field(default_factory=lambda: format_route_keys({1: os.urandom(32)}))
     token: str = field(default_factory=lambda: secrets.token_urlsafe(16))  # internal API
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
     relay_port: int = 0
     tx_media: int = 0
     tx_api: int = 0
@@ -73,61 +50,37 @@ class Stack:
     stock_port: int = 0
     relay_metrics: int = 0
 
-    def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
+    def _start(self, spec: Spec) -> Child:
+        spec.env = {
             "FIRSTHOP_ROUTE_KEYS": self.keys,
             "FIRSTHOP_INTERNAL_TOKEN": self.token,
             "FIRSTHOP_LOG_LEVEL": os.environ.get("FIRSTHOP_LOG_LEVEL", "WARNING"),
+            **spec.env,
         }
-        out = subprocess.DEVNULL if self.quiet else None
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=out)
-        self.procs.append(proc)
-        return proc
+        child = Child(spec, quiet=self.quiet)
+        self.children.append(child)
+        return child.start()
 
     def start(self, *, stock: bool = False, tx_args: tuple[str, ...] = ()) -> Stack:
-        me = [sys.executable, "-m", "services.cli"]
-        self.relay_port, metrics = free_port(), free_port(socket.SOCK_STREAM)
-        self.relay_metrics = metrics
-        relay = self._spawn(
-            me
-            + [
-                "relay",
-                "--listen",
-                f"127.0.0.1:{self.relay_port}",
-                "--internal",
-                f"127.0.0.1:{free_port()}",
-                "--metrics",
-                f"127.0.0.1:{metrics}",
-                "--workers",
-                "1",
-                "--allow-dest",
-                "127.0.0.0/8",
-            ]
+        self.relay_port = free_port()
+        self.relay_metrics = free_port(socket.SOCK_STREAM)
+        relay = relay_command(
+            listen=self.relay_port, internal=free_port(), metrics=self.relay_metrics
         )
+        self._start(Spec("relay", relay, ready_http=f"http://{HOST}:{self.relay_metrics}/healthz"))
         self.agent_port = free_port(socket.SOCK_STREAM)
-        self._spawn(me + ["agent", "--kind", "echo", "--listen", f"127.0.0.1:{self.agent_port}"])
+        agent = agent_command("echo", self.agent_port)
+        self._start(Spec("agent", agent, ready_tcp=self.agent_port))
         # A preset media port is kept: a bench may have to know it before the start (a tap).
         self.tx_media = self.tx_media or free_port()
         self.tx_api = free_port(socket.SOCK_STREAM)
-        tx = self._spawn(
-            me
-            + [
-                "transceiver",
-                "--media",
-                f"127.0.0.1:{self.tx_media}",
-                "--api",
-                f"127.0.0.1:{self.tx_api}",
-                "--agent-url",
-                f"ws://127.0.0.1:{self.agent_port}",
-                "--capacity",
-                "1000",
-                *tx_args,
-            ]
+        tx = transceiver_command(
+            media=self.tx_media,
+            api=self.tx_api,
+            agent_url=f"ws://{HOST}:{self.agent_port}",
+            extra=("--capacity", "1000", *tx_args),
         )
-        wait_http(f"http://127.0.0.1:{metrics}/healthz", relay)
-        wait_http(f"http://127.0.0.1:{self.tx_api}/healthz", tx)
-        wait_tcp(self.agent_port)
+        self._start(Spec("transceiver", tx, ready_http=f"http://{HOST}:{self.tx_api}/healthz"))
         if stock:
             self.stock_port, _ = self.spawn_stock()
         return self
@@ -136,26 +89,26 @@ class Stack:
         """Start a stock aiortc answerer (`services/bench/stock.py` with `args`, e.g.
         "--mono"); returns its (port, pid). The one `start(stock=True)` starts is the first."""
         port = free_port(socket.SOCK_STREAM)
-        proc = self._spawn([sys.executable, "-m", "services.bench.stock", str(port), *args])
-        wait_tcp(port)
-        return port, proc.pid
+        argv = [sys.executable, "-m", "services.bench.stock", str(port), *args]
+        child = self._start(Spec("stock", argv, ready_tcp=port))
+        return port, child.pid
 
     @property
     def relay_pid(self) -> int:
         """The relay supervisor; its worker is a child process of it."""
-        return self.procs[0].pid
+        return self.children[0].pid
 
     @property
     def agent_pid(self) -> int:
-        return self.procs[1].pid
+        return self.children[1].pid
 
     @property
     def tx_pid(self) -> int:
-        return self.procs[2].pid
+        return self.children[2].pid
 
     @property
     def stock_pid(self) -> int:
-        return self.procs[3].pid
+        return self.children[3].pid
 
     def offer_to_firsthop(
         self, offer: str, *, direct: bool = False, ingress: str | None = None
@@ -199,16 +152,16 @@ class Stack:
             return int(json.loads(resp.read())["sessions"])
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.terminate()
+        for child in self.children:
             try:
-                proc.wait(8)
+                if child.proc is not None:
+                    child.proc.wait(8)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs.clear()
+                child.kill()
+        self.children.clear()
 
 
 def cpu_seconds(pid: int) -> float:

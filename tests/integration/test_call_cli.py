@@ -16,7 +16,7 @@ from tests.support import (
     RelayProcess,
     SignalingProcess,
     TransceiverProcess,
-    relay_env,
+    service_env,
     start_all,
 )
 
@@ -63,7 +63,7 @@ def test_call_prints_the_timeline_and_echo_delay_and_saves_the_reply(
     ]
     if ws:
         args.append("--ws")
-    done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=relay_env())
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=service_env())
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
     for line in (
@@ -95,7 +95,7 @@ def test_call_with_a_wrong_key_says_why(signaling: SignalingProcess) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env=relay_env(),
+        env=service_env(),
     )
     assert done.returncode != 0
     assert "401" in done.stdout + done.stderr

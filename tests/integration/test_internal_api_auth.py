@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.support import TransceiverProcess, free_tcp_port, free_udp_port, relay_env
+from tests.support import TransceiverProcess, free_tcp_port, free_udp_port, service_env
 from tests.unit.test_signaling_app import OFFER
 
 START_TIMEOUT = 30
@@ -22,7 +22,7 @@ START_TIMEOUT = 30
 
 def run_transceiver(*args: str, token: str | None) -> subprocess.CompletedProcess[str]:
     """`firsthop transceiver` with `args`, expected to refuse to start (bounded)."""
-    env = {k: v for k, v in relay_env().items() if k != "FIRSTHOP_INTERNAL_TOKEN"}
+    env = {k: v for k, v in service_env().items() if k != "FIRSTHOP_INTERNAL_TOKEN"}
     if token is not None:
         env["FIRSTHOP_INTERNAL_TOKEN"] = token
     argv = ["transceiver", "--media", f"127.0.0.1:{free_udp_port()}", *args]

@@ -1,0 +1,164 @@
+"""Starting firsthop's own processes: the one launcher for `firsthop up`, benches and tests.
+
+* `free_port(kind)`: a loopback port nobody holds right now (bind to 0, read it back, close).
+* the command builders (`relay_command`, `transceiver_command`, `agent_command`,
+  `signaling_command`): the argv of a `firsthop` service on loopback, so every caller spells
+  a service's flags the same way;
+* `Spec`: what to run (argv, environment) and how to know it is ready (an HTTP URL that
+  answers 200, or a TCP port that accepts); `ready(spec)` checks once;
+* `Child`: a process started from a `Spec` in the background (blocking calls, for tests and
+  benches): `start()` returns once it is ready, `stop()` asks it to end (SIGTERM) within a
+  grace, `kill()` ends it now. `firsthop up` runs the same specs under Trio (`up.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+HOST = "127.0.0.1"
+FIRSTHOP = (sys.executable, "-m", "services.cli")
+
+
+def free_port(kind: int = socket.SOCK_DGRAM, host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _flag(name: str, value: object | None) -> list[str]:
+    return [] if value is None else [name, str(value)]
+
+
+def relay_command(
+    *,
+    listen: int,
+    internal: int,
+    metrics: int,
+    cluster: int = 1,
+    workers: int = 1,
+    redis: str | None = None,
+    extra: Iterable[str] = (),
+) -> list[str]:
+    return [
+        *FIRSTHOP,
+        "relay",
+        *("--listen", f"{HOST}:{listen}"),
+        *("--internal", f"{HOST}:{internal}"),
+        *("--metrics", f"{HOST}:{metrics}"),
+        *("--cluster", str(cluster)),
+        *("--workers", str(workers)),
+        *("--allow-dest", "127.0.0.0/8"),
+        *_flag("--redis", redis),
+        *extra,
+    ]
+
+
+def transceiver_command(
+    *,
+    media: int,
+    api: int,
+    tx_id: str | None = None,
+    agent_url: str | None = None,
+    redis: str | None = None,
+    extra: Iterable[str] = (),
+) -> list[str]:
+    return [
+        *FIRSTHOP,
+        "transceiver",
+        *("--media", f"{HOST}:{media}"),
+        *("--api", f"{HOST}:{api}"),
+        *_flag("--id", tx_id),
+        *_flag("--agent-url", agent_url),
+        *_flag("--redis", redis),
+        *extra,
+    ]
+
+
+def agent_command(kind: str, port: int, extra: Iterable[str] = ()) -> list[str]:
+    return [*FIRSTHOP, "agent", "--kind", kind, "--listen", f"{HOST}:{port}", *extra]
+
+
+def signaling_command(*, port: int, extra: Iterable[str] = ()) -> list[str]:
+    return [*FIRSTHOP, "signaling", "--listen", f"{HOST}:{port}", *extra]
+
+
+@dataclass
+class Spec:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's own
+    ready_http: str | None = None  # ready once this URL answers 200
+    ready_tcp: int | None = None  # ready once this loopback port accepts
+
+
+def ready(spec: Spec) -> bool:
+    """Whether `spec`'s service answers now (one try)."""
+    try:
+        if spec.ready_http is not None:
+            with urllib.request.urlopen(spec.ready_http, timeout=1) as resp:
+                return bool(resp.status == 200)
+        if spec.ready_tcp is not None:
+            with socket.create_connection((HOST, spec.ready_tcp), timeout=0.5):
+                return True
+    except OSError:
+        return False
+    return True
+
+
+class Child:
+    """One background process from a `Spec`."""
+
+    def __init__(self, spec: Spec, *, quiet: bool = False, cwd: str | None = None) -> None:
+        self.spec = spec
+        self.quiet = quiet
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 20.0) -> Child:
+        out = subprocess.DEVNULL if self.quiet else None
+        self.proc = subprocess.Popen(
+            self.spec.argv,
+            env={**os.environ, **self.spec.env},
+            cwd=self.cwd,
+            stdout=out,
+            stderr=out,
+        )
+        deadline = time.monotonic() + timeout
+        while not ready(self.spec):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.spec.name} exited with {self.proc.returncode}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"{self.spec.name} was not ready within {timeout:.0f} s")
+            time.sleep(0.05)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> float:
+        """SIGTERM, then wait; returns how long it took to exit (kills it past `timeout`
+        and raises `subprocess.TimeoutExpired`)."""
+        assert self.proc is not None
+        t0 = time.monotonic()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        return time.monotonic() - t0
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
