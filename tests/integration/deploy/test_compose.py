@@ -1,0 +1,141 @@
+"""compose.yaml: one image for every firsthop service, only the public ports published, each
+service's command and environment accepted by the real CLI and consistent with the others."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from shared.config import hostport_arg
+from tests.integration.deploy.manifests import (
+    ROOT,
+    SUBCOMMANDS,
+    THIRD_PARTY_IMAGES,
+    Obj,
+    effective_config,
+)
+
+
+def compose() -> Obj:
+    """compose.yaml with every ${VAR:-default} at its default (all of them must have one)."""
+    text = re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", (ROOT / "compose.yaml").read_text())
+    assert "${" not in text, "every variable in compose.yaml needs a default"
+    return yaml.safe_load(text)
+
+
+def ours(services: Obj) -> dict[str, Obj]:
+    return {name: s for name, s in services.items() if "build" in s}
+
+
+def compose_config(service: Obj, mp: pytest.MonkeyPatch) -> Any:
+    env = {k: str(v) for k, v in service.get("environment", {}).items()}
+    return effective_config([str(a) for a in service["command"]], env, mp)
+
+
+def published(service: Obj) -> list[tuple[int, str]]:
+    """(host port, protocol) for each short-syntax port mapping."""
+    out = []
+    for spec in service.get("ports", []):
+        mapping, _, proto = str(spec).partition("/")
+        out.append((int(mapping.split(":")[-2]), proto or "tcp"))
+    return out
+
+
+def healthcheck_target(service: Obj) -> tuple[str, int]:
+    test = service["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"], test
+    compile(test[3], "healthcheck", "exec")
+    m = re.search(r"http://([\d.]+):(\d+)/healthz", test[3]) or re.search(
+        r"\('([\d.]+)', (\d+)\)", test[3]
+    )
+    assert m, test[3]
+    return m[1], int(m[2])
+
+
+def probe_host(addr: tuple[str, int]) -> tuple[str, int]:
+    return ("127.0.0.1" if addr[0] == "0.0.0.0" else addr[0], addr[1])
+
+
+def test_compose_builds_every_firsthop_service_from_the_one_dockerfile() -> None:
+    services = compose()["services"]
+    for name, service in services.items():
+        if name in ours(services):
+            assert service["build"] in (".", {"context": "."}), name
+            assert service["command"][0] in SUBCOMMANDS
+            assert "healthcheck" in service, name
+        else:
+            assert service["image"].startswith(THIRD_PARTY_IMAGES), name
+    assert services["redis"]["healthcheck"]
+    commands = sorted(s["command"][0] for s in ours(services).values())
+    assert commands == ["agent", "agent", "relay", "signaling", "transceiver", "transceiver"]
+
+
+def test_compose_publishes_only_the_public_ports() -> None:
+    services = compose()["services"]
+    ports = {name: published(s) for name, s in services.items() if published(s)}
+    assert ports == {
+        "relay": [(3478, "udp")],
+        "signaling": [(8080, "tcp")],
+        "jaeger": [(16686, "tcp")],
+    }
+    assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+
+
+def test_compose_services_get_only_what_their_cli_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = compose()
+    services = ours(doc["services"])
+    configs = {name: compose_config(s, monkeypatch) for name, s in services.items()}
+    subnet = ipaddress.ip_network(doc["networks"]["edge"]["ipam"]["config"][0]["subnet"])
+    dynamic = ipaddress.ip_network(doc["networks"]["edge"]["ipam"]["config"][0]["ip_range"])
+    relay, signaling = configs["relay"], configs["signaling"]
+    assert healthcheck_target(services["relay"]) == probe_host(relay.metrics)
+    assert not signaling.dev
+    assert healthcheck_target(services["signaling"]) == probe_host(signaling.listen)
+    (ingress,) = signaling.ingress[signaling.region]
+    assert ingress == "127.0.0.1:3478" and hostport_arg(ingress) == relay.ingress
+    assert relay.ingress[1] == published(services["relay"])[0][0]
+    assert set(signaling.agents) == {"echo", "parrot"}
+    transceivers = [n for n, s in services.items() if s["command"][0] == "transceiver"]
+    assert len(transceivers) == 2
+    for name in transceivers:
+        tx, service = configs[name], services[name]
+        ip = ipaddress.ip_address(service["networks"]["edge"]["ipv4_address"])
+        assert ip in subnet and ip not in dynamic
+        assert tx.advertised[0] == tx.api[0] == str(ip)
+        assert any(ip in ipaddress.ip_network(c) for c in relay.allow_dest)
+        assert healthcheck_target(service) == probe_host(tx.api)
+        assert tx.region == signaling.region and tx.cluster == relay.cluster
+        assert tx.keys == relay.keys
+        grace = int(str(service["stop_grace_period"]).removesuffix("s"))
+        assert grace > tx.drain_seconds
+    for kind in ("echo", "parrot"):
+        name = f"agent-{kind}"
+        assert configs[name] == (kind, ("0.0.0.0", 8090))
+        assert signaling.agents[kind] == f"ws://{name}:8090"
+        assert healthcheck_target(services[name]) == ("127.0.0.1", 8090)
+    names = set()
+    for service in services.values():
+        assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+        names.add(service["environment"]["OTEL_SERVICE_NAME"])
+    assert names == {
+        "firsthop-relay",
+        "firsthop-transceiver",
+        "firsthop-signaling",
+        "firsthop-agent-echo",
+        "firsthop-agent-parrot",
+    }
+
+
+def test_compose_waits_for_healthy_dependencies() -> None:
+    services = compose()["services"]
+    for name, service in services.items():
+        for dep, cond in service.get("depends_on", {}).items():
+            assert dep in services, (name, dep)
+            assert cond["condition"] in ("service_healthy", "service_started")
+            if cond["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], dep
+    assert services["signaling"]["depends_on"]["redis"]["condition"] == "service_healthy"
