@@ -1,46 +1,56 @@
-"""The `firsthop` command: one console script, one subcommand per service (ARCHITECTURE §5)."""
+"""The `firsthop` command: one console script, one subcommand per service (docs §5).
+
+Subcommands are imported lazily: `firsthop relay` loads the relay and nothing of aiortc, av
+or Quart (a relay pod should not pay their memory or start time). `firsthop --help` lists
+every subcommand from the table below without importing any of them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from services import up
-from services.agent import server as agent_server
-from services.bench import cli as bench_cli
-from services.call import main as call_main
-from services.relay import main as relay_main
-from services.signaling import main as signaling_main
-from services.transceiver import main as transceiver_main
-
-# Each entry registers its own subparser and sets `func` to the handler (args) -> exit code.
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    relay_main.register,
-    transceiver_main.register,
-    signaling_main.register,
-    agent_server.register,
-    call_main.register,
-    up.register,
-    bench_cli.register,
-]
+# name -> (the module whose `register(sub, help)` adds the subcommand, its one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "relay": (
+        "services.relay.main",
+        "stateless UDP relay: routes first packets by signed ufrag, forwards opaque",
+    ),
+    "transceiver": ("services.transceiver.main", "WebRTC sessions on one shared UDP socket"),
+    "signaling": (
+        "services.signaling.main",
+        "public HTTP + WebSocket API: auth, placement, offer -> answer",
+    ),
+    "agent": ("services.agent.server", "reference agent backend (echo or parrot) over WebSocket"),
+    "call": ("services.call.main", "call a firsthop signaling server (aiortc client)"),
+    "up": ("services.up", "run the whole local stack on loopback"),
+    "bench": ("services.bench.cli", "run a benchmark next to its reference"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with `command`'s flags (every command's when None; the others are
+    listed by name and help only)."""
     parser = argparse.ArgumentParser(
         prog="firsthop",
         description="WebRTC edge for real-time voice AI: one public UDP port, "
         "first-packet routing by signed ICE ufrag.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for register in SUBCOMMANDS:
-        register(sub)
+    for name, (module, help) in SUBCOMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(module).register(sub, help)
+        else:
+            sub.add_parser(name, help=help, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    args = build_parser(command if command in SUBCOMMANDS else "").parse_args(argv)
     try:
         code = args.func(args)
     except KeyboardInterrupt:

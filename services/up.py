@@ -188,8 +188,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="run the whole local stack on loopback")
+def register(sub: argparse._SubParsersAction, help: str) -> None:
+    p = sub.add_parser("up", help=help)
     add_option(p, "--redis", default=None, help="use this Redis instead of starting one")
     add_option(p, "--port", default=8080, type=int, help="signaling HTTP port (the demo page)")
     add_option(p, "--relay-port", default=3478, type=int, help="relay ingress UDP port")

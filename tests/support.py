@@ -285,8 +285,8 @@ class RelayProcess(ServiceProcess):
 
 
 class AgentProcess(ServiceProcess):
-    def __init__(self, kind: str = "echo") -> None:
-        self.port = free_port(socket.SOCK_STREAM)
+    def __init__(self, kind: str = "echo", port: int | None = None) -> None:
+        self.port = port or free_port(socket.SOCK_STREAM)
         super().__init__(f"agent-{kind}", agent_command(kind, self.port), ready_tcp=self.port)
 
     @property

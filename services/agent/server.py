@@ -202,8 +202,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("agent", help="reference agent backend (echo or parrot) over WebSocket")
+def register(sub: argparse._SubParsersAction, help: str) -> None:
+    p = sub.add_parser("agent", help=help)
     add_option(p, "--listen", default="0.0.0.0:8090", help="WebSocket address", metavar="HOST:PORT")
     add_option(p, "--kind", default="echo", help="echo | parrot")
     add_option(

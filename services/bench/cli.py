@@ -7,8 +7,8 @@ import argparse
 from services.bench import echo, relay, sessions, setup, wire
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="run a benchmark next to its reference")
+def register(sub: argparse._SubParsersAction, help: str) -> None:
+    parser = sub.add_parser("bench", help=help)
     benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     wire.register(benches)
     relay.register(benches)

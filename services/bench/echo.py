@@ -43,9 +43,10 @@ from typing import Any
 
 from aiortc import MediaStreamTrack
 
-from services.bench.procs import HOST, Stack, free_port
-from services.bench.relay import BenchError, Child
+from services.bench.measure import BenchError, LineTool
+from services.bench.procs import Stack
 from services.call.caller import FRAME_SAMPLES, SAMPLE_RATE, Caller, ToneTrack, tone_power
+from services.launch import HOST, free_port
 
 BIG = 120  # bytes of SRTP: a tone packet is ~320, a silence packet ~40
 DECIMATE = 4  # Goertzel on every 4th sample: 12 kHz is plenty for tones below 5.5 kHz
@@ -272,7 +273,7 @@ def run(*, bursts: int, rounds: int, period_s: float, burst_s: float) -> dict[st
     stack = Stack(tx_media=free_port())  # the tap must know it before the transceiver starts
     log = tempfile.TemporaryFile()  # the tap's stderr
     argv = [sys.executable, "-m", "services.bench.procs", "tap", str(stack.tx_media)]
-    tap_proc = Child("tap", argv, log)
+    tap_proc = LineTool("tap", argv, log)
     rows: list[dict[str, Any]] = []
     try:
         ready = tap_proc.line(timeout=20).split()

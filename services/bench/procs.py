@@ -164,14 +164,6 @@ class Stack:
         self.children.clear()
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
 # -- a timestamping UDP tap ---------------------------------------------------------------
 
 

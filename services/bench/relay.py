@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import shutil
 import socket
 import statistics
@@ -47,7 +46,18 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
+from services.bench.measure import (
+    SCHEDSTAT,
+    BenchError,
+    LineTool,
+    children_of,
+    cpu_sample,
+    pin,
+    stop_process,
+    udp_drops,
+)
 from services.bench.wire import chrome_like_binding_request
+from services.launch import HOST, free_port
 from services.relay.config import RelayConfig
 from services.relay.worker import CONFIG_ENV
 from shared.address import Address
@@ -56,7 +66,6 @@ from shared.wire.route_token import encode_route_token, format_route_keys
 
 Row = dict[str, Any]
 
-HOST = "127.0.0.1"
 SRC_NET = "127.1"
 SOURCE = Path(__file__).with_name("c_forwarder.c")
 DRAIN = 0.3  # seconds between the generator's last send and the counts
@@ -68,10 +77,6 @@ TARGET_ADDED_P99_US = 1000.0
 PHASES = (("max", 1.0), ("half", 0.5))
 DEFAULTS = {"rate": 100_000.0, "seconds": 3.0, "flows": 64, "rounds": 3}
 QUICK = {"rate": 2000.0, "seconds": 1.0, "flows": 8, "rounds": 1}
-
-
-class BenchError(Exception):
-    pass
 
 
 # -- processes -------------------------------------------------------------------------------
@@ -93,150 +98,7 @@ def build_tools(workdir: Path) -> Path:
     return exe
 
 
-def _stop(proc: subprocess.Popen[bytes], grace: float = 6.0) -> None:
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            try:
-                pipe.close()
-            except BrokenPipeError:
-                pass
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class Child:
-    """A C tool the bench started, spoken to in lines on stdin/stdout (it pins itself)."""
-
-    def __init__(self, name: str, argv: list[str], log: IO[bytes]) -> None:
-        self.name = name
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
-        )
-        self.pid = self.proc.pid
-        self._buf = b""
-
-    def line(self, timeout: float) -> str:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BenchError(f"{self.name}: no answer within {timeout:.0f} s")
-            if select.select([fd], [], [], left)[0]:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    raise BenchError(f"{self.name} exited with {self.proc.wait()}")
-                self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line.decode()
-
-    def send(self, text: str) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(text.encode() + b"\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError as exc:
-            raise BenchError(f"{self.name} exited with {self.proc.wait()}") from exc
-
-    def ask(self, text: str, timeout: float = 10.0) -> str:
-        self.send(text)
-        return self.line(timeout)
-
-    def stop(self) -> None:
-        _stop(self.proc)
-
-
-# -- /proc -----------------------------------------------------------------------------------
-
-
-def _schedstat_works() -> bool:
-    try:
-        return int(Path("/proc/self/schedstat").read_text().split()[0]) > 0
-    except (OSError, ValueError, IndexError):
-        return False
-
-
-_SCHEDSTAT = _schedstat_works()
-_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
-
-
-def _stat_fields(pid: int) -> list[str]:
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rindex(")") + 2 :].split()  # from field 3 (state) on: ppid is [1]
-
-
-def sched_ns(pid: int) -> tuple[int, int]:
-    """(CPU time, time runnable but waiting for a CPU) of process `pid` so far, summed over
-    its live threads, in ns. Without schedstat: utime+stime in ticks, and no wait (-1)."""
-    if not _SCHEDSTAT:
-        fields = _stat_fields(pid)
-        return int((int(fields[11]) + int(fields[12])) * _TICK_NS), -1
-    run = wait = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-        except OSError:
-            continue  # a thread that ended meanwhile
-        run += int(fields[0])
-        wait += int(fields[1])
-    return run, wait
-
-
-def cpu_sample(pids: dict[str, int]) -> dict[str, tuple[int, int, int, int]] | None:
-    """(run ns, wait ns, user ticks, system ticks) per named process; None if one is gone."""
-    try:
-        out = {}
-        for name, pid in pids.items():
-            fields = _stat_fields(pid)
-            out[name] = (*sched_ns(pid), int(fields[11]), int(fields[12]))
-        return out
-    except OSError:
-        return None
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if int(_stat_fields(int(entry))[1]) == pid:
-                    out.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
-
-
-def udp_drops(port: int) -> int:
-    """Datagrams the kernel dropped at UDP sockets on `port` (receive buffer full)."""
-    total = 0
-    for line in Path("/proc/net/udp").read_text().splitlines()[1:]:
-        parts = line.split()
-        if len(parts) > 12 and int(parts[1].rpartition(":")[2], 16) == port:
-            total += int(parts[-1])
-    return total
-
-
-def _pin(pid: int, cpu: int | None) -> None:
-    if cpu is not None:
-        try:
-            os.sched_setaffinity(pid, {cpu})
-        except OSError:
-            pass  # the report says what was asked; a lost pin only adds noise
-
-
 # -- the relay under test --------------------------------------------------------------------
-
-
-def _free_port(kind: socket.SocketKind) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def _hostport(addr: Address) -> str:
@@ -261,9 +123,9 @@ class Relay:
         self, key: bytes, cpu: int | None, log: IO[bytes], workdir: Path, *, supervised: bool
     ) -> None:
         self.supervised, self.cpu = supervised, cpu
-        self.listen = (HOST, _free_port(socket.SOCK_DGRAM))
-        internal = (HOST, _free_port(socket.SOCK_DGRAM))
-        metrics = (HOST, _free_port(socket.SOCK_STREAM))
+        self.listen = (HOST, free_port(socket.SOCK_DGRAM))
+        internal = (HOST, free_port(socket.SOCK_DGRAM))
+        metrics = (HOST, free_port(socket.SOCK_STREAM))
         self.url = f"http://{_hostport(metrics)}"
         self.stats_path = workdir / "relay-worker.out"
         env = dict(os.environ, FIRSTHOP_LOG_LEVEL="WARNING")
@@ -286,7 +148,7 @@ class Relay:
                 stderr=log,
                 env=env,
             )
-        _pin(self.proc.pid, cpu)  # before a supervisor spawns its worker: it inherits the mask
+        pin(self.proc.pid, cpu)  # before a supervisor spawns its worker: it inherits the mask
         try:
             self.worker = self._wait_ready(timeout=20.0)
         except BaseException:
@@ -296,7 +158,7 @@ class Relay:
 
     def pin_worker(self) -> None:
         for tid in os.listdir(f"/proc/{self.worker}/task"):
-            _pin(int(tid), self.cpu)
+            pin(int(tid), self.cpu)
 
     def pids(self) -> dict[str, int]:
         if self.supervised:
@@ -356,7 +218,7 @@ class Relay:
         return out
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_process(self.proc)
 
 
 # -- one phase -------------------------------------------------------------------------------
@@ -416,8 +278,8 @@ class Bench:
     def _cpu(cpu: int | None) -> str:
         return str(-1 if cpu is None else cpu)
 
-    def _start(self, name: str, *args: str, stack: ExitStack | None = None) -> Child:
-        child = Child(name, [self.exe, *args], self.log)
+    def _start(self, name: str, *args: str, stack: ExitStack | None = None) -> LineTool:
+        child = LineTool(name, [self.exe, *args], self.log)
         if stack is not None:
             stack.callback(child.stop)
         return child
@@ -567,7 +429,7 @@ def run(
             "relay": "firsthop relay --workers 1" if supervised else "relay worker process",
             "forwarder_cpu": bench.fwd_cpu,
             "load_cpu": bench.load_cpu,
-            "cpu_source": "schedstat" if _SCHEDSTAT else "stat_ticks",
+            "cpu_source": "schedstat" if SCHEDSTAT else "stat_ticks",
         }
     return {"config": config, "rows": rows, "summary": summarize(rows, rate)}
 

@@ -44,8 +44,8 @@ from functools import partial
 from typing import IO, Any
 
 from services.bench.echo import HEARD, RecordingCaller, frame_power
+from services.bench.measure import BenchError, LineTool, children_of, cpu_sample
 from services.bench.procs import Stack
-from services.bench.relay import BenchError, Child, children_of, cpu_sample
 from services.call.caller import ToneTrack
 
 FRAME_S = 0.02
@@ -241,7 +241,7 @@ def measure(
         k: getattr(stack, k) for k in ("relay_port", "tx_media", "tx_api", "stock_port", "token")
     }
     argv = [sys.executable, "-m", "services.bench.sessions", "worker"]
-    children = [Child(f"caller worker {i}", argv, log) for i in range(len(shares))]
+    children = [LineTool(f"caller worker {i}", argv, log) for i in range(len(shares))]
     try:
         for child, mine in zip(children, shares, strict=True):
             config = {

@@ -151,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("call", help="call a firsthop signaling server (aiortc client)")
+def register(sub: argparse._SubParsersAction, help: str) -> None:
+    p = sub.add_parser("call", help=help)
     p.add_argument("url", nargs="?", default="http://127.0.0.1:8080", help="signaling base URL")
     add_option(p, "--api-key", default=None, help="API key or client secret")
     add_option(p, "--agent", default="echo", help="echo | parrot")

@@ -55,10 +55,10 @@ class RelayConfig:
         return cls(**data)
 
 
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def register(sub: argparse._SubParsersAction, help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "relay",
-        help="stateless UDP relay: routes first packets by signed ufrag, forwards opaque",
+        help=help,
         description="The public face of a region: one UDP port, first-packet routing by the "
         "signed server ICE ufrag, PROXY v2 framed forwarding to transceivers and peer relays.",
     )

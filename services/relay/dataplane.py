@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.relay.flow_table import (
-    MAX_DATAGRAM,
     Deliver,
     Flow,
     FlowTable,
@@ -37,7 +36,6 @@ from services.relay.flow_table import (
     Recover,
     ReturnToPeer,
 )
-from shared.wire.demux import STUN_LAST
 
 log = logging.getLogger("firsthop.relay")
 
@@ -72,6 +70,32 @@ class LookupWanted:
     client: tuple[str, int]
 
 
+# Commands to the data-plane thread (from Trio, through `send_command`).
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Leave the loop."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAnswered:
+    """The flow cache's answer for a client whose datagrams are held (token None: no entry)."""
+
+    client: tuple[str, int]
+    token: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheFailed:
+    """The flow cache could not be asked: drop the held datagrams, remember no miss."""
+
+    client: tuple[str, int]
+
+
+Command = Stop | CacheAnswered | CacheFailed
+
+
 class DataPlane:
     def __init__(
         self,
@@ -89,7 +113,7 @@ class DataPlane:
         self.peer = peer
         self.notify = notify  # wakes the Trio side; must be thread-safe
         self.cpu = cpu
-        self.commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self.outbox: collections.deque[Stored | LookupWanted | Pinned] = collections.deque()
         self.want_pins = False  # set when first-packet spans are wanted (tracing on)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -109,12 +133,12 @@ class DataPlane:
 
     # -- control (any thread) ---------------------------------------------------------------
 
-    def send_command(self, name: str, arg: Any = None) -> None:
-        self.commands.put((name, arg))
+    def send_command(self, command: Command) -> None:
+        self.commands.put(command)
         os.eventfd_write(self._wake_fd, 1)
 
     def stop(self) -> None:
-        self.send_command("stop")
+        self.send_command(Stop())
 
     # -- the loop (its own thread) ----------------------------------------------------------
 
@@ -195,9 +219,8 @@ class DataPlane:
         recv = self.public.recvfrom_into
         payload_view = self._payload_view
         upstreams = self.upstreams
-        flows = self.table.flows
+        known = self.table.known_client
         fwd = fwd_bytes = 0
-        stun_last = STUN_LAST  # a local: this loop runs per datagram
         for _ in range(BATCH):
             try:
                 n, addr = recv(payload_view)
@@ -206,11 +229,10 @@ class DataPlane:
             except OSError:
                 self.table.count_drop("recv_error")
                 continue
-            flow = flows.get(addr)
-            if flow is not None and 0 < n <= MAX_DATAGRAM and buf[HEADROOM] > stun_last:
+            flow = known(addr, n, buf[HEADROOM] if n else 0, now)
+            if flow is not None:
                 sock = upstreams.get(flow.dest)
                 if sock is not None:
-                    flow.last_seen = now
                     buf[:HEADROOM] = flow.header
                     try:
                         sock.send(view[: HEADROOM + n])
@@ -235,7 +257,7 @@ class DataPlane:
         sock, peer = entry
         recv = sock.recv_into
         send = self.public.sendto
-        by_return = self.table.by_return
+        known = self.table.known_return
         out = out_bytes = 0
         for _ in range(BATCH):
             try:
@@ -245,14 +267,8 @@ class DataPlane:
             except OSError:  # e.g. ECONNREFUSED: ICMP port unreachable from the peer
                 self.table.count_drop("upstream_error")
                 continue
-            flow = by_return.get(bytes(view[:HEADROOM])) if n >= HEADROOM else None
-            if (
-                flow is not None
-                and flow.established
-                and flow.dest == peer
-                and n - HEADROOM <= MAX_DATAGRAM
-            ):
-                flow.last_seen = now
+            flow = known(bytes(view[:HEADROOM]), peer, n - HEADROOM, now) if n >= HEADROOM else None
+            if flow is not None:
                 try:
                     if flow.via is None:
                         send(view[HEADROOM:n], flow.client)
@@ -285,9 +301,8 @@ class DataPlane:
     def _drain_peer(self, buf: bytearray, view: memoryview, now: float) -> None:
         recv = self.peer.recvfrom_into
         upstreams = self.upstreams
-        hop_flows = self.table.hop_flows
+        known = self.table.known_peer
         fwd = fwd_bytes = 0
-        stun_last = STUN_LAST  # a local: this loop runs per datagram
         for _ in range(BATCH):
             try:
                 n, addr = recv(buf)
@@ -296,16 +311,14 @@ class DataPlane:
             except OSError:
                 self.table.count_drop("recv_error")
                 continue
-            flow = hop_flows.get(bytes(view[:HEADROOM])) if n > HEADROOM else None
-            if (
-                flow is not None
-                and addr == flow.via
-                and buf[HEADROOM] > stun_last
-                and n - HEADROOM <= MAX_DATAGRAM
-            ):
+            flow = (
+                known(bytes(view[:HEADROOM]), addr, buf[HEADROOM], n - HEADROOM, now)
+                if n > HEADROOM
+                else None
+            )
+            if flow is not None:
                 sock = upstreams.get(flow.dest)
                 if sock is not None:
-                    flow.last_seen = now
                     try:
                         sock.send(view[:n])
                     except OSError:
@@ -368,17 +381,17 @@ class DataPlane:
     def _run_commands(self, now: float) -> None:
         while True:
             try:
-                name, arg = self.commands.get_nowait()
+                command = self.commands.get_nowait()
             except queue.Empty:
                 return
-            if name == "stop":
-                self._stopping = True
-            elif name == "recovered":
-                client, token = arg
-                for data, decision in self.table.recovered(client, token, now):
-                    self._carry_out(decision, data, len(data))
-            elif name == "lookup_failed":
-                self.table.recovered(arg, None, now, negative=False)
+            match command:
+                case Stop():
+                    self._stopping = True
+                case CacheAnswered(client, token):
+                    for data, decision in self.table.recovered(client, token, now):
+                        self._carry_out(decision, data, len(data))
+                case CacheFailed(client):
+                    self.table.recovered(client, None, now, negative=False)
 
     def _make_snapshot(self) -> dict[str, Any]:
         t = self.table

@@ -19,14 +19,13 @@ from collections.abc import Iterable
 import redis
 import trio
 
+from services.relay.write_behind import Entry
 from shared.address import Address
 from shared.redis_store import FLOW_TTL, FlowRecord, flow_key, redis_client, trace_key
 
 log = logging.getLogger("firsthop.relay.cache")
 
-Entry = tuple[Address, bytes, Address | None]
 
-MAX_PENDING_WRITES = 100_000
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
 

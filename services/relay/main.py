@@ -18,5 +18,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    relay_config.register(sub).set_defaults(func=run)
+def register(sub: argparse._SubParsersAction, help: str) -> None:
+    relay_config.register(sub, help).set_defaults(func=run)

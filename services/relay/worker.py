@@ -27,9 +27,18 @@ import trio
 from opentelemetry.trace import SpanKind
 
 from services.relay.config import RelayConfig
-from services.relay.dataplane import SOCKET_BUFFER, DataPlane, LookupWanted, Pinned, Stored
-from services.relay.flow_cache import MAX_PENDING_WRITES, CacheUnavailable, FlowCache
+from services.relay.dataplane import (
+    SOCKET_BUFFER,
+    CacheAnswered,
+    CacheFailed,
+    DataPlane,
+    LookupWanted,
+    Pinned,
+    Stored,
+)
+from services.relay.flow_cache import CacheUnavailable, FlowCache
 from services.relay.flow_table import FlowTable
+from services.relay.write_behind import WriteBehind
 from shared.address import Address
 from shared.telemetry import (
     context_from_traceparent,
@@ -136,7 +145,7 @@ async def serve_worker(
     )
     dp.want_pins = cache is not None and tracing_enabled()
     pins_send, pins_recv = trio.open_memory_channel[Pinned](100)
-    pending_writes: dict[Address, tuple[Address, bytes, Address | None]] = {}
+    queued = WriteBehind()
     store_wanted = trio.Event()
     lookup_send, lookup_recv = trio.open_memory_channel[Address](10_000)
 
@@ -150,9 +159,7 @@ async def serve_worker(
                 if isinstance(item, Stored):
                     if cache is None:
                         continue
-                    for entry in item.entries:
-                        if len(pending_writes) < MAX_PENDING_WRITES or entry[0] in pending_writes:
-                            pending_writes[entry[0]] = entry
+                    queued.add(item.entries)
                     store_wanted.set()
                 elif isinstance(item, Pinned):
                     try:
@@ -163,7 +170,7 @@ async def serve_worker(
                     try:
                         lookup_send.send_nowait(item.client)
                     except trio.WouldBlock:
-                        dp.send_command("lookup_failed", item.client)
+                        dp.send_command(CacheFailed(item.client))
 
     async def lookups() -> None:
         assert cache is not None
@@ -178,10 +185,10 @@ async def serve_worker(
                 tokens = await cache.lookup(batch)
             except CacheUnavailable:
                 for client in batch:
-                    dp.send_command("lookup_failed", client)
+                    dp.send_command(CacheFailed(client))
                 continue
             for client, token in zip(batch, tokens, strict=True):
-                dp.send_command("recovered", (client, token))
+                dp.send_command(CacheAnswered(client, token))
 
     async def first_packet_spans() -> None:
         """One span per new flow, joined to its session's trace (§10), off the packet path."""
@@ -213,14 +220,12 @@ async def serve_worker(
 
     async def flush_writes() -> None:
         assert cache is not None
-        entries = list(pending_writes.values())
-        pending_writes.clear()
+        batch = queued.take()
         try:
-            await cache.store(entries)
+            await cache.store(batch)
         except CacheUnavailable:
-            for entry in entries:  # keep them, unless the flow was written again meanwhile
-                pending_writes.setdefault(entry[0], entry)
-        handle.extra["pending_writes"] = len(pending_writes)
+            queued.failed(batch, trio.current_time())
+        handle.extra["pending_writes"] = len(queued)
 
     async def writes() -> None:
         nonlocal store_wanted
@@ -228,9 +233,12 @@ async def serve_worker(
         while True:
             await store_wanted.wait()
             store_wanted = trio.Event()
-            await flush_writes()
-            if pending_writes:  # cache down: retry after its backoff
-                await trio.sleep(0.2)
+            retry_at = queued.next_attempt()
+            if retry_at is not None:
+                await trio.sleep_until(retry_at)  # after a failure: not before its retry
+            if queued.due(trio.current_time()):
+                await flush_writes()
+            if len(queued):
                 store_wanted.set()
 
     try:
@@ -265,9 +273,8 @@ async def serve_worker(
                     while dp.outbox:
                         item = dp.outbox.popleft()
                         if isinstance(item, Stored):
-                            for entry in item.entries:
-                                pending_writes[entry[0]] = entry
-                    if pending_writes:
+                            queued.add(item.entries)
+                    if len(queued):
                         await flush_writes()
                 cache.close()
             for sock in (public, peer, own):

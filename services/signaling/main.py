@@ -117,10 +117,10 @@ async def serve_signaling(
             link.close()
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction, help: str) -> None:
     p = sub.add_parser(
         "signaling",
-        help="public HTTP + WebSocket API: auth, placement, offer -> answer",
+        help=help,
         description="Authenticates callers, picks a region and a transceiver, and returns "
         "the transceiver's answer (WHIP-compatible POST /v1/calls, and /v1/ws).",
     )

@@ -98,8 +98,8 @@ async def _drain_then_stop(tx: Transceiver, deadline: float, nursery: trio.Nurse
     nursery.cancel_scope.cancel()
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("transceiver", help="WebRTC sessions on one shared UDP socket")
+def register(sub: argparse._SubParsersAction, help: str) -> None:
+    p = sub.add_parser("transceiver", help=help)
     add_option(
         p, "--media", default="0.0.0.0:5004", help="shared media UDP socket", metavar="HOST:PORT"
     )

@@ -339,9 +339,7 @@ def test_data_channel_events_both_ways_and_bad_ones_dropped(stack) -> None:  # t
 def test_agent_down_then_back(stack) -> None:  # type: ignore[no-untyped-def]
     relay, _, tx = stack
     port = free_tcp_port()
-    agent = AgentProcess("echo")
-    agent.port = port
-    agent.args[-1] = f"127.0.0.1:{port}"
+    agent = AgentProcess("echo", port)  # started later, on a port the call already names
 
     async def main() -> tuple[float, float]:
         c = Caller(ToneTrack(523))

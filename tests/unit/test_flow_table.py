@@ -522,3 +522,60 @@ def test_no_sequence_breaks_the_per_token_caps_or_the_books(ops: list[tuple[obje
         new_flow_burst=1000,
     )
     play(t, ops)
+
+
+# -- the data plane's fast paths agree with the core ----------------------------------------
+
+
+def fast_then_full(t: FlowTable, op: tuple[object, ...], now: float) -> object:
+    """What the data-plane thread decides: the fast path if it applies, else the core."""
+    if op[0] == "client":
+        _, src, data = op
+        assert isinstance(data, bytes)
+        flow = t.known_client(src, len(data), data[0] if data else 0, now)  # type: ignore[arg-type]
+        if flow is not None:
+            return Forward(flow.dest, flow.header)
+        return t.on_client(src, data, now)  # type: ignore[arg-type]
+    _, src, data = op
+    assert isinstance(data, bytes)
+    flow = t.known_return(data[:28], src, len(data) - 28, now) if len(data) >= 28 else None  # type: ignore[arg-type]
+    if flow is not None:
+        return Deliver(flow.client, 28) if flow.via is None else ReturnToPeer(flow.via)
+    return t.on_return(src, data, now)  # type: ignore[arg-type]
+
+
+def full(t: FlowTable, op: tuple[object, ...], now: float) -> object:
+    _, src, data = op
+    if op[0] == "client":
+        return t.on_client(src, data, now)  # type: ignore[arg-type]
+    return t.on_return(src, data, now)  # type: ignore[arg-type]
+
+
+def snapshot(t: FlowTable) -> object:
+    flows = sorted(
+        (f.client, f.dest, f.token, f.established, f.last_seen) for f in t.flows.values()
+    )
+    return flows, t.pending, dict(t.drops)
+
+
+client_op = st.tuples(
+    st.just("client"),
+    st.sampled_from(SOURCES),
+    st.sampled_from([binding_request(TOKENS[0]), binding_request(TOKENS[2]), rtp(), DTLS, b""]),
+)
+return_op = st.tuples(
+    st.just("return"),
+    st.sampled_from([TX1, TX2]),
+    st.builds(lambda c, p: ret(p, c), st.sampled_from(SOURCES), st.sampled_from([OK, rtp(), b"x"])),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(client_op, client_op, return_op), min_size=5, max_size=80))
+def test_the_fast_paths_decide_and_record_what_the_core_does(ops: list[tuple[object, ...]]) -> None:
+    fast = table(new_flow_rate=1000, new_flow_burst=1000)
+    core = table(new_flow_rate=1000, new_flow_burst=1000)
+    for i, op in enumerate(ops):
+        now = T0 + i * 0.01
+        assert fast_then_full(fast, op, now) == full(core, op, now)
+        assert snapshot(fast) == snapshot(core)
