@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from services.relay.flow_table import RelayLimits
+from services.relay.flows import RelayLimits
 from shared.address import Address, parse_hostport
 from shared.config import add_option, hostport_arg, parse_cidrs
 from shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys

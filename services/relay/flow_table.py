@@ -43,146 +43,46 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
+from services.relay.flows import (
+    CONSUMED,
+    FORWARDED_AS_IS,
+    HELD,
+    MAX_DATAGRAM,
+    Candidate,
+    Decision,
+    Deliver,
+    Drop,
+    Flow,
+    FlowEvents,
+    Forward,
+    Recover,
+    RelayLimits,
+    ReturnToPeer,
+    is_binding_success,
+)
 from services.relay.token_ledger import TokenLedger
 from shared.address import Address
 from shared.ratelimit import KeyedLimiter, TokenBucket
 from shared.wire.demux import STUN_LAST
 from shared.wire.proxy_v2 import (
-    FAMILY_INET6_DGRAM,
-    V4_HEADER,
-    V6_HEADER,
     ProxyError,
     ProxyHeader,
     build_proxy_v2,
     parse_proxy_v2,
+    plain_header_length,
     revoked_token,
 )
 from shared.wire.route_token import (
-    DEFAULT_MAX_AGE,
     DestinationFilter,
     Keyring,
     RouteToken,
     TokenError,
     verify_route_token,
 )
-from shared.wire.stun import HEADER_LENGTH, MAGIC_COOKIE, binding_request_server_ufrag
+from shared.wire.stun import binding_request_server_ufrag
 
-MAX_DATAGRAM = 1500  # larger datagrams are dropped: no WebRTC packet needs more on the wire
 MAX_RECOVERY_BUFFER = 8  # datagrams held per client while its flow is looked up
-_BINDING_SUCCESS = b"\x01\x01"  # message_type(BINDING, SUCCESS), RFC 8489 §5
-_COOKIE = MAGIC_COOKIE.to_bytes(4, "big")
-
-
-@dataclass(frozen=True, slots=True)
-class RelayLimits:
-    pending_ttl: float = 10.0
-    idle_ttl: float = 60.0
-    max_flows: int = 200_000
-    max_pending: int = 20_000
-    max_pending_per_ip: int = 32
-    max_pending_per_token: int = 8  # a real call: one per client candidate pair
-    max_flows_per_token: int = 8  # established; the least recently used yields beyond
-    max_revoked: int = 100_000  # tokens remembered as revoked (oldest forgotten first)
-    new_flow_rate: float = 20.0  # per source IP, per second
-    new_flow_burst: float = 40.0
-    token_max_age: float = DEFAULT_MAX_AGE
-    store_refresh: float = 10.0  # rewrite a live flow to the cache at most this often
-    lookup_rate: float = 2000.0  # Redis recovery lookups per second, whole worker
-    negative_ttl: float = 5.0  # remember a cache miss this long
-    max_lookups_in_flight: int = 1000
-
-
-@dataclass(slots=True)
-class Candidate:
-    dest: Address
-    token: bytes
-    header: bytes
-    created: float
-
-
-@dataclass(slots=True, eq=False)
-class Flow:
-    client: Address
-    dest: Address
-    token: bytes
-    header: bytes  # PROXY v2 toward dest: src = client, dst = ingress
-    return_key: bytes  # PROXY v2 the destination sends back: src = ingress, dst = client
-    via: Address | None  # second-hop flows: the peer relay socket the client's traffic uses
-    ingress: Address  # the public address the client sent to (ours, or the first hop's)
-    established: bool
-    created: float
-    last_seen: float
-    candidate: Candidate | None = None
-    stored_at: float = float("-inf")  # last write to the flow cache
-    established_at: float = 0.0
-
-
-# Decisions. The I/O layer sends; these say what.
-@dataclass(frozen=True, slots=True)
-class Forward:
-    """Send `header + payload` to `dest` from the internal socket (header b"": as is)."""
-
-    dest: Address
-    header: bytes
-    payload_offset: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Deliver:
-    """Send the datagram from `offset` to `client` from the public socket."""
-
-    client: Address
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReturnToPeer:
-    """Send the whole datagram back to the first-hop relay `via` from the peer socket."""
-
-    via: Address
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    """Kept until the flow cache answers for this client (see `FlowTable.recovered`)."""
-
-
-HELD = Held()
-
-
-@dataclass(frozen=True, slots=True)
-class Recover:
-    """Look `client` up in the flow cache; the datagram is held meanwhile."""
-
-    client: Address
-    via: Address | None
-
-
-@dataclass(frozen=True, slots=True)
-class Consumed:
-    """The datagram was for the relay itself (a revocation notice): nothing to send."""
-
-
-CONSUMED = Consumed()
-
-Decision = Forward | Deliver | ReturnToPeer | Drop | Recover | Held | Consumed
-
-FORWARDED_AS_IS = b""
-
-
-@dataclass(slots=True)
-class FlowEvents:
-    """What happened since the I/O layer last asked (for the cache, traces and metrics)."""
-
-    established: list[Flow] = field(default_factory=list)
-    expired: int = 0
 
 
 class FlowTable:
@@ -504,12 +404,12 @@ class FlowTable:
             cand = flow.candidate
             if cand is None or src != cand.dest:
                 return self._drop("return_wrong_source")
-            if not _is_binding_success(data, hlen):
+            if not is_binding_success(data, hlen):
                 return self._drop("return_unconfirmed")
             flow.last_seen = now
             self._repoint(flow, cand)
         elif not flow.established:
-            if not _is_binding_success(data, hlen):
+            if not is_binding_success(data, hlen):
                 return self._drop("return_unconfirmed")
             flow.last_seen = now
             self._establish(flow)
@@ -524,7 +424,7 @@ class FlowTable:
         """The flow a framed datagram belongs to in `index` (keyed by exact header bytes),
         with the payload offset; a header with TLVs or another spelling is parsed and looked
         up in its canonical form."""
-        hlen = _header_length(data)
+        hlen = plain_header_length(data)
         flow = index.get(data[:hlen]) if hlen else None
         if flow is not None:
             return flow, hlen, None
@@ -729,23 +629,3 @@ class FlowTable:
     @property
     def established_count(self) -> int:
         return len(self.flows) + len(self.hop_flows) - self.pending
-
-
-def _is_binding_success(data: bytes, offset: int) -> bool:
-    """Is the payload at `offset` a STUN Binding success response (RFC 8489 §5, §6.3)?"""
-    size = len(data) - offset
-    return (
-        size >= HEADER_LENGTH
-        and data[offset : offset + 2] == _BINDING_SUCCESS
-        and data[offset + 4 : offset + 8] == _COOKIE
-        and int.from_bytes(data[offset + 2 : offset + 4], "big") == size - HEADER_LENGTH
-    )
-
-
-def _header_length(data: bytes) -> int:
-    """The PROXY v2 header length if `data` looks framed without TLVs, else 0."""
-    if len(data) < V4_HEADER:
-        return 0
-    if data[13] == FAMILY_INET6_DGRAM:
-        return V6_HEADER if len(data) >= V6_HEADER else 0
-    return V4_HEADER

@@ -30,13 +30,13 @@ from typing import Generic, TypeVar
 from shared.address import Address
 from shared.wire.demux import STUN_LAST
 from shared.wire.proxy_v2 import (
-    FAMILY_INET6_DGRAM,
     SIGNATURE,
     V4_HEADER,
     V6_HEADER,
     ProxyError,
     build_proxy_v2,
     parse_proxy_v2,
+    plain_header_length,
 )
 from shared.wire.stun import binding_request_server_ufrag
 
@@ -143,8 +143,8 @@ class SessionMux(Generic[S]):
             # A flow's header is the same on every datagram: parse it once, then look the
             # exact bytes up (a bounded cache of validated clients' headers; a header with
             # TLVs is parsed each time).
-            hlen = V6_HEADER if len(data) > 13 and data[13] == FAMILY_INET6_DGRAM else V4_HEADER
-            known = self.headers.get(data[:hlen])
+            hlen = plain_header_length(data)
+            known = self.headers.get(data[:hlen]) if hlen else None
             if known is None:
                 try:
                     hdr = parse_proxy_v2(data)

@@ -103,6 +103,17 @@ def build_proxy_v2(src: Address, dst: Address, tlvs: bytes = b"") -> bytes:
     )
 
 
+def plain_header_length(data: bytes | bytearray | memoryview) -> int:
+    """The length of the PROXY v2 header `data` starts with, if it has no TLVs (28 for
+    IPv4, 52 for IPv6), judged by the family byte alone; 0 if `data` is too short. A
+    caller that looks the header's exact bytes up uses this; nothing here validates it."""
+    if len(data) < V4_HEADER:
+        return 0
+    if data[13] == FAMILY_INET6_DGRAM:
+        return V6_HEADER if len(data) >= V6_HEADER else 0
+    return V4_HEADER
+
+
 def encode_tlv(tlv_type: int, value: bytes) -> bytes:
     """One TLV (§2.2.7): type (1 byte), length (2 bytes, big-endian), value."""
     if not 0 <= tlv_type <= 0xFF or len(value) > 0xFFFF:

@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.relay.flow_table import (
+from services.relay.flow_table import FlowTable
+from services.relay.flows import (
     CONSUMED,
     HELD,
     MAX_DATAGRAM,
     Deliver,
     Drop,
-    FlowTable,
     Forward,
     Recover,
     RelayLimits,
