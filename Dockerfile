@@ -22,12 +22,11 @@ RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml
  && /opt/firsthop/bin/pip install --only-binary=:all: -r /tmp/requirements.txt
 COPY shared ./shared
 COPY services ./services
-# The wheel holds only what setuptools packages (.py files, unless pyproject declares package
-# data): put the signaling demo page next to the installed package. -P keeps /src off sys.path
-# so the path printed is the installed one; cp -T merges if the wheel already has it.
+# firsthop/ names the two folders as one package (symlinks: the wheel holds the files).
+COPY firsthop ./firsthop
+# -P keeps /src off sys.path, so this imports the installed package (with its demo page).
 RUN /opt/firsthop/bin/pip install --no-deps . \
- && dest="$(/opt/firsthop/bin/python -P -c 'import os, services.signaling as m; print(os.path.dirname(m.__file__))')" \
- && cp -rT services/signaling/static "$dest/static" \
+ && /opt/firsthop/bin/python -P -c 'import firsthop.services.signaling.app' \
  && /opt/firsthop/bin/firsthop --help >/dev/null
 
 FROM ${PYTHON_IMAGE} AS runtime

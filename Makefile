@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check shared services tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy shared services
+	$(BIN)/mypy -p firsthop
 
 pytest: $(STAMP) system-deps
 	$(BIN)/pytest

@@ -15,18 +15,24 @@ from collections.abc import Sequence
 # name -> (the module whose `register(sub, help)` adds the subcommand, its one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "relay": (
-        "services.relay.main",
+        "firsthop.services.relay.main",
         "stateless UDP relay: routes first packets by signed ufrag, forwards opaque",
     ),
-    "transceiver": ("services.transceiver.main", "WebRTC sessions on one shared UDP socket"),
+    "transceiver": (
+        "firsthop.services.transceiver.main",
+        "WebRTC sessions on one shared UDP socket",
+    ),
     "signaling": (
-        "services.signaling.main",
+        "firsthop.services.signaling.main",
         "public HTTP + WebSocket API: auth, placement, offer -> answer",
     ),
-    "agent": ("services.agent.server", "reference agent backend (echo or parrot) over WebSocket"),
-    "call": ("services.call.main", "call a firsthop signaling server (aiortc client)"),
-    "up": ("services.up", "run the whole local stack on loopback"),
-    "bench": ("services.bench.cli", "run a benchmark next to its reference"),
+    "agent": (
+        "firsthop.services.agent.server",
+        "reference agent backend (echo or parrot) over WebSocket",
+    ),
+    "call": ("firsthop.services.call.main", "call a firsthop signaling server (aiortc client)"),
+    "up": ("firsthop.services.up", "run the whole local stack on loopback"),
+    "bench": ("firsthop.services.bench.cli", "run a benchmark next to its reference"),
 }
 
 

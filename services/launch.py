@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 HOST = "127.0.0.1"
-FIRSTHOP = (sys.executable, "-m", "services.cli")
+FIRSTHOP = (sys.executable, "-m", "firsthop.services.cli")
 
 
 def free_port(kind: int = socket.SOCK_DGRAM, host: str = HOST) -> int:

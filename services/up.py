@@ -21,7 +21,7 @@ import subprocess
 
 import trio
 
-from services.launch import (
+from firsthop.services.launch import (
     Spec,
     agent_command,
     free_port,
@@ -30,8 +30,8 @@ from services.launch import (
     signaling_command,
     transceiver_command,
 )
-from shared.config import add_option
-from shared.wire.route_token import KEY_LENGTH, format_route_keys
+from firsthop.shared.config import add_option
+from firsthop.shared.wire.route_token import KEY_LENGTH, format_route_keys
 
 STOP_GRACE = 6.0
 READY_TIMEOUT = 30.0
@@ -181,7 +181,7 @@ async def serve_up(args: argparse.Namespace, *, task_status: trio.TaskStatus[Non
 
 
 def run(args: argparse.Namespace) -> int:
-    from shared.lifecycle import run_until_signal, setup_logging
+    from firsthop.shared.lifecycle import run_until_signal, setup_logging
 
     setup_logging("up")
     trio.run(run_until_signal, serve_up, args)

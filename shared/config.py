@@ -12,7 +12,7 @@ import ipaddress
 import os
 from typing import Any
 
-from shared.address import Address, parse_hostport
+from firsthop.shared.address import Address, parse_hostport
 
 
 def env_name(flag: str) -> str:

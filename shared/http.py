@@ -18,8 +18,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from shared.address import Address, format_hostport
-from shared.hypercorn_bounds import install as install_bounds
+from firsthop.shared.address import Address, format_hostport
+from firsthop.shared.hypercorn_bounds import install as install_bounds
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

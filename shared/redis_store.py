@@ -24,7 +24,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from shared.address import Address, format_hostport, parse_hostport
+from firsthop.shared.address import Address, format_hostport, parse_hostport
 
 PREFIX = "firsthop:"
 TRANSCEIVER_TTL = 5  # seconds; the heartbeat rewrites it every HEARTBEAT_PERIOD

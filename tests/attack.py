@@ -17,7 +17,7 @@ import struct
 import threading
 from collections.abc import Iterator
 
-from shared.address import Address
+from firsthop.shared.address import Address
 
 
 class Spoofer:

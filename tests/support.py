@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Self
 
-from services.launch import (
+from firsthop.services.launch import (
     Child,
     Spec,
     agent_command,
@@ -21,8 +21,8 @@ from services.launch import (
     signaling_command,
     transceiver_command,
 )
-from shared.wire import stun
-from shared.wire.route_token import encode_route_token
+from firsthop.shared.wire import stun
+from firsthop.shared.wire.route_token import encode_route_token
 
 INTERNAL_TOKEN = "test-internal-token"  # what test signaling sends and transceivers require
 KEY1 = bytes(range(32))
@@ -184,7 +184,7 @@ class FakeTransceiver(Endpoint):
     def recv_framed(
         self, timeout: float | None = None
     ) -> tuple[tuple[str, int], tuple[str, int], bytes, tuple[str, int]]:
-        from shared.wire.proxy_v2 import parse_proxy_v2
+        from firsthop.shared.wire.proxy_v2 import parse_proxy_v2
 
         data, relay = self.recv(timeout)
         hdr = parse_proxy_v2(data)
@@ -197,14 +197,14 @@ class FakeTransceiver(Endpoint):
         ingress: tuple[str, int],
         payload: bytes,
     ) -> None:
-        from shared.wire.proxy_v2 import build_proxy_v2
+        from firsthop.shared.wire.proxy_v2 import build_proxy_v2
 
         self.send(build_proxy_v2(ingress, client) + payload, relay)
 
 
 def keys_env() -> dict[str, str]:
     """What every test service gets on top of the test's own environment."""
-    from shared.wire.route_token import format_route_keys
+    from firsthop.shared.wire.route_token import format_route_keys
 
     return {
         "FIRSTHOP_ROUTE_KEYS": format_route_keys(KEYS),
@@ -266,7 +266,7 @@ class RelayProcess(ServiceProcess):
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         import urllib.request
 
-        from shared.metrics import parse_text
+        from firsthop.shared.metrics import parse_text
 
         url = f"http://{self.metrics_addr[0]}:{self.metrics_addr[1]}/metrics"
         with urllib.request.urlopen(url, timeout=2) as resp:

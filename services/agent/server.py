@@ -22,12 +22,17 @@ import trio
 from opentelemetry.trace import SpanKind
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
-from services.agent.vad import FRAME_MS, TurnTaker
-from shared.config import add_option, hostport_arg
-from shared.http import serve_simple
-from shared.lifecycle import run_until_signal, setup_logging
-from shared.metrics import CONTENT_TYPE, MetricFamily, render
-from shared.telemetry import context_from_traceparent, setup_tracing, shutdown_tracing, tracer
+from firsthop.services.agent.vad import FRAME_MS, TurnTaker
+from firsthop.shared.config import add_option, hostport_arg
+from firsthop.shared.http import serve_simple
+from firsthop.shared.lifecycle import run_until_signal, setup_logging
+from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
+from firsthop.shared.telemetry import (
+    context_from_traceparent,
+    setup_tracing,
+    shutdown_tracing,
+    tracer,
+)
 
 log = logging.getLogger("firsthop.agent")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.bench import echo, relay, sessions, setup, wire
+from firsthop.services.bench import echo, relay, sessions, setup, wire
 
 
 def register(sub: argparse._SubParsersAction, help: str) -> None:

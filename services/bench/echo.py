@@ -5,11 +5,11 @@ Two numbers, firsthop next to stock aiortc in the same run, targets printed, nev
 * residence: how long the transceiver holds a packet it echoes — the echoed packet leaving
   its media socket minus the packet it echoes arriving there. Measured without touching the
   transceiver by a tap, a tiny UDP forwarder in its own process (`procs.tap`, run as
-  `python -m services.bench.procs tap TX_PORT`) in front of the media socket: the transceiver
-  runs with `--advertise-media <tap>` so route tokens send the relay's traffic through the
-  tap, and direct callers get the tap's other port as their ingress. The tap stamps every
-  datagram with the kernel's receive time (SO_TIMESTAMPNS) both ways and keeps (time,
-  direction, client, size) of RTP packets;
+  `python -m firsthop.services.bench.procs tap TX_PORT`) in front of the media socket: the
+  transceiver runs with `--advertise-media <tap>` so route tokens send the relay's traffic
+  through the tap, and direct callers get the tap's other port as their ingress. The tap
+  stamps every datagram with the kernel's receive time (SO_TIMESTAMPNS) both ways and keeps
+  (time, direction, client, size) of RTP packets;
 * mouth-to-ear: caller -> (relay) -> transceiver -> echo agent -> caller, from the caller's
   side: the first frame of a tone burst leaving the caller's track, to the burst's first
   sample played back (aiortc has no playout clock: a frame plays from its arrival). The first
@@ -43,10 +43,10 @@ from typing import Any
 
 from aiortc import MediaStreamTrack
 
-from services.bench.measure import BenchError, LineTool
-from services.bench.procs import Stack
-from services.call.caller import FRAME_SAMPLES, SAMPLE_RATE, Caller, ToneTrack, tone_power
-from services.launch import HOST, free_port
+from firsthop.services.bench.measure import BenchError, LineTool
+from firsthop.services.bench.procs import Stack
+from firsthop.services.call.caller import FRAME_SAMPLES, SAMPLE_RATE, Caller, ToneTrack, tone_power
+from firsthop.services.launch import HOST, free_port
 
 BIG = 120  # bytes of SRTP: a tone packet is ~320, a silence packet ~40
 DECIMATE = 4  # Goertzel on every 4th sample: 12 kHz is plenty for tones below 5.5 kHz
@@ -272,7 +272,7 @@ def _stats(values: list[float]) -> dict[str, Any]:
 def run(*, bursts: int, rounds: int, period_s: float, burst_s: float) -> dict[str, Any]:
     stack = Stack(tx_media=free_port())  # the tap must know it before the transceiver starts
     log = tempfile.TemporaryFile()  # the tap's stderr
-    argv = [sys.executable, "-m", "services.bench.procs", "tap", str(stack.tx_media)]
+    argv = [sys.executable, "-m", "firsthop.services.bench.procs", "tap", str(stack.tx_media)]
     tap_proc = LineTool("tap", argv, log)
     rows: list[dict[str, Any]] = []
     try:

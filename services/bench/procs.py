@@ -1,7 +1,7 @@
 """Start the real services on free loopback ports for benchmarks (and the tests that run them).
 
 Also the UDP tap `bench echo` puts in front of a transceiver's media socket, run as its own
-process: `python -m services.bench.procs tap TX_PORT` (see `tap`).
+process: `python -m firsthop.services.bench.procs tap TX_PORT` (see `tap`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.launch import (
+from firsthop.services.launch import (
     HOST,
     Child,
     Spec,
@@ -28,9 +28,9 @@ from services.launch import (
     relay_command,
     transceiver_command,
 )
-from shared.address import Address
-from shared.wire.proxy_v2 import ProxyError, parse_proxy_v2
-from shared.wire.route_token import format_route_keys
+from firsthop.shared.address import Address
+from firsthop.shared.wire.proxy_v2 import ProxyError, parse_proxy_v2
+from firsthop.shared.wire.route_token import format_route_keys
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
 
@@ -89,7 +89,7 @@ class Stack:
         """Start a stock aiortc answerer (`services/bench/stock.py` with `args`, e.g.
         "--mono"); returns its (port, pid). The one `start(stock=True)` starts is the first."""
         port = free_port(socket.SOCK_STREAM)
-        argv = [sys.executable, "-m", "services.bench.stock", str(port), *args]
+        argv = [sys.executable, "-m", "firsthop.services.bench.stock", str(port), *args]
         child = self._start(Spec("stock", argv, ready_tcp=port))
         return port, child.pid
 

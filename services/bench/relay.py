@@ -46,7 +46,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
-from services.bench.measure import (
+from firsthop.services.bench.measure import (
     SCHEDSTAT,
     BenchError,
     LineTool,
@@ -56,13 +56,13 @@ from services.bench.measure import (
     stop_process,
     udp_drops,
 )
-from services.bench.wire import chrome_like_binding_request
-from services.launch import HOST, free_port
-from services.relay.config import RelayConfig
-from services.relay.worker import CONFIG_ENV
-from shared.address import Address
-from shared.metrics import parse_text
-from shared.wire.route_token import encode_route_token, format_route_keys
+from firsthop.services.bench.wire import chrome_like_binding_request
+from firsthop.services.launch import HOST, free_port
+from firsthop.services.relay.config import RelayConfig
+from firsthop.services.relay.worker import CONFIG_ENV
+from firsthop.shared.address import Address
+from firsthop.shared.metrics import parse_text
+from firsthop.shared.wire.route_token import encode_route_token, format_route_keys
 
 Row = dict[str, Any]
 
@@ -108,7 +108,7 @@ def _hostport(addr: Address) -> str:
 class Relay:
     """The relay on free loopback ports, pinned to `cpu`.
 
-    By default its one worker process runs alone (`python -m services.relay.worker 0`,
+    By default its one worker process runs alone (`python -m firsthop.services.relay.worker 0`,
     exactly the process `firsthop relay` runs per worker) with the bench as its parent, and
     its counters come from the stats lines it writes for a supervisor. `supervised` runs the
     whole `firsthop relay --workers 1` and reads /metrics instead. Why that is not the
@@ -131,7 +131,7 @@ class Relay:
         env = dict(os.environ, FIRSTHOP_LOG_LEVEL="WARNING")
         if supervised:
             env["FIRSTHOP_ROUTE_KEYS"] = format_route_keys({1: key})
-            argv = [sys.executable, "-m", "services.cli", "relay", "--workers", "1"]
+            argv = [sys.executable, "-m", "firsthop.services.cli", "relay", "--workers", "1"]
             argv += ["--listen", _hostport(self.listen), "--internal", _hostport(internal)]
             argv += ["--metrics", _hostport(metrics), "--allow-dest", "127.0.0.0/8"]
         else:
@@ -139,7 +139,7 @@ class Relay:
                 listen=self.listen, internal=internal, keys={1: key}, allow_dest=["127.0.0.0/8"]
             )
             env[CONFIG_ENV] = config.to_json()
-            argv = [sys.executable, "-m", "services.relay.worker", "0"]
+            argv = [sys.executable, "-m", "firsthop.services.relay.worker", "0"]
         with open(self.stats_path, "wb") as out:
             self.proc = subprocess.Popen(
                 argv,

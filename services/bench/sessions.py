@@ -11,8 +11,8 @@ firsthop's cost with and without its echo agent and relay processes.
 
 Strategy:
 
-* callers run in separate worker processes (`python -m services.bench.sessions worker`, each
-  many callers on one asyncio loop), spoken to in JSON lines on stdin/stdout;
+* callers run in separate worker processes (`python -m firsthop.services.bench.sessions
+  worker`, each many callers on one asyncio loop), spoken to in JSON lines on stdin/stdout;
 * on two or more CPUs the services are pinned to the first allowed CPU and the bench with its
   callers to the last (children inherit the affinity they are started with), so the callers'
   own encode/decode does not run on the core being measured;
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import IO, Any
 
-from services.bench.echo import HEARD, RecordingCaller, frame_power
-from services.bench.measure import BenchError, LineTool, children_of, cpu_sample
-from services.bench.procs import Stack
-from services.call.caller import ToneTrack
+from firsthop.services.bench.echo import HEARD, RecordingCaller, frame_power
+from firsthop.services.bench.measure import BenchError, LineTool, children_of, cpu_sample
+from firsthop.services.bench.procs import Stack
+from firsthop.services.call.caller import ToneTrack
 
 FRAME_S = 0.02
 SETUP_CONCURRENCY = 8  # offers in flight per worker (the relay limits pending flows per IP)
@@ -240,7 +240,7 @@ def measure(
     ports = {
         k: getattr(stack, k) for k in ("relay_port", "tx_media", "tx_api", "stock_port", "token")
     }
-    argv = [sys.executable, "-m", "services.bench.sessions", "worker"]
+    argv = [sys.executable, "-m", "firsthop.services.bench.sessions", "worker"]
     children = [LineTool(f"caller worker {i}", argv, log) for i in range(len(shares))]
     try:
         for child, mine in zip(children, shares, strict=True):

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from services.bench.procs import Stack
-from services.call.caller import Caller
+from firsthop.services.bench.procs import Stack
+from firsthop.services.call.caller import Caller
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -1,11 +1,11 @@
 """The reference for transceiver benchmarks: stock aiortc, one RTCPeerConnection and one UDP
 socket per call, plain asyncio, doing the same echo work (decode, hand the frame back,
-encode). Run as `python -m services.bench.stock PORT`: it answers `POST /offer` (body: SDP)
+encode). Run as `python -m firsthop.services.bench.stock PORT`: it answers `POST /offer` (body: SDP)
 with the answer SDP on 127.0.0.1:PORT and prints "ready" once listening; `GET /sessions`
 answers `{"sessions": N}`, the peer connections still open (benches wait for it to drain).
 
-`python -m services.bench.stock PORT --mono` echoes each decoded frame as a fresh mono frame
-(as the transceiver hands audio to its agent and plays it back) instead of the decoder's own
+`python -m firsthop.services.bench.stock PORT --mono` echoes each decoded frame as a fresh mono
+frame (as the transceiver hands audio to its agent and plays it back) instead of the decoder's own
 frame: aiortc's sender computes the RFC 6465 audio level in pure Python over the whole plane
 buffer, and a frame from the Opus decoder is padded to 120 ms of stereo (23,040 bytes), so
 echoing it as is costs about 8x the audio-level work of a 20 ms mono frame.

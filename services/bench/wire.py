@@ -20,8 +20,8 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from shared.wire import stun
-from shared.wire.route_token import (
+from firsthop.shared.wire import stun
+from firsthop.shared.wire.route_token import (
     DestinationFilter,
     Keyring,
     encode_route_token,

@@ -19,8 +19,8 @@ import urllib.request
 import wave
 from typing import Any
 
-from services.call.caller import SAMPLE_RATE, Caller, ToneTrack, beep_onsets
-from shared.config import add_option
+from firsthop.services.call.caller import SAMPLE_RATE, Caller, ToneTrack, beep_onsets
+from firsthop.shared.config import add_option
 
 BEEP_EVERY = 1.0
 BEEP_LENGTH = 0.1

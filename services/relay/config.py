@@ -8,10 +8,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from services.relay.flows import RelayLimits
-from shared.address import Address, parse_hostport
-from shared.config import add_option, hostport_arg, parse_cidrs
-from shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys
+from firsthop.services.relay.flows import RelayLimits
+from firsthop.shared.address import Address, parse_hostport
+from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
+from firsthop.shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys
 
 DEFAULT_ALLOW_DEST = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7,127.0.0.0/8,::1/128"
 

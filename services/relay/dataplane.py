@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.relay.flow_table import FlowTable
-from services.relay.flows import Deliver, Flow, Forward, Recover, ReturnToPeer
+from firsthop.services.relay.flow_table import FlowTable
+from firsthop.services.relay.flows import Deliver, Flow, Forward, Recover, ReturnToPeer
 
 log = logging.getLogger("firsthop.relay")
 

@@ -19,9 +19,9 @@ from collections.abc import Iterable
 import redis
 import trio
 
-from services.relay.write_behind import Entry
-from shared.address import Address
-from shared.redis_store import FLOW_TTL, FlowRecord, flow_key, redis_client, trace_key
+from firsthop.services.relay.write_behind import Entry
+from firsthop.shared.address import Address
+from firsthop.shared.redis_store import FLOW_TTL, FlowRecord, flow_key, redis_client, trace_key
 
 log = logging.getLogger("firsthop.relay.cache")
 

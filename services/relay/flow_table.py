@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from services.relay.flows import (
+from firsthop.services.relay.flows import (
     CONSUMED,
     FORWARDED_AS_IS,
     HELD,
@@ -61,11 +61,11 @@ from services.relay.flows import (
     ReturnToPeer,
     is_binding_success,
 )
-from services.relay.token_ledger import TokenLedger
-from shared.address import Address
-from shared.ratelimit import KeyedLimiter, TokenBucket
-from shared.wire.demux import STUN_LAST
-from shared.wire.proxy_v2 import (
+from firsthop.services.relay.token_ledger import TokenLedger
+from firsthop.shared.address import Address
+from firsthop.shared.ratelimit import KeyedLimiter, TokenBucket
+from firsthop.shared.wire.demux import STUN_LAST
+from firsthop.shared.wire.proxy_v2 import (
     ProxyError,
     ProxyHeader,
     build_proxy_v2,
@@ -73,14 +73,14 @@ from shared.wire.proxy_v2 import (
     plain_header_length,
     revoked_token,
 )
-from shared.wire.route_token import (
+from firsthop.shared.wire.route_token import (
     DestinationFilter,
     Keyring,
     RouteToken,
     TokenError,
     verify_route_token,
 )
-from shared.wire.stun import binding_request_server_ufrag
+from firsthop.shared.wire.stun import binding_request_server_ufrag
 
 MAX_RECOVERY_BUFFER = 8  # datagrams held per client while its flow is looked up
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.address import Address
-from shared.wire.route_token import DEFAULT_MAX_AGE
-from shared.wire.stun import HEADER_LENGTH, MAGIC_COOKIE
+from firsthop.shared.address import Address
+from firsthop.shared.wire.route_token import DEFAULT_MAX_AGE
+from firsthop.shared.wire.stun import HEADER_LENGTH, MAGIC_COOKIE
 
 MAX_DATAGRAM = 1500  # larger datagrams are dropped: no WebRTC packet needs more on the wire
 _BINDING_SUCCESS = b"\x01\x01"  # message_type(BINDING, SUCCESS), RFC 8489 §5

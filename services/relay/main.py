@@ -6,9 +6,9 @@ import argparse
 
 import trio
 
-from services.relay import config as relay_config
-from services.relay.supervisor import serve_relay
-from shared.lifecycle import run_until_signal, setup_logging
+from firsthop.services.relay import config as relay_config
+from firsthop.services.relay.supervisor import serve_relay
+from firsthop.shared.lifecycle import run_until_signal, setup_logging
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """`firsthop relay`: N worker processes on one SO_REUSEPORT address, plus /metrics.
 
-Each worker is a process (`python -m services.relay.worker INDEX`) so N of them use N cores
+Each worker is a process (`python -m firsthop.services.relay.worker INDEX`) so N of them use N cores
 without sharing a GIL; the kernel spreads clients across them by 4-tuple hash. The
 supervisor restarts a worker that dies (its clients' flows come back from the Redis cache, or
 at their next Binding request), adds up the workers' stats snapshots for `/metrics`, and on
@@ -22,11 +22,11 @@ from typing import Any
 
 import trio
 
-from services.relay.config import RelayConfig
-from services.relay.worker import CONFIG_ENV
-from shared.address import Address
-from shared.http import serve_simple
-from shared.metrics import CONTENT_TYPE, MetricFamily, render
+from firsthop.services.relay.config import RelayConfig
+from firsthop.services.relay.worker import CONFIG_ENV
+from firsthop.shared.address import Address
+from firsthop.shared.http import serve_simple
+from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 
 log = logging.getLogger("firsthop.relay")
 
@@ -53,7 +53,7 @@ class WorkerProcess:
             try:
                 async with trio.open_nursery() as nursery:
                     proc = await trio.lowlevel.open_process(
-                        [sys.executable, "-m", "services.relay.worker", str(self.index)],
+                        [sys.executable, "-m", "firsthop.services.relay.worker", str(self.index)],
                         env=env,
                         stdin=subprocess.PIPE,  # never written: EOF tells the worker we died
                         stdout=subprocess.PIPE,

@@ -7,7 +7,7 @@ peer relays leave from it, so their replies come back to the worker that holds t
 
 Trio owns the lifecycle: `serve_worker` binds, starts the data-plane thread, runs the cache
 tasks, and on cancellation stops the thread, then flushes pending cache writes (bounded).
-Run as `python -m services.relay.worker INDEX` it is one process of `firsthop relay`,
+Run as `python -m firsthop.services.relay.worker INDEX` it is one process of `firsthop relay`,
 reporting readiness and stats snapshots as JSON lines on stdout.
 """
 
@@ -26,8 +26,8 @@ from typing import Any
 import trio
 from opentelemetry.trace import SpanKind
 
-from services.relay.config import RelayConfig
-from services.relay.dataplane import (
+from firsthop.services.relay.config import RelayConfig
+from firsthop.services.relay.dataplane import (
     SOCKET_BUFFER,
     CacheAnswered,
     CacheFailed,
@@ -36,18 +36,18 @@ from services.relay.dataplane import (
     Pinned,
     Stored,
 )
-from services.relay.flow_cache import CacheUnavailable, FlowCache
-from services.relay.flow_table import FlowTable
-from services.relay.write_behind import WriteBehind
-from shared.address import Address
-from shared.telemetry import (
+from firsthop.services.relay.flow_cache import CacheUnavailable, FlowCache
+from firsthop.services.relay.flow_table import FlowTable
+from firsthop.services.relay.write_behind import WriteBehind
+from firsthop.shared.address import Address
+from firsthop.shared.telemetry import (
     context_from_traceparent,
     setup_tracing,
     shutdown_tracing,
     tracer,
     tracing_enabled,
 )
-from shared.wire.route_token import DestinationFilter
+from firsthop.shared.wire.route_token import DestinationFilter
 
 log = logging.getLogger("firsthop.relay")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.address import Address
+from firsthop.shared.address import Address
 
 Entry = tuple[Address, bytes, Address | None]  # client, route token, first-hop relay
 

@@ -34,18 +34,18 @@ from quart import Response, g, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from services.signaling.auth import DEV_ISSUER, Authenticator
-from services.signaling.bodies import Bodies
-from services.signaling.calls import CallRequest, Calls, Stats, parse_offer_body
-from services.signaling.config import SignalingConfig
-from services.signaling.errors import Problem
-from services.signaling.ratelimit import RateLimiter
-from services.signaling.transceivers import SDPFRAG
-from services.signaling.trickle import parse_fragment
-from services.signaling.ws import WsSession
-from shared.address import is_loopback, parse_hostport
-from shared.metrics import CONTENT_TYPE, render
-from shared.sdp import MAX_SDP_BYTES
+from firsthop.services.signaling.auth import DEV_ISSUER, Authenticator
+from firsthop.services.signaling.bodies import Bodies
+from firsthop.services.signaling.calls import CallRequest, Calls, Stats, parse_offer_body
+from firsthop.services.signaling.config import SignalingConfig
+from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.ratelimit import RateLimiter
+from firsthop.services.signaling.transceivers import SDPFRAG
+from firsthop.services.signaling.trickle import parse_fragment
+from firsthop.services.signaling.ws import WsSession
+from firsthop.shared.address import is_loopback, parse_hostport
+from firsthop.shared.metrics import CONTENT_TYPE, render
+from firsthop.shared.sdp import MAX_SDP_BYTES
 
 DEMO_PAGE = (Path(__file__).parent / "static" / "index.html").read_bytes()
 

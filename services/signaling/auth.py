@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from services.signaling.errors import Problem
+from firsthop.services.signaling.errors import Problem
 
 SECRET_PREFIX = "fhcs_"
 SECRET_VERSION = 1

@@ -20,9 +20,9 @@ import trio
 from quart import Request
 from werkzeug.exceptions import HTTPException
 
-from services.signaling.errors import Problem
-from services.signaling.ratelimit import Slots
-from shared.metrics import MetricFamily
+from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.ratelimit import Slots
+from firsthop.shared.metrics import MetricFamily
 
 SLOT_RETRY_AFTER = 1.0
 

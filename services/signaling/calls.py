@@ -22,22 +22,22 @@ from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
 
-from services.signaling.auth import Principal
-from services.signaling.errors import Problem
-from services.signaling.placement import RegionTable, choose_region, ingress_for, rank
-from services.signaling.stores import CallStore, Directory, SecretLedger
-from services.signaling.transceivers import (
+from firsthop.services.signaling.auth import Principal
+from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.placement import RegionTable, choose_region, ingress_for, rank
+from firsthop.services.signaling.stores import CallStore, Directory, SecretLedger
+from firsthop.services.signaling.transceivers import (
     TransceiverClient,
     TransceiverDown,
     TransceiverRejected,
     new_traceparent,
     reason_of,
 )
-from services.signaling.trickle import Fragment, TricklePolicy
-from shared.metrics import MetricFamily
-from shared.redis_store import CallRecord
-from shared.sdp import MAX_SDP_BYTES, SdpError, check_offer
-from shared.telemetry import context_from_traceparent, traceparent_of, tracer
+from firsthop.services.signaling.trickle import Fragment, TricklePolicy
+from firsthop.shared.metrics import MetricFamily
+from firsthop.shared.redis_store import CallRecord
+from firsthop.shared.sdp import MAX_SDP_BYTES, SdpError, check_offer
+from firsthop.shared.telemetry import context_from_traceparent, traceparent_of, tracer
 
 log = logging.getLogger("firsthop.signaling")
 TRACER = tracer("firsthop.signaling")

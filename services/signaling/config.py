@@ -14,11 +14,11 @@ import binascii
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.signaling.placement import REGION_NAME, RegionTable
-from services.signaling.ratelimit import RateLimit
-from shared.address import Address, format_hostport, is_loopback, parse_hostport
-from shared.config import add_option, hostport_arg
-from shared.redis_store import TransceiverInfo
+from firsthop.services.signaling.placement import REGION_NAME, RegionTable
+from firsthop.services.signaling.ratelimit import RateLimit
+from firsthop.shared.address import Address, format_hostport, is_loopback, parse_hostport
+from firsthop.shared.config import add_option, hostport_arg
+from firsthop.shared.redis_store import TransceiverInfo
 
 
 @dataclass

@@ -16,20 +16,25 @@ import httpx
 import trio
 from hypercorn.trio import serve
 
-from services.signaling.app import Context, create_app
-from services.signaling.auth import ApiKeys, Authenticator, ClientSecrets, derive_secret_key
-from services.signaling.bodies import Bodies
-from services.signaling.calls import Calls, Stats
-from services.signaling.config import SignalingConfig, config_from_args, register_flags
-from services.signaling.placement import RegionTable
-from services.signaling.ratelimit import RateLimiter, Slots
-from services.signaling.stores import CallStore, Directory, RedisLink, SecretLedger
-from services.signaling.transceivers import TransceiverClient
-from services.signaling.ws import MAX_MESSAGE
-from shared.address import Address, format_hostport
-from shared.http import bound_address, hypercorn_config
-from shared.lifecycle import run_until_signal, setup_logging
-from shared.telemetry import setup_tracing, shutdown_tracing
+from firsthop.services.signaling.app import Context, create_app
+from firsthop.services.signaling.auth import (
+    ApiKeys,
+    Authenticator,
+    ClientSecrets,
+    derive_secret_key,
+)
+from firsthop.services.signaling.bodies import Bodies
+from firsthop.services.signaling.calls import Calls, Stats
+from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
+from firsthop.services.signaling.placement import RegionTable
+from firsthop.services.signaling.ratelimit import RateLimiter, Slots
+from firsthop.services.signaling.stores import CallStore, Directory, RedisLink, SecretLedger
+from firsthop.services.signaling.transceivers import TransceiverClient
+from firsthop.services.signaling.ws import MAX_MESSAGE
+from firsthop.shared.address import Address, format_hostport
+from firsthop.shared.http import bound_address, hypercorn_config
+from firsthop.shared.lifecycle import run_until_signal, setup_logging
+from firsthop.shared.telemetry import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("firsthop.signaling")
 

@@ -17,7 +17,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from shared.redis_store import TransceiverInfo
+from firsthop.shared.redis_store import TransceiverInfo
 
 # Region names travel in a header: keep them to a safe, short alphabet.
 REGION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")

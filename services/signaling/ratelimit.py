@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.ratelimit import KeyedLimiter
+from firsthop.shared.ratelimit import KeyedLimiter
 
 
 @dataclass(frozen=True)

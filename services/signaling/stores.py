@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import redis
 import trio
 
-from shared.redis_store import (
+from firsthop.shared.redis_store import (
     CALL_TTL,
     TRANSCEIVER_PATTERN,
     CallRecord,

@@ -24,10 +24,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.signaling.errors import Problem
-from services.signaling.ratelimit import RateLimit, RateLimiter
-from shared.redis_store import CALL_TTL
-from shared.sdp import ICE_PWD, ICE_UFRAG, classify_candidate, sdpfrag_credentials
+from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.ratelimit import RateLimit, RateLimiter
+from firsthop.shared.redis_store import CALL_TTL
+from firsthop.shared.sdp import ICE_PWD, ICE_UFRAG, classify_candidate, sdpfrag_credentials
 
 MAX_CANDIDATES = 100  # per call; a browser gathers a handful (host, srflx, relay per family)
 MESSAGES = RateLimit(10.0, 40)  # trickle messages per call: ICE gathering is a short burst

@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING, Any
 import trio
 from quart.wrappers.websocket import Websocket
 
-from services.signaling.auth import Principal
-from services.signaling.calls import CallRequest, parse_offer_body
-from services.signaling.errors import Problem
-from services.signaling.transceivers import TransceiverDown
-from services.signaling.trickle import Fragment, check_candidate
-from shared.redis_store import CallRecord
-from shared.sdp import MAX_SDP_BYTES
+from firsthop.services.signaling.auth import Principal
+from firsthop.services.signaling.calls import CallRequest, parse_offer_body
+from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.transceivers import TransceiverDown
+from firsthop.services.signaling.trickle import Fragment, check_candidate
+from firsthop.shared.redis_store import CallRecord
+from firsthop.shared.sdp import MAX_SDP_BYTES
 
 if TYPE_CHECKING:
-    from services.signaling.app import Context
+    from firsthop.services.signaling.app import Context
 
 log = logging.getLogger("firsthop.signaling.ws")
 

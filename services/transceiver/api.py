@@ -16,11 +16,11 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from services.transceiver.service import Transceiver
-from services.transceiver.table import Refusal
-from shared.address import parse_hostport
-from shared.metrics import CONTENT_TYPE, MetricFamily, render
-from shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
+from firsthop.services.transceiver.service import Transceiver
+from firsthop.services.transceiver.table import Refusal
+from firsthop.shared.address import parse_hostport
+from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
+from firsthop.shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
 
 MAX_BODY = MAX_SDP_BYTES + 4096
 BODY_TIMEOUT = 10.0  # bodies come from signaling, whole: seconds is generous

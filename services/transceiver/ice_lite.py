@@ -37,8 +37,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.address import Address
-from shared.wire import stun
+from firsthop.shared.address import Address
+from firsthop.shared.wire import stun
 
 MAX_PATHS = 8  # authenticated client addresses remembered per session
 MAX_RECENT = 64  # transaction IDs remembered for replay detection

@@ -9,17 +9,17 @@ import signal
 
 import trio
 
-from services.transceiver.api import create_app
-from services.transceiver.registry import heartbeat, trace_handoff_writer
-from services.transceiver.rtc import check_pinned_versions, run_trio_guest
-from services.transceiver.service import Transceiver, TransceiverConfig
-from shared.address import format_hostport, is_loopback
-from shared.config import add_option, hostport_arg, parse_cidrs
-from shared.http import bound_address, hypercorn_config
-from shared.lifecycle import setup_logging
-from shared.redis_store import TransceiverInfo
-from shared.telemetry import setup_tracing, shutdown_tracing
-from shared.wire.route_token import parse_route_keys
+from firsthop.services.transceiver.api import create_app
+from firsthop.services.transceiver.registry import heartbeat, trace_handoff_writer
+from firsthop.services.transceiver.rtc import check_pinned_versions, run_trio_guest
+from firsthop.services.transceiver.service import Transceiver, TransceiverConfig
+from firsthop.shared.address import format_hostport, is_loopback
+from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
+from firsthop.shared.http import bound_address, hypercorn_config
+from firsthop.shared.lifecycle import setup_logging
+from firsthop.shared.redis_store import TransceiverInfo
+from firsthop.shared.telemetry import setup_tracing, shutdown_tracing
+from firsthop.shared.wire.route_token import parse_route_keys
 
 log = logging.getLogger("firsthop.transceiver")
 

@@ -27,9 +27,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from shared.address import Address
-from shared.wire.demux import STUN_LAST
-from shared.wire.proxy_v2 import (
+from firsthop.shared.address import Address
+from firsthop.shared.wire.demux import STUN_LAST
+from firsthop.shared.wire.proxy_v2 import (
     SIGNATURE,
     V4_HEADER,
     V6_HEADER,
@@ -38,7 +38,7 @@ from shared.wire.proxy_v2 import (
     parse_proxy_v2,
     plain_header_length,
 )
-from shared.wire.stun import binding_request_server_ufrag
+from firsthop.shared.wire.stun import binding_request_server_ufrag
 
 S = TypeVar("S")
 MAX_DATAGRAM = 1500

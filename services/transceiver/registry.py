@@ -16,7 +16,7 @@ from typing import Any
 import redis
 import trio
 
-from shared.redis_store import (
+from firsthop.shared.redis_store import (
     HEARTBEAT_PERIOD,
     TRACE_TTL,
     TRANSCEIVER_TTL,

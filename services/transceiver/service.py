@@ -23,10 +23,10 @@ import trio
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from services.transceiver.ice_lite import Credentials
-from services.transceiver.rtc import Milestone, watch_readable
-from services.transceiver.session import Session
-from services.transceiver.table import (
+from firsthop.services.transceiver.ice_lite import Credentials
+from firsthop.services.transceiver.rtc import Milestone, watch_readable
+from firsthop.services.transceiver.session import Session
+from firsthop.services.transceiver.table import (
     Command,
     PathChanged,
     PathForgotten,
@@ -36,11 +36,11 @@ from services.transceiver.table import (
     ToIce,
     ToMedia,
 )
-from shared.address import Address
-from shared.metrics import Histogram
-from shared.sdp import check_offer, classify_candidate, mark_ice_lite, strip_candidates
-from shared.telemetry import context_from_traceparent, traceparent_of, tracer
-from shared.wire.route_token import encode_route_token, fresh_nonce
+from firsthop.shared.address import Address
+from firsthop.shared.metrics import Histogram
+from firsthop.shared.sdp import check_offer, classify_candidate, mark_ice_lite, strip_candidates
+from firsthop.shared.telemetry import context_from_traceparent, traceparent_of, tracer
+from firsthop.shared.wire.route_token import encode_route_token, fresh_nonce
 
 log = logging.getLogger("firsthop.transceiver")
 

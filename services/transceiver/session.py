@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import trio
 from opentelemetry.trace import Span
 
-from services.transceiver.agents import AgentProtocol, AgentUrlError, CallInfo, agent_kind
-from services.transceiver.agents.events import ClearAudio, Malformed, PlayAudio, ToCaller
-from services.transceiver.ice_lite import Credentials
-from services.transceiver.rtc import (
+from firsthop.services.transceiver.agents import AgentProtocol, AgentUrlError, CallInfo, agent_kind
+from firsthop.services.transceiver.agents.events import ClearAudio, Malformed, PlayAudio, ToCaller
+from firsthop.services.transceiver.ice_lite import Credentials
+from firsthop.services.transceiver.rtc import (
     AgentLink,
     AgentLinkError,
     Milestone,
@@ -39,8 +39,8 @@ from services.transceiver.rtc import (
     SessionCallbacks,
     call_asyncio,
 )
-from shared.address import Address
-from shared.telemetry import traceparent_of
+from firsthop.shared.address import Address
+from firsthop.shared.telemetry import traceparent_of
 
 log = logging.getLogger("firsthop.transceiver.session")
 

@@ -37,11 +37,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from services.transceiver.ice_lite import Accepted, Credentials, LiteIce, PathValidated, Refused
-from services.transceiver.mux import Delivery, SessionMux, Unrouted
-from shared.address import Address
-from shared.wire.demux import STUN_LAST
-from shared.wire.proxy_v2 import build_proxy_v2, revocation_tlv
+from firsthop.services.transceiver.ice_lite import (
+    Accepted,
+    Credentials,
+    LiteIce,
+    PathValidated,
+    Refused,
+)
+from firsthop.services.transceiver.mux import Delivery, SessionMux, Unrouted
+from firsthop.shared.address import Address
+from firsthop.shared.wire.demux import STUN_LAST
+from firsthop.shared.wire.proxy_v2 import build_proxy_v2, revocation_tlv
 
 H = TypeVar("H")
 SETUP_TIMEOUT = 30.0  # offer to connected

@@ -27,7 +27,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from shared.address import Address
+from firsthop.shared.address import Address
 
 SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"  # §2.2: 12 bytes
 VERSION_COMMAND_PROXY = 0x21  # version 2, command PROXY

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from services.bench.setup import CHROMIUM
-from services.bench.setup import CHROMIUM_ARGS as BENCH_CHROMIUM_ARGS
+from firsthop.services.bench.setup import CHROMIUM
+from firsthop.services.bench.setup import CHROMIUM_ARGS as BENCH_CHROMIUM_ARGS
 from tests.support import (
     AgentProcess,
     RelayProcess,

@@ -8,7 +8,7 @@ import httpx
 import trio
 from trio_websocket import open_websocket_url
 
-from services.agent.server import serve_agent
+from firsthop.services.agent.server import serve_agent
 
 
 async def test_echo_returns_frames_and_answers_events_and_counts_them() -> None:
@@ -44,7 +44,7 @@ def test_metrics_endpoint_over_a_real_process() -> None:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "firsthop.services.cli",
             "agent",
             "--kind",
             "echo",

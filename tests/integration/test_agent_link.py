@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import websockets
 
-from services.transceiver.rtc import AgentLink, AgentLinkError
+from firsthop.services.transceiver.rtc import AgentLink, AgentLinkError
 
 
 async def _serve(handler):  # type: ignore[no-untyped-def]

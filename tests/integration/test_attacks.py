@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from services.call.caller import Caller, ToneTrack, tone_power
+from firsthop.services.call.caller import Caller, ToneTrack, tone_power
 from tests.attack import Nat, Spoofer, spoofed_sources
 from tests.support import (
     AgentProcess,
@@ -107,7 +107,7 @@ async def call(tx: TransceiverProcess, ingress: tuple[str, int]) -> Call:
 
 
 def events(tx: TransceiverProcess, name: str) -> float:
-    from shared.metrics import parse_text
+    from firsthop.shared.metrics import parse_text
 
     status, body = tx.request("GET", "/metrics")
     assert status == 200

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quick_bench_measures_c_reference_and_relay() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "bench", "relay", "--quick", "--json"],
+        [sys.executable, "-m", "firsthop.services.cli", "bench", "relay", "--quick", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def bench(*args: str) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "bench", *args, "--quick", "--json"],
+        [sys.executable, "-m", "firsthop.services.cli", "bench", *args, "--quick", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -51,7 +51,7 @@ def test_call_prints_the_timeline_and_echo_delay_and_saves_the_reply(
     args = [
         sys.executable,
         "-m",
-        "services.cli",
+        "firsthop.services.cli",
         "call",
         signaling.url,
         "--api-key",
@@ -84,7 +84,7 @@ def test_call_with_a_wrong_key_says_why(signaling: SignalingProcess) -> None:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "firsthop.services.cli",
             "call",
             signaling.url,
             "--api-key",

@@ -27,7 +27,7 @@ def run_transceiver(*args: str, token: str | None) -> subprocess.CompletedProces
         env["FIRSTHOP_INTERNAL_TOKEN"] = token
     argv = ["transceiver", "--media", f"127.0.0.1:{free_udp_port()}", *args]
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *argv],
+        [sys.executable, "-m", "firsthop.services.cli", *argv],
         env=env,
         capture_output=True,
         text=True,

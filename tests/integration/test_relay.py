@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.wire.proxy_v2 import build_proxy_v2
-from shared.wire.route_token import encode_route_token
+from firsthop.shared.wire.proxy_v2 import build_proxy_v2
+from firsthop.shared.wire.route_token import encode_route_token
 from tests.support import (
     Endpoint,
     FakeTransceiver,

@@ -6,7 +6,7 @@ import time
 
 import redis as redis_lib
 
-from shared.wire.route_token import verify_route_token
+from firsthop.shared.wire.route_token import verify_route_token
 from tests.integration.test_relay import open_call
 from tests.support import (
     KEYS,

@@ -20,9 +20,9 @@ import redis as redis_lib
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
-from services.signaling.config import SignalingConfig
-from services.signaling.main import serve_signaling
-from shared.metrics import parse_text
+from firsthop.services.signaling.config import SignalingConfig
+from firsthop.services.signaling.main import serve_signaling
+from firsthop.shared.metrics import parse_text
 from tests.support import (
     RedisServer,
     SignalingProcess,

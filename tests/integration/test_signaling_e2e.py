@@ -18,8 +18,8 @@ import httpx
 import pytest
 import redis as redis_lib
 
-from services.call.caller import Caller, ToneTrack, dominant, tone_power
-from shared.metrics import parse_text
+from firsthop.services.call.caller import Caller, ToneTrack, dominant, tone_power
+from firsthop.shared.metrics import parse_text
 from tests.support import (
     AgentProcess,
     RelayProcess,

@@ -247,7 +247,7 @@ async def slow_post(port: int, source: str, done: list[tuple[str, float, bytes]]
 
 
 async def scrape(http: httpx.AsyncClient, sig: SignalingProcess) -> dict:
-    from shared.metrics import parse_text
+    from firsthop.shared.metrics import parse_text
 
     return parse_text((await http.get(f"{sig.url}/metrics")).text)
 

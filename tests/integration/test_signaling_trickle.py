@@ -20,8 +20,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from services.signaling.trickle import MAX_CANDIDATES, MESSAGES, RESTARTS
-from shared.metrics import parse_text
+from firsthop.services.signaling.trickle import MAX_CANDIDATES, MESSAGES, RESTARTS
+from firsthop.shared.metrics import parse_text
 from tests.integration.test_signaling import open_ws, recv
 from tests.support import SignalingProcess, TransceiverProcess, start_all
 from tests.unit.test_signaling_app import OFFER

@@ -9,7 +9,7 @@ import os
 import time
 import urllib.request
 
-from services.call.caller import Caller, ToneTrack
+from firsthop.services.call.caller import Caller, ToneTrack
 from tests.otlp import OtlpCollector
 from tests.support import (
     AgentProcess,

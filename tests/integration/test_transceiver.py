@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from services.call.caller import Caller, ToneTrack, dominant, tone_power
-from shared.wire import stun
+from firsthop.services.call.caller import Caller, ToneTrack, dominant, tone_power
+from firsthop.shared.wire import stun
 from tests.support import (
     AgentProcess,
     RelayProcess,
@@ -49,7 +49,7 @@ def signal_via(tx: TransceiverProcess, where: list[str], **extra: object):  # ty
 
 
 def metric(tx: TransceiverProcess, name: str, **labels: str) -> float:
-    from shared.metrics import parse_text
+    from firsthop.shared.metrics import parse_text
 
     status, body = tx.request("GET", "/metrics")
     assert status == 200

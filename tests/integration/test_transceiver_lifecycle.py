@@ -14,7 +14,7 @@ import aioice
 import trio
 from aioice import stun as aioice_stun
 
-from services.call.caller import Caller, ToneTrack, dominant, tone_power
+from firsthop.services.call.caller import Caller, ToneTrack, dominant, tone_power
 from tests.integration.test_transceiver import ingress, signal_via
 from tests.support import (
     AgentProcess,
@@ -186,7 +186,7 @@ def test_parrot_repeats_after_a_pause_and_stops_on_barge_in() -> None:
 
 
 def test_hook_points_of_the_pinned_aiortc_and_aioice() -> None:
-    from services.transceiver.rtc import hook_points
+    from firsthop.services.transceiver.rtc import hook_points
 
     async def main() -> dict[str, bool]:
         return hook_points()

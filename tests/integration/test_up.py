@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from services.call.caller import Caller, ToneTrack, dominant
+from firsthop.services.call.caller import Caller, ToneTrack, dominant
 from tests.support import free_tcp_port, free_udp_port
 
 
@@ -46,7 +46,7 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "firsthop.services.cli",
             "up",
             "--port",
             str(port),

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from services.cli import SUBCOMMANDS
+from firsthop.services.cli import SUBCOMMANDS
 
 HEAVY = ("aiortc", "aioice", "av", "quart", "quart_trio", "pylibsrtp")
 
@@ -23,17 +23,17 @@ def modules_after(code: str) -> list[str]:
 
 def test_the_relay_loads_nothing_of_aiortc_av_or_quart() -> None:
     loaded = modules_after(
-        "from services.cli import build_parser\n"
+        "from firsthop.services.cli import build_parser\n"
         "args = build_parser('relay').parse_args(['relay', '--route-keys', '1=' + 'A' * 43])\n"
-        "import services.relay.worker, services.relay.supervisor"
+        "import firsthop.services.relay.worker, firsthop.services.relay.supervisor"
     )
     assert [m for m in loaded if m.split(".")[0] in HEAVY] == []
-    assert "services.relay.dataplane" in loaded
+    assert "firsthop.services.relay.dataplane" in loaded
 
 
 def test_help_lists_every_command_without_loading_them() -> None:
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "services.cli", "--help"],
+        [sys.executable, "-X", "importtime", "-m", "firsthop.services.cli", "--help"],
         capture_output=True,
         text=True,
         check=True,
@@ -44,7 +44,7 @@ def test_help_lists_every_command_without_loading_them() -> None:
 
 
 def test_every_command_still_parses_its_own_flags() -> None:
-    from services.cli import build_parser
+    from firsthop.services.cli import build_parser
 
     parser = build_parser()  # every command, fully
     args = parser.parse_args(["agent", "--kind", "parrot", "--listen", "127.0.0.1:9"])

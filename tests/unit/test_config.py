@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from shared.address import parse_hostport
-from shared.config import add_option, env_name, parse_mapping
+from firsthop.shared.address import parse_hostport
+from firsthop.shared.config import add_option, env_name, parse_mapping
 
 
 def test_env_name() -> None:

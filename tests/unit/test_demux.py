@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.wire.demux import PacketClass, classify, is_stun
+from firsthop.shared.wire.demux import PacketClass, classify, is_stun
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.relay.flow_table import FlowTable
-from services.relay.flows import (
+from firsthop.services.relay.flow_table import FlowTable
+from firsthop.services.relay.flows import (
     CONSUMED,
     HELD,
     MAX_DATAGRAM,
@@ -18,8 +18,8 @@ from services.relay.flows import (
     RelayLimits,
     ReturnToPeer,
 )
-from shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2, revocation_tlv
-from shared.wire.route_token import DestinationFilter
+from firsthop.shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2, revocation_tlv
+from firsthop.shared.wire.route_token import DestinationFilter
 from tests.support import KEYS, binding_request, binding_success, mint, rtp
 
 OK = binding_success()

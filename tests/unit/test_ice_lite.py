@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.transceiver.ice_lite import (
+from firsthop.services.transceiver.ice_lite import (
     MAX_PATHS,
     PROBE_INTERVAL,
     PROBE_TIMEOUT,
@@ -17,7 +17,7 @@ from services.transceiver.ice_lite import (
     PathValidated,
     Refused,
 )
-from shared.wire import stun
+from firsthop.shared.wire import stun
 from tests.support import binding_request
 
 CREDS = Credentials("SERVERufrag", "server-password-24chars!", "cLnt", "client-password-22chrs")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.transceiver.jitter import CALM, MAX_DEPTH, Frame, LowLatencyJitterBuffer
+from firsthop.services.transceiver.jitter import CALM, MAX_DEPTH, Frame, LowLatencyJitterBuffer
 
 
 @dataclass

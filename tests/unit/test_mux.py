@@ -3,8 +3,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.transceiver.mux import Delivery, SessionMux, Unrouted
-from shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2
+from firsthop.services.transceiver.mux import Delivery, SessionMux, Unrouted
+from firsthop.shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2
 from tests.support import binding_request, mint, rtp
 
 RELAY = ("10.0.0.9", 40000)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import array
 import math
 
-from services.transceiver.pacing import (
+from firsthop.services.transceiver.pacing import (
     BACKLOG,
     FRAME_BYTES,
     MAX_FRAMES,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.wire import proxy_v2 as pv
+from firsthop.shared.wire import proxy_v2 as pv
 
 
 def test_ipv4_layout() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from shared.ratelimit import KeyedLimiter, TokenBucket
+from firsthop.shared.ratelimit import KeyedLimiter, TokenBucket
 
 
 def test_a_bucket_spends_refills_and_says_how_long_to_wait() -> None:

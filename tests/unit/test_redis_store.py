@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.redis_store import (
+from firsthop.shared.redis_store import (
     CallRecord,
     FlowRecord,
     TransceiverInfo,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.wire import route_token as rt
+from firsthop.shared.wire import route_token as rt
 
 KEY1 = bytes(range(32))
 KEY2 = bytes(range(100, 132))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.sdp import (
+from firsthop.shared.sdp import (
     SdpError,
     check_offer,
     classify_candidate,

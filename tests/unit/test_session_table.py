@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from services.transceiver.ice_lite import Credentials
-from services.transceiver.table import (
+from firsthop.services.transceiver.ice_lite import Credentials
+from firsthop.services.transceiver.table import (
     Ended,
     PathChanged,
     Refusal,
@@ -16,8 +16,8 @@ from services.transceiver.table import (
     ToIce,
     ToMedia,
 )
-from shared.wire import stun
-from shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2, parse_tlvs, revocation_tlv
+from firsthop.shared.wire import stun
+from firsthop.shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2, parse_tlvs, revocation_tlv
 from tests.support import binding_request, rtp
 
 T0 = 5000.0

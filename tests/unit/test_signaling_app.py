@@ -15,14 +15,14 @@ import httpx
 import pytest
 from quart_trio import QuartTrio
 
-from services.signaling.app import create_app
-from services.signaling.calls import Stats
-from services.signaling.config import SignalingConfig, config_from_args, register_flags
-from services.signaling.main import build_context
-from services.signaling.ratelimit import RateLimit
-from services.signaling.transceivers import TRACEPARENT, new_traceparent
-from shared.metrics import parse_text
-from shared.redis_store import TransceiverInfo
+from firsthop.services.signaling.app import create_app
+from firsthop.services.signaling.calls import Stats
+from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
+from firsthop.services.signaling.main import build_context
+from firsthop.services.signaling.ratelimit import RateLimit
+from firsthop.services.signaling.transceivers import TRACEPARENT, new_traceparent
+from firsthop.shared.metrics import parse_text
+from firsthop.shared.redis_store import TransceiverInfo
 from tests.support import free_tcp_port
 
 VALID_OFFER_HEAD = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"

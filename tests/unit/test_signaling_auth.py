@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from services.signaling.auth import (
+from firsthop.services.signaling.auth import (
     SECRET_PREFIX,
     ApiKeys,
     Authenticator,
@@ -15,9 +15,9 @@ from services.signaling.auth import (
     derive_secret_key,
     fingerprint,
 )
-from services.signaling.errors import Problem
-from services.signaling.ratelimit import RateLimit, RateLimiter
-from services.signaling.stores import SecretLedger
+from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.ratelimit import RateLimit, RateLimiter
+from firsthop.services.signaling.stores import SecretLedger
 
 KEY = bytes(range(32))
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from services.signaling.placement import RegionTable, choose_region, ingress_for, rank
-from shared.redis_store import TransceiverInfo
+from firsthop.services.signaling.placement import RegionTable, choose_region, ingress_for, rank
+from firsthop.shared.redis_store import TransceiverInfo
 
 
 def tx(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.wire.stun import (
+from firsthop.shared.wire.stun import (
     BINDING,
     ERROR,
     FINGERPRINT,

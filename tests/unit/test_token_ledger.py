@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.relay.token_ledger import TokenLedger
+from firsthop.services.relay.token_ledger import TokenLedger
 
 
 def test_the_fullest_tokens_oldest_pending_flow_yields_to_a_token_holding_fewer() -> None:

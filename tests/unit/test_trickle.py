@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.signaling.errors import Problem
-from services.signaling.ratelimit import RateLimit
-from services.signaling.trickle import Fragment, TricklePolicy, parse_fragment
+from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.ratelimit import RateLimit
+from firsthop.services.signaling.trickle import Fragment, TricklePolicy, parse_fragment
 
 CAND = "candidate:1 1 udp 2130706431 198.51.100.7 5000 typ host"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import array
 import math
 
-from services.agent.vad import FRAME_MS, HANG_MS, START_FRAMES, TurnTaker, frame_dbfs
+from firsthop.services.agent.vad import FRAME_MS, HANG_MS, START_FRAMES, TurnTaker, frame_dbfs
 
 FRAME = 960
 

@@ -12,8 +12,8 @@ FORBIDDEN = ("trio", "asyncio", "redis", "opentelemetry", "aiortc", "aioice", "q
 def test_wire_imports_no_io_frameworks() -> None:
     code = (
         "import json, sys\n"
-        "import shared.wire.stun, shared.wire.route_token, shared.wire.proxy_v2, "
-        "shared.wire.demux\n"
+        "import firsthop.shared.wire.stun, firsthop.shared.wire.route_token\n"
+        "import firsthop.shared.wire.proxy_v2, firsthop.shared.wire.demux\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run(
@@ -22,4 +22,4 @@ def test_wire_imports_no_io_frameworks() -> None:
     modules = json.loads(out)
     leaked = [m for m in modules if m.split(".")[0] in FORBIDDEN]
     assert leaked == []
-    assert "shared.wire.stun" in modules
+    assert "firsthop.shared.wire.stun" in modules

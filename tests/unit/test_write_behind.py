@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.relay.write_behind import WriteBehind
+from firsthop.services.relay.write_behind import WriteBehind
 
 A, B, C = ("203.0.113.1", 1), ("203.0.113.2", 2), ("203.0.113.3", 3)
 

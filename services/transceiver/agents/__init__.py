@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.transceiver.agents.events import AgentEvent, CallInfo, Message
-from services.transceiver.agents.native import NativeProtocol
+from firsthop.services.transceiver.agents.events import AgentEvent, CallInfo, Message
+from firsthop.services.transceiver.agents.native import NativeProtocol
 
 
 class AgentProtocol(Protocol):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from services.transceiver.agents.events import (
+from firsthop.services.transceiver.agents.events import (
     AgentEvent,
     CallInfo,
     ClearAudio,

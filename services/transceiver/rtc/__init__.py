@@ -9,10 +9,10 @@
   `services/transceiver/agents/`' business).
 """
 
-from services.transceiver.rtc.agent_link import AgentLink, AgentLinkError
-from services.transceiver.rtc.bridge import call_asyncio, run_trio_guest, watch_readable
-from services.transceiver.rtc.hooks import check_pinned_versions, hook_points
-from services.transceiver.rtc.session import Milestone, RtcSession, SessionCallbacks
+from firsthop.services.transceiver.rtc.agent_link import AgentLink, AgentLinkError
+from firsthop.services.transceiver.rtc.bridge import call_asyncio, run_trio_guest, watch_readable
+from firsthop.services.transceiver.rtc.hooks import check_pinned_versions, hook_points
+from firsthop.services.transceiver.rtc.session import Milestone, RtcSession, SessionCallbacks
 
 __all__ = [
     "AgentLink",

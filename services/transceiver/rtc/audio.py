@@ -18,7 +18,7 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame, CodecContext, Packet
 
-from services.transceiver.pacing import FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
+from firsthop.services.transceiver.pacing import FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
 
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 OPUS_BITRATE = 48000  # mono voice

@@ -40,8 +40,8 @@ import pylibsrtp
 from aioice.candidate import candidate_foundation, candidate_priority
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from services.transceiver.jitter import LowLatencyJitterBuffer
-from shared.address import Address
+from firsthop.services.transceiver.jitter import LowLatencyJitterBuffer
+from firsthop.shared.address import Address
 
 PINNED = {"aiortc": "1.16.", "aioice": "0.13."}
 

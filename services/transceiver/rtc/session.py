@@ -19,10 +19,10 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
-from services.transceiver.rtc import hooks
-from services.transceiver.rtc.audio import AgentAudioTrack, stereo_to_mono
-from shared.address import Address
-from shared.wire.demux import STUN_LAST
+from firsthop.services.transceiver.rtc import hooks
+from firsthop.services.transceiver.rtc.audio import AgentAudioTrack, stereo_to_mono
+from firsthop.shared.address import Address
+from firsthop.shared.wire.demux import STUN_LAST
 
 MAX_RECEIVE_QUEUE = 256  # datagrams waiting for DTLS/SRTP in one session
 

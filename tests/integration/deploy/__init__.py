@@ -9,7 +9,7 @@ against the real things where they exist:
 * every rendered Kubernetes object validates against the Kubernetes 1.30 OpenAPI schemas,
   strictly (unknown fields fail), with `kubernetes-validate`, offline;
 * the flags and FIRSTHOP_* variables each container or compose service gets are fed to the
-  real `firsthop` parser (`services.cli.build_parser`) and then to the service's own
+  real `firsthop` parser (`firsthop.services.cli.build_parser`) and then to the service's own
   `config_from_args`, so a flag it lacks, a value it refuses or a `--dev` on a public address
   fails here, not at deploy time; the addresses that come out are then checked against the
   ports, probes, Services, NetworkPolicies and healthchecks around them;

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import yaml
 
-from services.agent import server as agent_server
-from services.cli import build_parser
-from services.relay import config as relay_config
-from services.signaling import config as signaling_config
-from services.transceiver import main as transceiver_main
-from shared.config import env_name, hostport_arg
+from firsthop.services.agent import server as agent_server
+from firsthop.services.cli import build_parser
+from firsthop.services.relay import config as relay_config
+from firsthop.services.signaling import config as signaling_config
+from firsthop.services.transceiver import main as transceiver_main
+from firsthop.shared.config import env_name, hostport_arg
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "k8s"

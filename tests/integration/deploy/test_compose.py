@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.config import hostport_arg
+from firsthop.shared.config import hostport_arg
 from tests.integration.deploy.manifests import (
     ROOT,
     SUBCOMMANDS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.wire.route_token import parse_route_keys
+from firsthop.shared.wire.route_token import parse_route_keys
 from tests.integration.deploy.manifests import (
     container_env,
     effective_config,

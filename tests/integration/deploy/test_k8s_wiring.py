@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from shared.config import hostport_arg
+from firsthop.shared.config import hostport_arg
 from tests.integration.deploy.manifests import (
     SUBCOMMANDS,
     TARGETS,

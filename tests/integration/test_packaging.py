@@ -1,0 +1,52 @@
+"""What installing firsthop puts in a user's site-packages: one top-level package."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_wheel_holds_one_top_level_package_with_its_data(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("firsthop", "services", "shared"):
+        shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        + ["-w", str(tmp_path / "dist"), str(src)],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = (tmp_path / "dist").glob("firsthop-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.startswith("firsthop-")} == {"firsthop"}
+    assert "firsthop/services/relay/flow_table.py" in names
+    assert "firsthop/shared/wire/stun.py" in names
+    assert "firsthop/services/signaling/static/index.html" in names
+    assert "firsthop/services/bench/c_forwarder.c" in names
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "firsthop = firsthop.services.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_nothing_imports_services_or_shared_as_top_level_modules() -> None:
+    code = (
+        "import json, sys\n"
+        "from firsthop.services.cli import build_parser\n"
+        "build_parser()\n"  # every subcommand, fully
+        "import firsthop.services.relay.worker, firsthop.services.bench.stock\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    modules = json.loads(out.splitlines()[-1])
+    assert [m for m in modules if m.split(".")[0] in ("services", "shared")] == []
+    assert "firsthop.services.transceiver.table" in modules
