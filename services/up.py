@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, help: str) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
     p = sub.add_parser("up", help=help)
     add_option(p, "--redis", default=None, help="use this Redis instead of starting one")
     add_option(p, "--port", default=8080, type=int, help="signaling HTTP port (the demo page)")

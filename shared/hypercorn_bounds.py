@@ -55,7 +55,7 @@ class BoundedBuffer(WebsocketBuffer):
 
     overflowed = False
 
-    def extend(self, event: Message) -> None:
+    def extend(self, event: Message[Any]) -> None:
         if self.overflowed or self.length + len(event.data) > self.max_length:
             self.overflowed = True
             self.clear()
@@ -113,5 +113,5 @@ def install() -> None:
         WSStream, "_handle_events"
     ):
         raise RuntimeError("hypercorn changed: the hooks shared.hypercorn_bounds uses are gone")
-    h11_module.WSStream = BoundedWSStream  # type: ignore[misc]
-    hypercorn.protocol.H11Protocol = Http11Only  # type: ignore[misc]
+    h11_module.WSStream = BoundedWSStream  # type: ignore[attr-defined]
+    hypercorn.protocol.H11Protocol = Http11Only  # type: ignore[attr-defined]

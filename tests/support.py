@@ -10,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Self
+from typing import Any, Self
 
 from firsthop.services.launch import (
     Child,
@@ -317,7 +317,9 @@ class TransceiverProcess(ServiceProcess):
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.env['FIRSTHOP_INTERNAL_TOKEN']}"}
 
-    def create_session(self, offer: str, ingress: list[str], **extra: object) -> tuple[int, dict]:
+    def create_session(
+        self, offer: str, ingress: list[str], **extra: object
+    ) -> tuple[int, dict[str, Any]]:
         import json
         import urllib.error
         import urllib.request

@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, help: str) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
     p = sub.add_parser("agent", help=help)
     add_option(p, "--listen", default="0.0.0.0:8090", help="WebSocket address", metavar="HOST:PORT")
     add_option(p, "--kind", default="echo", help="echo | parrot")

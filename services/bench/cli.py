@@ -7,7 +7,7 @@ import argparse
 from firsthop.services.bench import echo, relay, sessions, setup, wire
 
 
-def register(sub: argparse._SubParsersAction, help: str) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
     parser = sub.add_parser("bench", help=help)
     benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     wire.register(benches)

@@ -467,7 +467,7 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("echo", help="server residence and mouth-to-ear vs stock aiortc")
     p.add_argument("--bursts", type=int, help="tone bursts per call")
     p.add_argument("--rounds", type=int, help="interleaved rounds of the paths")

@@ -585,7 +585,7 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("relay", help="relay CPU/packet, rate, loss, latency vs a C forwarder")
     p.add_argument("--rate", type=float, help="offered packets/s of the full-rate phase")
     p.add_argument("--seconds", type=float, help="length of each phase")

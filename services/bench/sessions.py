@@ -478,7 +478,7 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sessions", help="server CPU per echoed call and loss vs stock aiortc")
     p.add_argument("--calls", help="concurrent calls per round; a list sweeps (10,20,30)")
     p.add_argument("--seconds", type=float, help="steady measuring window per round")

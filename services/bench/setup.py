@@ -170,7 +170,7 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("setup", help="call setup time: firsthop vs stock aiortc")
     p.add_argument("--calls", type=int, default=10, help="calls per caller and target")
     p.add_argument("--no-chromium", action="store_true", help="aiortc caller only")

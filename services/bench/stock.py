@@ -17,6 +17,7 @@ import array
 import asyncio
 import json
 import sys
+from typing import Any
 
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from av import AudioFrame
@@ -44,7 +45,7 @@ class EchoTrack(MediaStreamTrack):
         super().__init__()
         self.source: asyncio.Future[MediaStreamTrack] = asyncio.get_running_loop().create_future()
 
-    async def recv(self) -> Frame | Packet:
+    async def recv(self) -> Frame | Packet[Any]:
         source = await self.source
         frame = await source.recv()
         if MONO and isinstance(frame, AudioFrame):

@@ -123,7 +123,7 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("wire", help="first-packet decision vs a bare HMAC-SHA256")
     p.add_argument("--repeat", type=int, default=7, help="interleaved rounds per case")
     p.add_argument("--seconds", type=float, default=0.2, help="time per round per case")

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def register(sub: argparse._SubParsersAction, help: str) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
     p = sub.add_parser("call", help=help)
     p.add_argument("url", nargs="?", default="http://127.0.0.1:8080", help="signaling base URL")
     add_option(p, "--api-key", default=None, help="API key or client secret")

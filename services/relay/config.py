@@ -55,7 +55,9 @@ class RelayConfig:
         return cls(**data)
 
 
-def register(sub: argparse._SubParsersAction, help: str) -> argparse.ArgumentParser:
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
+) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "relay",
         help=help,

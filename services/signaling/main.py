@@ -122,7 +122,7 @@ async def serve_signaling(
             link.close()
 
 
-def register(sub: argparse._SubParsersAction, help: str) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
     p = sub.add_parser(
         "signaling",
         help=help,

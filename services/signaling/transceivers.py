@@ -63,8 +63,9 @@ def reason_of(status: int, body: bytes) -> str:
     """The ``error`` of a transceiver's JSON error body, or a stand-in."""
     try:
         data = json.loads(body)
-        if isinstance(data, dict) and isinstance(data.get("error"), str):
-            return data["error"]
+        error = data.get("error") if isinstance(data, dict) else None
+        if isinstance(error, str):
+            return error
     except ValueError:
         pass
     return f"transceiver answered {status}"

@@ -98,7 +98,7 @@ async def _drain_then_stop(tx: Transceiver, deadline: float, nursery: trio.Nurse
     nursery.cancel_scope.cancel()
 
 
-def register(sub: argparse._SubParsersAction, help: str) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
     p = sub.add_parser("transceiver", help=help)
     add_option(
         p, "--media", default="0.0.0.0:5004", help="shared media UDP socket", metavar="HOST:PORT"

@@ -131,7 +131,8 @@ class Keyring:
         inner.update(body)
         outer = pads[1].copy()
         outer.update(inner.digest())
-        return outer.digest()[:MAC_LENGTH]
+        mac: bytes = outer.digest()[:MAC_LENGTH]
+        return mac
 
     def __contains__(self, key_id: object) -> bool:
         return key_id in self._pads

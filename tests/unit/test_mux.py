@@ -47,7 +47,7 @@ def test_only_stun_until_ice_validates_the_client() -> None:
     assert mux.drops["unvalidated"] == 1
     mux.validated(s, CLIENT)
     d = mux.on_datagram(RELAY, framed(rtp()))
-    assert d is not None and d.session is s
+    assert isinstance(d, Delivery) and d.session is s
 
 
 def test_replies_follow_the_relay_that_last_delivered() -> None:
@@ -115,14 +115,14 @@ def test_a_flows_header_is_parsed_once() -> None:
     mux.validated(s, CLIENT)
     first = mux.on_datagram(RELAY, framed(rtp(1)))
     second = mux.on_datagram(RELAY, framed(rtp(2)))
-    assert first is not None and second is not None
+    assert isinstance(first, Delivery) and isinstance(second, Delivery)
     assert (second.client, second.payload) == (CLIENT, rtp(2))
     assert list(mux.headers.values()) == [(CLIENT, INGRESS)]
     # a header with TLVs is not cached, and still delivers
     hdr = bytearray(build_proxy_v2(CLIENT, INGRESS))
     hdr[14:16] = (12 + 4).to_bytes(2, "big")
     d = mux.on_datagram(RELAY, bytes(hdr) + b"\x04\x00\x01x" + rtp(3))
-    assert d is not None and d.payload == rtp(3) and len(mux.headers) == 1
+    assert isinstance(d, Delivery) and d.payload == rtp(3) and len(mux.headers) == 1
 
 
 def test_unauthenticated_traffic_from_many_sources_leaves_no_state() -> None:

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from firsthop.shared.address import Address
 from firsthop.shared.wire import proxy_v2 as pv
 
 
@@ -67,13 +68,16 @@ addr6 = st.tuples(st.ip_addresses(v=6).map(str), st.integers(0, 65535))
 
 
 @given(st.one_of(st.tuples(addr4, addr4), st.tuples(addr6, addr6)), st.binary(max_size=64))
-def test_round_trip(pair: tuple[pv.Address, pv.Address], payload: bytes) -> None:
+def test_round_trip(pair: tuple[Address, Address], payload: bytes) -> None:
     import ipaddress
 
     src, dst = pair
     data = pv.build_proxy_v2(src, dst) + payload
     parsed = pv.parse_proxy_v2(data)
-    norm = lambda a: (ipaddress.ip_address(a[0]), a[1])  # noqa: E731
+
+    def norm(a: Address) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+        return ipaddress.ip_address(a[0]), a[1]
+
     assert (norm(parsed.src), norm(parsed.dst)) == (norm(src), norm(dst))
     assert data[parsed.payload_offset :] == payload
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import pytest
 
 from firsthop.services.transceiver.ice_lite import Credentials
 from firsthop.services.transceiver.table import (
+    Command,
     Ended,
     PathChanged,
     Refusal,
@@ -188,9 +190,10 @@ def test_why_sessions_ended_is_remembered_within_a_bound() -> None:
     assert len(t.ended) == 10_000 and "s0" not in t.ended and "s10004" in t.ended
 
 
-def check_payload(commands: object) -> bytes:
-    (command,) = commands  # type: ignore[misc]
-    return command.payload  # type: ignore[no-any-return]
+def check_payload(commands: Sequence[Command[str]]) -> bytes:
+    (command,) = commands
+    assert isinstance(command, ToIce)
+    return command.payload
 
 
 def caller_answers(request: bytes, creds: Credentials) -> bytes:

@@ -13,6 +13,7 @@ import asyncio
 import fractions
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
@@ -70,7 +71,7 @@ class AgentAudioTrack(MediaStreamTrack):
     def clear(self) -> None:
         self.out.clear()
 
-    async def recv(self) -> Packet:
+    async def recv(self) -> Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
         loop = asyncio.get_running_loop()
