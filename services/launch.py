@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -83,6 +84,21 @@ def transceiver_command(
 
 def agent_command(kind: str, port: int, extra: Iterable[str] = ()) -> list[str]:
     return [*FIRSTHOP, "agent", "--kind", kind, "--listen", f"{HOST}:{port}", *extra]
+
+
+def redis_command(port: int) -> list[str]:
+    """A throwaway redis-server on loopback: nothing persisted (`firsthop up`, tests)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server not found: install it (apt-get install redis-server)")
+    return [
+        exe,
+        *("--port", str(port)),
+        *("--bind", HOST),
+        *("--save", ""),
+        *("--appendonly", "no"),
+        *("--protected-mode", "no"),
+    ]
 
 
 def signaling_command(*, port: int, extra: Iterable[str] = ()) -> list[str]:

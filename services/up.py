@@ -26,6 +26,7 @@ from firsthop.services.launch import (
     agent_command,
     free_port,
     ready,
+    redis_command,
     relay_command,
     signaling_command,
     transceiver_command,
@@ -89,23 +90,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
     if redis_url is None and redis_bin is not None:
         port = free_port(socket.SOCK_STREAM)
         redis_url = f"redis://127.0.0.1:{port}/0"
-        services.append(
-            Spec(
-                "redis",
-                [
-                    redis_bin,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ],
-                ready_tcp=port,
-            )
-        )
+        services.append(Spec("redis", redis_command(port), ready_tcp=port))
     relay = relay_command(
         listen=args.relay_port,
         internal=0,  # only peer relays use it: any port

@@ -1,4 +1,4 @@
-"""Command-line configuration shared by every service (ARCHITECTURE §5).
+"""Command-line configuration shared by every service (docs/architecture.md §5).
 
 Every flag also reads ``FIRSTHOP_<NAME>`` from the environment (``--route-keys`` ↔
 ``FIRSTHOP_ROUTE_KEYS``); the command line wins. Repeatable flags (``--peer``,

@@ -1,7 +1,7 @@
 """Small HTTP pieces shared by services: serve an ASGI app on Hypercorn's Trio worker.
 
 `hypercorn_config` is where every service's server limits come from, sized to what the APIs
-need (issue #9): request heads up to 16 KiB, and whole within `keep_alive_timeout` (5 s);
+need (docs/security.md): request heads up to 16 KiB, and whole within `keep_alive_timeout` (5 s);
 no more than `READ_TIMEOUT` between two reads from a peer (WebSockets get a ping every
 `WS_PING_INTERVAL`, so a live client always has a pong to send); WebSocket messages up to
 64 KiB (signaling adds its margin); a few messages queued per connection; HTTP/1.1 only, and

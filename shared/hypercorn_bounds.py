@@ -1,6 +1,6 @@
 """Hypercorn, bounded: HTTP/1.1 only, and WebSocket streams that cannot grow past their limit.
 
-Why (hypercorn 0.18, wsproto 1.3; issue #9): what hypercorn does before an app sees a byte
+Why (hypercorn 0.18, wsproto 1.3): what hypercorn does before an app sees a byte
 let one connection cost a service without bound.
 
 * A too-big WebSocket message: hypercorn checks `websocket_max_message_size` only after it

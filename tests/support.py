@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import struct
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +15,7 @@ from firsthop.services.launch import (
     Spec,
     agent_command,
     free_port,
+    redis_command,
     relay_command,
     signaling_command,
     transceiver_command,
@@ -84,55 +83,21 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
     return free_port(socket.SOCK_STREAM, host)
 
 
-class RedisServer:
+class RedisServer(Child):
     """A throwaway redis-server on a free loopback port (no persistence)."""
 
     def __init__(self, port: int | None = None) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server not found: install it (apt-get install redis-server)")
-        self.exe = exe
         self.port = port or free_tcp_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(Spec("redis", redis_command(self.port), ready_tcp=self.port), quiet=True)
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.exe,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
-                    c.sendall(b"PING\r\n")
-                    if c.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+    def stop(self, timeout: float = 10.0) -> float:
+        """Gone at once (a Redis that dies is what the tests that stop one want)."""
+        self.kill()
+        return 0.0
 
 
 @contextmanager

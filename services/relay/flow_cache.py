@@ -1,4 +1,4 @@
-"""The relay's Redis flow cache (`firsthop:flow:{client_ip}:{client_port}`, ARCHITECTURE §9).
+"""The relay's Redis flow cache (`firsthop:flow:{ip}:{port}`, docs/architecture.md §9).
 
 Write-behind of established flows so a restarted relay (or a worker that inherits another's
 clients after a SO_REUSEPORT regroup) can route media before the next STUN packet, and

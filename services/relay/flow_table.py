@@ -1,6 +1,6 @@
 """The relay's flow table: a sans-IO core that says where every datagram goes.
 
-A relay worker has three sockets and this table decides for each datagram (ARCHITECTURE
+A relay worker has three sockets and this table decides for each datagram (docs/architecture.md
 §2-4):
 
 * `on_client`: from a client on the public socket. A known client goes to its flow's

@@ -176,6 +176,14 @@ def relay_metrics(totals: dict[str, Any], workers: int) -> str:
             "firsthop_relay_redis_lookups_total", "counter", "Unknown clients looked up in Redis"
         ).add(g("redis_lookups", 0)),
         MetricFamily(
+            "firsthop_relay_redis_hits_total", "counter", "Lookups the flow cache answered"
+        ).add(g("redis_hits", 0)),
+        MetricFamily(
+            "firsthop_relay_redis_dropped_writes_total",
+            "counter",
+            "Flow writes dropped: too many waiting while Redis was down",
+        ).add(g("redis_dropped_writes", 0)),
+        MetricFamily(
             "firsthop_relay_redis_pending_writes", "gauge", "Flow writes waiting for Redis"
         ).add(g("redis_pending_writes", 0)),
         MetricFamily("firsthop_relay_workers", "gauge", "Worker processes ready").add(

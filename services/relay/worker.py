@@ -95,6 +95,7 @@ class WorkerHandle:
         snap["redis_lookups"] = cache.lookups if cache else 0
         snap["redis_hits"] = cache.hits if cache else 0
         snap["redis_pending_writes"] = self.extra.get("pending_writes", 0)
+        snap["redis_dropped_writes"] = self.extra.get("dropped_writes", 0)
         return snap
 
 
@@ -226,6 +227,7 @@ async def serve_worker(
         except CacheUnavailable:
             queued.failed(batch, trio.current_time())
         handle.extra["pending_writes"] = len(queued)
+        handle.extra["dropped_writes"] = queued.dropped
 
     async def writes() -> None:
         nonlocal store_wanted

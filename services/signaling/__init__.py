@@ -1,4 +1,4 @@
-"""`firsthop signaling`: the public HTTP + WebSocket API (ARCHITECTURE §6).
+"""`firsthop signaling`: the public HTTP + WebSocket API (docs/architecture.md §6).
 
 Modules, from pure to I/O:
 

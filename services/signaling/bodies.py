@@ -1,4 +1,4 @@
-"""Request bodies, read under a deadline and a cap on how many are in progress (issue #9, 6).
+"""Request bodies, read under a deadline and a cap on how many are in progress (docs/security.md).
 
 Why: a request holds its connection, a task and a Quart request for as long as its body takes
 to arrive, and Quart waits up to 60 s for each read: 1000 authenticated POSTs sending a byte

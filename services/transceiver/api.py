@@ -1,4 +1,4 @@
-"""The transceiver's internal HTTP API (ARCHITECTURE §7) on Quart-Trio.
+"""The transceiver's internal HTTP API (docs/architecture.md §7) on Quart-Trio.
 
 `POST /internal/v1/sessions` (offer -> answer), `PATCH` (trickle-ice-sdpfrag: candidates are
 accepted and ignored — an ICE-lite server never checks them — and new ice-ufrag/ice-pwd mean

@@ -1,4 +1,4 @@
-"""The transceiver registry heartbeat (`firsthop:transceiver:{id}`, ARCHITECTURE §9).
+"""The transceiver registry heartbeat (`firsthop:transceiver:{id}`, docs/architecture.md §9).
 
 Every second the transceiver writes its hash (api_url, media_addr, region, cluster, sessions,
 capacity, draining) with a 5 s TTL, so signaling sees a transceiver only while it lives.

@@ -5,7 +5,7 @@ for, whether a check authenticates, where media goes, when a session ends. This 
 the Trio I/O around it: the media socket's receive loop feeds it datagrams and carries out
 the commands it returns (send, hand to aiortc, move a path), one timer task calls it when its
 next deadline is due and ends what it says ended, and the internal API admits, restarts and
-ends sessions through it. aiortc runs on the asyncio host loop behind `rtc.py`.
+ends sessions through it. aiortc runs on the asyncio host loop behind `rtc/`.
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ class Transceiver:
 
     def trace_handoff(self, ufrag: str, span: Span) -> None:
         """Leave the session's traceparent at `firsthop:trace:{ufrag}` for the relay's
-        first-packet span (ARCHITECTURE §9), off the request path."""
+        first-packet span (docs/architecture.md §9), off the request path."""
         traceparent = traceparent_of(span)
         if traceparent and self.trace_writes is not None:
             try:

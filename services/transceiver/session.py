@@ -162,6 +162,7 @@ class Session:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await call_asyncio(self.rtc.close())
+            self.counters.update(self.rtc.totals())
             if self.span is not None:
                 self.span.set_attribute("firsthop.end_reason", self.end_reason or "")
                 self.span.end()

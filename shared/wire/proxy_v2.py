@@ -1,4 +1,4 @@
-"""PROXY protocol v2 framing, DGRAM transport, one header per datagram (ARCHITECTURE §3).
+"""PROXY protocol v2 framing, DGRAM transport, one header per datagram (docs/architecture.md §3).
 
 Every datagram between a relay and a transceiver (and between two relays on a Global Relay
 hop) starts with a PROXY v2 header (HAProxy's proxy-protocol.txt §2.2) carrying the original

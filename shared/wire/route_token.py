@@ -1,4 +1,4 @@
-"""Route tokens: the server ICE ufrag as a signed, self-describing route (ARCHITECTURE §2).
+"""Route tokens: the server ICE ufrag as a signed, self-describing route (docs/architecture.md §2).
 
 The transceiver mints its ICE ufrag as a token naming its own media address; the relay reads
 it from the USERNAME of a session's first STUN Binding request and routes with no lookup.
@@ -258,7 +258,7 @@ def verify_route_token(
     """Decode and authenticate a token; raise a TokenError subclass if it must not route.
 
     `allow_dest=None` skips the destination check (a relay forwarding to a peer cluster
-    checks only MAC, key and age: ARCHITECTURE §7).
+    checks only MAC, key and age: docs/architecture.md §7).
     """
     raw = _decode_raw(ufrag)
     if not isinstance(keys, Keyring):

@@ -225,6 +225,8 @@ def test_a_nat_rebinding_moves_the_media_at_the_callers_next_check(stack) -> Non
             assert gap < 8.0
         finally:
             await c.caller.close()
+        # the session's own counts reach /metrics when it ends
+        await asyncio.to_thread(wait_until, lambda: events(tx, "agent_frames_played") > 100)
 
     try:
         asyncio.run(main())

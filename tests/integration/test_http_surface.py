@@ -1,4 +1,4 @@
-"""What the HTTP services answer at all (issue #9, findings 7b and 7c), as real processes.
+"""What the HTTP services answer at all (docs/security.md), as real processes.
 
 * Quart apps get a default static folder, ``static/`` next to their root path, which for an
   app named like ours falls back to the working directory: a file there was served at

@@ -1,4 +1,4 @@
-"""The transceiver's internal API needs its bearer token (issue #9, finding 7d).
+"""The transceiver's internal API needs its bearer token (docs/security.md).
 
 Without one, anyone who reached `--api` could create a session whose `agent_url` names any
 host, and the transceiver would open a WebSocket there (SSRF). So `firsthop transceiver`

@@ -1,4 +1,4 @@
-"""What one client can make a real signaling process hold (issue #9, finding 4).
+"""What one client can make a real signaling process hold (docs/security.md).
 
 Raw sockets play the attacker, so nothing in a client library trims what is sent: WebSocket
 frames whose header announces 15 MB, a permessage-deflate bomb, HTTP/2 in clear text. The

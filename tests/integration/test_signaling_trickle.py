@@ -1,4 +1,4 @@
-"""Trickle floods stop at signaling (issue #9, finding 5): a real signaling, a real transceiver.
+"""Trickle floods stop at signaling (docs/security.md): a real signaling, a real transceiver.
 
 The transceiver is ICE-lite and ignores trickled candidates, counting them
 (``firsthop_transceiver_events_total{event="trickle_candidates_ignored"}``): that count is

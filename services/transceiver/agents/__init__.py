@@ -1,4 +1,4 @@
-"""The protocols a transceiver speaks to agents, each a sans-IO codec (ARCHITECTURE §8).
+"""The protocols a transceiver speaks to agents, each a sans-IO codec (docs/architecture.md §8).
 
 A call's agent URL names the protocol by its scheme. Each protocol turns what happens in the
 call (the caller's decoded audio, its data-channel events, the call's state, its end) into

@@ -1,4 +1,4 @@
-"""firsthop's native agent protocol (ARCHITECTURE §8), sans-IO.
+"""firsthop's native agent protocol (docs/architecture.md §8), sans-IO.
 
 Text frames are JSON control messages, binary frames are audio: PCM16 little-endian, mono,
 48 kHz, 20 ms (960 samples, 1920 bytes) per frame, both ways.

@@ -230,7 +230,7 @@ def receive_backlog(protocol: aioice.ice.StunProtocol) -> int:
 # -- RTP and DTLS -------------------------------------------------------------------------------
 
 
-def low_latency_receiver(receiver: Any) -> None:
+def low_latency_receiver(receiver: Any) -> LowLatencyJitterBuffer:
     """Replace the receiver's jitter buffer with ours, releasing frames straight to its
     decoder thread, as aiortc's own receive path does with the one frame its buffer returns."""
 
@@ -243,7 +243,9 @@ def low_latency_receiver(receiver: Any) -> None:
         frame.timestamp = receiver._RTCRtpReceiver__timestamp_mapper.map(frame.timestamp)
         receiver._RTCRtpReceiver__decoder_queue.put((codec, frame))
 
-    receiver._RTCRtpReceiver__jitter_buffer = LowLatencyJitterBuffer(sink=sink)
+    buffer = LowLatencyJitterBuffer(sink=sink)
+    receiver._RTCRtpReceiver__jitter_buffer = buffer
+    return buffer
 
 
 class CountingSrtp:

@@ -19,6 +19,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
+from firsthop.services.transceiver.jitter import LowLatencyJitterBuffer
 from firsthop.services.transceiver.rtc import hooks
 from firsthop.services.transceiver.rtc.audio import AgentAudioTrack, stereo_to_mono
 from firsthop.shared.address import Address
@@ -64,6 +65,7 @@ class RtcSession:
         init=False, default_factory=list
     )
     _tasks: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+    _jitter: list[LowLatencyJitterBuffer] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -92,7 +94,7 @@ class RtcSession:
             )
         for transceiver in self.pc.getTransceivers():
             if transceiver.kind == "audio":
-                hooks.low_latency_receiver(transceiver.receiver)
+                self._jitter.append(hooks.low_latency_receiver(transceiver.receiver))
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
         for transceiver in self.pc.getTransceivers():
@@ -180,6 +182,14 @@ class RtcSession:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def totals(self) -> dict[str, int]:
+        """What this call counted that the transceiver's metrics add up at its end."""
+        return {
+            "jitter_late": sum(j.late for j in self._jitter),
+            "jitter_skipped": sum(j.skipped for j in self._jitter),
+            "agent_frames_played": self.output.frames_out,
+        }
 
     async def close(self) -> None:
         for task in list(self._tasks):
