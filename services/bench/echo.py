@@ -34,7 +34,6 @@ import asyncio
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ from typing import Any
 
 from aiortc import MediaStreamTrack
 
-from firsthop.services.bench.measure import BenchError, LineTool
+from firsthop.services.bench.measure import BenchError, LineTool, report, settings
 from firsthop.services.bench.procs import Stack
 from firsthop.services.call.caller import FRAME_SAMPLES, SAMPLE_RATE, Caller, ToneTrack, tone_power
 from firsthop.services.launch import HOST, free_port
@@ -451,20 +450,18 @@ def render(result: dict[str, Any]) -> str:
 
 
 def _main(args: argparse.Namespace) -> int:
-    base = QUICK if args.quick else DEFAULTS
-    chosen = {k: base[k] if getattr(args, k) is None else getattr(args, k) for k in base}
-    try:
-        result = run(
+    chosen = settings(args, QUICK if args.quick else DEFAULTS)
+    return report(
+        "echo",
+        args,
+        lambda: run(
             bursts=int(chosen["bursts"]),
             rounds=int(chosen["rounds"]),
             period_s=float(chosen["period"]),
             burst_s=float(chosen["burst"]),
-        )
-    except (BenchError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        print(f"firsthop bench echo: {exc!r}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+        ),
+        render,
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

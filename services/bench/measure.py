@@ -8,12 +8,38 @@ is off, utime+stime ticks from /proc/PID/stat and no wait (-1).
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import select
 import subprocess
+import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+
+def settings(args: argparse.Namespace, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """A bench's settings: `defaults` (the quick ones with --quick), then what was given."""
+    return {k: v if getattr(args, k) is None else getattr(args, k) for k, v in defaults.items()}
+
+
+def report(
+    name: str,
+    args: argparse.Namespace,
+    measure: Callable[[], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+) -> int:
+    """Run a bench and print its result (JSON with --json); exit code 1 with the reason
+    when it could not run."""
+    try:
+        result = measure()
+    except (BenchError, ValueError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        print(f"firsthop bench {name}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0
 
 
 class BenchError(Exception):

@@ -53,6 +53,8 @@ from firsthop.services.bench.measure import (
     children_of,
     cpu_sample,
     pin,
+    report,
+    settings,
     stop_process,
     udp_drops,
 )
@@ -567,22 +569,20 @@ def render(result: dict[str, Any]) -> str:
 
 
 def _main(args: argparse.Namespace) -> int:
-    base = QUICK if args.quick else DEFAULTS
-    chosen = {k: base[k] if getattr(args, k) is None else getattr(args, k) for k in base}
-    try:
-        result = run(
+    chosen = settings(args, QUICK if args.quick else DEFAULTS)
+    return report(
+        "relay",
+        args,
+        lambda: run(
             rate=float(chosen["rate"]),
             seconds=float(chosen["seconds"]),
             flows=int(chosen["flows"]),
             rounds=int(chosen["rounds"]),
             tick_us=args.tick_us,
             supervised=args.supervised,
-        )
-    except BenchError as exc:
-        print(f"firsthop bench relay: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+        ),
+        render,
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

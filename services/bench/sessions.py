@@ -44,7 +44,14 @@ from functools import partial
 from typing import IO, Any
 
 from firsthop.services.bench.echo import HEARD, RecordingCaller, frame_power
-from firsthop.services.bench.measure import BenchError, LineTool, children_of, cpu_sample
+from firsthop.services.bench.measure import (
+    BenchError,
+    LineTool,
+    children_of,
+    cpu_sample,
+    report,
+    settings,
+)
 from firsthop.services.bench.procs import Stack
 from firsthop.services.call.caller import ToneTrack
 
@@ -458,24 +465,21 @@ def render(result: dict[str, Any]) -> str:
 
 
 def _main(args: argparse.Namespace) -> int:
-    base = QUICK if args.quick else DEFAULTS
-    chosen = {k: base[k] if getattr(args, k) is None else getattr(args, k) for k in base}
-    try:
+    chosen = settings(args, QUICK if args.quick else DEFAULTS)
+
+    def measure() -> dict[str, Any]:
         calls = [int(v) for v in str(chosen["calls"]).split(",")]
         if min(calls) < 1:
             raise ValueError("calls must be >= 1")
-        result = run(
+        return run(
             calls,
             seconds=float(chosen["seconds"]),
             rounds=int(chosen["rounds"]),
             warmup=float(chosen["warmup"]),
             workers=args.workers,
         )
-    except (BenchError, ValueError, RuntimeError, OSError) as exc:
-        print(f"firsthop bench sessions: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+
+    return report("sessions", args, measure, render)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
