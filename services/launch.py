@@ -4,24 +4,32 @@
 * the command builders (`relay_command`, `transceiver_command`, `agent_command`,
   `signaling_command`): the argv of a `firsthop` service on loopback, so every caller spells
   a service's flags the same way;
-* `Spec`: what to run (argv, environment) and how to know it is ready (an HTTP URL that
-  answers 200, or a TCP port that accepts); `ready(spec)` checks once;
+* `Spec`: what to run (argv, environment) and how to know it is ready: an HTTP URL that
+  answers 200, a TCP port that accepts, or (`announces`) the service's own word — every
+  service writes where it listens to the file named by FIRSTHOP_READY_FILE once it serves
+  (`shared.lifecycle.announce`), so it can be given port 0 and read back;
 * `Child`: a process started from a `Spec` in the background (blocking calls, for tests and
-  benches): `start()` returns once it is ready, `stop()` asks it to end (SIGTERM) within a
-  grace, `kill()` ends it now. `firsthop up` runs the same specs under Trio (`up.py`).
+  benches): `start()` returns once it is ready (with `bound`, what it announced), `stop()`
+  asks it to end (SIGTERM) within a grace, `kill()` ends it now. `firsthop up` runs the same
+  specs under Trio (`up.py`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from firsthop.shared.address import Address, parse_hostport
+from firsthop.shared.lifecycle import READY_FILE_ENV
 
 HOST = "127.0.0.1"
 FIRSTHOP = (sys.executable, "-m", "firsthop.services.cli")
@@ -112,10 +120,14 @@ class Spec:
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's own
     ready_http: str | None = None  # ready once this URL answers 200
     ready_tcp: int | None = None  # ready once this loopback port accepts
+    announces: bool = False  # ready once it has said where it listens (FIRSTHOP_READY_FILE)
 
 
 def ready(spec: Spec) -> bool:
     """Whether `spec`'s service answers now (one try)."""
+    if spec.announces:
+        path = spec.env.get(READY_FILE_ENV)
+        return path is not None and os.path.exists(path)
     try:
         if spec.ready_http is not None:
             with urllib.request.urlopen(spec.ready_http, timeout=1) as resp:
@@ -136,6 +148,7 @@ class Child:
         self.quiet = quiet
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
+        self.bound: dict[str, Address] = {}  # what it announced it listens on
 
     @property
     def pid(self) -> int:
@@ -143,6 +156,10 @@ class Child:
         return self.proc.pid
 
     def start(self, timeout: float = 20.0) -> Child:
+        ready_file = None
+        if self.spec.announces:
+            ready_file = os.path.join(tempfile.mkdtemp(prefix="firsthop-"), "ready.json")
+            self.spec.env[READY_FILE_ENV] = ready_file
         out = subprocess.DEVNULL if self.quiet else None
         self.proc = subprocess.Popen(
             self.spec.argv,
@@ -159,6 +176,10 @@ class Child:
                 self.kill()
                 raise RuntimeError(f"{self.spec.name} was not ready within {timeout:.0f} s")
             time.sleep(0.05)
+        if ready_file is not None:
+            with open(ready_file) as f:
+                self.bound = {k: parse_hostport(v) for k, v in json.load(f).items()}
+            shutil.rmtree(os.path.dirname(ready_file), ignore_errors=True)
         return self
 
     def stop(self, timeout: float = 10.0) -> float:

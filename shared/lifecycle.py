@@ -1,7 +1,9 @@
-"""Process lifecycle shared by the services: logging set-up and run-until-SIGTERM."""
+"""Process lifecycle shared by the services: logging set-up, run-until-SIGTERM, and saying
+where a service listens once it does (`announce`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -10,6 +12,23 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+
+from firsthop.shared.address import Address, format_hostport
+
+READY_FILE_ENV = "FIRSTHOP_READY_FILE"
+
+
+def announce(**addresses: Address) -> None:
+    """Tell whoever started this process where it listens, once everything is bound and
+    serving: a JSON object of ``HOST:PORT`` strings written (atomically) to the file named
+    by FIRSTHOP_READY_FILE, if set. So a service can be given port 0 and read back."""
+    path = os.environ.get(READY_FILE_ENV)
+    if not path:
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({name: format_hostport(addr) for name, addr in addresses.items()}, f)
+    os.replace(tmp, path)
 
 
 def setup_logging(prefix: str) -> None:

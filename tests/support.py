@@ -213,20 +213,33 @@ class RelayProcess(ServiceProcess):
         listen_port: int | None = None,
         internal_port: int | None = None,
     ) -> None:
-        self.listen = ("127.0.0.1", listen_port or free_port())
-        self.internal = ("127.0.0.1", internal_port or free_port())
-        self.metrics_addr = ("127.0.0.1", free_port(socket.SOCK_STREAM))
+        # The metrics port is the relay's own choice, read back once it serves; so are the
+        # public and peer ports when given as 0. Otherwise they are picked here, because
+        # other services are told them before the relay starts.
+        self._listen = ("127.0.0.1", free_port() if listen_port is None else listen_port)
+        self._internal = ("127.0.0.1", free_port() if internal_port is None else internal_port)
         argv = relay_command(
-            listen=self.listen[1],
-            internal=self.internal[1],
-            metrics=self.metrics_addr[1],
+            listen=self._listen[1],
+            internal=self._internal[1],
+            metrics=0,
             cluster=cluster,
             workers=workers,
             redis=redis_url,
             extra=args,
         )
-        url = f"http://127.0.0.1:{self.metrics_addr[1]}/healthz"
-        super().__init__("relay", argv, ready_http=url)
+        super().__init__("relay", argv, announces=True)
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        return self.bound.get("listen", self._listen)
+
+    @property
+    def internal(self) -> tuple[str, int]:
+        return self.bound.get("internal", self._internal)
+
+    @property
+    def metrics_addr(self) -> tuple[str, int]:
+        return self.bound["metrics"]
 
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         import urllib.request
@@ -263,16 +276,21 @@ class TransceiverProcess(ServiceProcess):
     def __init__(
         self, *extra: str, agent_url: str | None = None, tx_id: str = "tx-test", cluster: int = 1
     ) -> None:
-        self.media = ("127.0.0.1", free_port())
+        # The API port is known before the start (signaling is told it); the media port is
+        # the transceiver's own choice, read back once it serves.
         self.api_port = free_port(socket.SOCK_STREAM)
         argv = transceiver_command(
-            media=self.media[1],
+            media=0,
             api=self.api_port,
             tx_id=tx_id,
             agent_url=agent_url,
             extra=("--cluster", str(cluster), "--drain-seconds", "3", *extra),
         )
-        super().__init__(tx_id, argv, ready_http=f"http://127.0.0.1:{self.api_port}/healthz")
+        super().__init__(tx_id, argv, announces=True)
+
+    @property
+    def media(self) -> tuple[str, int]:
+        return self.bound["media"]
 
     @property
     def api(self) -> str:
@@ -342,12 +360,14 @@ class SignalingProcess(ServiceProcess):
     API_KEY = "test-api-key"
 
     def __init__(self, *extra: str, region: str = "a", api_keys: str | None = None) -> None:
-        self.port = free_port(socket.SOCK_STREAM)
         keys = api_keys if api_keys is not None else self.API_KEY
-        argv = signaling_command(
-            port=self.port, extra=("--region", region, "--api-keys", keys, *extra)
-        )
-        super().__init__("signaling", argv, ready_http=f"http://127.0.0.1:{self.port}/healthz")
+        argv = signaling_command(port=0, extra=("--region", region, "--api-keys", keys, *extra))
+        super().__init__("signaling", argv, announces=True)
+
+    @property
+    def port(self) -> int:
+        """Signaling's own choice, read back once it serves."""
+        return self.bound["listen"][1]
 
     @property
     def url(self) -> str:

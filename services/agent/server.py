@@ -25,7 +25,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 from firsthop.services.agent.vad import FRAME_MS, TurnTaker
 from firsthop.shared.config import add_option, hostport_arg
 from firsthop.shared.http import serve_simple
-from firsthop.shared.lifecycle import run_until_signal, setup_logging
+from firsthop.shared.lifecycle import announce, run_until_signal, setup_logging
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 from firsthop.shared.telemetry import (
     context_from_traceparent,
@@ -191,6 +191,7 @@ async def serve_agent(
         )
         port = server.port
         log.info("agent %s listening on %s:%d", kind, listen[0], port)
+        announce(listen=(listen[0], port))
         task_status.started((listen[0], port))
 
 

@@ -17,15 +17,16 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
 
 from firsthop.services.relay.config import RelayConfig
-from firsthop.services.relay.worker import CONFIG_ENV
+from firsthop.services.relay.worker import CONFIG_ENV, udp_socket
 from firsthop.shared.address import Address
 from firsthop.shared.http import serve_simple
+from firsthop.shared.lifecycle import announce
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 
 log = logging.getLogger("firsthop.relay")
@@ -201,6 +202,15 @@ async def serve_relay(
     *,
     task_status: trio.TaskStatus[RelayHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    # A port 0 for the public or peer socket is chosen here, once, and held by a probe
+    # socket in the SO_REUSEPORT group until every worker has bound the same port.
+    probes = []
+    if config.listen[1] == 0:
+        probes.append(udp_socket(config.listen, reuseport=True))
+        config = replace(config, listen=(config.listen[0], probes[-1].getsockname()[1]))
+    if config.internal[1] == 0:
+        probes.append(udp_socket(config.internal, reuseport=True))
+        config = replace(config, internal=(config.internal[0], probes[-1].getsockname()[1]))
     workers = [WorkerProcess(config, i) for i in range(config.workers)]
 
     async def http(method: str, path: str) -> tuple[int, str, bytes]:
@@ -214,8 +224,12 @@ async def serve_relay(
         return 404, "text/plain", b"not found\n"
 
     async with trio.open_nursery() as nursery:
-        for worker in workers:
-            await nursery.start(worker.run)
+        try:
+            for worker in workers:
+                await nursery.start(worker.run)
+        finally:
+            for probe in probes:
+                probe.close()
         metrics = await nursery.start(serve_simple, http, config.metrics)
         log.info(
             "relay cluster %d ready: %d worker(s) on %s:%d, internal %s:%d, metrics %s:%d",
@@ -225,4 +239,5 @@ async def serve_relay(
             *config.internal,
             *metrics,
         )
+        announce(listen=config.listen, internal=config.internal, metrics=metrics)
         task_status.started(RelayHandle(workers, metrics))

@@ -33,7 +33,7 @@ from firsthop.services.signaling.transceivers import TransceiverClient
 from firsthop.services.signaling.ws import MAX_MESSAGE
 from firsthop.shared.address import Address, format_hostport
 from firsthop.shared.http import bound_address, hypercorn_config
-from firsthop.shared.lifecycle import run_until_signal, setup_logging
+from firsthop.shared.lifecycle import announce, run_until_signal, setup_logging
 from firsthop.shared.telemetry import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("firsthop.signaling")
@@ -116,6 +116,7 @@ async def serve_signaling(
                     format_hostport(addr),
                     "Redis" if config.redis else f"{len(config.transceivers)} static URL(s)",
                 )
+                announce(listen=addr)
                 task_status.started(addr)
     finally:
         if link is not None:

@@ -16,7 +16,7 @@ from firsthop.services.transceiver.service import Transceiver, TransceiverConfig
 from firsthop.shared.address import format_hostport, is_loopback
 from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
 from firsthop.shared.http import bound_address, hypercorn_config
-from firsthop.shared.lifecycle import setup_logging
+from firsthop.shared.lifecycle import announce, setup_logging
 from firsthop.shared.redis_store import TransceiverInfo
 from firsthop.shared.telemetry import setup_tracing, shutdown_tracing
 from firsthop.shared.wire.route_token import parse_route_keys
@@ -71,6 +71,7 @@ async def serve_transceiver(
             format_hostport(config.advertised),
             format_hostport(api),
         )
+        announce(media=media, api=api)
         task_status.started((tx, api))
 
 

@@ -25,7 +25,9 @@ OK = binding_success()
 
 
 def test_two_workers_share_the_port_and_keep_each_client_on_one() -> None:
-    relay = RelayProcess(workers=2).start()
+    # port 0: the relay chooses its ports (one for both workers) and says which
+    relay = RelayProcess(workers=2, listen_port=0, internal_port=0).start()
+    assert relay.listen[1] != 0 and relay.internal[1] != 0
     tx = FakeTransceiver()
     clients = [Endpoint() for _ in range(24)]
     try:
