@@ -76,8 +76,6 @@ class Session:
         self._link: AgentLink | None = None
         self._agent: AgentProtocol | None = None
         self.rtc = RtcSession(
-            ufrag=self.creds.local_ufrag,
-            pwd=self.creds.local_pwd,
             candidates=self.ingress,
             send=self.send,
             callbacks=SessionCallbacks(
@@ -144,7 +142,8 @@ class Session:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def answer(self, offer_sdp: str) -> str:
-        return await call_asyncio(self.rtc.answer(offer_sdp))
+        local = (self.creds.local_ufrag, self.creds.local_pwd)
+        return await call_asyncio(self.rtc.answer(offer_sdp, local))
 
     def end(self, reason: str) -> None:
         if self.end_reason is None:

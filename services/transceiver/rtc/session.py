@@ -53,8 +53,6 @@ class SessionCallbacks:
 
 @dataclass
 class RtcSession:
-    ufrag: str
-    pwd: str
     candidates: list[Address]  # the relay ingress address(es) advertised in the answer
     send: Callable[[bytes, Address], None]  # frames and sends one datagram to a client
     callbacks: SessionCallbacks
@@ -78,12 +76,13 @@ class RtcSession:
 
     # -- setup -----------------------------------------------------------------------------
 
-    async def answer(self, offer_sdp: str) -> str:
-        """Apply the offer (candidates already stripped) and return the answer SDP."""
+    async def answer(self, offer_sdp: str, local: tuple[str, str]) -> str:
+        """Apply the offer (candidates already stripped) and return the answer SDP, with our
+        ICE credentials `local` = (ufrag, password): the session table's, set in aioice."""
         await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
         self.pc.addTrack(self.output)
         for conn in hooks.ice_connections(self.pc):
-            hooks.set_credentials(conn, (self.ufrag, self.pwd))
+            hooks.set_credentials(conn, local)
             self._protocols.append(
                 hooks.make_lite(
                     conn,
@@ -112,7 +111,6 @@ class RtcSession:
 
     def restart_ice(self, ufrag: str, pwd: str, remote_ufrag: str, remote_pwd: str) -> None:
         """ICE restart (RFC 8445 §9): new credentials both ways; DTLS and SRTP carry on."""
-        self.ufrag, self.pwd = ufrag, pwd
         for conn in hooks.ice_connections(self.pc):
             hooks.set_credentials(conn, (ufrag, pwd), (remote_ufrag, remote_pwd))
 
