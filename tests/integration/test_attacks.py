@@ -33,9 +33,11 @@ from tests.support import (
 FREQ = 440.0
 SAMPLES_PER_SECOND = 48000  # PCM16 mono, as the caller records it
 
+Stack = tuple[RelayProcess, TransceiverProcess]
+
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[RelayProcess, TransceiverProcess]]:
+def stack() -> Iterator[Stack]:
     relay = RelayProcess()
     agent = AgentProcess("echo")
     tx = TransceiverProcess(agent_url=agent.url, tx_id="tx-attacked")
@@ -131,7 +133,7 @@ def drain(sock: socket.socket) -> list[bytes]:
             return got
 
 
-def test_a_signed_or_replayed_check_from_elsewhere_moves_no_media(stack) -> None:  # type: ignore[no-untyped-def]
+def test_a_signed_or_replayed_check_from_elsewhere_moves_no_media(stack: Stack) -> None:
     """Finding 1: one Binding request signed with a live call's credentials, or a captured
     check replayed, from another address used to move the call's media there (323 media
     packets, 61 kB for 756 B sent, within 5 s). Now the other address must answer our own
@@ -201,7 +203,7 @@ async def _until(predicate: Any, every: float = 0.05) -> None:
         await asyncio.sleep(every)
 
 
-def test_a_nat_rebinding_moves_the_media_at_the_callers_next_check(stack) -> None:  # type: ignore[no-untyped-def]
+def test_a_nat_rebinding_moves_the_media_at_the_callers_next_check(stack: Stack) -> None:
     """The same rule lets a real move through: the caller's NAT changes its port mid-call;
     its next consent check comes from the new port, answers our validation, and the media
     follows. The gap is printed (it is the caller's consent interval: 4-6 s for aiortc)."""
@@ -296,7 +298,7 @@ def sample(relay: RelayProcess, flooding: threading.Thread, samples: list[float]
         time.sleep(0.1)
 
 
-def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack) -> None:  # type: ignore[no-untyped-def]
+def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack: Stack) -> None:
     """Finding 2: Binding requests carrying an attacker's own live ufrag from ~200k spoofed
     sources filled the relay's table to its cap (transceiver RSS 113 -> 249 MB), and a new
     call never connected. Now only a success response establishes a flow, the transceiver
@@ -311,14 +313,15 @@ def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack) -> None
         attacker = await call(tx, relay.listen)  # the attacker's own call: its creds known
         unsigned = [attacker.unsigned_check() for _ in range(18000)]
         signed = [attacker.signed_check() for _ in range(2000)]  # as if a caller's
-        rss_before = rss_mb(tx.proc.pid)  # type: ignore[union-attr]
+        assert tx.proc is not None
+        rss_before = rss_mb(tx.proc.pid)
         t0 = time.monotonic()
-        thread = threading.Thread(
-            target=lambda: (
-                flood(spoofer, relay.listen, signed, 0),
-                flood(spoofer, relay.listen, unsigned, len(signed)),
-            )
-        )
+
+        def signed_then_unsigned() -> None:
+            flood(spoofer, relay.listen, signed, 0)
+            flood(spoofer, relay.listen, unsigned, len(signed))
+
+        thread = threading.Thread(target=signed_then_unsigned)
         samples: list[float] = []
         sampler = threading.Thread(target=sample, args=(relay, thread, samples))
         thread.start()
@@ -326,7 +329,7 @@ def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack) -> None
         newcomer = await call(tx, relay.listen)  # connects during the flood
         await asyncio.to_thread(sampler.join)
         await asyncio.sleep(1.5)
-        rss_growth = rss_mb(tx.proc.pid) - rss_before  # type: ignore[union-attr]
+        rss_growth = rss_mb(tx.proc.pid) - rss_before
         print(
             f"\nflood of {spoofer.sent} spoofed checks in {time.monotonic() - t0:.1f} s: "
             f"relay pending <= {max(samples, default=0):.0f}, "
@@ -352,7 +355,7 @@ def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack) -> None
     assert events(tx, "stun_auth_fail") >= 1
 
 
-def test_a_flood_with_an_ended_calls_token_is_refused_at_the_relay(stack) -> None:  # type: ignore[no-untyped-def]
+def test_a_flood_with_an_ended_calls_token_is_refused_at_the_relay(stack: Stack) -> None:
     """Finding 2, second half: the ufrag of an ended call is valid for hours; a flood with it
     filled the global pending pool (20k) within a second and new calls failed. The ended
     call's relay is told at once (TOKEN_REVOKED); a relay that was not is told on the first

@@ -80,12 +80,10 @@ def test_global_relay_hop_preserves_client_and_returns_through_first_relay() -> 
         b.kill()
 
 
-def _restart(relay: RelayProcess, **kw: object) -> RelayProcess:
+def _restart(relay: RelayProcess, redis_url: str | None = None) -> RelayProcess:
     relay.stop()
     return RelayProcess(
-        listen_port=relay.listen[1],
-        internal_port=relay.internal[1],
-        **kw,  # type: ignore[arg-type]
+        listen_port=relay.listen[1], internal_port=relay.internal[1], redis_url=redis_url
     ).start()
 
 

@@ -150,9 +150,9 @@ async def test_huge_websocket_frames_are_cut_off_without_holding_memory(
     with trio.fail_after(DEADLINE):
         results = [await huge_frame(sig.port) for _ in range(FLOOD_FRAMES)]
         for _ in range(3):
-            head, after = await deflate_bomb(sig.port)
+            head, reply = await deflate_bomb(sig.port)
             assert b"sec-websocket-extensions" not in head.lower()  # no compression
-            assert close_code(after) in (None, 1002)  # RSV1 set with no extension
+            assert close_code(reply) in (None, 1002)  # RSV1 set with no extension
     for sent, reply in results:
         assert sent < FRAME_BYTES  # closed long before the frame's end
         assert close_code(reply) in (None, 1009)
@@ -246,7 +246,10 @@ async def slow_post(port: int, source: str, done: list[tuple[str, float, bytes]]
     done.append((source, trio.current_time() - started, reply))
 
 
-async def scrape(http: httpx.AsyncClient, sig: SignalingProcess) -> dict:
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]  # what `parse_text` returns
+
+
+async def scrape(http: httpx.AsyncClient, sig: SignalingProcess) -> Samples:
     from firsthop.shared.metrics import parse_text
 
     return parse_text((await http.get(f"{sig.url}/metrics")).text)
@@ -260,7 +263,7 @@ def status_of(reply: bytes) -> int | None:
 async def test_slow_bodies_time_out_and_uploads_are_capped(capped: SignalingProcess) -> None:
     sig = capped
     done: list[tuple[str, float, bytes]] = []
-    uploads = ("firsthop_signaling_uploads", frozenset())
+    uploads: tuple[str, frozenset[tuple[str, str]]] = ("firsthop_signaling_uploads", frozenset())
     with trio.fail_after(BODY_TIMEOUT + 3 * MARGIN):
         async with httpx.AsyncClient(timeout=MARGIN) as http:
             async with trio.open_nursery() as nursery:

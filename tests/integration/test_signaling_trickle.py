@@ -22,7 +22,7 @@ from trio_websocket import ConnectionClosed
 
 from firsthop.services.signaling.trickle import MAX_CANDIDATES, MESSAGES, RESTARTS
 from firsthop.shared.metrics import parse_text
-from tests.integration.test_signaling import open_ws, recv
+from tests.integration.test_signaling import ServerMessage, open_ws, recv
 from tests.support import SignalingProcess, TransceiverProcess, start_all
 from tests.unit.test_signaling_app import OFFER
 
@@ -83,7 +83,7 @@ async def test_a_websocket_candidate_flood_never_reaches_the_transceiver(
 ) -> None:
     sig, tx = stack
     before = ignored(tx)
-    errors: list[dict] = []
+    errors: list[ServerMessage] = []
     with trio.fail_after(DEADLINE):
         async with open_ws(sig, ("Authorization", f"Bearer {KEY}")) as ws:
             await ws.send_message(json.dumps({"type": "offer", "sdp": OFFER}))
@@ -97,9 +97,9 @@ async def test_a_websocket_candidate_flood_never_reaches_the_transceiver(
                 pass  # the server had enough of it
             try:
                 while True:
-                    errors.append(json.loads(await ws.get_message()))
+                    errors.append(await recv(ws))
             except ConnectionClosed as closed:
-                assert closed.reason.code == 1008
+                assert closed.reason is not None and closed.reason.code == 1008
     assert errors and all(e["type"] == "error" and e["code"] == 429 for e in errors)
     assert errors[0]["retry_after"] >= 1 and "trickle messages" in errors[0]["message"]
     assert ignored(tx) == before  # nothing was forwarded

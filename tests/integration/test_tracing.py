@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 from firsthop.services.call.caller import Caller, ToneTrack
-from tests.otlp import OtlpCollector
+from tests.otlp import OtlpCollector, SpanRecord
 from tests.support import (
     AgentProcess,
     RelayProcess,
@@ -105,7 +105,7 @@ def test_one_trace_covers_signaling_transceiver_relay_and_agent() -> None:
                     p.proc.terminate()
                     p.proc.wait(10)
 
-        def one(name: str):  # type: ignore[no-untyped-def]
+        def one(name: str) -> SpanRecord:
             (span,) = [s for s in otlp.named(name) if s.trace_id == ROOT_TRACE]
             return span
 

@@ -8,11 +8,11 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Required, TypedDict
 
 import pytest
 
-from firsthop.services.call.caller import Caller, ToneTrack, dominant, tone_power
+from firsthop.services.call.caller import Caller, Signal, ToneTrack, dominant, tone_power
 from firsthop.shared.wire import stun
 from tests.support import (
     AgentProcess,
@@ -23,9 +23,11 @@ from tests.support import (
 
 FREQS = [300.0 + 150 * i for i in range(12)]
 
+Stack = tuple[RelayProcess, AgentProcess, TransceiverProcess]
+
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[RelayProcess, AgentProcess, TransceiverProcess]]:
+def stack() -> Iterator[Stack]:
     relay = RelayProcess().start()
     agent = AgentProcess("echo").start()
     tx = TransceiverProcess("--accept-direct", agent_url=agent.url).start()
@@ -39,13 +41,30 @@ def ingress(relay: RelayProcess) -> list[str]:
     return [f"{relay.listen[0]}:{relay.listen[1]}"]
 
 
-def signal_via(tx: TransceiverProcess, where: list[str], **extra: object):  # type: ignore[no-untyped-def]
+def signal_via(tx: TransceiverProcess, where: list[str], **extra: object) -> Signal:
+    """Signaling straight to the transceiver's internal API, advertising `where`."""
+
     async def signal(offer: str) -> str:
         status, body = await asyncio.to_thread(tx.create_session, offer, where, **extra)
         assert status == 201, body
         return str(body["answer_sdp"])
 
     return signal
+
+
+class CallerEvent(TypedDict, total=False):
+    """A message on the caller's data channel: the call's state from the transceiver, or
+    an event of the agent's (services/agent/server.py)."""
+
+    type: Required[str]
+    state: str  # call.state
+    event: dict[str, object]  # echo: the caller's own event, back
+    frames: int  # response_started
+    interrupted: bool  # response_done
+
+
+def caller_events(c: Caller) -> list[CallerEvent]:
+    return [json.loads(m) for m in c.result.events if isinstance(m, str)]
 
 
 def metric(tx: TransceiverProcess, name: str, **labels: str) -> float:
@@ -60,7 +79,7 @@ def event_count(tx: TransceiverProcess, event: str) -> float:
     return metric(tx, "firsthop_transceiver_events_total", event=event)
 
 
-def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack) -> None:  # type: ignore[no-untyped-def]
+def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack: Stack) -> None:
     relay, _, tx = stack
 
     async def main() -> list[tuple[float, float]]:
@@ -84,7 +103,7 @@ def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack) -> None
     assert metric(tx, "firsthop_transceiver_drops_total", reason="unframed") == 0
 
 
-def test_answer_advertises_only_the_ingress_and_is_ice_lite(stack) -> None:  # type: ignore[no-untyped-def]
+def test_answer_advertises_only_the_ingress_and_is_ice_lite(stack: Stack) -> None:
     relay, _, tx = stack
 
     async def main() -> str:
@@ -102,7 +121,7 @@ def test_answer_advertises_only_the_ingress_and_is_ice_lite(stack) -> None:  # t
     assert len(ufrag.split(":", 1)[1]) == 40  # an IPv4 route token
 
 
-def test_direct_mode(stack) -> None:  # type: ignore[no-untyped-def]
+def test_direct_mode(stack: Stack) -> None:
     _, _, tx = stack
 
     async def main() -> float:
@@ -117,7 +136,7 @@ def test_direct_mode(stack) -> None:  # type: ignore[no-untyped-def]
     assert asyncio.run(main()) == 700
 
 
-def test_wrong_dtls_fingerprint_is_rejected(stack) -> None:  # type: ignore[no-untyped-def]
+def test_wrong_dtls_fingerprint_is_rejected(stack: Stack) -> None:
     relay, _, tx = stack
     before = event_count(tx, "ended_connection_failed")
 
@@ -184,14 +203,14 @@ AUDIO = (
         ),
     ],
 )
-def test_malformed_offers_get_400_with_a_reason(stack, offer: str, reason: str) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_offers_get_400_with_a_reason(stack: Stack, offer: str, reason: str) -> None:
     relay, _, tx = stack
     status, body = tx.create_session(offer, ingress(relay))
     assert status == 400, body
     assert reason.lower() in body["error"].lower()
 
 
-def test_bad_api_requests(stack) -> None:  # type: ignore[no-untyped-def]
+def test_bad_api_requests(stack: Stack) -> None:
     _, _, tx = stack
     assert tx.request("POST", "/internal/v1/sessions", b"{", "application/json")[0] == 400
     assert tx.request("POST", "/internal/v1/sessions", b"x", "text/plain")[0] == 415
@@ -207,7 +226,7 @@ def test_bad_api_requests(stack) -> None:  # type: ignore[no-untyped-def]
     )
 
 
-def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ignore[no-untyped-def]
+def test_junk_and_truncated_stun_at_the_media_socket(stack: Stack) -> None:
     relay, _, tx = stack
 
     async def main() -> None:
@@ -274,7 +293,7 @@ def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ig
     assert status == 200
 
 
-def test_internal_range_candidates_are_never_contacted(stack) -> None:  # type: ignore[no-untyped-def]
+def test_internal_range_candidates_are_never_contacted(stack: Stack) -> None:
     relay, _, tx = stack
     trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     trap.bind(("127.0.0.1", 0))
@@ -306,12 +325,12 @@ def test_internal_range_candidates_are_never_contacted(stack) -> None:  # type: 
     assert event_count(tx, "candidate_mdns") >= 1
 
 
-def test_data_channel_events_both_ways_and_bad_ones_dropped(stack) -> None:  # type: ignore[no-untyped-def]
+def test_data_channel_events_both_ways_and_bad_ones_dropped(stack: Stack) -> None:
     relay, _, tx = stack
     before_big = event_count(tx, "event_dropped_oversize")
     before_bad = event_count(tx, "event_dropped_not_json")
 
-    async def main() -> list[object]:
+    async def main() -> list[CallerEvent]:
         c = Caller(data_channel=True)
         await c.start(signal_via(tx, ingress(relay)))
         await asyncio.wait_for(c.wait_connected(), 10)
@@ -326,7 +345,7 @@ def test_data_channel_events_both_ways_and_bad_ones_dropped(stack) -> None:  # t
         c.channel.send(json.dumps({"type": "hello", "n": 2}))
         await asyncio.sleep(1.5)
         await c.close()
-        return [json.loads(m) for m in c.result.events if isinstance(m, str)]
+        return caller_events(c)
 
     events = asyncio.run(main())
     echoed = [e for e in events if e.get("type") == "echo"]
@@ -336,7 +355,7 @@ def test_data_channel_events_both_ways_and_bad_ones_dropped(stack) -> None:  # t
     assert event_count(tx, "event_dropped_not_json") == before_bad + 1
 
 
-def test_agent_down_then_back(stack) -> None:  # type: ignore[no-untyped-def]
+def test_agent_down_then_back(stack: Stack) -> None:
     relay, _, tx = stack
     port = free_tcp_port()
     agent = AgentProcess("echo", port)  # started later, on a port the call already names
@@ -361,7 +380,7 @@ def test_agent_down_then_back(stack) -> None:  # type: ignore[no-untyped-def]
     assert event_count(tx, "agent_failures") >= 1
 
 
-def test_an_ended_session_says_why(stack) -> None:  # type: ignore[no-untyped-def]
+def test_an_ended_session_says_why(stack: Stack) -> None:
     relay, _, tx = stack
     ids: list[str] = []
 

@@ -108,9 +108,11 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
         # up generated an internal token: the call went through, and without it a
         # transceiver's internal API refuses
         tx_url = next(line.split()[1] for line in lines if line.strip().startswith("transceivers"))
-        drain = urllib.request.Request(f"{tx_url}/internal/v1/drain", data=b"", method="POST")
+        unauthorized = urllib.request.Request(
+            f"{tx_url}/internal/v1/drain", data=b"", method="POST"
+        )
         try:
-            urllib.request.urlopen(drain, timeout=5)
+            urllib.request.urlopen(unauthorized, timeout=5)
             raise AssertionError("the internal API answered without a token")
         except urllib.error.HTTPError as exc:
             assert exc.code == 401
