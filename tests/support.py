@@ -185,8 +185,19 @@ def service_env() -> dict[str, str]:
 class ServiceProcess(Child):
     """A real `firsthop <service>` process (`launch.Child`) with the test keys and token."""
 
-    def __init__(self, name: str, argv: list[str], **ready: object) -> None:
-        super().__init__(Spec(name, argv, keys_env(), **ready))  # type: ignore[arg-type]
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        ready_http: str | None = None,
+        ready_tcp: int | None = None,
+        announces: bool = False,
+    ) -> None:
+        spec = Spec(
+            name, argv, keys_env(), ready_http=ready_http, ready_tcp=ready_tcp, announces=announces
+        )
+        super().__init__(spec)
 
     @property
     def args(self) -> list[str]:
