@@ -10,6 +10,7 @@ import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from firsthop.services.transceiver.rtc import AgentLink, AgentLinkError
+from tests.support import eventually
 
 
 async def _serve(handler: Callable[[ServerConnection], Awaitable[None]]) -> tuple[Server, str]:
@@ -53,10 +54,7 @@ def test_messages_both_ways_and_oversize_and_close() -> None:
         for i in range(50):
             assert link.send(bytes([i]) * 1920)
         assert link.send('{"type": "hello"}')
-        for _ in range(200):
-            if len(got_bin) == 50 and got_text:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(got_bin) >= 50 and got_text, 5)
         assert got_bin == [bytes([i]) * 1920 for i in range(50)]
         assert got_text == ['{"type": "hello"}']
         link.send("big")

@@ -21,6 +21,7 @@ from tests.support import (
     binding_success,
     mint,
     rtp,
+    wait_until,
 )
 
 RFC5769_REQUEST = bytes.fromhex(
@@ -232,7 +233,4 @@ def test_workers_exit_when_the_supervisor_is_killed() -> None:
     assert len(workers) == 2
     os.kill(proc.proc.pid, signal.SIGKILL)
     proc.proc.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{w}") for w in workers):
-        time.sleep(0.05)
-    assert not any(os.path.exists(f"/proc/{w}") for w in workers)
+    wait_until(lambda: not any(os.path.exists(f"/proc/{w}") for w in workers), 5)
