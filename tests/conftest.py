@@ -1,4 +1,4 @@
-"""What every test gets.
+"""What every test gets, and the fixtures more than one test module uses.
 
 **A time limit per test** (setup and teardown included), from pytest-timeout: 120 s
 (``timeout`` in pyproject.toml), so a hung test fails instead of holding CI to its own
@@ -18,9 +18,12 @@ fails on its own, with a traceback, long before this.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import pytest
 import pytest_timeout
+
+from tests.support import SignalingProcess, TransceiverProcess, start_all
 
 TRIO_TIMER = pytest.StashKey[threading.Timer]()
 
@@ -52,3 +55,17 @@ def pytest_timeout_cancel_timer(item: pytest.Item) -> bool | None:
     timer.cancel()
     timer.join()
     return True
+
+
+@pytest.fixture(scope="module")
+def signaling_stack() -> Iterator[tuple[SignalingProcess, TransceiverProcess]]:
+    """A real signaling process in front of one real transceiver (a static list, no Redis),
+    with no per-address rate limit; the ingress it advertises is a placeholder (no media)."""
+    tx = TransceiverProcess()
+    sig = SignalingProcess(
+        *["--transceiver", tx.api, "--ingress", "127.0.0.1:3478", "--ip-rate", "0"]
+    )
+    start_all(tx, sig)
+    yield sig, tx
+    sig.kill()
+    tx.kill()

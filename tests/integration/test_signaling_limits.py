@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from tests.integration.test_signaling import open_ws, recv
-from tests.support import SignalingProcess, TransceiverProcess, start_all
+from tests.support import SignalingProcess, TransceiverProcess
 from tests.unit.test_signaling_app import OFFER
 
 KEY = SignalingProcess.API_KEY
@@ -32,18 +32,6 @@ FLOOD_FRAMES = 20
 FRAME_BYTES = 15 * MB
 GROWTH_LIMIT = 100 * MB  # the unbounded server: +300 MB here, +570 MB in the report
 DEADLINE = 60  # for each attack as a whole; each one takes well under a second when fixed
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[SignalingProcess, TransceiverProcess]]:
-    tx = TransceiverProcess(tx_id="tx-limits")
-    sig = SignalingProcess(
-        *["--transceiver", tx.api, "--ingress", "127.0.0.1:3478", "--ip-rate", "0"]
-    )
-    start_all(tx, sig)
-    yield sig, tx
-    sig.kill()
-    tx.kill()
 
 
 def memory(pid: int) -> dict[str, int]:
@@ -142,9 +130,9 @@ def close_code(frames: bytes) -> int | None:
 
 
 async def test_huge_websocket_frames_are_cut_off_without_holding_memory(
-    stack: tuple[SignalingProcess, TransceiverProcess],
+    signaling_stack: tuple[SignalingProcess, TransceiverProcess],
 ) -> None:
-    sig, _ = stack
+    sig, _ = signaling_stack
     assert sig.proc is not None
     before = memory(sig.proc.pid)
     with trio.fail_after(DEADLINE):
@@ -168,11 +156,11 @@ async def test_huge_websocket_frames_are_cut_off_without_holding_memory(
 
 
 def test_http2_in_clear_text_cannot_take_the_process_down(
-    stack: tuple[SignalingProcess, TransceiverProcess],
+    signaling_stack: tuple[SignalingProcess, TransceiverProcess],
 ) -> None:
     """Hypercorn's HTTP/2 let DATA on an answered stream end the whole server (KeyError).
     The services speak HTTP/1.1 only: the preface is a bad request, and h2c is ignored."""
-    sig, _ = stack
+    sig, _ = signaling_stack
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     client.initiate_connection()
     client.send_headers(
