@@ -24,6 +24,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy -p firsthop
+	$(BIN)/mypy tests
 
 pytest: $(STAMP) system-deps
 	$(BIN)/pytest

@@ -81,7 +81,8 @@ class Nat:
 
     @property
     def outside_addr(self) -> Address:
-        return self.outside.getsockname()  # type: ignore[no-any-return]
+        addr: Address = self.outside.getsockname()
+        return addr
 
     def rebind(self) -> None:
         """The mapping changes: from now on the caller's traffic leaves from a new port."""

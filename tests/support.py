@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import struct
@@ -185,8 +186,19 @@ def service_env() -> dict[str, str]:
 class ServiceProcess(Child):
     """A real `firsthop <service>` process (`launch.Child`) with the test keys and token."""
 
-    def __init__(self, name: str, argv: list[str], **ready: object) -> None:
-        super().__init__(Spec(name, argv, keys_env(), **ready))  # type: ignore[arg-type]
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        ready_http: str | None = None,
+        ready_tcp: int | None = None,
+        announces: bool = False,
+    ) -> None:
+        spec = Spec(
+            name, argv, keys_env(), ready_http=ready_http, ready_tcp=ready_tcp, announces=announces
+        )
+        super().__init__(spec)
 
     @property
     def args(self) -> list[str]:
@@ -385,6 +397,23 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0, every: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(every)
+
+
+async def eventually(
+    predicate: Callable[[], object],
+    timeout: float = 10.0,  # noqa: ASYNC109 - the same call as wait_until(predicate, timeout)
+    every: float = 0.05,
+) -> None:
+    """`wait_until` for asyncio code: poll `predicate` on the running loop until it is truthy;
+    AssertionError after `timeout` seconds. The predicate runs on the loop, between its other
+    work: it must be quick and must not block (a caller's received audio, a list a callback
+    fills). For one that blocks (a scrape of /metrics over HTTP), use
+    `await asyncio.to_thread(wait_until, predicate, timeout)`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(every)
 
 
 def start_all(*services: ServiceProcess | RelayProcess) -> None:

@@ -24,8 +24,11 @@ from tests.support import (
 CHROMIUM_ARGS = ["--headless", *BENCH_CHROMIUM_ARGS, "--autoplay-policy=no-user-gesture-required"]
 
 
+Stack = tuple[RelayProcess, TransceiverProcess, SignalingProcess]
+
+
 @pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[RelayProcess, TransceiverProcess, SignalingProcess]]:
+def stack() -> Iterator[Stack]:
     if shutil.which("chromium") is None:
         raise RuntimeError("chromium is not installed: run `make test` (it installs it)")
     relay = RelayProcess()
@@ -66,7 +69,9 @@ def page() -> Iterator[Page]:
     shutil.rmtree(profile, ignore_errors=True)
 
 
-def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(stack, page: Page) -> None:  # type: ignore[no-untyped-def]
+def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
+    stack: Stack, page: Page
+) -> None:
     relay, tx, sig = stack
     before = relay.metric("firsthop_relay_packets_total", direction="downstream")
     page.goto(sig.url + "/")

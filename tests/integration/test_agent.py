@@ -35,9 +35,8 @@ async def test_echo_returns_frames_and_answers_events_and_counts_them() -> None:
 def test_metrics_endpoint_over_a_real_process() -> None:
     import subprocess
     import sys
-    import time
 
-    from tests.support import free_tcp_port
+    from tests.support import free_tcp_port, wait_until
 
     port, metrics = free_tcp_port(), free_tcp_port()
     proc = subprocess.Popen(
@@ -54,15 +53,18 @@ def test_metrics_endpoint_over_a_real_process() -> None:
             f"127.0.0.1:{metrics}",
         ],
     )
+    url = f"http://127.0.0.1:{metrics}/metrics"
+
+    def answers() -> bool:
+        try:
+            httpx.get(url, timeout=1)
+        except httpx.HTTPError:
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                resp = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        wait_until(answers, 15)
+        resp = httpx.get(url, timeout=1)
         assert resp.status_code == 200
         assert 'firsthop_agent_sessions{kind="echo"} 0' in resp.text
         assert httpx.get(f"http://127.0.0.1:{metrics}/healthz").json()["ok"] is True

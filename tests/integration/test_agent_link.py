@@ -4,17 +4,29 @@ WebSocket server from another library."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
-import websockets
+from websockets.asyncio.server import Server, ServerConnection, serve
 
 from firsthop.services.transceiver.rtc import AgentLink, AgentLinkError
+from tests.support import eventually
 
 
-async def _serve(handler):  # type: ignore[no-untyped-def]
-    server = await websockets.serve(handler, "127.0.0.1", 0, max_size=4 << 20)
-    port = server.sockets[0].getsockname()[1]
+async def _serve(handler: Callable[[ServerConnection], Awaitable[None]]) -> tuple[Server, str]:
+    server = await serve(handler, "127.0.0.1", 0, max_size=4 << 20)
+    port = next(iter(server.sockets)).getsockname()[1]
     return server, f"ws://127.0.0.1:{port}/agent"
+
+
+def settle(future: asyncio.Future[str]) -> Callable[[str], None]:
+    """An `on_closed` callback that resolves `future` with the first reason given."""
+
+    def on_closed(why: str) -> None:
+        if not future.done():
+            future.set_result(why)
+
+    return on_closed
 
 
 def test_messages_both_ways_and_oversize_and_close() -> None:
@@ -23,7 +35,7 @@ def test_messages_both_ways_and_oversize_and_close() -> None:
         got_text: list[str | bytes] = []
         closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-        async def handler(ws):  # type: ignore[no-untyped-def]
+        async def handler(ws: ServerConnection) -> None:
             async for message in ws:
                 if message == "big":
                     await ws.send(b"x" * (2 << 20))
@@ -36,16 +48,13 @@ def test_messages_both_ways_and_oversize_and_close() -> None:
         link = AgentLink(
             url,
             on_message=lambda m: (got_text if isinstance(m, str) else got_bin).append(m),
-            on_closed=lambda why: closed.done() or closed.set_result(why),
+            on_closed=settle(closed),
         )
         await asyncio.wait_for(link.connect(), 5)
         for i in range(50):
             assert link.send(bytes([i]) * 1920)
         assert link.send('{"type": "hello"}')
-        for _ in range(200):
-            if len(got_bin) == 50 and got_text:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(got_bin) >= 50 and got_text, 5)
         assert got_bin == [bytes([i]) * 1920 for i in range(50)]
         assert got_text == ['{"type": "hello"}']
         link.send("big")
@@ -56,7 +65,7 @@ def test_messages_both_ways_and_oversize_and_close() -> None:
         link2 = AgentLink(
             url,
             on_message=lambda m: (got_text if isinstance(m, str) else got_bin).append(m),
-            on_closed=lambda why: closed2.done() or closed2.set_result(why),
+            on_closed=settle(closed2),
         )
         await asyncio.wait_for(link2.connect(), 5)
         link2.send("bye")

@@ -19,6 +19,7 @@ import pytest
 import trio
 from trio_websocket import wrap_client_stream
 
+from tests.integration.test_signaling import ServerMessage, recv
 from tests.support import SignalingProcess, TransceiverProcess, start_all
 
 
@@ -78,7 +79,7 @@ def test_dev_refuses_other_host_names(dev_signaling: SignalingProcess, host: str
         assert "Host" in resp.json()["error"]
 
 
-async def upgrade(sig: SignalingProcess, host: str) -> dict:
+async def upgrade(sig: SignalingProcess, host: str) -> ServerMessage:
     """A WebSocket upgrade naming `host`; the first message the server sends."""
     async with trio.open_nursery() as nursery:
         stream = await trio.open_tcp_stream("127.0.0.1", sig.port)
@@ -86,7 +87,7 @@ async def upgrade(sig: SignalingProcess, host: str) -> dict:
             ws = await wrap_client_stream(nursery, stream, host, "/v1/ws")
             try:
                 await ws.send_message(json.dumps({"type": "bye"}))
-                return dict(json.loads(await ws.get_message()))
+                return await recv(ws)
             finally:
                 await ws.aclose()
         finally:

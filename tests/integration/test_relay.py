@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ from tests.support import (
     binding_success,
     mint,
     rtp,
+    wait_until,
 )
 
 RFC5769_REQUEST = bytes.fromhex(
@@ -127,10 +128,14 @@ def test_never_sends_to_a_client_without_a_flow(
     ],
 )
 def test_bad_tokens_reach_nobody_and_are_counted(
-    relay: RelayProcess, client: Endpoint, tx: FakeTransceiver, make_ufrag: object, reason: str
+    relay: RelayProcess,
+    client: Endpoint,
+    tx: FakeTransceiver,
+    make_ufrag: Callable[[FakeTransceiver], bytes],
+    reason: str,
 ) -> None:
     before = relay.metric("firsthop_relay_drops_total", reason=reason)
-    client.send(binding_request(make_ufrag(tx)), relay.listen)  # type: ignore[operator]
+    client.send(binding_request(make_ufrag(tx)), relay.listen)
     assert tx.recv_none()
     assert relay.wait_metric("firsthop_relay_drops_total", before + 1, reason=reason) >= before + 1
 
@@ -228,7 +233,4 @@ def test_workers_exit_when_the_supervisor_is_killed() -> None:
     assert len(workers) == 2
     os.kill(proc.proc.pid, signal.SIGKILL)
     proc.proc.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{w}") for w in workers):
-        time.sleep(0.05)
-    assert not any(os.path.exists(f"/proc/{w}") for w in workers)
+    wait_until(lambda: not any(os.path.exists(f"/proc/{w}") for w in workers), 5)

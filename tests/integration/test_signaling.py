@@ -13,6 +13,8 @@ import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
+from typing import Required, TypedDict
 
 import httpx
 import pytest
@@ -38,6 +40,19 @@ KEY = SignalingProcess.API_KEY
 INGRESS = "127.0.0.1:3478"  # advertised only: nothing sends media in this file
 SDP = "application/sdp"
 SDPFRAG = "application/trickle-ice-sdpfrag"
+
+
+class ServerMessage(TypedDict, total=False):
+    """A message signaling sends on its WebSocket (services/signaling/ws.py)."""
+
+    type: Required[str]  # answer, state, bye or error
+    sdp: str  # answer
+    call_id: str  # answer
+    state: str  # state: live, unreachable, ended
+    reason: str  # bye
+    code: int  # error: an HTTP status
+    message: str  # error
+    retry_after: int  # error, when waiting helps
 
 
 @dataclass
@@ -69,7 +84,7 @@ def stack() -> Iterator[Stack]:
         r = redis_lib.Redis.from_url(redis.url, decode_responses=True)
         try:
             for s in (sig, replica):  # both registered, and seen by both replicas
-                wait_until(lambda s=s: httpx.get(f"{s.url}/healthz").json()["transceivers"] == 2)
+                wait_until(partial(transceivers_seen, s, 2))
             yield Stack(redis, r, tx, tx_z, sig, replica, misc)
         finally:
             r.close()
@@ -77,9 +92,14 @@ def stack() -> Iterator[Stack]:
                 p.kill()
 
 
+def transceivers_seen(sig: SignalingProcess, n: int) -> bool:
+    """Whether `sig`'s health check counts `n` live transceivers."""
+    return bool(httpx.get(f"{sig.url}/healthz").json()["transceivers"] == n)
+
+
 def post_call(
     sig: SignalingProcess,
-    offer: str | bytes = OFFER,
+    offer: str | bytes | Iterator[bytes] = OFFER,
     *,
     token: str | None = KEY,
     ctype: str = SDP,
@@ -153,7 +173,7 @@ def test_bad_requests(stack: Stack) -> None:
         for _ in range(20):
             yield b"a" * 8192
 
-    resp = post_call(sig, chunked())  # type: ignore[arg-type]
+    resp = post_call(sig, chunked())
     assert resp.status_code == 413 and resp.json() == {"error": "body over 65536 bytes"}
     resp = post_call(sig, "v=0\r\nm=video 9 RTP/AVP 0\r\n")
     assert resp.status_code == 400 and "audio" in resp.json()["error"]
@@ -213,7 +233,7 @@ def test_a_dead_transceiver_is_skipped_for_the_next(stack: Stack) -> None:
             },
         )
         stack.r.expire(f"firsthop:transceiver:{tx_id}", 30)
-    wait_until(lambda: httpx.get(f"{stack.sig.url}/healthz").json()["transceivers"] == 4)
+    wait_until(partial(transceivers_seen, stack.sig, 4))
     before = metric(stack.sig, "firsthop_signaling_events_total", event="transceiver_failures")
     try:
         resp = post_call(stack.sig)
@@ -279,9 +299,11 @@ async def open_ws(
             await stream.aclose()
 
 
-async def recv(ws: WebSocketConnection, within: float = 10) -> dict:
+async def recv(ws: WebSocketConnection, within: float = 10) -> ServerMessage:
     with trio.fail_after(within):
-        return dict(json.loads(await ws.get_message()))
+        message: ServerMessage = json.loads(await ws.get_message())
+    assert isinstance(message, dict) and isinstance(message.get("type"), str), message
+    return message
 
 
 async def closed_code(ws: WebSocketConnection, within: float = 10) -> int | None:
@@ -290,7 +312,7 @@ async def closed_code(ws: WebSocketConnection, within: float = 10) -> int | None
             while True:
                 await ws.get_message()
         except ConnectionClosed as exc:
-            return exc.reason.code
+            return None if exc.reason is None else exc.reason.code
 
 
 async def test_ws_offer_answer_candidate_bye(stack: Stack) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -20,11 +20,13 @@ import redis as redis_lib
 
 from firsthop.services.call.caller import Caller, ToneTrack, dominant, tone_power
 from firsthop.shared.metrics import parse_text
+from tests.integration.test_transceiver import heard, hears
 from tests.support import (
     AgentProcess,
     RelayProcess,
     SignalingProcess,
     TransceiverProcess,
+    eventually,
     redis_server,
     start_all,
     wait_until,
@@ -82,8 +84,11 @@ def packets_in(tx: TransceiverProcess) -> float:
     return parse_text(body.decode()).get(key, 0.0)
 
 
-async def call_and_listen(sig: SignalingProcess, freq: float, **headers: str) -> Caller:
-    """Place a call with a tone through signaling, listen to the echo, hang up (DELETE)."""
+async def call_and_listen(
+    sig: SignalingProcess, freq: float, until: Callable[[], bool], **headers: str
+) -> Caller:
+    """Place a call with a tone through signaling, listen until the echo is heard and
+    `until()` (blocking: a metric of the call's path) holds, then hang up (DELETE)."""
     async with httpx.AsyncClient(base_url=sig.url, timeout=20) as http:
         resp = await http.post("/v1/client_secrets", headers={"Authorization": f"Bearer {KEY}"})
         secret = resp.json()["value"]  # the browser flow: the backend mints, the page calls
@@ -105,22 +110,29 @@ async def call_and_listen(sig: SignalingProcess, freq: float, **headers: str) ->
         try:
             await caller.start(signal)
             await asyncio.wait_for(caller.wait_connected(), 15)
-            await asyncio.sleep(2.0)
+            await listen(caller, freq, until)
         finally:
             await caller.close()
         assert (await http.delete(location, headers=auth)).status_code == 204
         return caller
 
 
+async def listen(caller: Caller, freq: float, until: Callable[[], bool]) -> None:
+    await eventually(lambda: hears(caller, freq))
+    await asyncio.to_thread(wait_until, until)
+
+
 def assert_heard(caller: Caller, freq: float) -> None:
-    tail = bytes(caller.result.received[-48000:])  # the last 0.5 s
+    tail = heard(caller)  # the last 0.5 s
     assert dominant(tail, FREQS) == freq
     assert tone_power(tail, freq) > 0.001
 
 
 def test_call_hears_its_own_tone_back_through_the_own_region(regions: Regions) -> None:
     before = packets_in(regions.tx_a)
-    caller = asyncio.run(call_and_listen(regions.sig, 550.0))
+    caller = asyncio.run(
+        call_and_listen(regions.sig, 550.0, lambda: packets_in(regions.tx_a) > before + 50)
+    )
     assert candidate_ports(caller.result.answer_sdp) == {regions.relay_a.listen[1]}
     assert_heard(caller, 550.0)
     assert packets_in(regions.tx_a) > before + 50
@@ -129,7 +141,14 @@ def test_call_hears_its_own_tone_back_through_the_own_region(regions: Regions) -
 
 def test_region_b_from_the_header_gets_bs_ingress_and_transceiver(regions: Regions) -> None:
     before_a, before_b = packets_in(regions.tx_a), packets_in(regions.tx_b)
-    caller = asyncio.run(call_and_listen(regions.sig, 660.0, **{"X-Client-Region": "b"}))
+    caller = asyncio.run(
+        call_and_listen(
+            regions.sig,
+            660.0,
+            lambda: packets_in(regions.tx_b) > before_b + 50,
+            **{"X-Client-Region": "b"},
+        )
+    )
     assert candidate_ports(caller.result.answer_sdp) == {regions.relay_b.listen[1]}
     assert_heard(caller, 660.0)
     assert packets_in(regions.tx_b) > before_b + 50  # media reached B's transceiver
@@ -184,10 +203,18 @@ def test_media_through_a_global_relay_hop_from_a_s_ingress(regions: Regions) -> 
         try:
             await caller.start(signal)
             await asyncio.wait_for(caller.wait_connected(), 15)
-            await asyncio.sleep(2.0)
+            await listen(caller, 770.0, carried)
         finally:
             await caller.close()
         return caller
+
+    def carried() -> bool:  # by both relays: A as the ingress, B as the second hop
+        upstream = "firsthop_relay_packets_total"
+        return (
+            packets_in(regions.tx_b) > before_b + 50
+            and regions.relay_a.metric(upstream, direction="upstream") > 50
+            and regions.relay_b.metric(upstream, direction="upstream") > 50
+        )
 
     caller = asyncio.run(main())
     assert candidate_ports(caller.result.answer_sdp) == {regions.relay_a.listen[1]}

@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from tests.integration.test_signaling import open_ws, recv
-from tests.support import SignalingProcess, TransceiverProcess, start_all
+from tests.support import SignalingProcess, TransceiverProcess
 from tests.unit.test_signaling_app import OFFER
 
 KEY = SignalingProcess.API_KEY
@@ -32,18 +32,6 @@ FLOOD_FRAMES = 20
 FRAME_BYTES = 15 * MB
 GROWTH_LIMIT = 100 * MB  # the unbounded server: +300 MB here, +570 MB in the report
 DEADLINE = 60  # for each attack as a whole; each one takes well under a second when fixed
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[SignalingProcess, TransceiverProcess]]:
-    tx = TransceiverProcess(tx_id="tx-limits")
-    sig = SignalingProcess(
-        *["--transceiver", tx.api, "--ingress", "127.0.0.1:3478", "--ip-rate", "0"]
-    )
-    start_all(tx, sig)
-    yield sig, tx
-    sig.kill()
-    tx.kill()
 
 
 def memory(pid: int) -> dict[str, int]:
@@ -142,17 +130,17 @@ def close_code(frames: bytes) -> int | None:
 
 
 async def test_huge_websocket_frames_are_cut_off_without_holding_memory(
-    stack: tuple[SignalingProcess, TransceiverProcess],
+    signaling_stack: tuple[SignalingProcess, TransceiverProcess],
 ) -> None:
-    sig, _ = stack
+    sig, _ = signaling_stack
     assert sig.proc is not None
     before = memory(sig.proc.pid)
     with trio.fail_after(DEADLINE):
         results = [await huge_frame(sig.port) for _ in range(FLOOD_FRAMES)]
         for _ in range(3):
-            head, after = await deflate_bomb(sig.port)
+            head, reply = await deflate_bomb(sig.port)
             assert b"sec-websocket-extensions" not in head.lower()  # no compression
-            assert close_code(after) in (None, 1002)  # RSV1 set with no extension
+            assert close_code(reply) in (None, 1002)  # RSV1 set with no extension
     for sent, reply in results:
         assert sent < FRAME_BYTES  # closed long before the frame's end
         assert close_code(reply) in (None, 1009)
@@ -168,11 +156,11 @@ async def test_huge_websocket_frames_are_cut_off_without_holding_memory(
 
 
 def test_http2_in_clear_text_cannot_take_the_process_down(
-    stack: tuple[SignalingProcess, TransceiverProcess],
+    signaling_stack: tuple[SignalingProcess, TransceiverProcess],
 ) -> None:
     """Hypercorn's HTTP/2 let DATA on an answered stream end the whole server (KeyError).
     The services speak HTTP/1.1 only: the preface is a bad request, and h2c is ignored."""
-    sig, _ = stack
+    sig, _ = signaling_stack
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     client.initiate_connection()
     client.send_headers(
@@ -246,7 +234,10 @@ async def slow_post(port: int, source: str, done: list[tuple[str, float, bytes]]
     done.append((source, trio.current_time() - started, reply))
 
 
-async def scrape(http: httpx.AsyncClient, sig: SignalingProcess) -> dict:
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]  # what `parse_text` returns
+
+
+async def scrape(http: httpx.AsyncClient, sig: SignalingProcess) -> Samples:
     from firsthop.shared.metrics import parse_text
 
     return parse_text((await http.get(f"{sig.url}/metrics")).text)
@@ -260,7 +251,7 @@ def status_of(reply: bytes) -> int | None:
 async def test_slow_bodies_time_out_and_uploads_are_capped(capped: SignalingProcess) -> None:
     sig = capped
     done: list[tuple[str, float, bytes]] = []
-    uploads = ("firsthop_signaling_uploads", frozenset())
+    uploads: tuple[str, frozenset[tuple[str, str]]] = ("firsthop_signaling_uploads", frozenset())
     with trio.fail_after(BODY_TIMEOUT + 3 * MARGIN):
         async with httpx.AsyncClient(timeout=MARGIN) as http:
             async with trio.open_nursery() as nursery:

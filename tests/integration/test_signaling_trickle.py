@@ -13,35 +13,21 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import httpx
-import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
 from firsthop.services.signaling.trickle import MAX_CANDIDATES, MESSAGES, RESTARTS
 from firsthop.shared.metrics import parse_text
-from tests.integration.test_signaling import open_ws, recv
-from tests.support import SignalingProcess, TransceiverProcess, start_all
+from tests.integration.test_signaling import ServerMessage, open_ws, recv
+from tests.support import SignalingProcess, TransceiverProcess
 from tests.unit.test_signaling_app import OFFER
 
 KEY = SignalingProcess.API_KEY
 SDPFRAG = "application/trickle-ice-sdpfrag"
 FLOOD = 1000
 DEADLINE = 60
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[SignalingProcess, TransceiverProcess]]:
-    tx = TransceiverProcess(tx_id="tx-trickle")
-    sig = SignalingProcess(
-        *["--transceiver", tx.api, "--ingress", "127.0.0.1:3478", "--ip-rate", "0"]
-    )
-    start_all(tx, sig)
-    yield sig, tx
-    sig.kill()
-    tx.kill()
 
 
 def ignored(tx: TransceiverProcess) -> float:
@@ -79,11 +65,11 @@ async def patch(http: httpx.AsyncClient, call: str, body: str) -> httpx.Response
 
 
 async def test_a_websocket_candidate_flood_never_reaches_the_transceiver(
-    stack: tuple[SignalingProcess, TransceiverProcess],
+    signaling_stack: tuple[SignalingProcess, TransceiverProcess],
 ) -> None:
-    sig, tx = stack
+    sig, tx = signaling_stack
     before = ignored(tx)
-    errors: list[dict] = []
+    errors: list[ServerMessage] = []
     with trio.fail_after(DEADLINE):
         async with open_ws(sig, ("Authorization", f"Bearer {KEY}")) as ws:
             await ws.send_message(json.dumps({"type": "offer", "sdp": OFFER}))
@@ -97,18 +83,18 @@ async def test_a_websocket_candidate_flood_never_reaches_the_transceiver(
                 pass  # the server had enough of it
             try:
                 while True:
-                    errors.append(json.loads(await ws.get_message()))
+                    errors.append(await recv(ws))
             except ConnectionClosed as closed:
-                assert closed.reason.code == 1008
+                assert closed.reason is not None and closed.reason.code == 1008
     assert errors and all(e["type"] == "error" and e["code"] == 429 for e in errors)
     assert errors[0]["retry_after"] >= 1 and "trickle messages" in errors[0]["message"]
     assert ignored(tx) == before  # nothing was forwarded
 
 
 async def test_patch_floods_are_limited_per_call_and_candidates_capped(
-    stack: tuple[SignalingProcess, TransceiverProcess],
+    signaling_stack: tuple[SignalingProcess, TransceiverProcess],
 ) -> None:
-    sig, tx = stack
+    sig, tx = signaling_stack
     before = ignored(tx)
     with trio.fail_after(DEADLINE):
         async with httpx.AsyncClient(timeout=10) as http:
@@ -150,9 +136,9 @@ async def test_patch_floods_are_limited_per_call_and_candidates_capped(
 
 
 async def test_ice_restarts_are_forwarded_and_rate_limited(
-    stack: tuple[SignalingProcess, TransceiverProcess],
+    signaling_stack: tuple[SignalingProcess, TransceiverProcess],
 ) -> None:
-    sig, tx = stack
+    sig, tx = signaling_stack
     before = ignored(tx)
     with trio.fail_after(DEADLINE):
         async with httpx.AsyncClient(timeout=10) as http:

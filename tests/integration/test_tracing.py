@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import urllib.request
 
 from firsthop.services.call.caller import Caller, ToneTrack
-from tests.otlp import OtlpCollector
+from tests.integration.test_transceiver import hears
+from tests.otlp import OtlpCollector, SpanRecord
 from tests.support import (
     AgentProcess,
     RelayProcess,
     SignalingProcess,
     TransceiverProcess,
+    eventually,
     redis_server,
+    wait_until,
 )
 
 ROOT_TRACE = os.urandom(16).hex()
@@ -83,9 +85,10 @@ def test_one_trace_covers_signaling_transceiver_relay_and_agent() -> None:
 
                 await c.start(signal)
                 await asyncio.wait_for(c.wait_connected(), 10)
-                await asyncio.sleep(1.5)
-                await asyncio.to_thread(delete)
-                await asyncio.sleep(0.5)
+                # the echo is back: every setup milestone is behind us (the last one is the
+                # transceiver's first agent audio out)
+                await eventually(lambda: hears(c, 440))
+                await asyncio.to_thread(delete)  # ends the session at once, reason "deleted"
                 await c.close()
 
             asyncio.run(call())
@@ -96,16 +99,14 @@ def test_one_trace_covers_signaling_transceiver_relay_and_agent() -> None:
                 "relay.flow",
                 "agent.session",
             )
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not all(otlp.named(n) for n in names):
-                time.sleep(0.2)
+            wait_until(lambda: all(otlp.named(n) for n in names))
         finally:
             for p in reversed(procs):
                 if p.proc is not None and p.proc.poll() is None:
                     p.proc.terminate()
                     p.proc.wait(10)
 
-        def one(name: str):  # type: ignore[no-untyped-def]
+        def one(name: str) -> SpanRecord:
             (span,) = [s for s in otlp.named(name) if s.trace_id == ROOT_TRACE]
             return span
 

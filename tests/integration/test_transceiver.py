@@ -6,26 +6,30 @@ import asyncio
 import json
 import socket
 import struct
-import time
 from collections.abc import Iterator
-from typing import Any
+from functools import partial
+from typing import Any, Required, TypedDict
 
 import pytest
 
-from firsthop.services.call.caller import Caller, ToneTrack, dominant, tone_power
+from firsthop.services.call.caller import Caller, Signal, ToneTrack, dominant, tone_power
 from firsthop.shared.wire import stun
 from tests.support import (
     AgentProcess,
     RelayProcess,
     TransceiverProcess,
+    eventually,
     free_tcp_port,
+    wait_until,
 )
 
 FREQS = [300.0 + 150 * i for i in range(12)]
 
+Stack = tuple[RelayProcess, AgentProcess, TransceiverProcess]
+
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[RelayProcess, AgentProcess, TransceiverProcess]]:
+def stack() -> Iterator[Stack]:
     relay = RelayProcess().start()
     agent = AgentProcess("echo").start()
     tx = TransceiverProcess("--accept-direct", agent_url=agent.url).start()
@@ -39,13 +43,44 @@ def ingress(relay: RelayProcess) -> list[str]:
     return [f"{relay.listen[0]}:{relay.listen[1]}"]
 
 
-def signal_via(tx: TransceiverProcess, where: list[str], **extra: object):  # type: ignore[no-untyped-def]
+def signal_via(tx: TransceiverProcess, where: list[str], **extra: object) -> Signal:
+    """Signaling straight to the transceiver's internal API, advertising `where`."""
+
     async def signal(offer: str) -> str:
         status, body = await asyncio.to_thread(tx.create_session, offer, where, **extra)
         assert status == 201, body
         return str(body["answer_sdp"])
 
     return signal
+
+
+class CallerEvent(TypedDict, total=False):
+    """A message on the caller's data channel: the call's state from the transceiver, or
+    an event of the agent's (services/agent/server.py)."""
+
+    type: Required[str]
+    state: str  # call.state
+    event: dict[str, object]  # echo: the caller's own event, back
+    frames: int  # response_started
+    interrupted: bool  # response_done
+
+
+def caller_events(c: Caller) -> list[CallerEvent]:
+    return [json.loads(m) for m in c.result.events if isinstance(m, str)]
+
+
+def heard(c: Caller, since: int = 0, window: int = 48000) -> bytes:
+    """The last `window` bytes of what `c` received after its first `since` (PCM16 mono
+    48 kHz: 48000 bytes is 0.5 s); fewer if less has arrived."""
+    received = c.result.received
+    return bytes(received[max(since, len(received) - window) :])
+
+
+def hears(c: Caller, freq: float, since: int = 0, window: int = 48000) -> bool:
+    """Whether `c` hears `freq`: a whole `window` arrived after `since`, and the tone is
+    clearly audible in it (silence is ~1e-8)."""
+    tail = heard(c, since, window)
+    return len(tail) == window and tone_power(tail, freq) > 0.001
 
 
 def metric(tx: TransceiverProcess, name: str, **labels: str) -> float:
@@ -60,31 +95,41 @@ def event_count(tx: TransceiverProcess, event: str) -> float:
     return metric(tx, "firsthop_transceiver_events_total", event=event)
 
 
-def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack) -> None:  # type: ignore[no-untyped-def]
+def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack: Stack) -> None:
     relay, _, tx = stack
 
+    tones = FREQS[:10]
+
     async def main() -> list[tuple[float, float]]:
-        callers = [Caller(ToneTrack(f)) for f in FREQS[:10]]
+        callers = [Caller(ToneTrack(f)) for f in tones]
         await asyncio.gather(*(c.start(signal_via(tx, ingress(relay))) for c in callers))
         await asyncio.gather(*(asyncio.wait_for(c.wait_connected(), 15) for c in callers))
-        await asyncio.sleep(2.5)
+        # each hears a second of its own tone back ...
+        await eventually(
+            lambda: all(hears(c, f, window=96000) for c, f in zip(callers, tones, strict=True))
+        )
+        # ... all of it through the relay, both ways
+        packets = partial(relay.metric, "firsthop_relay_packets_total")
+        await asyncio.to_thread(
+            wait_until,
+            lambda: packets(direction="upstream") > 500 and packets(direction="downstream") > 500,
+        )
         out = []
-        for c, f in zip(callers, FREQS, strict=False):
-            tail = bytes(c.result.received[-48000 * 2 :])
+        for c, f in zip(callers, tones, strict=True):
+            tail = heard(c, window=96000)
             out.append((f, dominant(tail, FREQS)))
             assert tone_power(tail, f) > 0.001  # clearly audible (silence is ~1e-8)
         await asyncio.gather(*(c.close() for c in callers))
         return out
 
     results = asyncio.run(main())
-    assert all(sent == heard for sent, heard in results), results
-    # all of it came through the relay: media both ways, and nothing unframed
+    assert all(sent == loudest for sent, loudest in results), results  # and no one else's
     assert relay.metric("firsthop_relay_packets_total", direction="upstream") > 500
     assert relay.metric("firsthop_relay_packets_total", direction="downstream") > 500
-    assert metric(tx, "firsthop_transceiver_drops_total", reason="unframed") == 0
+    assert metric(tx, "firsthop_transceiver_drops_total", reason="unframed") == 0  # no bypass
 
 
-def test_answer_advertises_only_the_ingress_and_is_ice_lite(stack) -> None:  # type: ignore[no-untyped-def]
+def test_answer_advertises_only_the_ingress_and_is_ice_lite(stack: Stack) -> None:
     relay, _, tx = stack
 
     async def main() -> str:
@@ -102,22 +147,22 @@ def test_answer_advertises_only_the_ingress_and_is_ice_lite(stack) -> None:  # t
     assert len(ufrag.split(":", 1)[1]) == 40  # an IPv4 route token
 
 
-def test_direct_mode(stack) -> None:  # type: ignore[no-untyped-def]
+def test_direct_mode(stack: Stack) -> None:
     _, _, tx = stack
 
     async def main() -> float:
         c = Caller(ToneTrack(700))
         await c.start(signal_via(tx, [f"{tx.media[0]}:{tx.media[1]}"]))
         await asyncio.wait_for(c.wait_connected(), 10)
-        await asyncio.sleep(1.5)
-        heard = dominant(bytes(c.result.received[-48000:]), [500, 700, 900])
+        await eventually(lambda: hears(c, 700))
+        loudest = dominant(heard(c), [500, 700, 900])
         await c.close()
-        return heard
+        return loudest
 
     assert asyncio.run(main()) == 700
 
 
-def test_wrong_dtls_fingerprint_is_rejected(stack) -> None:  # type: ignore[no-untyped-def]
+def test_wrong_dtls_fingerprint_is_rejected(stack: Stack) -> None:
     relay, _, tx = stack
     before = event_count(tx, "ended_connection_failed")
 
@@ -134,16 +179,15 @@ def test_wrong_dtls_fingerprint_is_rejected(stack) -> None:  # type: ignore[no-u
 
         await c.start(forged)
         # The caller may believe it connected (the server checks the certificate at the
-        # end of the handshake), but the server refuses and no audio ever comes back.
-        await asyncio.sleep(3.0)
+        # end of the handshake), but the server refuses: the session ends, and no audio
+        # came back before it did (none can after).
+        await asyncio.to_thread(
+            wait_until, lambda: event_count(tx, "ended_connection_failed") > before
+        )
         assert tone_power(bytes(c.result.received), 440) < 0.0005
         await c.close()
 
     asyncio.run(main())
-    deadline = time.monotonic() + 10
-    while event_count(tx, "ended_connection_failed") <= before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert event_count(tx, "ended_connection_failed") > before
 
 
 VALID_OFFER_HEAD = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"
@@ -184,14 +228,14 @@ AUDIO = (
         ),
     ],
 )
-def test_malformed_offers_get_400_with_a_reason(stack, offer: str, reason: str) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_offers_get_400_with_a_reason(stack: Stack, offer: str, reason: str) -> None:
     relay, _, tx = stack
     status, body = tx.create_session(offer, ingress(relay))
     assert status == 400, body
     assert reason.lower() in body["error"].lower()
 
 
-def test_bad_api_requests(stack) -> None:  # type: ignore[no-untyped-def]
+def test_bad_api_requests(stack: Stack) -> None:
     _, _, tx = stack
     assert tx.request("POST", "/internal/v1/sessions", b"{", "application/json")[0] == 400
     assert tx.request("POST", "/internal/v1/sessions", b"x", "text/plain")[0] == 415
@@ -207,7 +251,7 @@ def test_bad_api_requests(stack) -> None:  # type: ignore[no-untyped-def]
     )
 
 
-def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ignore[no-untyped-def]
+def test_junk_and_truncated_stun_at_the_media_socket(stack: Stack) -> None:
     relay, _, tx = stack
 
     async def main() -> None:
@@ -261,20 +305,21 @@ def test_junk_and_truncated_stun_at_the_media_socket(stack) -> None:  # type: ig
         for seq in range(5):
             forged = b"\x80\x6f" + seq.to_bytes(2, "big") + bytes(8) + b"\xaa" * 60
             pair.protocol.transport.sendto(forged, pair.remote_addr)
-        await asyncio.sleep(1.5)
-        heard = dominant(bytes(c.result.received[-48000:]), [440, 880])
+        after = len(c.result.received)
+        await eventually(lambda: hears(c, 440, since=after))
+        loudest = dominant(heard(c, since=after), [440, 880])
         await c.close()
-        assert heard == 440  # the call carried on
+        assert loudest == 440  # the call carried on
 
     asyncio.run(main())
-    assert event_count(tx, "stun_auth_fail") >= 5  # unsigned: dropped before aioice
-    assert event_count(tx, "session_datagram_error") >= 1  # signed: aioice raised, counted
-    assert event_count(tx, "srtp_auth_fail") >= 5
+    wait_until(lambda: event_count(tx, "stun_auth_fail") >= 5)  # unsigned: dropped before aioice
+    wait_until(lambda: event_count(tx, "session_datagram_error") >= 1)  # signed: aioice raised
+    wait_until(lambda: event_count(tx, "srtp_auth_fail") >= 5)
     status, _ = tx.request("GET", "/healthz")
     assert status == 200
 
 
-def test_internal_range_candidates_are_never_contacted(stack) -> None:  # type: ignore[no-untyped-def]
+def test_internal_range_candidates_are_never_contacted(stack: Stack) -> None:
     relay, _, tx = stack
     trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     trap.bind(("127.0.0.1", 0))
@@ -295,8 +340,8 @@ def test_internal_range_candidates_are_never_contacted(stack) -> None:  # type: 
 
         await c.start(with_trap)
         await asyncio.wait_for(c.wait_connected(), 10)
-        await asyncio.sleep(1.0)
-        await c.close()
+        await asyncio.sleep(1.0)  # the call runs a while: long enough to contact the trap, if
+        await c.close()  # anything would (the counts below are made when the offer arrives)
 
     asyncio.run(main())
     with pytest.raises(TimeoutError):
@@ -306,50 +351,61 @@ def test_internal_range_candidates_are_never_contacted(stack) -> None:  # type: 
     assert event_count(tx, "candidate_mdns") >= 1
 
 
-def test_data_channel_events_both_ways_and_bad_ones_dropped(stack) -> None:  # type: ignore[no-untyped-def]
+def test_data_channel_events_both_ways_and_bad_ones_dropped(stack: Stack) -> None:
     relay, _, tx = stack
     before_big = event_count(tx, "event_dropped_oversize")
     before_bad = event_count(tx, "event_dropped_not_json")
 
-    async def main() -> list[object]:
+    async def main() -> list[CallerEvent]:
         c = Caller(data_channel=True)
         await c.start(signal_via(tx, ingress(relay)))
         await asyncio.wait_for(c.wait_connected(), 10)
-        assert c.channel is not None
-        for _ in range(100):
-            if c.channel.readyState == "open":
-                break
-            await asyncio.sleep(0.05)
-        c.channel.send(json.dumps({"type": "hello", "n": 1}))
-        c.channel.send("not json {")
-        c.channel.send(json.dumps({"blob": "x" * 70_000}))
-        c.channel.send(json.dumps({"type": "hello", "n": 2}))
-        await asyncio.sleep(1.5)
+        channel = c.channel
+        assert channel is not None
+        await eventually(lambda: channel.readyState == "open", 5)
+        channel.send(json.dumps({"type": "hello", "n": 1}))
+        channel.send("not json {")
+        channel.send(json.dumps({"blob": "x" * 70_000}))
+        channel.send(json.dumps({"type": "hello", "n": 2}))
+
+        def answered() -> bool:  # both good events came back, and the call's state
+            events = caller_events(c)
+            return any(e["type"] == "call.state" for e in events) and 2 <= len(echoes(events))
+
+        await eventually(answered)
         await c.close()
-        return [json.loads(m) for m in c.result.events if isinstance(m, str)]
+        return caller_events(c)
+
+    def echoes(events: list[CallerEvent]) -> list[CallerEvent]:
+        return [e for e in events if e["type"] == "echo"]
 
     events = asyncio.run(main())
-    echoed = [e for e in events if e.get("type") == "echo"]
-    assert [e["event"]["n"] for e in echoed] == [1, 2]
+    assert [e["event"]["n"] for e in echoes(events)] == [1, 2]
     assert any(e.get("type") == "call.state" for e in events)
-    assert event_count(tx, "event_dropped_oversize") == before_big + 1
+    wait_until(lambda: event_count(tx, "event_dropped_oversize") >= before_big + 1)
+    wait_until(lambda: event_count(tx, "event_dropped_not_json") >= before_bad + 1)
+    assert event_count(tx, "event_dropped_oversize") == before_big + 1  # once each, no more
     assert event_count(tx, "event_dropped_not_json") == before_bad + 1
 
 
-def test_agent_down_then_back(stack) -> None:  # type: ignore[no-untyped-def]
+def test_agent_down_then_back(stack: Stack) -> None:
     relay, _, tx = stack
     port = free_tcp_port()
     agent = AgentProcess("echo", port)  # started later, on a port the call already names
+    failures = event_count(tx, "agent_failures")
 
     async def main() -> tuple[float, float]:
         c = Caller(ToneTrack(523))
         await c.start(signal_via(tx, ingress(relay), agent_url=f"ws://127.0.0.1:{port}"))
         await asyncio.wait_for(c.wait_connected(), 10)  # the call connects with no agent
-        await asyncio.sleep(1.0)
-        silent = tone_power(bytes(c.result.received[-48000:]), 523)
+        await asyncio.to_thread(wait_until, lambda: event_count(tx, "agent_failures") > failures)
+        mark = len(c.result.received)  # from now on, half a second of the call with no agent
+        await eventually(lambda: len(c.result.received) >= mark + 48000)
+        silent = tone_power(heard(c, since=mark), 523)
         await asyncio.to_thread(agent.start)
-        await asyncio.sleep(7.0)  # reconnect backoff is at most 5 s
-        loud = tone_power(bytes(c.result.received[-48000:]), 523)
+        started = len(c.result.received)
+        await eventually(lambda: hears(c, 523, since=started), 15)  # reconnects back off <= 5 s
+        loud = tone_power(heard(c, since=started), 523)
         await c.close()
         return silent, loud
 
@@ -358,10 +414,9 @@ def test_agent_down_then_back(stack) -> None:  # type: ignore[no-untyped-def]
     finally:
         agent.kill()
     assert silent < 0.001 < loud
-    assert event_count(tx, "agent_failures") >= 1
 
 
-def test_an_ended_session_says_why(stack) -> None:  # type: ignore[no-untyped-def]
+def test_an_ended_session_says_why(stack: Stack) -> None:
     relay, _, tx = stack
     ids: list[str] = []
 
@@ -381,13 +436,14 @@ def test_an_ended_session_says_why(stack) -> None:  # type: ignore[no-untyped-de
         await c.close()
 
     asyncio.run(main())
-    deadline = time.monotonic() + 5
-    while True:
-        status, body = tx.request(
-            "PATCH", f"/internal/v1/sessions/{ids[0]}", b"", "application/trickle-ice-sdpfrag"
-        )
-        if status == 404 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    patch = partial(
+        tx.request,
+        "PATCH",
+        f"/internal/v1/sessions/{ids[0]}",
+        b"",
+        "application/trickle-ice-sdpfrag",
+    )
+    wait_until(lambda: patch()[0] == 404, 5)
+    status, body = patch()  # the reason stays readable
     assert status == 404
     assert json.loads(body) == {"error": "session ended", "reason": "deleted"}

@@ -15,13 +15,22 @@ import trio
 from aioice import stun as aioice_stun
 
 from firsthop.services.call.caller import Caller, ToneTrack, dominant, tone_power
-from tests.integration.test_transceiver import ingress, signal_via
+from tests.integration.test_transceiver import (
+    CallerEvent,
+    caller_events,
+    heard,
+    hears,
+    ingress,
+    signal_via,
+)
 from tests.support import (
     AgentProcess,
     RelayProcess,
     SignalingProcess,
     TransceiverProcess,
+    eventually,
     start_all,
+    wait_until,
 )
 
 
@@ -85,8 +94,9 @@ def test_ice_restart_mid_call_through_the_relay() -> None:
             except aioice_stun.TransactionError:
                 pass
             conn.remote_username = server_ufrag
-            await asyncio.sleep(1.5)
-            assert dominant(bytes(c.result.received[-48000:]), [400, 600, 800]) == 600
+            restarted = len(c.result.received)
+            await eventually(lambda: hears(c, 600, since=restarted))  # media carries on
+            assert dominant(heard(c, since=restarted), [400, 600, 800]) == 600
             await c.close()
 
         asyncio.run(main())
@@ -108,20 +118,22 @@ def test_sigterm_drains_then_ends_calls_with_a_reason() -> None:
             c = Caller(ToneTrack(440), data_channel=True)
             await c.start(signal_via(tx, ingress(relay)))
             await asyncio.wait_for(c.wait_connected(), 10)
-            await asyncio.sleep(0.5)
+            await eventually(lambda: hears(c, 440))  # a call in progress, its echo flowing
             assert tx.proc is not None
             t0 = time.monotonic()
             tx.proc.terminate()
-            await asyncio.sleep(0.5)
-            status, body = await asyncio.to_thread(tx.request, "GET", "/healthz")
-            assert status == 200 and b'"draining": true' in body
+
+            def draining() -> bool:
+                status, body = tx.request("GET", "/healthz")
+                return status == 200 and b'"draining": true' in body
+
+            await asyncio.to_thread(wait_until, draining)
             # new calls are refused while draining
             status, _ = await asyncio.to_thread(tx.create_session, "v=0\r\n", ingress(relay))
             assert status == 503
             # the call in progress keeps working during the grace period
             before = len(c.result.received)
-            await asyncio.sleep(1.0)
-            assert len(c.result.received) > before
+            await eventually(lambda: len(c.result.received) > before)
             await asyncio.to_thread(tx.proc.wait, 15)
             elapsed = time.monotonic() - t0
             await c.close()
@@ -158,17 +170,24 @@ def test_parrot_repeats_after_a_pause_and_stops_on_barge_in() -> None:
         def window(pcm: bytes, start: float, end: float) -> bytes:
             return pcm[int(48000 * start) * 2 : int(48000 * end) * 2]
 
-        async def main() -> tuple[bytes, list[dict[str, Any]]]:
+        def told_all(c: Caller) -> bool:
+            kinds = {e["type"] for e in caller_events(c)}
+            return {
+                "speech_started",
+                "speech_stopped",
+                "response_started",
+                "response_done",
+            } <= kinds
+
+        async def main() -> tuple[bytes, list[CallerEvent]]:
             c = Caller(ToneTrack(pcm=script), data_channel=True)
             await c.start(signal_via(tx, ingress(relay)))
             await asyncio.wait_for(c.wait_connected(), 10)
-            await asyncio.sleep(8.0)
+            # the whole exchange: the agent has said all it will, and 5 s of audio (the
+            # windows below) came back
+            await eventually(lambda: told_all(c) and len(c.result.received) >= 48000 * 2 * 5, 15)
             await c.close()
-            import json
-
-            return bytes(c.result.received), [
-                json.loads(m) for m in c.result.events if isinstance(m, str)
-            ]
+            return bytes(c.result.received), caller_events(c)
 
         pcm, events = asyncio.run(main())
         kinds = [e.get("type") for e in events]
@@ -217,8 +236,7 @@ def test_sigterm_after_an_api_drain_still_lets_calls_finish() -> None:
             t0 = time.monotonic()
             tx.proc.terminate()
             before = len(c.result.received)
-            await asyncio.sleep(1.0)
-            assert len(c.result.received) > before  # still talking after the SIGTERM
+            await eventually(lambda: len(c.result.received) > before)  # still talking
             await asyncio.to_thread(tx.proc.wait, 15)
             await c.close()
             return time.monotonic() - t0

@@ -9,13 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from firsthop.services.call.caller import Caller, ToneTrack, dominant
-from tests.support import free_tcp_port, free_udp_port
+from tests.integration.test_transceiver import heard, hears
+from tests.support import eventually, free_tcp_port, free_udp_port, wait_until
 
 
 def _children(pid: int) -> set[int]:
@@ -75,7 +75,8 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
     reader.start()
     try:
         assert up.wait(40), "".join(lines[-30:])
-        time.sleep(0.2)  # the summary lines follow the headline
+        # the summary lines follow the headline; the last one says how to stop
+        wait_until(lambda: any("Ctrl-C stops everything" in line for line in lines), 5)
         key = next(line.split()[-1] for line in lines if "dev API key" in line)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
             assert r.status == 200 and b"firsthop" in r.read()
@@ -99,18 +100,20 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
 
             await c.start(signal_)
             await asyncio.wait_for(c.wait_connected(), 10)
-            await asyncio.sleep(1.5)
-            heard = dominant(bytes(c.result.received[-48000:]), [350.0, 550.0, 750.0])
+            await eventually(lambda: hears(c, 550))
+            loudest = dominant(heard(c), [350.0, 550.0, 750.0])
             await c.close()
-            return heard
+            return loudest
 
         assert asyncio.run(call()) == 550.0
         # up generated an internal token: the call went through, and without it a
         # transceiver's internal API refuses
         tx_url = next(line.split()[1] for line in lines if line.strip().startswith("transceivers"))
-        drain = urllib.request.Request(f"{tx_url}/internal/v1/drain", data=b"", method="POST")
+        unauthorized = urllib.request.Request(
+            f"{tx_url}/internal/v1/drain", data=b"", method="POST"
+        )
         try:
-            urllib.request.urlopen(drain, timeout=5)
+            urllib.request.urlopen(unauthorized, timeout=5)
             raise AssertionError("the internal API answered without a token")
         except urllib.error.HTTPError as exc:
             assert exc.code == 401

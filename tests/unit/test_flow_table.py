@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +14,7 @@ from firsthop.services.relay.flows import (
     CONSUMED,
     HELD,
     MAX_DATAGRAM,
+    Decision,
     Deliver,
     Drop,
     Forward,
@@ -18,6 +22,7 @@ from firsthop.services.relay.flows import (
     RelayLimits,
     ReturnToPeer,
 )
+from firsthop.shared.address import Address
 from firsthop.shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2, revocation_tlv
 from firsthop.shared.wire.route_token import DestinationFilter
 from tests.support import KEYS, binding_request, binding_success, mint, rtp
@@ -33,20 +38,26 @@ C1 = ("203.0.113.5", 40000)
 C2 = ("203.0.113.6", 40001)
 
 
-def table(**limits: float) -> FlowTable:
+def table(limits: RelayLimits | None = None) -> FlowTable:
     return FlowTable(
         cluster=1,
         keys=KEYS,
         ingress=INGRESS,
         allow_dest=DestinationFilter(["10.0.0.0/16"]),
         peers={2: PEER_B},
-        limits=RelayLimits(**limits),  # type: ignore[arg-type]
+        limits=limits or RelayLimits(),
         now=T0,
     )
 
 
 def ret(dest_payload: bytes, client: tuple[str, int] = C1) -> bytes:
     return build_proxy_v2(INGRESS, client) + dest_payload
+
+
+def forwarded_to(d: Decision) -> Address:
+    """Where a decision forwards to (and that it is a `Forward`)."""
+    assert isinstance(d, Forward), d
+    return d.dest
 
 
 def open_flow(t: FlowTable, client: tuple[str, int] = C1, tx: tuple[str, int] = TX1) -> bytes:
@@ -146,13 +157,13 @@ def test_ice_restart_repoints_only_when_the_new_destination_answers() -> None:
     new = mint(*TX2, issued_at=T0)
     d = t.on_client(C1, binding_request(new), T0 + 1)
     assert isinstance(d, Forward) and d.dest == TX2  # the check reaches the new destination
-    assert t.on_client(C1, rtp(), T0 + 1).dest == TX1  # type: ignore[union-attr]
+    assert forwarded_to(t.on_client(C1, rtp(), T0 + 1)) == TX1
     assert t.on_return(TX1, ret(b"media"), T0 + 1) == Deliver(C1, 28)  # old still works
     # a retransmitted check with the new token goes to the new place again
-    assert t.on_client(C1, binding_request(new), T0 + 1.5).dest == TX2  # type: ignore[union-attr]
+    assert forwarded_to(t.on_client(C1, binding_request(new), T0 + 1.5)) == TX2
     assert t.on_return(TX2, ret(b"media"), T0 + 2) == Drop("return_unconfirmed")
     assert t.on_return(TX2, ret(OK), T0 + 2) == Deliver(C1, 28)
-    assert t.on_client(C1, rtp(), T0 + 2).dest == TX2  # type: ignore[union-attr]
+    assert forwarded_to(t.on_client(C1, rtp(), T0 + 2)) == TX2
     assert t.on_return(TX1, ret(b"late"), T0 + 2) == Drop("return_wrong_source")
     assert [f.token for f in t.due_for_store(T0 + 3)] == [new]
 
@@ -174,7 +185,7 @@ def test_restart_to_same_destination_just_updates_token() -> None:
     t.on_return(TX1, ret(OK), T0)
     t.due_for_store(T0)
     new = mint(*TX1, issued_at=T0)
-    assert t.on_client(C1, binding_request(new), T0 + 1).dest == TX1  # type: ignore[union-attr]
+    assert forwarded_to(t.on_client(C1, binding_request(new), T0 + 1)) == TX1
     assert t.flows[C1].token == new and t.flows[C1].candidate is None
     assert [f.token for f in t.due_for_store(T0 + 1)] == [new]
 
@@ -184,11 +195,13 @@ def test_invalid_token_from_established_client_is_dropped_and_flow_kept() -> Non
     open_flow(t)
     t.on_return(TX1, ret(OK), T0)
     assert t.on_client(C1, binding_request(b"B" * 40), T0) == Drop("token_malformed")
-    assert t.on_client(C1, rtp(), T0).dest == TX1  # type: ignore[union-attr]
+    assert forwarded_to(t.on_client(C1, rtp(), T0)) == TX1
 
 
 def test_pending_caps_per_ip_and_global() -> None:
-    t = table(max_pending_per_ip=2, max_pending=3, new_flow_rate=1000, new_flow_burst=1000)
+    t = table(
+        RelayLimits(max_pending_per_ip=2, max_pending=3, new_flow_rate=1000, new_flow_burst=1000)
+    )
     token = mint(*TX1, issued_at=T0)
     for port in (1, 2):
         assert isinstance(t.on_client(("203.0.113.9", port), binding_request(token), T0), Forward)
@@ -206,7 +219,7 @@ def spoofed(i: int) -> tuple[str, int]:
 
 
 def test_one_token_opens_at_most_its_cap_of_pending_flows_from_spoofed_sources() -> None:
-    t = table(new_flow_rate=1000, new_flow_burst=1000)
+    t = table(RelayLimits(new_flow_rate=1000, new_flow_burst=1000))
     token = mint(*TX1, issued_at=T0)
     decisions = [t.on_client(spoofed(i), binding_request(token), T0) for i in range(200)]
     assert sum(isinstance(d, Forward) for d in decisions) == 8
@@ -214,7 +227,7 @@ def test_one_token_opens_at_most_its_cap_of_pending_flows_from_spoofed_sources()
 
 
 def test_a_full_pending_pool_makes_room_for_a_new_calls_token() -> None:
-    t = table(max_pending=20, new_flow_rate=1000, new_flow_burst=1000)
+    t = table(RelayLimits(max_pending=20, new_flow_rate=1000, new_flow_burst=1000))
     flood = [mint(*TX1, issued_at=T0) for _ in range(10)]  # many tokens, 2 flows each
     for i in range(20):
         assert isinstance(t.on_client(spoofed(i), binding_request(flood[i % 10]), T0), Forward)
@@ -236,7 +249,7 @@ def test_a_full_pending_pool_makes_room_for_a_new_calls_token() -> None:
 
 
 def test_established_flows_per_token_are_capped_the_least_recently_used_yields() -> None:
-    t = table(new_flow_rate=1000, new_flow_burst=1000)
+    t = table(RelayLimits(new_flow_rate=1000, new_flow_burst=1000))
     token = mint(*TX1, issued_at=T0)
     for i in range(8):
         t.on_client(spoofed(i), binding_request(token), T0 + i)
@@ -283,7 +296,7 @@ def test_a_revocation_from_the_tokens_transceiver_ends_its_flows_and_refuses_it(
 
 
 def test_the_revoked_list_is_bounded() -> None:
-    t = table(max_revoked=3)
+    t = table(RelayLimits(max_revoked=3))
     tokens = [mint(*TX1, issued_at=T0) for _ in range(5)]
     for token in tokens:
         assert t.on_return(TX1, notice(token), T0) is CONSUMED
@@ -312,7 +325,7 @@ def test_a_second_hop_passes_a_revocation_back_to_the_first() -> None:
 
 
 def test_table_cap() -> None:
-    t = table(max_flows=2, new_flow_rate=1000, new_flow_burst=1000)
+    t = table(RelayLimits(max_flows=2, new_flow_rate=1000, new_flow_burst=1000))
     open_flow(t, C1)
     open_flow(t, C2)
     d = t.on_client(("203.0.113.99", 1), binding_request(mint(*TX1, issued_at=T0)), T0)
@@ -320,7 +333,7 @@ def test_table_cap() -> None:
 
 
 def test_new_flow_rate_limit_per_source_ip() -> None:
-    t = table(new_flow_rate=1, new_flow_burst=3, max_pending_per_ip=100)
+    t = table(RelayLimits(new_flow_rate=1, new_flow_burst=3, max_pending_per_ip=100))
     results = [
         t.on_client(("203.0.113.7", p), binding_request(mint(*TX1, issued_at=T0)), T0)
         for p in range(5)
@@ -392,7 +405,7 @@ def test_recovery_miss_is_negative_cached_and_reverified() -> None:
 
 
 def test_recovery_lookups_are_rate_limited() -> None:
-    t = table(lookup_rate=2)
+    t = table(RelayLimits(lookup_rate=2))
     t.recovery = True
     decisions = [t.on_client(("203.0.113.8", p), rtp(), T0) for p in range(4)]
     assert [type(d).__name__ for d in decisions] == ["Recover", "Recover", "Drop", "Drop"]
@@ -412,7 +425,7 @@ def test_store_refresh_only_while_traffic_flows() -> None:
 
 
 def test_incremental_sweep_covers_every_flow_once_per_pass() -> None:
-    t = table(new_flow_rate=1e6, new_flow_burst=1e6, max_pending_per_ip=1000)
+    t = table(RelayLimits(new_flow_rate=1e6, new_flow_burst=1e6, max_pending_per_ip=1000))
     for port in range(100):
         t.on_client(("203.0.113.50", 1000 + port), binding_request(mint(*TX1, issued_at=T0)), T0)
     assert t.size == 100
@@ -427,47 +440,80 @@ TOKENS = [mint(*TX1, issued_at=T0), mint(*TX1, issued_at=T0), mint(*TX2, issued_
 DTLS = b"\x16\xfe\xfd" + bytes(20)
 SOURCES = [spoofed(i) for i in range(8)]  # few, so that answers meet their flows
 
-client_datagram = st.tuples(
-    st.just("client"),
+
+@dataclass(frozen=True)
+class FromClient:
+    """A datagram from `src` to the ingress: a check carrying `token`, RTP or DTLS."""
+
+    src: Address
+    token: bytes
+    kind: Literal["check", "rtp", "dtls"]
+
+    def data(self) -> bytes:
+        if self.kind == "check":
+            return binding_request(self.token)
+        return rtp() if self.kind == "rtp" else DTLS
+
+
+@dataclass(frozen=True)
+class FromDest:
+    """A framed datagram from `dest` on the return path, for `client`."""
+
+    dest: Address
+    client: Address
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The flow's own destination (or candidate) answers the client's check."""
+
+    client: Address
+
+
+@dataclass(frozen=True)
+class Tick:
+    seconds: float
+
+
+Op = FromClient | FromDest | Answer | Tick
+
+client_datagram = st.builds(
+    FromClient,
     st.sampled_from(SOURCES),
     st.sampled_from([TOKENS[0], TOKENS[0], *TOKENS, TOKENS[0][:-4] + b"AAAA"]),
     st.sampled_from(["check", "check", "check", "rtp", "dtls"]),
 )
-unconfirmed_return = st.tuples(
-    st.just("return"),
+unconfirmed_return = st.builds(
+    FromDest,
     st.sampled_from([TX1, TX2, ("10.0.0.3", 5004)]),
     st.sampled_from(SOURCES),
     st.sampled_from([b"x", rtp(), OK[:19], bytes([0x01, 0x11]) + OK[2:], binding_request(b"a")]),
 )
-any_return = st.tuples(
-    st.just("return"),
-    st.sampled_from([TX1, TX2]),
-    st.sampled_from(SOURCES),
-    st.sampled_from([b"x", OK]),
+any_return = st.builds(
+    FromDest, st.sampled_from([TX1, TX2]), st.sampled_from(SOURCES), st.sampled_from([b"x", OK])
 )
-answer = st.tuples(st.just("answer"), st.sampled_from(SOURCES))  # the right place answers
-tick = st.tuples(st.just("tick"), st.floats(0.0, 15.0))
+answer = st.builds(Answer, st.sampled_from(SOURCES))  # the right place answers
+tick = st.builds(Tick, st.floats(0.0, 15.0))
 
 
-def play(t: FlowTable, ops: list[tuple[object, ...]]) -> list[object]:
+def play(t: FlowTable, ops: list[Op]) -> list[Decision]:
     now = T0
-    decisions: list[object] = []
+    decisions: list[Decision] = []
     for op in ops:
-        if op[0] == "client":
-            _, src, token, kind = op
-            data = {"check": binding_request(token), "rtp": rtp(), "dtls": DTLS}
-            decisions.append(t.on_client(src, data[kind], now))  # type: ignore[arg-type,index]
-        elif op[0] == "answer":
-            flow = t.flows.get(op[1])  # type: ignore[arg-type]
-            if flow is not None:
-                dest = flow.candidate.dest if flow.candidate else flow.dest
-                decisions.append(t.on_return(dest, ret(OK, flow.client), now))
-        elif op[0] == "return":
-            _, dest, client, payload = op
-            decisions.append(t.on_return(dest, ret(payload, client), now))  # type: ignore[arg-type]
-        else:
-            now += op[1]  # type: ignore[operator]
-            t.sweep(now, budget=7)
+        match op:
+            case FromClient():
+                decisions.append(t.on_client(op.src, op.data(), now))
+            case Answer(client):
+                flow = t.flows.get(client)
+                if flow is not None:
+                    dest = flow.candidate.dest if flow.candidate else flow.dest
+                    decisions.append(t.on_return(dest, ret(OK, flow.client), now))
+            case FromDest(dest, client, payload):
+                decisions.append(t.on_return(dest, ret(payload, client), now))
+            case Tick(seconds):
+                now += seconds
+                t.sweep(now, budget=7)
         check_invariants(t)
     return decisions
 
@@ -497,9 +543,9 @@ def check_invariants(t: FlowTable) -> None:
     )
 )
 def test_no_unauthenticated_sequence_establishes_a_flow_or_reaches_a_client(
-    ops: list[tuple[object, ...]],
+    ops: list[Op],
 ) -> None:
-    t = table(max_pending=12, new_flow_rate=1000, new_flow_burst=1000)
+    t = table(RelayLimits(max_pending=12, new_flow_rate=1000, new_flow_burst=1000))
     decisions = play(t, ops)
     assert t.established_count == 0
     assert not any(isinstance(d, (Deliver, ReturnToPeer)) for d in decisions)
@@ -513,13 +559,15 @@ def test_no_unauthenticated_sequence_establishes_a_flow_or_reaches_a_client(
         max_size=150,
     )
 )
-def test_no_sequence_breaks_the_per_token_caps_or_the_books(ops: list[tuple[object, ...]]) -> None:
+def test_no_sequence_breaks_the_per_token_caps_or_the_books(ops: list[Op]) -> None:
     t = table(
-        max_pending=6,
-        max_pending_per_token=2,
-        max_flows_per_token=1,
-        new_flow_rate=1000,
-        new_flow_burst=1000,
+        RelayLimits(
+            max_pending=6,
+            max_pending_per_token=2,
+            max_flows_per_token=1,
+            new_flow_rate=1000,
+            new_flow_burst=1000,
+        )
     )
     play(t, ops)
 
@@ -527,28 +575,33 @@ def test_no_sequence_breaks_the_per_token_caps_or_the_books(ops: list[tuple[obje
 # -- the data plane's fast paths agree with the core ----------------------------------------
 
 
-def fast_then_full(t: FlowTable, op: tuple[object, ...], now: float) -> object:
+@dataclass(frozen=True)
+class Datagram:
+    """What a data-plane socket reads: from a client, or framed on the return path."""
+
+    direction: Literal["client", "return"]
+    src: Address
+    data: bytes
+
+
+def fast_then_full(t: FlowTable, op: Datagram, now: float) -> Decision:
     """What the data-plane thread decides: the fast path if it applies, else the core."""
-    if op[0] == "client":
-        _, src, data = op
-        assert isinstance(data, bytes)
-        flow = t.known_client(src, len(data), data[0] if data else 0, now)  # type: ignore[arg-type]
+    src, data = op.src, op.data
+    if op.direction == "client":
+        flow = t.known_client(src, len(data), data[0] if data else 0, now)
         if flow is not None:
             return Forward(flow.dest, flow.header)
-        return t.on_client(src, data, now)  # type: ignore[arg-type]
-    _, src, data = op
-    assert isinstance(data, bytes)
-    flow = t.known_return(data[:28], src, len(data) - 28, now) if len(data) >= 28 else None  # type: ignore[arg-type]
+        return t.on_client(src, data, now)
+    flow = t.known_return(data[:28], src, len(data) - 28, now) if len(data) >= 28 else None
     if flow is not None:
         return Deliver(flow.client, 28) if flow.via is None else ReturnToPeer(flow.via)
-    return t.on_return(src, data, now)  # type: ignore[arg-type]
+    return t.on_return(src, data, now)
 
 
-def full(t: FlowTable, op: tuple[object, ...], now: float) -> object:
-    _, src, data = op
-    if op[0] == "client":
-        return t.on_client(src, data, now)  # type: ignore[arg-type]
-    return t.on_return(src, data, now)  # type: ignore[arg-type]
+def full(t: FlowTable, op: Datagram, now: float) -> Decision:
+    if op.direction == "client":
+        return t.on_client(op.src, op.data, now)
+    return t.on_return(op.src, op.data, now)
 
 
 def snapshot(t: FlowTable) -> object:
@@ -558,23 +611,25 @@ def snapshot(t: FlowTable) -> object:
     return flows, t.pending, dict(t.drops)
 
 
-client_op = st.tuples(
+client_op = st.builds(
+    Datagram,
     st.just("client"),
     st.sampled_from(SOURCES),
     st.sampled_from([binding_request(TOKENS[0]), binding_request(TOKENS[2]), rtp(), DTLS, b""]),
 )
-return_op = st.tuples(
+return_op = st.builds(
+    Datagram,
     st.just("return"),
     st.sampled_from([TX1, TX2]),
-    st.builds(lambda c, p: ret(p, c), st.sampled_from(SOURCES), st.sampled_from([OK, rtp(), b"x"])),
+    st.builds(ret, st.sampled_from([OK, rtp(), b"x"]), st.sampled_from(SOURCES)),
 )
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(client_op, client_op, return_op), min_size=5, max_size=80))
-def test_the_fast_paths_decide_and_record_what_the_core_does(ops: list[tuple[object, ...]]) -> None:
-    fast = table(new_flow_rate=1000, new_flow_burst=1000)
-    core = table(new_flow_rate=1000, new_flow_burst=1000)
+def test_the_fast_paths_decide_and_record_what_the_core_does(ops: list[Datagram]) -> None:
+    fast = table(RelayLimits(new_flow_rate=1000, new_flow_burst=1000))
+    core = table(RelayLimits(new_flow_rate=1000, new_flow_burst=1000))
     for i, op in enumerate(ops):
         now = T0 + i * 0.01
         assert fast_then_full(fast, op, now) == full(core, op, now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -35,13 +36,13 @@ def check(creds: Credentials = CREDS, **kw: bytes) -> bytes:
     )
 
 
-def counter_random() -> object:
+def counter_random() -> Callable[[int], bytes]:
     counter = itertools.count(1)
     return lambda n: next(counter).to_bytes(n, "big")
 
 
 def agent() -> LiteIce:
-    return LiteIce(CREDS, random=counter_random())  # type: ignore[arg-type]
+    return LiteIce(CREDS, random=counter_random())
 
 
 def answer(request: bytes, pwd: str = CREDS.remote_pwd, cls: int = stun.SUCCESS) -> bytes:

@@ -15,13 +15,20 @@ NOW = 1_800_000_000
 ALLOW = rt.DestinationFilter(["10.0.0.0/8", "fd00::/8"])
 
 
-def mint(host: str = "10.0.0.5", *, key_id: int = 1, issued_at: int = NOW, **kw: object) -> str:
+def mint(
+    host: str = "10.0.0.5",
+    *,
+    key_id: int = 1,
+    issued_at: int = NOW,
+    cluster: int = 3,
+    port: int = 5004,
+) -> str:
     return rt.encode_route_token(
         key_id=key_id,
         key=KEYS[key_id],
-        cluster=int(kw.get("cluster", 3)),  # type: ignore[call-overload]
+        cluster=cluster,
         host=host,
-        port=int(kw.get("port", 5004)),  # type: ignore[call-overload]
+        port=port,
         issued_at=issued_at,
         nonce=b"\xaa\xbb\xcc",
     )

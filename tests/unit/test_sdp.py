@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from firsthop.shared.sdp import (
@@ -53,7 +55,7 @@ def test_strip_and_mark() -> None:
         (lambda s: s + "x" * 70000, "larger"),
     ],
 )
-def test_rejections_say_why(mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
+def test_rejections_say_why(mutate: Callable[[str], str], reason: str) -> None:
     with pytest.raises(SdpError, match=reason):
         check_offer(mutate(OFFER))
 

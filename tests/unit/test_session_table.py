@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import TypedDict, Unpack
 
 import pytest
 
@@ -29,12 +30,21 @@ CALLER = ("203.0.113.5", 5555)
 MOVED = ("203.0.113.5", 6666)  # the caller's NAT rebound
 
 
-def table(**kw: object) -> SessionTable[str]:
+class Options(TypedDict, total=False):
+    """What a test may set on a `SessionTable`, on top of deterministic credentials."""
+
+    capacity: int
+    accept_direct: bool
+    setup_timeout: float
+    consent_timeout: float
+
+
+def table(**options: Unpack[Options]) -> SessionTable[str]:
     n = itertools.count()
     return SessionTable(
         mint_ufrag=lambda: f"TOKEN{next(n):035d}",
         mint_password=lambda: f"password-{next(n):015d}",
-        **kw,  # type: ignore[arg-type]
+        **options,
     )
 
 

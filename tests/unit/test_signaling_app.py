@@ -10,6 +10,7 @@ import argparse
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TypedDict
 
 import httpx
 import pytest
@@ -66,12 +67,22 @@ def app_for(http: httpx.AsyncClient, **overrides: object) -> QuartTrio:
     return create_app(build_context(make_config(**overrides), http, None, Stats()))
 
 
-async def post_call(app: QuartTrio, body: bytes | str = OFFER, **headers: str) -> tuple[int, dict]:
+class Refusal(TypedDict):
+    """Every failure's body (services/signaling/app.py)."""
+
+    error: str
+
+
+async def post_call(
+    app: QuartTrio, body: bytes | str = OFFER, **headers: str
+) -> tuple[int, Refusal]:
+    """POST /v1/calls that is refused: its status and body."""
     data = body.encode() if isinstance(body, str) else body
     resp = await app.test_client().post(
         "/v1/calls", data=data, headers={**SDP, **KEY, **headers}, scope_base=CLIENT
     )
-    return resp.status_code, json.loads(await resp.get_data())
+    refusal: Refusal = json.loads(await resp.get_data())
+    return resp.status_code, refusal
 
 
 async def test_content_type_size_and_auth(http: httpx.AsyncClient) -> None:
@@ -208,7 +219,7 @@ async def test_metrics_count_requests_by_route_and_status(http: httpx.AsyncClien
     await post_call(app)
     await post_call(app, Authorization="")
     resp = await app.test_client().get("/metrics")
-    metrics = parse_text((await resp.get_data()).decode())
+    metrics = parse_text(await resp.get_data(as_text=True))
 
     def value(name: str, **labels: str) -> float:
         return metrics.get((name, frozenset(labels.items())), 0.0)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
+from typing import ParamSpec
 
 import pytest
 
@@ -20,6 +22,7 @@ from firsthop.services.signaling.ratelimit import RateLimit, RateLimiter
 from firsthop.services.signaling.stores import SecretLedger
 
 KEY = bytes(range(32))
+P = ParamSpec("P")
 
 
 class Clock:
@@ -30,9 +33,9 @@ class Clock:
         return self.now
 
 
-def status_of(fn: object, *args: object, **kwargs: object) -> tuple[int, str]:
+def status_of(fn: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> tuple[int, str]:
     with pytest.raises(Problem) as info:
-        fn(*args, **kwargs)  # type: ignore[operator]
+        fn(*args, **kwargs)
     return info.value.status, info.value.reason
 
 

@@ -83,11 +83,15 @@ def workloads(objects: list[Obj]) -> list[Obj]:
 
 
 def containers(workload: Obj) -> list[Obj]:
-    return workload["spec"]["template"]["spec"]["containers"]
+    found = workload["spec"]["template"]["spec"]["containers"]
+    assert isinstance(found, list), found
+    return found
 
 
 def pod_labels(workload: Obj) -> dict[str, str]:
-    return workload["spec"]["template"]["metadata"]["labels"]
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    assert isinstance(labels, dict), labels
+    return labels
 
 
 def selects(selector: Obj, labels: dict[str, str]) -> bool:
@@ -102,12 +106,15 @@ def selected(objects: list[Obj], selector: Obj) -> set[str]:
 def container_port(container: Obj, port: int | str) -> Obj:
     key = "name" if isinstance(port, str) else "containerPort"
     (found,) = [p for p in container.get("ports", []) if p[key] == port]
+    assert isinstance(found, dict), found
     return found
 
 
 def probe_port(container: Obj, probe: Obj) -> int:
     (action,) = [probe[k] for k in ("httpGet", "tcpSocket") if k in probe]
-    return container_port(container, action["port"])["containerPort"]
+    port = container_port(container, action["port"])["containerPort"]
+    assert isinstance(port, int), port
+    return port
 
 
 # -- the real CLI --------------------------------------------------------------------------
@@ -116,7 +123,9 @@ def probe_port(container: Obj, probe: Obj) -> int:
 def subparser(command: str) -> argparse.ArgumentParser:
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return sub.choices[command]
+    found = sub.choices[command]
+    assert isinstance(found, argparse.ArgumentParser)
+    return found
 
 
 def agent_config(args: argparse.Namespace) -> tuple[str, tuple[str, int]]:

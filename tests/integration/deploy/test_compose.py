@@ -24,7 +24,9 @@ def compose() -> Obj:
     """compose.yaml with every ${VAR:-default} at its default (all of them must have one)."""
     text = re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", (ROOT / "compose.yaml").read_text())
     assert "${" not in text, "every variable in compose.yaml needs a default"
-    return yaml.safe_load(text)
+    loaded = yaml.safe_load(text)
+    assert isinstance(loaded, dict)
+    return loaded
 
 
 def ours(services: Obj) -> dict[str, Obj]:

@@ -43,7 +43,9 @@ def allowed_peers(objects: list[Obj], workload: str, protocol: str, port: int) -
 
 
 def workload_kind(objects: list[Obj], name: str) -> str:
-    return next(w["kind"] for w in workloads(objects) if w["metadata"]["name"] == name)
+    kind = next(w["kind"] for w in workloads(objects) if w["metadata"]["name"] == name)
+    assert isinstance(kind, str), kind
+    return kind
 
 
 def pod_peer_targets(objects: list[Obj], peers: list[Obj]) -> set[str]:
