@@ -303,8 +303,9 @@ def test_the_revoked_list_is_bounded() -> None:
     assert list(t.revoked) == tokens[2:]
 
 
-def test_a_second_hop_passes_a_revocation_back_to_the_first() -> None:
-    b = FlowTable(
+def second_hop() -> FlowTable:
+    """A relay of cluster 2 whose peer is cluster 1's relay at 10.9.0.2:3479."""
+    return FlowTable(
         cluster=2,
         keys=KEYS,
         ingress=("192.0.2.2", 3478),
@@ -312,6 +313,10 @@ def test_a_second_hop_passes_a_revocation_back_to_the_first() -> None:
         peers={1: ("10.9.0.2", 3479)},
         now=T0,
     )
+
+
+def test_a_second_hop_passes_a_revocation_back_to_the_first() -> None:
+    b = second_hop()
     a_worker = ("10.9.0.2", 45000)
     token = mint(*TX2, cluster=2, issued_at=T0)
     b.on_peer(a_worker, build_proxy_v2(C1, INGRESS) + binding_request(token), T0)
@@ -355,14 +360,7 @@ def test_oversize_dropped_both_ways() -> None:
 
 
 def test_second_hop_forwards_unchanged_and_returns_to_first_hop() -> None:
-    b = FlowTable(
-        cluster=2,
-        keys=KEYS,
-        ingress=("192.0.2.2", 3478),
-        allow_dest=DestinationFilter(["10.0.0.0/16"]),
-        peers={1: ("10.9.0.2", 3479)},
-        now=T0,
-    )
+    b = second_hop()
     a_worker = ("10.9.0.2", 45000)
     token = mint(*TX2, cluster=2, issued_at=T0)
     framed = build_proxy_v2(C1, INGRESS) + binding_request(token)
