@@ -429,3 +429,63 @@ def start_all(*services: ServiceProcess | RelayProcess) -> None:
         for s in services:
             s.kill()
         raise failed
+
+
+class UpStack:
+    """`firsthop up` as a subprocess on free ports (its own session: a failing test takes the
+    whole tree down), its output kept in `lines`; `start()` returns once it says it is up."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        self.port, self.metrics = free_tcp_port(), free_tcp_port()
+        argv = [sys.executable, "-m", "firsthop.services.cli", "up"]
+        argv += ["--port", str(self.port), "--relay-port", str(free_udp_port())]
+        argv += ["--relay-metrics-port", str(self.metrics)]
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith("FIRSTHOP_")},
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> Self:
+        import threading
+
+        up = threading.Event()
+
+        def drain() -> None:  # keep the pipe flowing: `up` logs for every service
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if "firsthop is up" in line:
+                    up.set()
+
+        self.reader = threading.Thread(target=drain, daemon=True)
+        self.reader.start()
+        if not up.wait(timeout):
+            raise AssertionError("firsthop up did not come up:\n" + "".join(self.lines[-40:]))
+        # the summary lines follow the headline; the last one says how to stop
+        wait_until(lambda: any("Ctrl-C stops everything" in line for line in self.lines), 5)
+        return self
+
+    def said(self, label: str) -> str:
+        """The last word of `up`'s summary line starting with `label`."""
+        return next(line.split()[-1] for line in self.lines if line.strip().startswith(label))
+
+    def kill(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # `up` and every service it started
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

@@ -4,18 +4,15 @@ leaves no process behind."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from firsthop.services.call.caller import Caller, ToneTrack, dominant
 from tests.integration.test_transceiver import heard, hears
-from tests.support import eventually, free_tcp_port, free_udp_port, wait_until
+from tests.support import UpStack, eventually
 
 
 def _children(pid: int) -> set[int]:
@@ -41,43 +38,11 @@ def _alive(pid: int) -> bool:
 
 
 def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
-    port, metrics = free_tcp_port(), free_tcp_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "firsthop.services.cli",
-            "up",
-            "--port",
-            str(port),
-            "--relay-port",
-            str(free_udp_port()),
-            "--relay-metrics-port",
-            str(metrics),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("FIRSTHOP_")},
-        start_new_session=True,  # so a failing test can take the whole tree down
-    )
-    lines: list[str] = []
-    up = threading.Event()
-
-    def drain() -> None:  # keep the pipe flowing: `up` logs for every service
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if "firsthop is up" in line:
-                up.set()
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
+    up = UpStack()
+    proc, lines, port = up.proc, up.lines, up.port
     try:
-        assert up.wait(40), "".join(lines[-30:])
-        # the summary lines follow the headline; the last one says how to stop
-        wait_until(lambda: any("Ctrl-C stops everything" in line for line in lines), 5)
-        key = next(line.split()[-1] for line in lines if "dev API key" in line)
+        up.start()
+        key = up.said("dev API key")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
             assert r.status == 200 and b"firsthop" in r.read()
 
@@ -121,11 +86,7 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
         assert len(children) >= 7  # redis, relay (+worker), 2 transceivers, 2 agents, signaling
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=20)
-        reader.join(5)
+        up.reader.join(5)
         assert [p for p in children if _alive(p)] == []
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # `up` and every service it started
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        up.kill()
