@@ -22,7 +22,8 @@ from firsthop.shared.address import parse_hostport
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 from firsthop.shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
 
-MAX_BODY = MAX_SDP_BYTES + 4096
+MAX_SESSION_CONFIG = 16 * 1024  # the caller's Realtime session config, as JSON
+MAX_BODY = MAX_SDP_BYTES + MAX_SESSION_CONFIG + 4096
 BODY_TIMEOUT = 10.0  # bodies come from signaling, whole: seconds is generous
 
 
@@ -83,6 +84,12 @@ def create_app(tx: Transceiver) -> QuartTrio:
         region = body.get("region")
         if agent_url is not None and not isinstance(agent_url, str):
             return _error(400, "agent_url must be a string")
+        session_config = body.get("session")
+        if session_config is not None:
+            if not isinstance(session_config, dict):
+                return _error(400, "session must be a JSON object")
+            if len(json.dumps(session_config)) > MAX_SESSION_CONFIG:
+                return _error(400, f"session over {MAX_SESSION_CONFIG} bytes of JSON")
         try:
             session_id, answer = await tx.create_session(
                 call_id=call_id,
@@ -91,6 +98,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
                 agent_url=agent_url,
                 region=region if isinstance(region, str) else None,
                 traceparent=request.headers.get("traceparent"),
+                session_config=session_config,
             )
         except Refusal as exc:
             resp = _error(exc.status, exc.reason)
