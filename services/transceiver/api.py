@@ -3,7 +3,10 @@
 `POST /internal/v1/sessions` (offer -> answer), `PATCH` (trickle-ice-sdpfrag: candidates are
 accepted and ignored — an ICE-lite server never checks them — and new ice-ufrag/ice-pwd mean
 an ICE restart, answered with the new server credentials), `DELETE`, `POST /internal/v1/drain`,
-`GET /healthz`, `GET /metrics`. Bad input is a 4xx with a reason, never a 500.
+`GET /healthz`, `GET /metrics`; and the sideband WebSocket `/internal/v1/sessions/<id>/events`:
+copies of every server event the call's caller gets, and client events handled as if they came
+on its data channel (`Session.open_sideband`: at most 4 a session, each with a bounded queue).
+Bad input is a 4xx with a reason, never a 500.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import hmac
 import json
 from typing import Any
 
-from quart import Response, request
+import trio
+from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -45,6 +49,14 @@ def create_app(tx: Transceiver) -> QuartTrio:
                 return _error(401, "missing or wrong internal token")
         if request.content_length is not None and request.content_length > MAX_BODY:
             return _error(413, f"body over {MAX_BODY} bytes")
+        return None
+
+    @app.before_websocket
+    async def ws_guard() -> Response | None:
+        if websocket.path.startswith("/internal/") and token:
+            got = websocket.headers.get("Authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+                return _error(401, "missing or wrong internal token")
         return None
 
     @app.errorhandler(HTTPException)
@@ -147,6 +159,33 @@ def create_app(tx: Transceiver) -> QuartTrio:
         if not tx.end_session(session_id, "deleted"):
             return _gone(session_id)
         return Response("", status=204)
+
+    @app.websocket("/internal/v1/sessions/<session_id>/events")
+    async def sideband(session_id: str) -> Response | None:
+        session = tx.session(session_id)
+        if session is None:
+            return _error(404, "no such session")
+        feed = session.open_sideband()
+        if feed is None:
+            tx.counters["sideband_refused"] += 1
+            return _error(429, "too many sideband sockets for this session")
+        send, receive = feed
+        try:
+            await websocket.accept()
+            tx.counters["sideband_opened"] += 1
+            async with trio.open_nursery() as nursery:
+
+                async def events_out() -> None:
+                    async for text in receive:
+                        await websocket.send(text)
+                    nursery.cancel_scope.cancel()  # the session is over
+
+                nursery.start_soon(events_out)
+                while True:
+                    session.client_message(await websocket.receive())
+        finally:
+            session.close_sideband(send)
+        return None
 
     @app.post("/internal/v1/drain")
     async def drain() -> Response:

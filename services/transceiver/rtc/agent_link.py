@@ -100,8 +100,15 @@ class AgentLink:
                 data = await loop.sock_recv(sock, 65536)
                 if not data:
                     raise AgentLinkError("agent closed during the handshake")
-                self.ws.receive_data(self._unwrap(data))
-                for event in self.ws.events():
+                plain = self._unwrap(data)
+                if not plain:
+                    continue  # TLS records with no data in them yet (a session ticket)
+                try:
+                    self.ws.receive_data(plain)
+                    handshake = list(self.ws.events())
+                except Exception as exc:  # wsproto raises on a bad handshake answer
+                    raise AgentLinkError(f"bad WebSocket handshake: {exc}") from exc
+                for event in handshake:
                     if self.open:
                         early.append(event)
                     elif isinstance(event, AcceptConnection):
