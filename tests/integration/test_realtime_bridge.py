@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
 from tests.integration.test_transceiver import event_count, heard, hears
@@ -389,6 +389,14 @@ def test_sideband_gets_server_events_and_sends_client_events(tx: TransceiverProc
         with pytest.raises(InvalidStatus) as unauthorized:
             await connect(url)
         assert unauthorized.value.response.status_code == 401
+        # The session's end closes its sideband sockets.
+        last = await connect(url, additional_headers=tx.auth)
+        status, _ = await asyncio.to_thread(
+            tx.request, "DELETE", f"/internal/v1/sessions/{session_id}"
+        )
+        assert status == 204
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(last.recv(), 10)
         await c.close()
 
     run(main)
@@ -406,6 +414,22 @@ def test_wss_backend_with_a_ca_file(tx: TransceiverProcess, cert: tuple[Path, Pa
         assert backend.auth == [f"Bearer {API_KEY}"]
         await backend.speak(0.6)
         await eventually(lambda: hears(c, AGENT_TONE, window=9600), 10)
+        await c.close()
+
+    run(main, tls)
+
+
+def test_wss_backend_with_a_certificate_not_trusted(tx: TransceiverProcess, tmp_path: Path) -> None:
+    other = make_cert(tmp_path)  # self-signed, and not in --agent-ca-file
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(other[0], other[1])
+    failures = event_count(tx, "agent_failures")
+
+    async def main(backend: Backend) -> None:
+        c, _ = await call(tx, backend)
+        await asyncio.to_thread(wait_until, lambda: event_count(tx, "agent_failures") > failures)
+        assert backend.received == []  # nothing got past the TLS handshake
+        assert c.pc.connectionState == "connected"  # the call goes on, in silence
         await c.close()
 
     run(main, tls)
