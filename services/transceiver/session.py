@@ -119,8 +119,8 @@ class Session:
 
     def _audio_in(self, pcm: bytes) -> None:
         # Straight onto the agent's socket, frame by frame as it is decoded.
-        agent = self._agent
-        if agent is None or self._link is None:
+        agent, link = self._agent, self._link
+        if agent is None or link is None or not link.open:
             self.counters["agent_audio_dropped"] += 1
             return
         message = agent.caller_audio(pcm)
@@ -278,19 +278,20 @@ class Session:
                 self.counters["agent_bad_url"] += 1
                 log.error("session %s: %s; the call goes on without an agent", self.session_id, exc)
                 return
+            # The link is the session's from now on (it takes nothing until it is open): what
+            # the agent says the moment it is open may need an answer.
+            self._link = link
             try:
                 with trio.fail_after(AGENT_CONNECT_TIMEOUT):
-                    await call_asyncio(link.connect())
+                    await call_asyncio(link.connect(first=agent.opening()))
             except (OSError, AgentLinkError, trio.TooSlowError) as exc:
+                self._link = None
                 link.close()
                 self.counters["agent_failures"] += 1
                 log.warning("session %s: agent unreachable (%s)", self.session_id, exc)
                 await trio.sleep(delay)
                 delay = min(RECONNECT_MAX, delay * 2)
                 continue
-            for message in agent.opening():
-                link.send(message)
-            self._link = link
             self.counters["agent_connects"] += 1
             delay = RECONNECT_MIN
             try:

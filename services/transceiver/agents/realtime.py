@@ -166,24 +166,21 @@ class RealtimeProtocol:
         kind = msg["type"]
         if kind in AUDIO_DELTAS:
             return self._delta(msg)
-        out: list[AgentEvent] = []
         if kind == "session.created":
             if self._created_seen:
                 return [Malformed("realtime_session_created_kept_back")]
             self._created_seen = True
         if kind in ("session.created", "session.updated"):
             self._set_formats(msg.get("session"))
-        out.append(ToCaller(message))
         if kind == "input_audio_buffer.speech_started":
-            out += self._clear()
-        elif kind in AUDIO_DONES and isinstance(msg.get("response_id"), str):
-            out = self._flush() + self._done(msg["response_id"]) + out
-        elif kind == "response.done":
+            return [ToCaller(message), *self._clear()]
+        done = msg.get("response_id") if kind in AUDIO_DONES else None
+        if kind == "response.done":
             response = msg.get("response")
-            rid = response.get("id") if isinstance(response, dict) else None
-            if isinstance(rid, str):
-                out = self._flush() + self._done(rid) + out
-        return out
+            done = response.get("id") if isinstance(response, dict) else None
+        if isinstance(done, str):  # the tail of its audio, the event, then maybe `stopped`
+            return [*self._flush(), ToCaller(message), *self._done(done)]
+        return [ToCaller(message)]
 
     def played(self, tag: Tag) -> list[AgentEvent]:
         return self._playout(self.playout.played(tag))

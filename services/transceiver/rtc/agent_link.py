@@ -80,8 +80,9 @@ class AgentLink:
         self._partial: list[bytes | str] = []
         self._partial_size = 0
 
-    async def connect(self) -> None:
-        """Open the socket and do the WebSocket handshake (wrap in a timeout)."""
+    async def connect(self, first: list[str | bytes] | None = None) -> None:
+        """Open the socket and do the WebSocket handshake (wrap in a timeout); `first` are
+        sent the moment it is open, before anything the agent sends is delivered."""
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
         family, _, _, _, addr = infos[0]
@@ -119,6 +120,8 @@ class AgentLink:
             sock.close()
             raise
         self.sock = sock
+        for message in first or []:
+            self.send(message)
         loop.add_reader(sock.fileno(), self._readable)
         self._handle(early)
 
