@@ -5,6 +5,7 @@ in for a third-party backend, so the test decides exactly what the backend says 
 
 from __future__ import annotations
 
+import array
 import asyncio
 import base64
 import datetime
@@ -22,6 +23,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
+from firsthop.services.transceiver.resample import ulaw_decode, ulaw_encode
 from tests.integration.test_transceiver import event_count, heard, hears
 from tests.support import TransceiverProcess, eventually, wait_until
 
@@ -433,6 +435,34 @@ def test_wss_backend_with_a_certificate_not_trusted(tx: TransceiverProcess, tmp_
         await c.close()
 
     run(main, tls)
+
+
+def test_a_g711_session(tx: TransceiverProcess) -> None:
+    """A session that asks for μ-law both ways gets 8 kHz G.711 appends and is heard in it."""
+    pcmu = {"type": "audio/pcmu"}
+    g711 = {**SESSION, "audio": {"input": {"format": pcmu}, "output": {"format": pcmu}}}
+
+    async def main(backend: Backend) -> None:
+        c, _ = await call(tx, backend, session=g711)
+        await eventually(lambda: len(backend.heard_from_caller()) > 8000, 10)  # > 1 s at 8 kHz
+        tail = ulaw_decode(backend.heard_from_caller()[-4000:])
+        loudest = max([600, 800, CALLER_TONE, 1200], key=lambda f: tone_power(tail, f, 8000))
+        assert loudest == CALLER_TONE
+        w = 2 * math.pi * AGENT_TONE / 8000
+        pcm = array.array("h", (int(9000 * math.sin(w * i)) for i in range(8000))).tobytes()
+        for off in range(0, len(ulaw_encode(pcm)), 800):
+            await backend.send(
+                {
+                    "type": "response.output_audio.delta",
+                    "response_id": "resp_g",
+                    "item_id": "item_g",
+                    "delta": base64.b64encode(ulaw_encode(pcm)[off : off + 800]).decode(),
+                }
+            )
+        await eventually(lambda: hears(c, AGENT_TONE, window=9600), 10)
+        await c.close()
+
+    run(main)
 
 
 def test_session_config_is_checked(tx: TransceiverProcess) -> None:
