@@ -3,7 +3,10 @@
 `POST /internal/v1/sessions` (offer -> answer), `PATCH` (trickle-ice-sdpfrag: candidates are
 accepted and ignored — an ICE-lite server never checks them — and new ice-ufrag/ice-pwd mean
 an ICE restart, answered with the new server credentials), `DELETE`, `POST /internal/v1/drain`,
-`GET /healthz`, `GET /metrics`. Bad input is a 4xx with a reason, never a 500.
+`GET /healthz`, `GET /metrics`; and the sideband WebSocket `/internal/v1/sessions/<id>/events`:
+copies of every server event the call's caller gets, and client events handled as if they came
+on its data channel (`Session.open_sideband`: at most 4 a session, each with a bounded queue).
+Bad input is a 4xx with a reason, never a 500.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import hmac
 import json
 from typing import Any
 
-from quart import Response, request
+import trio
+from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -22,7 +26,8 @@ from firsthop.shared.address import parse_hostport
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 from firsthop.shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
 
-MAX_BODY = MAX_SDP_BYTES + 4096
+MAX_SESSION_CONFIG = 16 * 1024  # the caller's Realtime session config, as JSON
+MAX_BODY = MAX_SDP_BYTES + MAX_SESSION_CONFIG + 4096
 BODY_TIMEOUT = 10.0  # bodies come from signaling, whole: seconds is generous
 
 
@@ -44,6 +49,14 @@ def create_app(tx: Transceiver) -> QuartTrio:
                 return _error(401, "missing or wrong internal token")
         if request.content_length is not None and request.content_length > MAX_BODY:
             return _error(413, f"body over {MAX_BODY} bytes")
+        return None
+
+    @app.before_websocket
+    async def ws_guard() -> Response | None:
+        if websocket.path.startswith("/internal/") and token:
+            got = websocket.headers.get("Authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+                return _error(401, "missing or wrong internal token")
         return None
 
     @app.errorhandler(HTTPException)
@@ -83,6 +96,12 @@ def create_app(tx: Transceiver) -> QuartTrio:
         region = body.get("region")
         if agent_url is not None and not isinstance(agent_url, str):
             return _error(400, "agent_url must be a string")
+        session_config = body.get("session")
+        if session_config is not None:
+            if not isinstance(session_config, dict):
+                return _error(400, "session must be a JSON object")
+            if len(json.dumps(session_config)) > MAX_SESSION_CONFIG:
+                return _error(400, f"session over {MAX_SESSION_CONFIG} bytes of JSON")
         try:
             session_id, answer = await tx.create_session(
                 call_id=call_id,
@@ -91,6 +110,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
                 agent_url=agent_url,
                 region=region if isinstance(region, str) else None,
                 traceparent=request.headers.get("traceparent"),
+                session_config=session_config,
             )
         except Refusal as exc:
             resp = _error(exc.status, exc.reason)
@@ -139,6 +159,33 @@ def create_app(tx: Transceiver) -> QuartTrio:
         if not tx.end_session(session_id, "deleted"):
             return _gone(session_id)
         return Response("", status=204)
+
+    @app.websocket("/internal/v1/sessions/<session_id>/events")
+    async def sideband(session_id: str) -> Response | None:
+        session = tx.session(session_id)
+        if session is None:
+            return _error(404, "no such session")
+        feed = session.open_sideband()
+        if feed is None:
+            tx.counters["sideband_refused"] += 1
+            return _error(429, "too many sideband sockets for this session")
+        send, receive = feed
+        try:
+            await websocket.accept()
+            tx.counters["sideband_opened"] += 1
+            async with trio.open_nursery() as nursery:
+
+                async def events_out() -> None:
+                    async for text in receive:
+                        await websocket.send(text)
+                    nursery.cancel_scope.cancel()  # the session is over
+
+                nursery.start_soon(events_out)
+                while True:
+                    session.client_message(await websocket.receive())
+        finally:
+            session.close_sideband(send)
+        return None
 
     @app.post("/internal/v1/drain")
     async def drain() -> Response:

@@ -117,7 +117,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     add_option(p, "--route-keys", default=None, help="ID=BASE64,... HMAC keys for route tokens")
     add_option(p, "--route-key-id", default=1, type=int, help="key id used to sign")
     add_option(p, "--redis", default=None, help="redis://host:port/db for the registry")
-    add_option(p, "--agent-url", default=None, help="ws://host:port of the default agent")
+    add_option(
+        p,
+        "--agent-url",
+        default=None,
+        help="the default agent: ws://host:port (native) or realtime+ws(s)://host:port/path",
+    )
+    add_option(
+        p,
+        "--realtime-api-key",
+        default=None,
+        help="sent as Authorization: Bearer KEY to realtime+ws(s):// backends",
+    )
+    add_option(
+        p,
+        "--agent-ca-file",
+        default=None,
+        help="PEM CAs that wss:// agents' certificates must chain to (default: the system's)",
+        metavar="PATH",
+    )
     add_option(
         p,
         "--advertise-media",
@@ -182,6 +200,8 @@ def config_from_args(args: argparse.Namespace) -> TransceiverConfig:
             internal_token=args.internal_token or None,
             drain_seconds=args.drain_seconds,
             consent_timeout=args.consent_timeout,
+            realtime_api_key=args.realtime_api_key or None,
+            agent_ca_file=args.agent_ca_file or None,
         )
     except (ValueError, argparse.ArgumentTypeError) as exc:
         raise SystemExit(f"firsthop transceiver: {exc}") from exc

@@ -10,12 +10,20 @@ delay the agent's audio sees at its floor:
   agent's silence: a quiet frame arriving while 2 or more frames wait is dropped. Without it,
   audio arriving exactly as fast as it leaves keeps any backlog, and its delay, for the rest
   of the call. Speech is never dropped this way (an agent may send ahead on purpose).
+  A queue made with `drain_quiet=False` keeps every frame (a backend that sends a whole
+  answer ahead, faster than real time, means its pauses), up to its own, larger bound.
+
+Each frame may carry an opaque tag (a Realtime backend's response and item): what `push`
+drops and what `pop` plays is reported by tag, so what the caller really heard is known.
 """
 
 from __future__ import annotations
 
 import array
 from collections import deque
+from typing import Generic, TypeVar
+
+Tag = TypeVar("Tag")
 
 SAMPLE_RATE = 48000
 FRAME_SAMPLES = 960  # 20 ms
@@ -31,28 +39,42 @@ def is_quiet(pcm: bytes) -> bool:
     return max(samples, default=0) <= QUIET_PEAK and -min(samples, default=0) <= QUIET_PEAK
 
 
-class OutputQueue:
-    def __init__(self) -> None:
+class OutputQueue(Generic[Tag]):
+    def __init__(self, max_frames: int = MAX_FRAMES, *, drain_quiet: bool = True) -> None:
+        self.max_frames = max_frames
+        self.drain_quiet = drain_quiet
         self.frames: deque[bytes] = deque()
+        self.tags: deque[Tag | None] = deque()  # one per frame
+        self.played_tag: Tag | None = None  # the tag of the frame `pop` last returned
         self.dropped_full = 0  # oldest frames dropped at the bound
         self.dropped_quiet = 0  # quiet frames dropped to drain a backlog
         self.start: float | None = None  # clock origin: frame n plays at start + n * 20 ms
         self.pts = 0
         self.idle = True  # the last frame played was silence
 
-    def push(self, pcm: bytes) -> None:
+    def push(self, pcm: bytes, tag: Tag | None = None) -> list[Tag]:
+        """Queue whole 20 ms frames of `pcm`; the tags of the frames dropped doing so."""
+        dropped: list[Tag] = []
         for off in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):
             frame = pcm[off : off + FRAME_BYTES]
-            if len(self.frames) >= BACKLOG and is_quiet(frame):
+            if self.drain_quiet and len(self.frames) >= BACKLOG and is_quiet(frame):
                 self.dropped_quiet += 1
+                if tag is not None:
+                    dropped.append(tag)
                 continue
-            if len(self.frames) >= MAX_FRAMES:
+            if len(self.frames) >= self.max_frames:
                 self.frames.popleft()
+                old = self.tags.popleft()
                 self.dropped_full += 1
+                if old is not None:
+                    dropped.append(old)
             self.frames.append(frame)
+            self.tags.append(tag)
+        return dropped
 
     def clear(self) -> None:
         self.frames.clear()
+        self.tags.clear()
 
     def next_deadline(self, now: float) -> float:
         """Advance to the next frame; when it is due (now, for the very first)."""
@@ -72,5 +94,6 @@ class OutputQueue:
 
     def pop(self) -> bytes | None:
         frame = self.frames.popleft() if self.frames else None
+        self.played_tag = self.tags.popleft() if frame is not None else None
         self.idle = frame is None
         return frame

@@ -16,8 +16,10 @@ import math
 import os
 import secrets
 import socket
+import ssl
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 from opentelemetry import trace
@@ -70,6 +72,8 @@ class TransceiverConfig:
     internal_token: str | None = None
     drain_seconds: float = 3600.0
     consent_timeout: float = 30.0  # RFC 7675 §5.1
+    realtime_api_key: str | None = None  # `Authorization: Bearer` to Realtime backends
+    agent_ca_file: str | None = None  # CAs for wss:// agents (default: the system's)
 
     @property
     def advertised(self) -> Address:
@@ -106,6 +110,13 @@ class Transceiver:
         self._all_read = trio.Event()
         self._timer_at = math.inf  # when the timer task will next wake
         self._timer_moved = trio.Event()
+        self._agent_tls: ssl.SSLContext | None = None
+
+    def agent_tls(self) -> ssl.SSLContext:
+        """The TLS context of wss:// agents (made once: loading CAs is not free)."""
+        if self._agent_tls is None:
+            self._agent_tls = ssl.create_default_context(cafile=self.config.agent_ca_file)
+        return self._agent_tls
 
     @property
     def draining(self) -> bool:
@@ -239,6 +250,7 @@ class Transceiver:
         agent_url: str | None,
         region: str | None,
         traceparent: str | None = None,
+        session_config: dict[str, Any] | None = None,
     ) -> tuple[str, str]:
         self.table.check_admission()
         if not ingress:
@@ -266,10 +278,11 @@ class Transceiver:
         assert remote.ufrag is not None and remote.pwd is not None  # check_offer saw to it
         creds = self.table.credentials(remote.ufrag, remote.pwd)
         session_id = secrets.token_urlsafe(12)
+        url = agent_url or self.config.agent_url or ""
         session = Session(
             session_id=session_id,
             call_id=call_id,
-            agent_url=agent_url or self.config.agent_url,
+            agent_url=url or None,
             region=region or self.config.region,
             ingress=ingress,
             creds=creds,
@@ -279,6 +292,9 @@ class Transceiver:
             counters=self.counters,
             traceparent=traceparent,
             span=span,
+            session_config=session_config,
+            agent_headers=self._agent_headers(),
+            agent_tls=self.agent_tls() if url.startswith(("wss://", "realtime+wss://")) else None,
         )
         span.set_attribute("firsthop.session_id", session_id)
         try:
@@ -298,6 +314,10 @@ class Transceiver:
         self.trace_handoff(creds.local_ufrag, span)
         self._sessions_nursery.start_soon(self._run_session, session)
         return session_id, mark_ice_lite(answer)
+
+    def _agent_headers(self) -> list[tuple[str, str]]:
+        key = self.config.realtime_api_key
+        return [("Authorization", f"Bearer {key}")] if key else []
 
     async def _run_session(self, session: Session) -> None:
         try:

@@ -13,6 +13,11 @@ connection is reported to it through `on_state`):
   caller goes to the data channel; both sides hear of the call's state;
 * what those look like on the wire is the agent protocol's business (`agents/`, chosen by
   the agent URL's scheme): the bridge here only carries them;
+* events for the caller go to its data channel and to the call's sideband sockets (the
+  internal API's `/events` WebSocket, at most `MAX_SIDEBANDS`, each with a bounded queue); a
+  protocol that asks (`hold_events`: Realtime, whose `session.created` must come first) has
+  them held, bounded, until the channel opens; what a sideband sends is handled as if it came
+  on the data channel;
 * when it ends it closes the peer connection and always sends `session.end` to the agent.
 """
 
@@ -20,16 +25,26 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 from opentelemetry.trace import Span
 
 from firsthop.services.transceiver.agents import AgentProtocol, AgentUrlError, CallInfo, agent_kind
-from firsthop.services.transceiver.agents.events import ClearAudio, Malformed, PlayAudio, ToCaller
+from firsthop.services.transceiver.agents.events import (
+    AgentEvent,
+    ClearAudio,
+    Malformed,
+    PlayAudio,
+    Tag,
+    ToAgent,
+    ToCaller,
+)
 from firsthop.services.transceiver.ice_lite import Credentials
 from firsthop.services.transceiver.rtc import (
     AgentLink,
@@ -45,9 +60,13 @@ from firsthop.shared.telemetry import traceparent_of
 log = logging.getLogger("firsthop.transceiver.session")
 
 AGENT_CONNECT_TIMEOUT = 5.0
-MAX_EVENT_BYTES = 64 * 1024  # a caller's data-channel message
 RECONNECT_MIN = 0.2
 RECONNECT_MAX = 5.0
+HOLD_EVENTS = 64  # events held for a caller whose data channel is not open yet ...
+HOLD_BYTES = 256 * 1024  # ... and their bytes
+MAX_SIDEBANDS = 4  # sideband sockets per session
+SIDEBAND_QUEUE = 256  # events waiting for one sideband socket
+AHEAD_FRAMES = 1500  # 30 s of a backend's answer sent ahead, queued to play
 
 
 @dataclass(eq=False)
@@ -64,6 +83,9 @@ class Session:
     counters: Counter[str]
     traceparent: str | None = None
     span: Span | None = None
+    session_config: dict[str, Any] | None = None  # the caller's Realtime session config
+    agent_headers: list[tuple[str, str]] = field(default_factory=list)  # Realtime backends
+    agent_tls: ssl.SSLContext | None = None  # for wss:// agents
     created: float = field(default_factory=time.monotonic)
     milestones: dict[Milestone, float] = field(default_factory=dict)
     state: str = "new"
@@ -75,6 +97,11 @@ class Session:
         self._token = trio.lowlevel.current_trio_token()
         self._link: AgentLink | None = None
         self._agent: AgentProtocol | None = None
+        self._held: deque[str] = deque()
+        self._held_bytes = 0
+        self._hold = False
+        self._call_state_events = True
+        self.sidebands: list[trio.MemorySendChannel[str]] = []
         self.rtc = RtcSession(
             candidates=self.ingress,
             send=self.send,
@@ -92,9 +119,12 @@ class Session:
 
     def _audio_in(self, pcm: bytes) -> None:
         # Straight onto the agent's socket, frame by frame as it is decoded.
-        agent = self._agent
-        message = agent.caller_audio(pcm) if agent is not None else None
-        if message is None or not self._to_agent(message):
+        agent, link = self._agent, self._link
+        if agent is None or link is None or not link.open:
+            self.counters["agent_audio_dropped"] += 1
+            return
+        message = agent.caller_audio(pcm)
+        if message is not None and not self._to_agent(message):
             self.counters["agent_audio_dropped"] += 1
 
     def _state_in(self, state: str) -> None:
@@ -102,27 +132,61 @@ class Session:
         self.on_state(self, state)
         agent = self._agent
         message = agent.call_state(state) if agent is not None else None
-        if message is None or not self._to_agent(message):
+        if message is not None and not self._to_agent(message):
             self.counters["event_dropped_no_agent"] += 1
-        self.rtc.send_event(json.dumps({"type": "call.state", "state": state}))
+        if self._call_state_events:
+            self.rtc.send_event(json.dumps({"type": "call.state", "state": state}))
 
     def _message_in(self, message: str | bytes) -> None:
-        """The caller's data channel: JSON text for the agent; anything else is dropped."""
-        if isinstance(message, bytes):
-            self.counters["event_dropped_binary"] += 1
-            return
-        if len(message.encode()) > MAX_EVENT_BYTES:
-            self.counters["event_dropped_oversize"] += 1
-            return
-        try:
-            data = json.loads(message)
-        except (ValueError, RecursionError):
-            self.counters["event_dropped_not_json"] += 1
-            return
+        """The caller's data channel (or a sideband socket): the agent protocol decides."""
         agent = self._agent
-        out = agent.caller_event(data) if agent is not None else None
-        if out is None or not self._to_agent(out):
+        if agent is None:
             self.counters["event_dropped_no_agent"] += 1
+            return
+        self._apply(agent, agent.caller_message(message))
+
+    client_message = _message_in  # what a sideband socket sends
+
+    def _to_caller(self, text: str) -> None:
+        """A server event: to every sideband socket, and to the data channel (held until it
+        opens if the protocol asks, bounded; dropped and counted otherwise)."""
+        for sideband in self.sidebands:
+            try:
+                sideband.send_nowait(text)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                self.counters["events_dropped_sideband"] += 1
+        if self._held:
+            self._flush_held()
+        if not self._held and self.rtc.send_event(text):
+            return
+        if not self._hold:
+            self.counters["event_dropped_no_channel"] += 1
+            return
+        size = len(text)
+        if len(self._held) >= HOLD_EVENTS or self._held_bytes + size > HOLD_BYTES:
+            self.counters["events_dropped_held"] += 1
+            return
+        self._held.append(text)
+        self._held_bytes += size
+
+    def _flush_held(self) -> None:
+        while self._held and self.rtc.send_event(self._held[0]):
+            self._held_bytes -= len(self._held.popleft())
+
+    def open_sideband(
+        self,
+    ) -> tuple[trio.MemorySendChannel[str], trio.MemoryReceiveChannel[str]] | None:
+        """A new sideband socket's feed of server events (None: the session has enough)."""
+        if len(self.sidebands) >= MAX_SIDEBANDS or self.ended.is_set():
+            return None
+        send, receive = trio.open_memory_channel[str](SIDEBAND_QUEUE)
+        self.sidebands.append(send)
+        return send, receive
+
+    def close_sideband(self, send: trio.MemorySendChannel[str]) -> None:
+        if send in self.sidebands:
+            self.sidebands.remove(send)
+        send.close()
 
     def _to_agent(self, message: str | bytes) -> bool:
         link = self._link
@@ -134,7 +198,9 @@ class Session:
             if self.span is not None:
                 self.span.add_event(milestone.value)
         if milestone is Milestone.DATACHANNEL_OPEN:
-            self.rtc.send_event(json.dumps({"type": "call.state", "state": self.state}))
+            self._flush_held()
+            if self._call_state_events:
+                self.rtc.send_event(json.dumps({"type": "call.state", "state": self.state}))
 
     def _count(self, name: str) -> None:
         self.counters[name] += 1
@@ -159,6 +225,9 @@ class Session:
                 await self.ended.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            for send in self.sidebands:
+                send.close()  # their sockets close: the session is over
+            self.sidebands.clear()
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await call_asyncio(self.rtc.close())
             self.counters.update(self.rtc.totals())
@@ -180,7 +249,14 @@ class Session:
             log.error("session %s: %s; the call goes on without an agent", self.session_id, exc)
             return
         traceparent = traceparent_of(self.span) if self.span else self.traceparent
-        agent = kind.protocol(CallInfo(self.session_id, self.call_id, traceparent))
+        call = CallInfo(self.session_id, self.call_id, traceparent, self.session_config)
+        agent = kind.protocol(call)
+        self._agent = agent
+        self._hold, self._call_state_events = agent.hold_events, agent.call_state_events
+        if agent.sends_ahead:
+            self.rtc.output.out.max_frames, self.rtc.output.out.drain_quiet = AHEAD_FRAMES, False
+        self.rtc.output.on_played = lambda tag: self._played(agent, tag)
+        realtime = kind.name == "realtime"
         delay = RECONNECT_MIN
         while True:
             closed = trio.Event()
@@ -195,45 +271,64 @@ class Session:
                     kind.ws_url,
                     on_message=lambda message: self._from_agent(agent, message),
                     on_closed=on_closed,
+                    headers=self.agent_headers if realtime else [],
+                    tls=self.agent_tls,
                 )
             except AgentLinkError as exc:
                 self.counters["agent_bad_url"] += 1
                 log.error("session %s: %s; the call goes on without an agent", self.session_id, exc)
                 return
+            # The link is the session's from now on (it takes nothing until it is open): what
+            # the agent says the moment it is open may need an answer.
+            self._link = link
             try:
                 with trio.fail_after(AGENT_CONNECT_TIMEOUT):
-                    await call_asyncio(link.connect())
+                    await call_asyncio(link.connect(first=agent.opening()))
             except (OSError, AgentLinkError, trio.TooSlowError) as exc:
+                self._link = None
                 link.close()
                 self.counters["agent_failures"] += 1
                 log.warning("session %s: agent unreachable (%s)", self.session_id, exc)
                 await trio.sleep(delay)
                 delay = min(RECONNECT_MAX, delay * 2)
                 continue
-            for message in agent.opening():
-                link.send(message)
-            self._link, self._agent = link, agent
             self.counters["agent_connects"] += 1
             delay = RECONNECT_MIN
             try:
                 await closed.wait()
                 self.counters["agent_failures"] += 1
                 log.warning("session %s: agent link lost (%s)", self.session_id, why[0])
+                self._link = None
+                self._apply(agent, agent.link_lost())
             finally:
-                self._link = self._agent = None
+                self._link = None
                 if link.open:  # the session is ending: say so, then hang up
                     for message in agent.closing():
                         link.send(message)
                 link.close()
 
     def _from_agent(self, agent: AgentProtocol, message: str | bytes) -> None:
-        match agent.on_message(message):
-            case PlayAudio(pcm):
-                self.rtc.output.push(pcm)
-            case ClearAudio():
-                self.rtc.output.clear()
-            case ToCaller(text):
-                if not self.rtc.send_event(text):
-                    self.counters["event_dropped_no_channel"] += 1
-            case Malformed(reason):
-                self.counters[reason] += 1
+        self._apply(agent, agent.on_message(message))
+
+    def _played(self, agent: AgentProtocol, tag: object) -> None:
+        """The output track played a tagged frame (on the loop thread, from its `recv`)."""
+        if isinstance(tag, tuple):
+            self._apply(agent, agent.played(tag))
+
+    def _apply(self, agent: AgentProtocol, events: list[AgentEvent]) -> None:
+        """Carry out what the agent protocol asks of the call."""
+        for e in events:
+            match e:
+                case PlayAudio(pcm, tag):
+                    dropped: list[Tag] = self.rtc.output.push(pcm, tag)  # type: ignore[assignment]
+                    for old in dropped:
+                        self._apply(agent, agent.dropped(old))
+                case ClearAudio():
+                    self.rtc.output.clear()
+                case ToCaller(text):
+                    self._to_caller(text)
+                case ToAgent(message):
+                    if not self._to_agent(message):
+                        self.counters["event_dropped_no_agent"] += 1
+                case Malformed(reason):
+                    self.counters[reason] += 1

@@ -24,7 +24,7 @@ def test_quiet_detection() -> None:
 
 
 def test_clock_ticks_every_20_ms_and_rephases_when_idle() -> None:
-    q = OutputQueue()
+    q: OutputQueue[None] = OutputQueue()
     assert q.next_deadline(100.0) == 100.0
     assert q.pop() is None and q.idle
     assert q.next_deadline(100.0) == 100.02
@@ -38,7 +38,7 @@ def test_clock_ticks_every_20_ms_and_rephases_when_idle() -> None:
 
 
 def test_backlog_drains_through_silence_never_through_speech() -> None:
-    q = OutputQueue()
+    q: OutputQueue[None] = OutputQueue()
     q.push(LOUD * BACKLOG)
     q.push(QUIET * 5)
     assert len(q.frames) == BACKLOG and q.dropped_quiet == 5
@@ -50,6 +50,17 @@ def test_backlog_drains_through_silence_never_through_speech() -> None:
 
 
 def test_bounded() -> None:
-    q = OutputQueue()
+    q: OutputQueue[None] = OutputQueue()
     q.push(LOUD * (MAX_FRAMES + 7))
     assert len(q.frames) == MAX_FRAMES and q.dropped_full == 7
+
+
+def test_tags_are_reported_played_and_dropped_and_a_sends_ahead_queue_keeps_quiet() -> None:
+    q: OutputQueue[str] = OutputQueue(4, drain_quiet=False)
+    assert q.push(LOUD * 2, "a") == []
+    assert q.push(QUIET * 2, "b") == []  # kept: a backend that sends ahead means its pauses
+    assert q.push(LOUD, "c") == ["a"]  # the bound drops the oldest, and says whose it was
+    assert q.pop() == LOUD and q.played_tag == "a"
+    assert q.pop() == QUIET and q.played_tag == "b"
+    q.clear()
+    assert q.pop() is None and q.played_tag is None and not q.tags

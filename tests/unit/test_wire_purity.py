@@ -23,3 +23,18 @@ def test_wire_imports_no_io_frameworks() -> None:
     leaked = [m for m in modules if m.split(".")[0] in FORBIDDEN]
     assert leaked == []
     assert "firsthop.shared.wire.stun" in modules
+
+
+def test_agent_protocols_import_no_io_frameworks() -> None:
+    """The agent protocols (services/transceiver/agents/) are sans-IO codecs too."""
+    code = (
+        "import json, sys\n"
+        "import firsthop.services.transceiver.agents\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    modules = json.loads(out)
+    assert [m for m in modules if m.split(".")[0] in FORBIDDEN] == []
+    assert "firsthop.services.transceiver.agents.realtime" in modules

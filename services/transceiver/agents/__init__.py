@@ -16,19 +16,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from firsthop.services.transceiver.agents.events import AgentEvent, CallInfo, Message
+from firsthop.services.transceiver.agents.events import AgentEvent, CallInfo, Message, Tag
 from firsthop.services.transceiver.agents.native import NativeProtocol
+from firsthop.services.transceiver.agents.realtime import RealtimeProtocol
 
 
 class AgentProtocol(Protocol):
+    hold_events: bool  # events for the caller wait (bounded) until its data channel opens
+    call_state_events: bool  # the caller's data channel hears `call.state` from the bridge
+    sends_ahead: bool  # the agent sends audio faster than real time: queue it all, longer
+
     def opening(self) -> list[Message]:
-        """What to send as soon as the WebSocket is open."""
+        """What to send as soon as the WebSocket is open (again, after a reconnect)."""
 
     def caller_audio(self, pcm: bytes) -> Message | None:
         """One 20 ms frame of the caller, PCM16 mono 48 kHz."""
 
-    def caller_event(self, data: object) -> Message | None:
-        """A JSON value the caller sent on its data channel."""
+    def caller_message(self, message: Message) -> list[AgentEvent]:
+        """A message the caller sent on its data channel (or a sideband socket)."""
 
     def call_state(self, state: str) -> Message | None:
         """The call's connection state changed."""
@@ -36,8 +41,17 @@ class AgentProtocol(Protocol):
     def closing(self) -> list[Message]:
         """What to send before hanging up (the call is over)."""
 
-    def on_message(self, message: Message) -> AgentEvent | None:
-        """What one message from the agent asks of the call (None: nothing)."""
+    def on_message(self, message: Message) -> list[AgentEvent]:
+        """What one message from the agent asks of the call."""
+
+    def played(self, tag: Tag) -> list[AgentEvent]:
+        """A tagged frame was played to the caller."""
+
+    def dropped(self, tag: Tag) -> list[AgentEvent]:
+        """A tagged frame was dropped by the output queue (its bound)."""
+
+    def link_lost(self) -> list[AgentEvent]:
+        """The WebSocket to the agent went away mid-call (it is being reconnected)."""
 
 
 class AgentUrlError(ValueError):
@@ -51,16 +65,20 @@ class AgentKind:
     protocol: Callable[[CallInfo], AgentProtocol]
 
 
-SCHEMES: dict[str, tuple[str, Callable[[CallInfo], AgentProtocol]]] = {
-    "ws://": ("native", NativeProtocol),
+# URL prefix -> (kind, the WebSocket's own scheme, protocol)
+SCHEMES: dict[str, tuple[str, str, Callable[[CallInfo], AgentProtocol]]] = {
+    "ws://": ("native", "ws://", NativeProtocol),
+    "wss://": ("native", "wss://", NativeProtocol),
+    "realtime+ws://": ("realtime", "ws://", RealtimeProtocol),
+    "realtime+wss://": ("realtime", "wss://", RealtimeProtocol),
 }
 
 
 def agent_kind(url: str) -> AgentKind:
     """Which protocol an agent URL names, and where its WebSocket goes."""
-    for prefix, (name, protocol) in SCHEMES.items():
+    for prefix, (name, ws_scheme, protocol) in SCHEMES.items():
         if url.startswith(prefix):
-            return AgentKind(name, url, protocol)
+            return AgentKind(name, ws_scheme + url[len(prefix) :], protocol)
     schemes = ", ".join(SCHEMES)
     raise AgentUrlError(f"agent URL {url[:80]!r} does not start with one of: {schemes}")
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 Message = str | bytes  # one WebSocket message: text, or binary
+Tag = tuple[str, str]  # a frame's (response_id, item_id): whose audio it is (Realtime)
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,13 +14,16 @@ class CallInfo:
     session_id: str
     call_id: str
     traceparent: str | None
+    session: dict[str, Any] | None = None  # the caller's Realtime session config, if any
 
 
 @dataclass(frozen=True, slots=True)
 class PlayAudio:
-    """A 20 ms frame to play to the caller, PCM16 mono 48 kHz (paced by the transceiver)."""
+    """A 20 ms frame to play to the caller, PCM16 mono 48 kHz (paced by the transceiver);
+    a tagged frame is reported back to the protocol when it is played or dropped."""
 
     pcm: bytes
+    tag: Tag | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,16 +33,23 @@ class ClearAudio:
 
 @dataclass(frozen=True, slots=True)
 class ToCaller:
-    """JSON text for the caller's data channel."""
+    """JSON text for the caller's data channel (and the call's sideband sockets)."""
 
     text: str
 
 
 @dataclass(frozen=True, slots=True)
+class ToAgent:
+    """A message for the agent (a reply to the caller's event, a truncate, ...)."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
 class Malformed:
-    """A message the protocol could not use; `reason` is the counter."""
+    """A message the protocol could not use, or dropped; `reason` is the counter."""
 
     reason: str
 
 
-AgentEvent = PlayAudio | ClearAudio | ToCaller | Malformed
+AgentEvent = PlayAudio | ClearAudio | ToCaller | ToAgent | Malformed

@@ -6,6 +6,8 @@ Text frames are JSON control messages, binary frames are audio: PCM16 little-end
 * to the agent: `session.start` (session_id, call_id, sample_rate, frame_ms, traceparent),
   the caller's audio frames, `client.event` (the caller's data-channel JSON), `call.state`,
   `session.end`;
+* from the caller's data channel: JSON text, over 64 KiB, not JSON or binary is dropped and
+  counted (`event_dropped_*`);
 * from the agent: audio frames to play, `output.clear` (barge-in), `agent.event` (its `data`
   goes to the caller's data channel, at most `MAX_EVENT_BYTES`). Anything else is ignored;
   what is not JSON, not an object, or too big is `Malformed`.
@@ -22,15 +24,21 @@ from firsthop.services.transceiver.agents.events import (
     Malformed,
     Message,
     PlayAudio,
+    Tag,
+    ToAgent,
     ToCaller,
 )
 
 SAMPLE_RATE = 48000
 FRAME_MS = 20
-MAX_EVENT_BYTES = 64 * 1024  # an event for the caller's data channel
+MAX_EVENT_BYTES = 64 * 1024  # an event for the caller's data channel, or from it
 
 
 class NativeProtocol:
+    hold_events = False  # an event for a caller with no open data channel is dropped
+    call_state_events = True  # the caller's channel hears the call's state
+    sends_ahead = False  # frames come at real time: the output queue drains a backlog
+
     def __init__(self, call: CallInfo) -> None:
         self.call = call
 
@@ -48,8 +56,16 @@ class NativeProtocol:
     def caller_audio(self, pcm: bytes) -> Message | None:
         return pcm
 
-    def caller_event(self, data: object) -> Message | None:
-        return json.dumps({"type": "client.event", "data": data})
+    def caller_message(self, message: Message) -> list[AgentEvent]:
+        if isinstance(message, bytes):
+            return [Malformed("event_dropped_binary")]
+        if len(message.encode()) > MAX_EVENT_BYTES:
+            return [Malformed("event_dropped_oversize")]
+        try:
+            data = json.loads(message)
+        except (ValueError, RecursionError):
+            return [Malformed("event_dropped_not_json")]
+        return [ToAgent(json.dumps({"type": "client.event", "data": data}))]
 
     def call_state(self, state: str) -> Message | None:
         return json.dumps({"type": "call.state", "state": state})
@@ -57,21 +73,30 @@ class NativeProtocol:
     def closing(self) -> list[Message]:
         return [json.dumps({"type": "session.end"})]
 
-    def on_message(self, message: Message) -> AgentEvent | None:
+    def on_message(self, message: Message) -> list[AgentEvent]:
         if isinstance(message, bytes):
-            return PlayAudio(message)
+            return [PlayAudio(message)]
         try:
             msg = json.loads(message)
         except (ValueError, RecursionError):
-            return Malformed("agent_bad_message")
+            return [Malformed("agent_bad_message")]
         if not isinstance(msg, dict):
-            return Malformed("agent_bad_message")
+            return [Malformed("agent_bad_message")]
         kind = msg.get("type")
         if kind == "output.clear":
-            return ClearAudio()
+            return [ClearAudio()]
         if kind == "agent.event":
             text = json.dumps(msg.get("data"))
             if len(text) > MAX_EVENT_BYTES:
-                return Malformed("event_dropped_oversize")
-            return ToCaller(text)
-        return None
+                return [Malformed("event_dropped_oversize")]
+            return [ToCaller(text)]
+        return []
+
+    def played(self, tag: Tag) -> list[AgentEvent]:
+        return []  # native frames carry no tag
+
+    def dropped(self, tag: Tag) -> list[AgentEvent]:
+        return []
+
+    def link_lost(self) -> list[AgentEvent]:
+        return []

@@ -2,14 +2,19 @@
 
 What goes over it is the agent protocol's business (`services/transceiver/agents/`): this is
 the I/O loop only — connect, send text or binary messages, deliver the agent's messages whole,
-report why it closed.
+report why it closed. `wss://` runs TLS through an `ssl.SSLObject` on memory BIOs (the same
+non-blocking socket and loop reader; the context's CAs verify the agent's certificate and its
+host name, sent as SNI); extra request headers (a Realtime backend's `Authorization`) go in
+the handshake.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Callable
+from typing import Any
 
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
@@ -47,25 +52,37 @@ class AgentLink:
         *,
         on_message: Callable[[str | bytes], None],
         on_closed: Callable[[str], None],
+        headers: list[tuple[str, str]] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         from urllib.parse import urlsplit
 
-        parts = urlsplit(url)
-        if parts.scheme != "ws" or not parts.hostname:
-            raise AgentLinkError(f"agent URL must be ws://host:port[/path], got {url!r}")
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise AgentLinkError(f"bad agent URL {url[:80]!r}: {exc}") from exc
+        if parts.scheme not in ("ws", "wss") or not parts.hostname:
+            raise AgentLinkError(f"agent URL must be ws(s)://host:port[/path], got {url!r}")
         self.host = parts.hostname
-        self.port = parts.port or 80
+        self.port = port or (443 if parts.scheme == "wss" else 80)
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.headers = [(k.encode(), v.encode()) for k, v in headers or []]
+        self.tls_context = (tls or ssl.create_default_context()) if parts.scheme == "wss" else None
         self.on_message, self.on_closed = on_message, on_closed
         self.ws = WSConnection(ConnectionType.CLIENT)
         self.sock: socket.socket | None = None
+        self._tls: ssl.SSLObject | None = None
+        self._tls_in = ssl.MemoryBIO()
+        self._tls_out = ssl.MemoryBIO()
         self.open = False
         self._out = bytearray()
         self._partial: list[bytes | str] = []
         self._partial_size = 0
 
-    async def connect(self) -> None:
-        """Open the socket and do the WebSocket handshake (wrap in a timeout)."""
+    async def connect(self, first: list[str | bytes] | None = None) -> None:
+        """Open the socket and do the WebSocket handshake (wrap in a timeout); `first` are
+        sent the moment it is open, before anything the agent sends is delivered."""
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
         family, _, _, _, addr = infos[0]
@@ -74,15 +91,28 @@ class AgentLink:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await loop.sock_connect(sock, addr)
+            if self.tls_context is not None:
+                await self._tls_handshake(loop, sock)
             host = f"{self.host}:{self.port}"
-            await loop.sock_sendall(sock, self.ws.send(Request(host=host, target=self.target)))
+            request = Request(host=host, target=self.target, extra_headers=self.headers)
+            await loop.sock_sendall(sock, self._wrap(self.ws.send(request)))
+            early: list[Any] = []  # what came right behind the handshake's answer
             while not self.open:
                 data = await loop.sock_recv(sock, 65536)
                 if not data:
                     raise AgentLinkError("agent closed during the handshake")
-                self.ws.receive_data(data)
-                for event in self.ws.events():
-                    if isinstance(event, AcceptConnection):
+                plain = self._unwrap(data)
+                if not plain:
+                    continue  # TLS records with no data in them yet (a session ticket)
+                try:
+                    self.ws.receive_data(plain)
+                    handshake = list(self.ws.events())
+                except Exception as exc:  # wsproto raises on a bad handshake answer
+                    raise AgentLinkError(f"bad WebSocket handshake: {exc}") from exc
+                for event in handshake:
+                    if self.open:
+                        early.append(event)
+                    elif isinstance(event, AcceptConnection):
                         self.open = True
                     elif isinstance(event, RejectConnection):
                         raise AgentLinkError(f"agent refused the WebSocket ({event.status_code})")
@@ -90,7 +120,58 @@ class AgentLink:
             sock.close()
             raise
         self.sock = sock
+        for message in first or []:
+            self.send(message)
         loop.add_reader(sock.fileno(), self._readable)
+        self._handle(early)
+
+    async def _tls_handshake(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        assert self.tls_context is not None
+        tls = self.tls_context.wrap_bio(self._tls_in, self._tls_out, server_hostname=self.host)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError as exc:
+                raise AgentLinkError(f"TLS handshake with the agent failed: {exc}") from exc
+            if self._tls_out.pending:
+                await loop.sock_sendall(sock, self._tls_out.read())
+            data = await loop.sock_recv(sock, 65536)
+            if not data:
+                raise AgentLinkError("agent closed during the TLS handshake")
+            self._tls_in.write(data)
+        if self._tls_out.pending:
+            await loop.sock_sendall(sock, self._tls_out.read())
+        self._tls = tls
+
+    def _wrap(self, data: bytes) -> bytes:
+        """What goes on the socket for `data` (TLS records, with wss://)."""
+        if self._tls is None:
+            return data
+        if data:
+            self._tls.write(data)
+        return self._tls_out.read()
+
+    def _unwrap(self, data: bytes) -> bytes:
+        """The plaintext in what came off the socket (wss://: maybe none yet)."""
+        tls = self._tls
+        if tls is None:
+            return data
+        self._tls_in.write(data)
+        plain = bytearray()
+        try:
+            while True:
+                chunk = tls.read(65536)
+                if not chunk:
+                    break
+                plain += chunk
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:
+            pass
+        return bytes(plain)
 
     def send(self, message: str | bytes) -> bool:
         """Queue one whole message (text or binary); False if the link is not open."""
@@ -103,6 +184,11 @@ class AgentLink:
     def _send(self, data: bytes) -> bool:
         sock = self.sock
         assert sock is not None
+        try:
+            data = self._wrap(data)
+        except ssl.SSLError as exc:
+            self._fail(f"TLS failed: {exc}")
+            return False
         if self._out:
             self._out += data
         else:
@@ -151,11 +237,22 @@ class AgentLink:
             self._fail("agent closed the connection")
             return
         try:
-            self.ws.receive_data(data)
+            plain = self._unwrap(data)
+            if self._tls is not None and self._tls_out.pending:  # TLS wants to answer
+                self._send(b"")
+            if not plain:
+                return
+            self.ws.receive_data(plain)
             events = list(self.ws.events())
+        except ssl.SSLError as exc:
+            self._fail(f"TLS failed: {exc}")
+            return
         except Exception as exc:  # wsproto raises on protocol violations
             self._fail(f"bad WebSocket data: {exc}")
             return
+        self._handle(events)
+
+    def _handle(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, (BytesMessage, TextMessage)):
                 chunk = bytes(event.data) if isinstance(event.data, bytearray) else event.data
@@ -196,7 +293,7 @@ class AgentLink:
         """Say goodbye (a close frame, best effort) and drop the connection; no callback."""
         if self.sock is not None and self.open:
             try:
-                self.sock.send(self.ws.send(CloseConnection(code=1000)))
+                self.sock.send(self._wrap(self.ws.send(CloseConnection(code=1000))))
             except (OSError, Exception):
                 pass
         self._teardown()

@@ -45,10 +45,11 @@ class AgentAudioTrack(MediaStreamTrack):
 
     def __init__(self) -> None:
         super().__init__()
-        self.out = OutputQueue()
+        self.out: OutputQueue[object] = OutputQueue()
         self.frames_out = 0
         self.first_audio_at: float | None = None
         self.on_first_audio: Callable[[], None] | None = None
+        self.on_played: Callable[[object], None] | None = None  # a tagged frame went out
         self._waiter: asyncio.Future[None] | None = None
         self._codec = CodecContext.create("libopus", "w")
         self._codec.bit_rate = OPUS_BITRATE
@@ -62,11 +63,13 @@ class AgentAudioTrack(MediaStreamTrack):
     def dropped(self) -> int:
         return self.out.dropped_full
 
-    def push(self, pcm: bytes) -> None:
-        self.out.push(pcm)
+    def push(self, pcm: bytes, tag: object = None) -> list[object]:
+        """Queue `pcm` (whole 20 ms frames); the tags of frames dropped doing so."""
+        dropped = self.out.push(pcm, tag)
         waiter = self._waiter
         if waiter is not None and not waiter.done() and self.out.frames:
             waiter.set_result(None)
+        return dropped
 
     def clear(self) -> None:
         self.out.clear()
@@ -99,6 +102,8 @@ class AgentAudioTrack(MediaStreamTrack):
                 if self.on_first_audio is not None:
                     self.on_first_audio()
             payload = self._encode(pcm, out.pts)
+            if out.played_tag is not None and self.on_played is not None:
+                self.on_played(out.played_tag)
         # Hand aiortc an encoded packet: it then only packs it (no resampling, no executor
         # hop, no pure-Python audio-level pass over the frame).
         packet = Packet(payload)

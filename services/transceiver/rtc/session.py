@@ -26,6 +26,7 @@ from firsthop.shared.address import Address
 from firsthop.shared.wire.demux import STUN_LAST
 
 MAX_RECEIVE_QUEUE = 256  # datagrams waiting for DTLS/SRTP in one session
+MAX_CHANNEL_BACKLOG = 1 << 20  # bytes of events queued on a caller's data channel
 
 
 class Milestone(enum.StrEnum):
@@ -170,10 +171,19 @@ class RtcSession:
         self.callbacks.milestone(Milestone.DATACHANNEL_OPEN)
 
     def send_event(self, text: str) -> bool:
+        """Send `text` on the caller's data channel; False if it is not open. An event the
+        caller cannot take (over its max-message-size), or one with too much already waiting
+        on a stalled channel, is dropped and counted (True: it was dealt with)."""
         channel = self.channel
         if channel is None or channel.readyState != "open":
             return False
-        channel.send(text)
+        if channel.bufferedAmount > MAX_CHANNEL_BACKLOG:
+            self.callbacks.count("event_dropped_channel_backlog")
+            return True
+        try:
+            channel.send(text)
+        except ValueError:  # aiortc: over the caller's a=max-message-size
+            self.callbacks.count("event_dropped_too_big_for_caller")
         return True
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -1,0 +1,307 @@
+"""The transceiver as a Realtime-API client of a backend (`realtime+ws(s)://`), sans-IO.
+
+The caller speaks OpenAI's Realtime WebRTC API (audio on the call, events on its data channel
+or a sideband socket); the backend speaks the Realtime event protocol over WebSocket. This
+codec is the bridge between the two:
+
+* opening: `session.update` with the caller's session config (again after a reconnect, with
+  every `session.update` the caller sent since merged in);
+* the caller's 48 kHz frames -> `input_audio_buffer.append`, base64 PCM16 24 kHz (or G.711
+  at 8 kHz if the session asks for `audio/pcmu` / `audio/pcma`);
+* `response.output_audio.delta` (beta: `response.audio.delta`) -> decoded, resampled to
+  48 kHz and cut into 20 ms frames tagged (response_id, item_id) to play; not forwarded to
+  the caller (OpenAI's WebRTC API does not send audio deltas on the data channel);
+* every other backend event -> to the caller untouched (a second `session.created` after a
+  reconnect is kept back: to the caller it is the same session);
+* `input_audio_buffer.speech_started` -> barge-in: queued output cleared at once,
+  `output_audio_buffer.cleared`, and `conversation.item.truncate` at what was really played
+  (`playout.py` keeps that from the frames' fate);
+* client events: a JSON object with a string `type`, at most `MAX_CLIENT_EVENT` bytes, of a
+  known type, is forwarded as it is; `output_audio_buffer.clear` is handled here; anything
+  else is answered with an `error` event and not forwarded.
+
+Failures: a backend message that is not a JSON object with a string `type`, or audio that is
+not base64, is `Malformed` (counted, `realtime_*`), never raised.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from typing import Any
+
+from firsthop.services.transceiver.agents.events import (
+    AgentEvent,
+    CallInfo,
+    ClearAudio,
+    Malformed,
+    Message,
+    PlayAudio,
+    Tag,
+    ToAgent,
+    ToCaller,
+)
+from firsthop.services.transceiver.agents.playout import Playout, PlayoutEvent, Started
+from firsthop.services.transceiver.agents.realtime_events import (
+    AUDIO_DELTAS,
+    AUDIO_DONES,
+    CLEAR,
+    CLIENT_EVENTS,
+    FORMATS,
+    MAX_CLIENT_EVENT,
+    audio_formats,
+    error_event,
+    event,
+    merged,
+    new_event_id,
+)
+from firsthop.services.transceiver.resample import (
+    Resampler,
+    alaw_decode,
+    alaw_encode,
+    ulaw_decode,
+    ulaw_encode,
+)
+
+CALL_RATE = 48000
+FRAME_BYTES = 1920  # 20 ms at 48 kHz, PCM16 mono
+
+_ENCODE: dict[str, Callable[[bytes], bytes]] = {"pcmu": ulaw_encode, "pcma": alaw_encode}
+_DECODE: dict[str, Callable[[bytes], bytes]] = {"pcmu": ulaw_decode, "pcma": alaw_decode}
+
+
+class RealtimeProtocol:
+    hold_events = True  # session.created must be the first thing the caller sees
+    call_state_events = False  # the caller's channel carries Realtime events only
+    sends_ahead = True  # backends send answers faster than real time
+
+    def __init__(self, call: CallInfo, new_id: Callable[[], str] = new_event_id) -> None:
+        self.call = call
+        self.new_id = new_id
+        self.session: dict[str, Any] | None = dict(call.session) if call.session else None
+        self.in_format = self.out_format = "pcm"
+        self._down = Resampler(CALL_RATE, FORMATS["pcm"][0])
+        self._up = Resampler(FORMATS["pcm"][0], CALL_RATE)
+        self._set_formats(self.session)
+        self.playout = Playout()
+        self._out = bytearray()  # 48 kHz audio of `_out_tag` short of a whole frame
+        self._out_tag: Tag | None = None
+        self._created_seen = False
+
+    # -- the call -> the backend --------------------------------------------------------------
+
+    def opening(self) -> list[Message]:
+        self._down.reset()
+        if self.session is None:
+            return []
+        return [json.dumps({"type": "session.update", "session": self.session})]
+
+    def caller_audio(self, pcm: bytes) -> Message | None:
+        wire = self._down.push(pcm)
+        encode = _ENCODE.get(self.in_format)
+        if encode is not None:
+            wire = encode(wire)
+        if not wire:
+            return None
+        audio = base64.b64encode(wire).decode()
+        return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+
+    def caller_message(self, message: Message) -> list[AgentEvent]:
+        if isinstance(message, bytes):
+            return self._invalid("binary messages are not Realtime events", "invalid_event")
+        if len(message) > MAX_CLIENT_EVENT or len(message.encode()) > MAX_CLIENT_EVENT:
+            return self._invalid(
+                f"event over {MAX_CLIENT_EVENT} bytes", "event_too_large", count="oversize"
+            )
+        try:
+            data = json.loads(message)
+        except (ValueError, RecursionError):
+            return self._invalid("the event is not valid JSON", "invalid_json", count="not_json")
+        if not isinstance(data, dict):
+            return self._invalid("an event must be a JSON object", "invalid_event")
+        client_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+        kind = data.get("type")
+        if not isinstance(kind, str):
+            return self._invalid(
+                "missing required parameter: 'type'",
+                "missing_required_parameter",
+                param="type",
+                client_event_id=client_id,
+            )
+        if kind not in CLIENT_EVENTS:
+            return self._invalid(
+                f"Invalid value: {kind[:64]!r}. Supported values are: "
+                + ", ".join(repr(k) for k in sorted(CLIENT_EVENTS)),
+                "invalid_value",
+                param="type",
+                client_event_id=client_id,
+                count="unknown_type",
+            )
+        if kind == CLEAR:
+            return self._clear()
+        if kind == "session.update" and isinstance(data.get("session"), dict):
+            self.session = merged(self.session or {}, data["session"])
+            self._set_formats(data["session"])
+        return [ToAgent(message)]
+
+    def call_state(self, state: str) -> Message | None:
+        return None  # the backend has no word for it
+
+    def closing(self) -> list[Message]:
+        return []
+
+    # -- the backend -> the call ----------------------------------------------------------------
+
+    def on_message(self, message: Message) -> list[AgentEvent]:
+        if isinstance(message, bytes):
+            return [Malformed("realtime_binary_dropped")]
+        try:
+            msg = json.loads(message)
+        except (ValueError, RecursionError):
+            return [Malformed("realtime_bad_event")]
+        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            return [Malformed("realtime_bad_event")]
+        kind = msg["type"]
+        if kind in AUDIO_DELTAS:
+            return self._delta(msg)
+        if kind == "session.created":
+            if self._created_seen:
+                return [Malformed("realtime_session_created_kept_back")]
+            self._created_seen = True
+        if kind in ("session.created", "session.updated"):
+            self._set_formats(msg.get("session"))
+        if kind == "input_audio_buffer.speech_started":
+            return [ToCaller(message), *self._clear()]
+        done = msg.get("response_id") if kind in AUDIO_DONES else None
+        if kind == "response.done":
+            response = msg.get("response")
+            done = response.get("id") if isinstance(response, dict) else None
+        if isinstance(done, str):  # the tail of its audio, the event, then maybe `stopped`
+            return [*self._flush(), ToCaller(message), *self._done(done)]
+        return [ToCaller(message)]
+
+    def played(self, tag: Tag) -> list[AgentEvent]:
+        return self._playout(self.playout.played(tag))
+
+    def dropped(self, tag: Tag) -> list[AgentEvent]:
+        return [Malformed("realtime_output_dropped"), *self._playout(self.playout.dropped(tag))]
+
+    def link_lost(self) -> list[AgentEvent]:
+        self._up.reset()
+        self._out.clear()
+        self._out_tag = None
+        gone = error_event(
+            self.new_id(),
+            "the Realtime backend is gone; reconnecting (the call goes on in silence)",
+            code="backend_unavailable",
+            kind="server_error",
+        )
+        cleared = self.playout.clear()
+        out: list[AgentEvent] = [ClearAudio()]
+        if cleared.response_id is not None:
+            out.append(self._cleared_event(cleared.response_id))
+        return [*out, ToCaller(gone)]
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _delta(self, msg: dict[str, Any]) -> list[AgentEvent]:
+        rid, item, delta = msg.get("response_id"), msg.get("item_id"), msg.get("delta")
+        if not (isinstance(rid, str) and isinstance(item, str) and isinstance(delta, str)):
+            return [Malformed("realtime_bad_audio")]
+        if not self.playout.wanted(rid):
+            return [Malformed("realtime_audio_after_clear")]
+        try:
+            wire = base64.b64decode(delta, validate=True)
+        except (binascii.Error, ValueError):
+            return [Malformed("realtime_bad_audio")]
+        tag = (rid, item)
+        out: list[AgentEvent] = []
+        if tag != self._out_tag:
+            out += self._flush()
+            self._out_tag = tag
+        decode = _DECODE.get(self.out_format)
+        self._out += self._up.push(decode(wire) if decode is not None else wire)
+        return out + self._frames(whole_only=True)
+
+    def _frames(self, *, whole_only: bool) -> list[AgentEvent]:
+        tag = self._out_tag
+        if tag is None:
+            return []
+        if not whole_only and len(self._out) % FRAME_BYTES:
+            self._out += bytes(FRAME_BYTES - len(self._out) % FRAME_BYTES)  # pad the last
+        n = len(self._out) // FRAME_BYTES
+        frames = [bytes(self._out[i * FRAME_BYTES : (i + 1) * FRAME_BYTES]) for i in range(n)]
+        del self._out[: n * FRAME_BYTES]
+        if frames:
+            self.playout.queued(tag, len(frames))
+        return [PlayAudio(f, tag) for f in frames]
+
+    def _flush(self) -> list[AgentEvent]:
+        """The end of one stream of audio: the filter's tail, and a last padded frame."""
+        if self._out_tag is None:
+            return []
+        self._out += self._up.flush()
+        out = self._frames(whole_only=False)
+        self._out_tag = None
+        return out
+
+    def _done(self, response_id: str) -> list[AgentEvent]:
+        return self._playout(self.playout.audio_done(response_id))
+
+    def _clear(self) -> list[AgentEvent]:
+        """Barge-in, or the client's `output_audio_buffer.clear`: silence now, tell the
+        caller, and truncate the item at what it heard."""
+        self._up.reset()
+        self._out.clear()
+        self._out_tag = None
+        cleared = self.playout.clear()
+        if cleared.response_id is None:
+            return [ClearAudio()]
+        out: list[AgentEvent] = [ClearAudio(), self._cleared_event(cleared.response_id)]
+        if cleared.item_id is not None:
+            truncate = {
+                "type": "conversation.item.truncate",
+                "event_id": self.new_id(),
+                "item_id": cleared.item_id,
+                "content_index": 0,
+                "audio_end_ms": cleared.audio_end_ms,
+            }
+            out.append(ToAgent(json.dumps(truncate)))
+        return out
+
+    def _cleared_event(self, response_id: str) -> ToCaller:
+        text = event("output_audio_buffer.cleared", self.new_id(), response_id=response_id)
+        return ToCaller(text)
+
+    def _playout(self, events: list[PlayoutEvent]) -> list[AgentEvent]:
+        out: list[AgentEvent] = []
+        for e in events:
+            kind = "started" if isinstance(e, Started) else "stopped"
+            text = event(f"output_audio_buffer.{kind}", self.new_id(), response_id=e.response_id)
+            out.append(ToCaller(text))
+        return out
+
+    def _invalid(
+        self,
+        message: str,
+        code: str,
+        *,
+        param: str | None = None,
+        client_event_id: str | None = None,
+        count: str = "invalid",
+    ) -> list[AgentEvent]:
+        text = error_event(
+            self.new_id(), message, code=code, param=param, client_event_id=client_event_id
+        )
+        return [Malformed(f"realtime_client_event_{count}"), ToCaller(text)]
+
+    def _set_formats(self, session: object) -> None:
+        fin, fout = audio_formats(session)
+        if fin is not None and fin != self.in_format:
+            self.in_format = fin
+            self._down = Resampler(CALL_RATE, FORMATS[fin][0])
+        if fout is not None and fout != self.out_format:
+            self.out_format = fout
+            self._up = Resampler(FORMATS[fout][0], CALL_RATE)
