@@ -226,6 +226,9 @@ def create_app(ctx: Context) -> QuartTrio:
 
     @app.errorhandler(Exception)
     async def on_bug(exc: Exception) -> Response:
+        if not has_request_context():  # a WebSocket route's
+            log.exception("unhandled error on WebSocket %s", websocket.path)
+            return json_response({"error": "internal error"}, 500)
         log.exception("unhandled error on %s %s", request.method, request.path)
         if realtime_api.is_realtime_path(request.path):
             return realtime_api.problem_response(Problem(500, "internal error"))

@@ -208,7 +208,10 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
     @app.websocket("/v1/realtime")
     async def sideband() -> Response | None:
         try:
-            tools.limit_ip()
+            retry = ctx.ip_limiter.check(websocket.remote_addr or "")
+            if retry:
+                ctx.stats.rate_limited["ip"] += 1
+                raise Problem(429, "too many requests from this address", retry_after=retry)
             call_id = websocket.args.get("call_id")
             if not call_id:
                 raise Problem(400, "a WebSocket to /v1/realtime needs ?call_id= (a call's id)")
