@@ -233,12 +233,15 @@ class Authenticator:
             return self.secrets.verify(token, allow_expired=allow_expired)
         return self._key(token)
 
-    def realtime(self, header: str | None, *, allow_ek: bool) -> Principal:
+    def realtime(
+        self, header: str | None, *, allow_ek: bool, allow_expired: bool = False
+    ) -> Principal:
         """The /v1/realtime routes: an API key, or (where `allow_ek`) an ephemeral key; a
-        client secret (fhcs_) is for the native routes: 403."""
+        client secret (fhcs_) is for the native routes: 403. `allow_expired`: an expired
+        ephemeral key still hangs up the calls it created."""
         token = bearer_token(header)
         if token.startswith(EK_PREFIX):
-            principal = self.ephemeral.verify(token)
+            principal = self.ephemeral.verify(token, allow_expired=allow_expired)
             if not allow_ek:
                 raise Problem(403, "an ephemeral key cannot be used here: use an API key")
             return principal

@@ -7,6 +7,7 @@ shape (Quart's test client; the transceiver list names a closed port, so nothing
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +23,7 @@ from firsthop.services.signaling.auth import (
     Principal,
     fingerprint,
 )
+from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
 from firsthop.services.signaling.realtime_session import (
     MAX_PARTS,
     choose_agent,
@@ -68,6 +70,27 @@ def test_ephemeral_key_is_reusable_until_it_expires_then_401() -> None:
         401,
         "ephemeral key expired",
     )
+    # still good for hanging up the calls it created
+    assert auth.realtime(f"Bearer {value}", allow_ek=True, allow_expired=True).kind == "ek"
+
+
+def test_flags_default_agent_and_realtime_agent_urls() -> None:
+    def config(*argv: str) -> SignalingConfig:
+        parser = argparse.ArgumentParser()
+        register_flags(parser)
+        return config_from_args(parser.parse_args(list(argv)))
+
+    got = config(
+        *["--agent-url", "assistant=realtime+ws://127.0.0.1:9000/v1/realtime"],
+        *["--agent-url", "cloud=realtime+wss://api.example/v1/realtime?model=m"],
+        *["--agent-url", "echo=ws://127.0.0.1:9001", "--default-agent", "assistant"],
+    )
+    assert got.default_agent == "assistant" and len(got.agents) == 3
+    assert config().default_agent is None
+    with pytest.raises(SystemExit, match="names no --agent-url"):
+        config("--agent-url", "echo=ws://127.0.0.1:9", "--default-agent", "nope")
+    with pytest.raises(SystemExit, match="realtime\\+ws://"):
+        config("--agent-url", "x=http://127.0.0.1:9")
 
 
 def test_key_kinds_are_kept_apart() -> None:
