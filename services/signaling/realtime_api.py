@@ -241,6 +241,7 @@ class Sideband:
         token = self.ctx.config.internal_token
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         client = websocket._get_current_object()  # type: ignore[attr-defined]
+        accepted = False
         try:
             async with trio_websocket.open_websocket_url(
                 self.upstream_url(),
@@ -250,17 +251,22 @@ class Sideband:
                 disconnect_timeout=SIDEBAND_CONNECT_TIMEOUT,
             ) as upstream:
                 await client.accept()
+                accepted = True
                 self.ctx.stats.counters["sideband_opened"] += 1
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._down, upstream, client, nursery.cancel_scope)
                     nursery.start_soon(self._up, upstream, client, nursery.cancel_scope)
         except trio_websocket.HandshakeError as exc:
+            if accepted:  # a slow close of the transceiver's end: both are over anyway
+                return None
             status = getattr(exc, "status_code", None)
             if status == 404:
                 return problem_response(Problem(404, "call has ended"))
             log.warning("sideband for call %s: transceiver refused: %s", self.record.call_id, exc)
             return problem_response(Problem(503, "transceiver unreachable", retry_after=1))
         except OSError as exc:
+            if accepted:
+                return None
             log.warning("sideband for call %s: %s", self.record.call_id, exc)
             return problem_response(Problem(503, "transceiver unreachable", retry_after=1))
         return None
@@ -276,9 +282,7 @@ class Sideband:
                     await client.send(message)
         except trio_websocket.ConnectionClosed as exc:
             code = exc.reason.code if exc.reason is not None else CLOSE_GOING_AWAY
-            if code == 4404:
-                code = CLOSE_GOING_AWAY
-            await _close_client(client, code if code >= 1000 else CLOSE_GOING_AWAY, "call ended")
+            await _close_client(client, sendable(code), "call ended")
         scope.cancel()
 
     async def _up(
@@ -301,6 +305,14 @@ class Sideband:
             with trio.CancelScope(shield=True), trio.move_on_after(SIDEBAND_CONNECT_TIMEOUT):
                 await upstream.aclose()
         scope.cancel()
+
+
+def sendable(code: int) -> int:
+    """The transceiver's close code as one we may send on: 1005/1006/1015 are never sent,
+    and its 4404 (no such session) means the call is over."""
+    if code in (1000, 1001, 1003, 1008, 1009, 1011) or 3000 <= code < 4000:
+        return code
+    return CLOSE_GOING_AWAY
 
 
 async def _close_client(client: Any, code: int, reason: str) -> None:

@@ -300,13 +300,13 @@ async def test_sideband_pipes_events_both_ways_for_the_calls_owner_only() -> Non
         await trio.to_thread.run_sync(sig.start)
         try:
             with trio.fail_after(60):
-                await trio.to_thread.run_sync(sideband_session, sig, state)
+                await trio.to_thread.run_sync(sideband_session, sig, state, port)
         finally:
             sig.kill()
             nursery.cancel_scope.cancel()
 
 
-def sideband_session(sig: SignalingProcess, state: Standin) -> None:
+def sideband_session(sig: SignalingProcess, state: Standin, standin_port: int) -> None:
     created = state.created
     client = sdk(sig)
     raw = client.realtime.calls.with_raw_response.create(
@@ -345,4 +345,12 @@ def sideband_session(sig: SignalingProcess, state: Standin) -> None:
         conn.send(cast(Any, {"type": "bye"}))  # not a Realtime event: the stand-in's own
         with pytest.raises(Exception):  # noqa: B017 - the SDK's closed-connection error
             conn.recv_bytes()
+    # the session ended at the transceiver (signaling has not heard yet): 404 at the upgrade
+    session_id = f"s{len(created)}"  # the stand-in numbers its sessions
+    gone = httpx.delete(f"http://127.0.0.1:{standin_port}/internal/v1/sessions/{session_id}")
+    assert gone.status_code == 204
+    with pytest.raises(Exception) as info:
+        with client.realtime.connect(call_id=call_id):
+            pass
+    assert "404" in str(info.value)
     client.realtime.calls.hangup(call_id)

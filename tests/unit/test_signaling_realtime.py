@@ -24,6 +24,7 @@ from firsthop.services.signaling.auth import (
     fingerprint,
 )
 from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
+from firsthop.services.signaling.realtime_api import sendable
 from firsthop.services.signaling.realtime_session import (
     MAX_PARTS,
     choose_agent,
@@ -220,6 +221,17 @@ def test_multipart_reader() -> None:
 )
 def test_multipart_refusals(body: bytes, ctype: str | None) -> None:
     assert status_of(parse_multipart, body, ctype or MULTIPART["Content-Type"])[0] == 400
+
+
+def test_sideband_close_codes_passed_on() -> None:
+    assert [sendable(c) for c in (1000, 1006, 1009, 4404, 3001, 1005)] == [
+        1000,
+        1001,
+        1009,
+        1001,
+        3001,
+        1001,
+    ]
 
 
 def test_openai_error_shape() -> None:
