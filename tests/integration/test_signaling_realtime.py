@@ -20,6 +20,7 @@ from typing import Any, cast
 import httpx
 import openai
 import pytest
+import redis as redis_lib
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
@@ -36,6 +37,7 @@ from tests.support import (
     TransceiverProcess,
     eventually,
     free_tcp_port,
+    redis_server,
     start_all,
     wait_until,
 )
@@ -163,6 +165,10 @@ def test_browser_flow_raw_sdp_with_a_reusable_ek(stack: Stack) -> None:
         resp = http.post(f"/v1/realtime/calls/{call_ids[0]}/hangup", headers=auth)
         assert (resp.status_code, resp.json()) == (200, {})
         client.realtime.calls.hangup(call_ids[1])  # the key that minted the ek
+        # calls.create with no session sends the offer raw (application/sdp)
+        raw = client.realtime.calls.with_raw_response.create(sdp=OFFER)
+        assert raw.http_response.status_code == 201
+        client.realtime.calls.hangup(call_id_of(raw.headers["location"]))
         # an ek on the native API, a native secret on the realtime one: 403
         resp = http.post(
             "/v1/calls", content=OFFER, headers={"Content-Type": "application/sdp", **auth}
@@ -354,3 +360,37 @@ def sideband_session(sig: SignalingProcess, state: Standin, standin_port: int) -
             pass
     assert "404" in str(info.value)
     client.realtime.calls.hangup(call_id)
+
+
+def test_an_ek_minted_on_one_replica_places_a_call_on_another() -> None:
+    """With Redis, the session an ek is bound to is shared: any replica takes the ek."""
+    with redis_server() as redis:
+        tx = TransceiverProcess("--redis", redis.url, "--region", "a")
+        common = ["--redis", redis.url, "--ingress", "a=127.0.0.1:3478", "--ip-rate", "0"]
+        one, two = SignalingProcess(*common), SignalingProcess(*common)
+        start_all(tx, one, two)
+        r = redis_lib.Redis.from_url(redis.url, decode_responses=True)
+        try:
+            wait_until(lambda: httpx.get(f"{two.url}/healthz").json()["transceivers"] == 1)
+            ek = (
+                sdk(one)
+                .realtime.client_secrets.create(
+                    session={"type": "realtime", "model": "m", "instructions": "Be brief."}
+                )
+                .value
+            )
+            [key] = r.keys("firsthop:ek:*")
+            assert json.loads(str(r.get(key)))["instructions"] == "Be brief."
+            assert 0 < int(r.ttl(key)) <= 601
+            resp = httpx.post(
+                f"{two.url}/v1/realtime/calls",
+                content=OFFER,
+                headers={"Content-Type": "application/sdp", "Authorization": f"Bearer {ek}"},
+                timeout=20,
+            )
+            assert resp.status_code == 201, resp.text
+            sdk(one).realtime.calls.hangup(call_id_of(resp.headers["location"]))
+        finally:
+            r.close()
+            for p in (tx, one, two):
+                p.kill()

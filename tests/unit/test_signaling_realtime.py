@@ -34,6 +34,7 @@ from firsthop.services.signaling.realtime_session import (
     parse_multipart,
     secret_request,
 )
+from firsthop.services.signaling.stores import EK_MEMORY_MAX_ENTRIES, EkSessions
 from tests.unit.test_signaling_app import CLIENT, KEY, OFFER, app_for
 from tests.unit.test_signaling_auth import KEY as MAC_KEY
 from tests.unit.test_signaling_auth import Clock, status_of
@@ -120,6 +121,18 @@ def test_ownership_on_realtime_routes() -> None:
     assert key.owns(ek.owner) and key.owns(key.owner)  # the key's own, and its eks'
     assert ek.owns(ek.owner) and not ek.owns(other_ek.owner) and not ek.owns(key.owner)
     assert not other_key.owns(ek.owner) and not other_key.owns(key.owner)
+
+
+async def test_ek_sessions_expire_and_stay_bounded_in_memory() -> None:
+    clock = Clock()
+    store = EkSessions(None, clock)
+    await store.put("a", '{"model":"m"}', clock.now + 10)
+    assert await store.get("a") == '{"model":"m"}'
+    clock.now += 12
+    assert await store.get("a") is None
+    for i in range(EK_MEMORY_MAX_ENTRIES + 5):
+        await store.put(str(i), "{}", clock.now + 60)
+    assert len(store._memory._items) <= EK_MEMORY_MAX_ENTRIES
 
 
 # --- bodies --------------------------------------------------------------------------------
