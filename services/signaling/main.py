@@ -28,7 +28,6 @@ from firsthop.services.signaling.calls import Calls, Stats
 from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
 from firsthop.services.signaling.placement import RegionTable
 from firsthop.services.signaling.ratelimit import RateLimiter, Slots
-from firsthop.services.signaling.realtime_api import MAX_SIDEBAND_MESSAGE
 from firsthop.services.signaling.stores import (
     CallStore,
     Directory,
@@ -37,6 +36,7 @@ from firsthop.services.signaling.stores import (
     SecretLedger,
 )
 from firsthop.services.signaling.transceivers import TransceiverClient
+from firsthop.services.signaling.ws import MAX_MESSAGE
 from firsthop.shared.address import Address, format_hostport
 from firsthop.shared.http import bound_address, hypercorn_config
 from firsthop.shared.lifecycle import announce, run_until_signal, setup_logging
@@ -113,8 +113,7 @@ async def serve_signaling(
         async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
             app = create_app(build_context(config, http, link, stats))
             hc = hypercorn_config(config.listen)
-            # /v1/ws checks its own 64 KiB limit (1009); the sideband's is larger.
-            hc.websocket_max_message_size = MAX_SIDEBAND_MESSAGE + 1024
+            hc.websocket_max_message_size = MAX_MESSAGE + 1024  # /v1/ws and the sideband
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(partial(serve, app, hc))
                 addr = bound_address(binds)

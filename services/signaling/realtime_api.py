@@ -14,8 +14,9 @@
 * ``POST /v1/realtime/calls/{call_id}/hangup`` ends the call (as ``DELETE /v1/calls/...``)
   -> 200 ``{}``. SIP call control (accept, reject, refer): 404.
 * ``GET /v1/realtime?call_id=...`` (WebSocket, API key only): the sideband. Frames are piped
-  both ways to the owning transceiver's ``/internal/v1/sessions/{id}/events``; text only, at
-  most `MAX_SIDEBAND_MESSAGE` bytes; either side closing closes the other.
+  both ways to the owning transceiver's ``/internal/v1/sessions/{id}/events``; text only;
+  a client's message at most 64 KiB (Hypercorn's limit, as on ``/v1/ws``: 1009), the
+  transceiver's at most `MAX_SIDEBAND_MESSAGE`; either side closing closes the other.
 
 A call is an API key's when the key or one of the ephemeral keys it minted created it; an
 ephemeral key's when it created it. Someone else's call id: 404, as an unknown one.
@@ -58,7 +59,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("firsthop.signaling.realtime")
 
-MAX_SIDEBAND_MESSAGE = 256 * 1024
+MAX_SIDEBAND_MESSAGE = 256 * 1024  # from the transceiver
+MAX_CLIENT_MESSAGE = 64 * 1024  # from the client (Hypercorn closes past a bit more: 1009)
 SIDEBAND_CONNECT_TIMEOUT = 3.0
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_BIG = 1009
@@ -295,7 +297,7 @@ class Sideband:
                 if isinstance(data, bytes):
                     await _close_client(client, CLOSE_UNSUPPORTED, "text frames only")
                     break
-                if len(data.encode()) > MAX_SIDEBAND_MESSAGE:
+                if len(data.encode()) > MAX_CLIENT_MESSAGE:
                     await _close_client(client, CLOSE_TOO_BIG, "message too big")
                     break
                 await upstream.send_message(data)

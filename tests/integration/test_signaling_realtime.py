@@ -345,6 +345,19 @@ def sideband_session(sig: SignalingProcess, state: Standin, standin_port: int) -
         with sdk(sig, ek).realtime.connect(call_id=call_id):
             pass
     assert "403" in str(info.value)
+    # a client message over 64 KiB closes the sideband (1009); the call goes on
+    with client.realtime.connect(call_id=call_id) as conn:
+        assert conn.recv().type == "session.created"
+        conn.send(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "instructions": "x" * 70_000},
+            }
+        )
+        with pytest.raises(Exception) as info:  # noqa: B017 - the SDK's closed-connection error
+            conn.recv_bytes()
+        assert "1009" in str(info.value)
+    wait_until(lambda: state.open_sockets == 0)
     # the transceiver closing its end closes the client's
     with client.realtime.connect(call_id=call_id) as conn:
         assert conn.recv().type == "session.created"
