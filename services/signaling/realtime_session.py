@@ -89,7 +89,7 @@ def check_session(value: object, where: str = "session") -> dict[str, Any]:
     """A caller's session object: a JSON object of at most 16 KiB, type "realtime" (or none)."""
     if not isinstance(value, dict):
         raise Problem(400, f"{where} must be a JSON object")
-    if len(json.dumps(value, separators=(",", ":")).encode()) > MAX_SESSION_BYTES:
+    if len(json.dumps(value).encode()) > MAX_SESSION_BYTES:  # as sent on (the larger form)
         raise Problem(413, f"{where} is over {MAX_SESSION_BYTES} bytes")
     if _depth(value) > MAX_DEPTH:
         raise Problem(400, f"{where} is nested too deeply")
