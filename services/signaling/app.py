@@ -25,21 +25,23 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
-from quart import Response, g, request, websocket
+from quart import Response, g, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from firsthop.services.signaling import realtime_api
 from firsthop.services.signaling.auth import DEV_ISSUER, Authenticator
 from firsthop.services.signaling.bodies import Bodies
 from firsthop.services.signaling.calls import CallRequest, Calls, Stats, parse_offer_body
 from firsthop.services.signaling.config import SignalingConfig
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.ratelimit import RateLimiter
+from firsthop.services.signaling.stores import EkSessions
 from firsthop.services.signaling.transceivers import SDPFRAG
 from firsthop.services.signaling.trickle import parse_fragment
 from firsthop.services.signaling.ws import WsSession
@@ -54,6 +56,18 @@ log = logging.getLogger("firsthop.signaling")
 CALL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CORS_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, If-Match, traceparent"
+# What OpenAI's client libraries send (X-Stainless-*: any, reflected when asked for).
+REALTIME_CORS_HEADERS = {
+    "authorization",
+    "content-type",
+    "accept",
+    "openai-beta",
+    "openai-organization",
+    "openai-project",
+    "x-openai-agents-sdk",
+    "traceparent",
+    "user-agent",
+}
 CORS_EXPOSE = "Location, Retry-After, ETag, Link, X-Firsthop-Transceiver, X-Firsthop-Region"
 BODY_DRAIN_TIMEOUT = 2.0
 
@@ -67,6 +81,7 @@ class Context:
     key_limiter: RateLimiter
     stats: Stats
     bodies: Bodies
+    ek_sessions: EkSessions = field(default_factory=lambda: EkSessions(None))
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> Response:
@@ -74,6 +89,8 @@ def json_response(body: dict[str, Any], status: int = 200) -> Response:
 
 
 def problem_response(problem: Problem) -> Response:
+    if has_request_context() and realtime_api.is_realtime_path(request.path):
+        return realtime_api.problem_response(problem)  # OpenAI's error shape
     resp = json_response({"error": problem.reason}, problem.status)
     resp.headers.update(problem.headers)
     return resp
@@ -103,6 +120,14 @@ def create_app(ctx: Context) -> QuartTrio:
         if "*" in origins:
             return "*"
         return origin if origin in origins else None
+
+    def allow_headers() -> str:
+        if not realtime_api.is_realtime_path(request.path):
+            return CORS_HEADERS
+        asked = request.headers.get("Access-Control-Request-Headers", "")
+        names = [h.strip().lower() for h in asked.split(",") if h.strip()][:64]
+        allowed = [h for h in names if h in REALTIME_CORS_HEADERS or h.startswith("x-stainless-")]
+        return ", ".join(dict.fromkeys([*sorted(REALTIME_CORS_HEADERS), *allowed]))
 
     def client_ip() -> str:
         return request.remote_addr or ""
@@ -180,7 +205,7 @@ def create_app(ctx: Context) -> QuartTrio:
                     response.headers["Vary"] = "Origin"
                 if request.method == "OPTIONS":
                     response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
-                    response.headers["Access-Control-Allow-Headers"] = CORS_HEADERS
+                    response.headers["Access-Control-Allow-Headers"] = allow_headers()
                     response.headers["Access-Control-Max-Age"] = "600"
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         ctx.stats.requests[(request.method, rule, response.status_code)] += 1
@@ -201,7 +226,12 @@ def create_app(ctx: Context) -> QuartTrio:
 
     @app.errorhandler(Exception)
     async def on_bug(exc: Exception) -> Response:
+        if not has_request_context():  # a WebSocket route's
+            log.exception("unhandled error on WebSocket %s", websocket.path)
+            return json_response({"error": "internal error"}, 500)
         log.exception("unhandled error on %s %s", request.method, request.path)
+        if realtime_api.is_realtime_path(request.path):
+            return realtime_api.problem_response(Problem(500, "internal error"))
         return json_response({"error": "internal error"}, 500)
 
     @app.post("/v1/calls")
@@ -268,6 +298,18 @@ def create_app(ctx: Context) -> QuartTrio:
         limit_ip()
         value, expires_at = ctx.auth.secrets.mint(DEV_ISSUER)
         return json_response({"value": value, "expires_at": expires_at}, 200)
+
+    realtime_api.register(
+        app,
+        ctx,
+        realtime_api.Tools(
+            limit_ip=limit_ip,
+            limit_key=limit_key,
+            body_bytes=body_bytes,
+            client_ip=client_ip,
+            call_id_ok=call_id_ok,
+        ),
+    )
 
     @app.websocket("/v1/ws")
     async def ws() -> None:

@@ -14,6 +14,11 @@
   decided here: the ledger in `stores.py` records used ids (Redis when configured). A used
   secret stays valid, past its expiry, for ``PATCH``/``DELETE`` of the one call it created:
   that is how it is bound to its call.
+* An **ephemeral key** is what OpenAI's Realtime API calls a client secret
+  (``POST /v1/realtime/client_secrets``, `realtime_api`): the same layout and MAC key with
+  prefix ``ek_`` and version 2 (the MAC covers the version, so neither kind passes for the
+  other). It is reusable until it expires, is bound to the session config stored under its
+  id (`stores.EkSessions`), and is accepted only on the realtime call routes: 403 elsewhere.
 
 Errors are `Problem` (401: missing, unknown, malformed or forged; 403: expired, or the wrong
 kind of credential for the route).
@@ -35,6 +40,8 @@ from firsthop.services.signaling.errors import Problem
 
 SECRET_PREFIX = "fhcs_"
 SECRET_VERSION = 1
+EK_PREFIX = "ek_"
+EK_VERSION = 2
 SECRET_ID_BYTES = 16
 FINGERPRINT_BYTES = 8
 MAC_BYTES = 16
@@ -53,7 +60,7 @@ class Principal:
     """An authenticated caller. `tenant` (the API key fingerprint, or "dev") is what rate
     limits count; `owner` is what a call records and PATCH/DELETE must match."""
 
-    kind: str  # "key" | "secret"
+    kind: str  # "key" | "secret" | "ek"
     tenant: str
     secret_id: str | None = None
     expires_at: int | None = None
@@ -62,7 +69,18 @@ class Principal:
     def owner(self) -> str:
         if self.kind == "secret":
             return f"secret:{self.secret_id}"
+        if self.kind == "ek":
+            return f"ek:{self.tenant}:{self.secret_id}"
         return f"key:{self.tenant}"
+
+    def owns(self, owner: str) -> bool:
+        """Whether a call recorded with `owner` is this caller's on the realtime routes: an
+        API key owns its tenant's calls, those its ephemeral keys created included; an
+        ephemeral key owns the calls it created."""
+        mine = hmac.compare_digest(owner.encode(), self.owner.encode())
+        if self.kind == "key":
+            mine |= owner.startswith(f"ek:{self.tenant}:")
+        return mine
 
 
 def bearer_token(header: str | None) -> str:
@@ -103,44 +121,84 @@ def derive_secret_key(api_keys: Iterable[str]) -> bytes | None:
 
 
 class ClientSecrets:
-    def __init__(self, key: bytes, ttl: float, clock: Callable[[], float] = time.time) -> None:
+    """Mints and checks one kind of self-contained token: client secrets (``fhcs_``) by
+    default; `ephemeral_keys` makes the ``ek_`` kind."""
+
+    def __init__(
+        self,
+        key: bytes,
+        ttl: float,
+        clock: Callable[[], float] = time.time,
+        *,
+        prefix: str = SECRET_PREFIX,
+        version: int = SECRET_VERSION,
+        kind: str = "secret",
+        what: str = "client secret",
+        expired_status: int = 403,
+    ) -> None:
         if len(key) < 16:
             raise ValueError("client secret key must be at least 16 bytes")
         self._key = key
         self.ttl = ttl
         self._clock = clock
+        self.prefix = prefix
+        self._version = version
+        self._kind = kind
+        self._what = what
+        self._expired_status = expired_status
+
+    def ephemeral_keys(self) -> ClientSecrets:
+        """The ``ek_`` kind, signed with the same key (expired: 401, as OpenAI answers)."""
+        return ClientSecrets(
+            self._key,
+            self.ttl,
+            self._clock,
+            prefix=EK_PREFIX,
+            version=EK_VERSION,
+            kind="ek",
+            what="ephemeral key",
+            expired_status=401,
+        )
 
     def _mac(self, body: bytes) -> bytes:
         return hmac.new(self._key, body, "sha256").digest()[:MAC_BYTES]
 
-    def mint(self, tenant: str) -> tuple[str, int]:
+    def mint(self, tenant: str, ttl: float | None = None) -> tuple[str, int]:
         """A new secret for `tenant` (an API key fingerprint, or "dev"): (value, expires_at)."""
-        expires_at = int(self._clock() + self.ttl)
+        value, expires_at, _ = self.mint_with_id(tenant, ttl)
+        return value, expires_at
+
+    def mint_with_id(self, tenant: str, ttl: float | None = None) -> tuple[str, int, str]:
+        """(value, expires_at, id as hex)."""
+        expires_at = int(self._clock() + (self.ttl if ttl is None else ttl))
         issuer = _issuer_bytes(tenant)
-        body = _BODY.pack(SECRET_VERSION, os.urandom(SECRET_ID_BYTES), expires_at, issuer)
+        secret_id = os.urandom(SECRET_ID_BYTES)
+        body = _BODY.pack(self._version, secret_id, expires_at, issuer)
         raw = body + self._mac(body)
-        return SECRET_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("="), expires_at
+        value = self.prefix + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        return value, expires_at, secret_id.hex()
 
     def verify(self, token: str, *, allow_expired: bool = False) -> Principal:
-        if not token.startswith(SECRET_PREFIX):
-            raise Problem(401, "not a client secret")
-        text = token[len(SECRET_PREFIX) :]
+        what = self._what
+        if not token.startswith(self.prefix):
+            raise Problem(401, f"not a {what}")
+        text = token[len(self.prefix) :]
         try:
             raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         except (binascii.Error, ValueError):
-            raise Problem(401, "malformed client secret") from None
+            raise Problem(401, f"malformed {what}") from None
         if len(raw) != SECRET_BYTES:
-            raise Problem(401, "malformed client secret")
+            raise Problem(401, f"malformed {what}")
         body, mac = raw[: _BODY.size], raw[_BODY.size :]
         if not hmac.compare_digest(mac, self._mac(body)):
-            raise Problem(401, "invalid client secret")
+            raise Problem(401, f"invalid {what}")
         version, secret_id, expires_at, issuer = _BODY.unpack(body)
-        if version != SECRET_VERSION:
-            raise Problem(401, "unsupported client secret version")
+        if version != self._version:
+            raise Problem(401, f"unsupported {what} version")
         if not allow_expired and self._clock() > expires_at:
-            raise Problem(403, "client secret expired")
+            raise Problem(self._expired_status, f"{what} expired")
         return Principal(
-            kind="secret",
+            kind=self._kind,
             tenant=_tenant_from_issuer(issuer),
             secret_id=secret_id.hex(),
             expires_at=expires_at,
@@ -163,11 +221,38 @@ class Authenticator:
     def __init__(self, keys: ApiKeys, secrets: ClientSecrets) -> None:
         self.keys = keys
         self.secrets = secrets
+        self.ephemeral = secrets.ephemeral_keys()
 
     def authenticate(self, header: str | None, *, allow_expired: bool = False) -> Principal:
+        """The native routes: an API key or a client secret (an ephemeral key: 403)."""
         token = bearer_token(header)
+        if token.startswith(EK_PREFIX):
+            self.ephemeral.verify(token, allow_expired=True)  # forged/malformed: 401 first
+            raise Problem(403, "an ephemeral key (ek_) is accepted only on /v1/realtime calls")
         if token.startswith(SECRET_PREFIX):
             return self.secrets.verify(token, allow_expired=allow_expired)
+        return self._key(token)
+
+    def realtime(
+        self, header: str | None, *, allow_ek: bool, allow_expired: bool = False
+    ) -> Principal:
+        """The /v1/realtime routes: an API key, or (where `allow_ek`) an ephemeral key; a
+        client secret (fhcs_) is for the native routes: 403. `allow_expired`: an expired
+        ephemeral key still hangs up the calls it created."""
+        token = bearer_token(header)
+        if token.startswith(EK_PREFIX):
+            principal = self.ephemeral.verify(token, allow_expired=allow_expired)
+            if not allow_ek:
+                raise Problem(403, "an ephemeral key cannot be used here: use an API key")
+            return principal
+        if token.startswith(SECRET_PREFIX):
+            self.secrets.verify(token, allow_expired=True)  # forged/malformed: 401 first
+            raise Problem(
+                403, "a client secret (fhcs_) is for /v1/calls; use an ephemeral key (ek_)"
+            )
+        return self._key(token)
+
+    def _key(self, token: str) -> Principal:
         fp = self.keys.match(token)
         if fp is None:
             raise Problem(401, "unknown API key")

@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from opentelemetry import trace
 
@@ -116,6 +117,7 @@ class CallRequest:
     region_header: str | None
     client_ip: str | None
     traceparent: str | None = None
+    session: dict[str, Any] | None = None  # /v1/realtime calls: the caller's session config
 
 
 class Calls:
@@ -160,7 +162,7 @@ class Calls:
         agent_url = self.agent_url(req.agent)
         call_id = secrets.token_urlsafe(16)
         principal = req.principal
-        if principal.secret_id is not None:
+        if principal.kind == "secret" and principal.secret_id is not None:
             claimed = await self.ledger.claim(
                 principal.secret_id, call_id, float(principal.expires_at or 0)
             )
@@ -174,7 +176,7 @@ class Calls:
             ):
                 return await self._place(req, call_id, agent_url)
         except Exception:
-            if principal.secret_id is not None:
+            if principal.kind == "secret" and principal.secret_id is not None:
                 await self.ledger.release(principal.secret_id)
             raise
 
@@ -212,6 +214,7 @@ class Calls:
                     agent_url=agent_url,
                     region=tx.region,
                     traceparent=traceparent,
+                    session=req.session,
                 )
             except TransceiverRejected as exc:
                 self.stats.placement_failures["offer_rejected"] += 1

@@ -4,6 +4,10 @@ Repeatable flags take one item per use, or a comma-separated list from the envir
 ``--ingress REGION=HOST:PORT`` (a bare ``HOST:PORT`` means the own region),
 ``--transceiver [REGION=]URL``, ``--region-cidr CIDR=REGION``, ``--agent-url KIND=URL``,
 ``--cors-origin ORIGIN``. ``--dev`` is refused unless ``--listen`` is a loopback address.
+An agent URL is ``ws://``/``wss://`` (our agent protocol) or ``realtime+ws://``/
+``realtime+wss://`` (a Realtime backend: the transceiver bridges to it).
+``--default-agent NAME`` (a configured ``--agent-url`` NAME) serves /v1/realtime calls whose
+model names no agent.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from firsthop.shared.address import Address, format_hostport, is_loopback, parse
 from firsthop.shared.config import add_option, hostport_arg
 from firsthop.shared.redis_store import TransceiverInfo
 
+AGENT_SCHEMES = ("ws://", "wss://", "realtime+ws://", "realtime+wss://")
+
 
 @dataclass
 class SignalingConfig:
@@ -33,6 +39,7 @@ class SignalingConfig:
     cors_origins: list[str] = field(default_factory=list)
     dev: bool = False
     agents: dict[str, str] = field(default_factory=dict)
+    default_agent: str | None = None  # /v1/realtime calls whose model names no agent
     internal_token: str | None = None
     secret_ttl: float = 60.0
     secret_key: bytes | None = None
@@ -81,6 +88,14 @@ def register_flags(p: argparse.ArgumentParser) -> None:
     )
     add_option(
         p, "--agent-url", action="append", help="agent=KIND query -> URL", metavar="KIND=WS_URL"
+    )
+    add_option(
+        p,
+        "--default-agent",
+        default=None,
+        help="the --agent-url NAME that serves /v1/realtime calls whose session.model names "
+        "no agent (default: none, the call is silent)",
+        metavar="NAME",
     )
     add_option(p, "--internal-token", default=None, help="bearer token sent to transceivers")
     add_option(p, "--secret-ttl", default=60.0, type=float, help="client secret lifetime, s")
@@ -187,8 +202,14 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         region = _region(args.region)
         agents = dict(_pairs(args.agent_url, "--agent-url"))
         for kind, url in agents.items():
-            if not url.startswith(("ws://", "wss://")):
-                raise ValueError(f"--agent-url {kind}={url!r} is not a ws:// URL")
+            if not url.startswith(AGENT_SCHEMES):
+                raise ValueError(
+                    f"--agent-url {kind}={url!r} is not a ws://, wss://, realtime+ws:// or "
+                    "realtime+wss:// URL"
+                )
+        default_agent = (args.default_agent or "").strip() or None
+        if default_agent is not None and default_agent not in agents:
+            raise ValueError(f"--default-agent {default_agent!r} names no --agent-url")
         cidrs = _pairs(args.region_cidr, "--region-cidr")
         RegionTable(cidrs)  # validates
         secret_key = None
@@ -208,6 +229,7 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             cors_origins=origins,
             dev=args.dev,
             agents=agents,
+            default_agent=default_agent,
             internal_token=args.internal_token or None,
             secret_ttl=args.secret_ttl,
             secret_key=secret_key,

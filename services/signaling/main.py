@@ -28,7 +28,13 @@ from firsthop.services.signaling.calls import Calls, Stats
 from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
 from firsthop.services.signaling.placement import RegionTable
 from firsthop.services.signaling.ratelimit import RateLimiter, Slots
-from firsthop.services.signaling.stores import CallStore, Directory, RedisLink, SecretLedger
+from firsthop.services.signaling.stores import (
+    CallStore,
+    Directory,
+    EkSessions,
+    RedisLink,
+    SecretLedger,
+)
 from firsthop.services.signaling.transceivers import TransceiverClient
 from firsthop.services.signaling.ws import MAX_MESSAGE
 from firsthop.shared.address import Address, format_hostport
@@ -82,6 +88,7 @@ def build_context(
             config.body_timeout,
             stats.counters,
         ),
+        ek_sessions=EkSessions(link),
     )
 
 
@@ -106,7 +113,7 @@ async def serve_signaling(
         async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
             app = create_app(build_context(config, http, link, stats))
             hc = hypercorn_config(config.listen)
-            hc.websocket_max_message_size = MAX_MESSAGE + 1024
+            hc.websocket_max_message_size = MAX_MESSAGE + 1024  # /v1/ws and the sideband
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(partial(serve, app, hc))
                 addr = bound_address(binds)

@@ -13,7 +13,9 @@ Keys:
   created, client_ufrag`` (the caller's current ICE ufrag: what tells trickle from an ICE
   restart; absent in records written before it existed), TTL the longest session (4 h);
 * ``firsthop:secret:{secret_id}`` — the call a client secret created, ``SET NX`` so a secret
-  is spent once across replicas; TTL until the secret has expired anyway.
+  is spent once across replicas; TTL until the secret has expired anyway;
+* ``firsthop:ek:{id}`` — the session config (JSON) an ephemeral key is bound to, TTL its
+  expiry. Without Redis: per replica, at most `EK_MEMORY_MAX_ENTRIES`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ log = logging.getLogger("firsthop.signaling.stores")
 T = TypeVar("T")
 DIRECTORY_MAX_AGE = 0.5
 MEMORY_MAX_ENTRIES = 200_000
+EK_MEMORY_MAX_ENTRIES = 10_000  # each up to 16 KiB of session JSON
 
 
 class StoreUnavailable(Exception):
@@ -153,8 +156,9 @@ def _scan_registry(client: redis.Redis) -> list[tuple[str, dict[str, str]]]:
 class _Expiring:
     """A bounded in-memory map with per-entry expiry (the Redis fallback)."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], max_entries: int = MEMORY_MAX_ENTRIES) -> None:
         self._clock = clock
+        self._max = max_entries
         self._items: dict[str, tuple[Any, float]] = {}
 
     def get(self, key: str) -> Any:
@@ -165,10 +169,10 @@ class _Expiring:
         return item[0]
 
     def set(self, key: str, value: Any, ttl: float) -> None:
-        if len(self._items) >= MEMORY_MAX_ENTRIES:
+        if len(self._items) >= self._max:
             now = self._clock()
             self._items = {k: v for k, v in self._items.items() if v[1] > now}
-            if len(self._items) >= MEMORY_MAX_ENTRIES:
+            if len(self._items) >= self._max:
                 oldest = min(self._items, key=lambda k: self._items[k][1])
                 del self._items[oldest]
         self._items[key] = (value, self._clock() + ttl)
@@ -257,3 +261,40 @@ class SecretLedger:
                 await self.link.run(lambda c: c.delete(key))
             except StoreUnavailable:
                 pass
+
+
+def ek_key(ek_id: str) -> str:
+    return f"firsthop:ek:{ek_id}"
+
+
+class EkSessions:
+    """Ephemeral key id -> the session config (JSON text) it is bound to, until it expires."""
+
+    def __init__(self, link: RedisLink | None, clock: Callable[[], float] = time.time) -> None:
+        self.link = link
+        self._clock = clock
+        self._memory = _Expiring(clock, EK_MEMORY_MAX_ENTRIES)
+
+    async def put(self, ek_id: str, session_json: str, expires_at: float) -> None:
+        ttl = max(1, int(expires_at - self._clock()) + 1)
+        if self.link is not None:
+            key = ek_key(ek_id)
+            try:
+                await self.link.run(lambda c: c.set(key, session_json, ex=ttl))
+                return
+            except StoreUnavailable:
+                pass
+        self._memory.set(ek_id, session_json, ttl)
+
+    async def get(self, ek_id: str) -> str | None:
+        if self.link is not None:
+            key = ek_key(ek_id)
+            try:
+                found = await self.link.run(lambda c: c.get(key))
+            except StoreUnavailable:
+                pass
+            else:
+                if found is not None:
+                    return str(found)
+        value: str | None = self._memory.get(ek_id)
+        return value

@@ -17,6 +17,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -110,17 +111,20 @@ class TransceiverClient:
         agent_url: str | None,
         region: str,
         traceparent: str,
+        session: dict[str, Any] | None = None,
     ) -> tuple[str, str]:
-        """(session_id, answer_sdp)."""
-        body = json.dumps(
-            {
-                "call_id": call_id,
-                "offer_sdp": offer_sdp,
-                "ingress": ingress,
-                "agent_url": agent_url,
-                "region": region,
-            }
-        ).encode()
+        """(session_id, answer_sdp). `session`: the caller's OpenAI session config (calls
+        placed through /v1/realtime), which the transceiver gives a Realtime backend."""
+        fields: dict[str, Any] = {
+            "call_id": call_id,
+            "offer_sdp": offer_sdp,
+            "ingress": ingress,
+            "agent_url": agent_url,
+            "region": region,
+        }
+        if session is not None:
+            fields["session"] = session
+        body = json.dumps(fields).encode()
         resp = await self._request(
             "POST",
             f"{api_url}/internal/v1/sessions",
