@@ -170,7 +170,7 @@ class Connection:
         )
         self.core = RealtimeSession(config)
         self.lock = trio.Lock()
-        self.speakers: dict[str, trio.CancelScope] = {}
+        self.speakers: dict[str, Speaker] = {}
         self.transcribing = 0
         self.nursery: trio.Nursery | None = None
 
@@ -212,13 +212,13 @@ class Connection:
             self.transcribing += 1
             self.nursery.start_soon(self.transcribe, command)
         elif isinstance(command, Speak):
-            scope = trio.CancelScope()
-            self.speakers[command.response_id] = scope
-            self.nursery.start_soon(self.speak, command, scope)
+            speaker = Speaker()
+            self.speakers[command.response_id] = speaker
+            self.nursery.start_soon(self.speak, command, speaker)
         else:
-            scope_or_none = self.speakers.pop(command.response_id, None)
-            if scope_or_none is not None:
-                scope_or_none.cancel()
+            stopping = self.speakers.pop(command.response_id, None)
+            if stopping is not None:
+                stopping.stop()
 
     async def transcribe(self, command: Transcribe) -> None:
         self.a.stats.counts["turns"] += 1
@@ -237,31 +237,58 @@ class Connection:
         self.core.transcribed(command.item_id, text, datetime.now(UTC), respond=command.respond)
         await self.flush()
 
-    async def speak(self, command: Speak, scope: trio.CancelScope) -> None:
+    async def speak(self, command: Speak, speaker: Speaker) -> None:
         start = trio.current_time()
         first = True
-        with scope:
-            for sentence in brain.sentences(command.text):
-                try:
-                    pcm = await trio.to_thread.run_sync(
-                        self.a.voice.synthesize,
-                        sentence,
-                        limiter=self.a.workers,
-                        abandon_on_cancel=True,
-                    )
-                except VoiceError as exc:
-                    log.warning("synthesis failed: %s", exc)
-                    continue
-                if first:
-                    took = trio.current_time() - start
-                    self.a.stats.first_chunk.observe(took)
-                    log.info("response %s: first audio after %.3f s", command.response_id, took)
-                    first = False
-                self.core.spoken(command.response_id, sentence, pcm)
-                await self.flush()
+        for sentence in brain.sentences(command.text):
+            pcm = await speaker.synthesize(self.a, sentence)
+            if speaker.stopped:
+                break
+            if pcm is None:
+                continue
+            if first:
+                took = trio.current_time() - start
+                self.a.stats.first_chunk.observe(took)
+                log.info("response %s: first audio after %.3f s", command.response_id, took)
+                first = False
+            # Outside any cancel scope of the speaker's: a stop never cuts a batch of events.
+            self.core.spoken(command.response_id, sentence, pcm)
+            await self.flush()
+        else:
             self.core.speech_done(command.response_id)
             await self.flush()
         self.speakers.pop(command.response_id, None)
+
+
+class Speaker:
+    """One response's synthesis; `stop()` abandons the sentence being made."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._scope: trio.CancelScope | None = None
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def synthesize(self, assistant: Assistant, sentence: str) -> bytes | None:
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            if self.stopped:
+                return None
+            try:
+                return await trio.to_thread.run_sync(
+                    assistant.voice.synthesize,
+                    sentence,
+                    limiter=assistant.workers,
+                    abandon_on_cancel=True,
+                )
+            except VoiceError as exc:
+                log.warning("synthesis failed: %s", exc)
+            finally:
+                self._scope = None
+        return None
 
 
 async def serve_assistant(

@@ -120,7 +120,6 @@ class RealtimeSession:
             item_id=item_id,
             content_index=0,
             transcript=transcript,
-            usage={"type": "duration", "seconds": 0},
         )
         if respond and transcript.strip() and self.response is None:
             self._answered.add(item_id)
