@@ -15,9 +15,10 @@ from datetime import datetime
 
 DEFAULT_NAME = "firsthop"
 MAX_ECHO_WORDS = 30  # what "I heard" repeats at most
+LONG_CLAUSE = 40  # characters: a longer sentence is synthesized clause by clause
 
-_NAME = re.compile(r"\b(?:your name is|you are called|you are|call yourself)\s+([A-Z][\w-]{0,30})")
-_GREETING = re.compile(r"\bgreet(?: the user)? with[:\s]+[\"']?([^\"'\n]{1,200})", re.IGNORECASE)
+_NAME = re.compile(r"\b(?i:your name is|you are called|you are|call yourself)\s+([A-Z][\w-]{0,30})")
+_GREETING = re.compile(r"\bgreet(?: the user)? with[:\s]+[\"“]?([^\"”\n]{1,200})", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,13 @@ def answer(heard: str, now: datetime, persona: Persona | None = None) -> str:
 
 
 def sentences(text: str) -> list[str]:
-    """Split an answer where synthesis can start a new chunk (after . ! ? followed by space)."""
-    parts = [p.strip() for p in re.split(r"(?<=[.!?])\s+", text)]
-    return [p for p in parts if p]
+    """Split an answer where synthesis can start a new chunk: after . ! ? and, in a sentence
+    longer than `LONG_CLAUSE` characters, after its commas too (the first audio comes sooner)."""
+    out: list[str] = []
+    for sentence in re.split(r"(?<=[.!?])\s+", text):
+        sentence = sentence.strip()
+        if len(sentence) > LONG_CLAUSE:
+            out += [c.strip() for c in re.split(r"(?<=,)\s+", sentence)]
+        elif sentence:
+            out.append(sentence)
+    return [s for s in out if s]

