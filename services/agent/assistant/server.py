@@ -6,7 +6,8 @@ reader feeds client frames to `RealtimeSession`; its commands run as tasks — r
 synthesis in worker threads (`trio.to_thread`, at most `WORKERS` at a time across sessions),
 so the loop keeps reading and sending while a model runs. Synthesis goes sentence by
 sentence, each sentence's audio sent as soon as it exists. Server events leave through one
-lock, in the order the core made them.
+lock, in the order the core made them. Each connection is an `agent.session` span (joined
+to the caller's trace when the upgrade carries a W3C `traceparent` header).
 
 Bounds: client messages up to `MAX_MESSAGE`; at most `MAX_TRANSCRIPTIONS` recognitions
 pending per session (more: an `error` event, the turn is dropped); one response at a time
@@ -28,6 +29,7 @@ from typing import Any
 
 import trio
 from hypercorn.trio import serve
+from opentelemetry.trace import SpanKind
 
 from firsthop.services.agent.assistant import brain
 from firsthop.services.agent.assistant.commands import Speak, StopSpeaking, Transcribe
@@ -39,8 +41,10 @@ from firsthop.shared.address import Address
 from firsthop.shared.http import bound_address, hypercorn_config
 from firsthop.shared.lifecycle import announce
 from firsthop.shared.metrics import CONTENT_TYPE, Histogram, MetricFamily, render
+from firsthop.shared.telemetry import context_from_traceparent, tracer
 
 log = logging.getLogger("firsthop.agent.assistant")
+TRACER = tracer("firsthop.agent")
 
 MAX_MESSAGE = 1 << 20  # one client event (an append of ~20 s of audio fits)
 MAX_TRANSCRIPTIONS = 4  # pending per session
@@ -104,9 +108,9 @@ class Assistant:
         if self.api_key is None:
             return True
         offered: list[str] = []
-        for name, value in scope.get("headers", []):
-            if name.lower() == b"authorization":
-                offered.append(value.decode("latin-1").removeprefix("Bearer ").strip())
+        authorization = _header(scope, b"authorization")
+        if authorization is not None:
+            offered.append(authorization.removeprefix("Bearer ").strip())
         for proto in scope.get("subprotocols", []):
             if proto.startswith(SUBPROTOCOL_KEY):
                 offered.append(proto[len(SUBPROTOCOL_KEY) :])
@@ -152,10 +156,27 @@ class Assistant:
         await send(accept)
         self.stats.counts["active"] += 1
         self.stats.counts["started"] += 1
+        connection = Connection(self, receive, send)
         try:
-            await Connection(self, receive, send).run()
+            with TRACER.start_as_current_span(
+                "agent.session",
+                context=context_from_traceparent(_header(scope, b"traceparent")),
+                kind=SpanKind.SERVER,
+                attributes={
+                    "firsthop.agent": "assistant",
+                    "firsthop.session_id": connection.core.config.session_id,
+                },
+            ):
+                await connection.run()
         finally:
             self.stats.counts["active"] -= 1
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
 
 
 class Connection:
