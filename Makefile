@@ -11,10 +11,11 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "firsthop needs Python >= 3.11 (found %s)" % sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,assistant]'
 	@touch $(STAMP)
 
-# Tools the tests run for real: redis-server (and, once the e2e tests land, chromium).
+# Tools the tests run for real: redis-server, gcc, chromium, espeak-ng (the assistant's voice
+# fallback and the tests' speaker).
 system-deps:
 	@./scripts/ensure-system-deps
 
@@ -34,6 +35,7 @@ test: lint typecheck pytest
 # Runs the local stack on loopback (what exists so far; see `firsthop up --help`).
 up: $(STAMP)
 	@./scripts/ensure-system-deps redis-server || echo "(no redis-server: firsthop up runs in memory)"
+	@./scripts/ensure-system-deps espeak-ng || echo "(no espeak-ng: the assistant needs piper)"
 	$(BIN)/firsthop up
 
 clean:

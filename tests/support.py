@@ -489,3 +489,23 @@ class UpStack:
             self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def spoken(text: str, *, words_per_minute: int = 140, pad_ms: int = 300) -> bytes:
+    """`text` said by espeak-ng as the Realtime protocol's audio (24 kHz PCM16 mono), with
+    `pad_ms` of silence either side. espeak-ng must be installed (scripts/ensure-system-deps)."""
+    import shutil
+    import subprocess
+
+    from firsthop.services.agent.assistant.voice import wav_to_pcm
+
+    program = shutil.which("espeak-ng")
+    assert program, "espeak-ng is not installed: run scripts/ensure-system-deps espeak-ng"
+    wav = subprocess.run(
+        [program, "--stdout", "-v", "en-us", "-s", str(words_per_minute), "--", text],
+        capture_output=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    pad = bytes(pad_ms * 48)
+    return pad + wav_to_pcm(wav) + pad

@@ -1,5 +1,7 @@
 """`firsthop agent --kind echo|parrot`: reference backends behind the agent protocol (§8).
 
+(`--kind assistant` is another protocol, OpenAI Realtime: `services/agent/assistant/`.)
+
 One WebSocket per session. Text frames are JSON control messages, binary frames are 20 ms of
 PCM16 mono 48 kHz audio, both ways.
 
@@ -196,10 +198,15 @@ async def serve_agent(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kind == "assistant":  # the Realtime-protocol assistant (needs firsthop[assistant])
+        from firsthop.services.agent.assistant.server import run as run_assistant
+
+        return run_assistant(args)
     setup_logging(f"agent[{args.kind}]")
     setup_tracing("agent")
     if args.kind not in KINDS:
-        raise SystemExit(f"firsthop agent: --kind must be one of {', '.join(KINDS)}")
+        kinds = ", ".join([*KINDS, "assistant"])
+        raise SystemExit(f"firsthop agent: --kind must be one of {kinds}")
     metrics = hostport_arg(args.metrics) if args.metrics else None
     try:
         trio.run(run_until_signal, serve_agent, args.kind, hostport_arg(args.listen), metrics)
@@ -211,8 +218,18 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
     p = sub.add_parser("agent", help=help)
     add_option(p, "--listen", default="0.0.0.0:8090", help="WebSocket address", metavar="HOST:PORT")
-    add_option(p, "--kind", default="echo", help="echo | parrot")
+    add_option(p, "--kind", default="echo", help="echo | parrot | assistant")
     add_option(
         p, "--metrics", default=None, help="/metrics and /healthz (off if unset)", metavar="ADDR"
+    )
+    add_option(
+        p, "--voice", default="piper", help="assistant: piper (espeak-ng if missing) | espeak"
+    )
+    add_option(
+        p,
+        "--api-key",
+        default=None,
+        help="assistant: require Authorization: Bearer KEY on the WebSocket",
+        metavar="KEY",
     )
     p.set_defaults(func=run)

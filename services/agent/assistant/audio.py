@@ -1,0 +1,73 @@
+"""PCM16 helpers for the assistant: base64 in and out, resampling, loudness. Pure (numpy).
+
+The Realtime protocol carries `audio/pcm`: 16-bit little-endian mono at 24 kHz, base64 in JSON
+strings. Recognition wants 16 kHz, the voices speak at 22.05 kHz: `resample` converts with
+linear interpolation after a short windowed-sinc low-pass at 0.45 of the lower rate (aliased
+highs cost the recogniser words).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+
+import numpy as np
+
+RATE = 24000  # the protocol's audio/pcm rate
+BYTES_PER_MS = RATE * 2 // 1000  # 48
+
+
+class AudioError(ValueError):
+    """Client audio that is not base64 PCM16."""
+
+
+def decode_pcm(text: object) -> bytes:
+    if not isinstance(text, str):
+        raise AudioError("audio must be a base64 string")
+    try:
+        pcm = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise AudioError("audio is not valid base64") from exc
+    if len(pcm) % 2:
+        raise AudioError("audio/pcm is 16-bit: an odd number of bytes")
+    return pcm
+
+
+def encode_pcm(pcm: bytes) -> str:
+    return base64.b64encode(pcm).decode("ascii")
+
+
+LOWPASS_TAPS = 31
+
+
+def _lowpass(src_rate: int, dst_rate: int) -> np.ndarray:
+    n = np.arange(LOWPASS_TAPS) - (LOWPASS_TAPS - 1) / 2
+    taps = np.sinc(2 * 0.45 * min(src_rate, dst_rate) / src_rate * n) * np.hamming(LOWPASS_TAPS)
+    return taps / taps.sum()  # type: ignore[no-any-return]
+
+
+def resample(pcm: bytes, src_rate: int, dst_rate: int) -> bytes:
+    if src_rate == dst_rate or not pcm:
+        return pcm
+    samples = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.float64)
+    if len(samples) > LOWPASS_TAPS:
+        samples = np.convolve(samples, _lowpass(src_rate, dst_rate), mode="same")
+    count = max(1, round(len(samples) * dst_rate / src_rate))
+    positions = np.arange(count, dtype=np.float64) * (src_rate / dst_rate)
+    out = np.interp(positions, np.arange(len(samples)), samples)
+    return bytes(np.clip(np.rint(out), -32768, 32767).astype("<i2").tobytes())
+
+
+def dbfs(pcm: bytes) -> float:
+    samples = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.float64)
+    if samples.size == 0:
+        return -120.0
+    mean_square = float(np.mean(samples * samples))
+    if mean_square <= 0:
+        return -120.0
+    return 10 * math.log10(mean_square / (32768.0 * 32768.0))
+
+
+def duration_ms(pcm: bytes, rate: int = RATE) -> int:
+    return len(pcm) // 2 * 1000 // rate

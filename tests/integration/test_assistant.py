@@ -1,0 +1,186 @@
+"""The offline assistant for real: its models, its server on loopback, the openai SDK.
+
+Speech comes from espeak-ng (`tests.support.spoken`); the recognizer, the voices and the
+server are the real ones; the last test drives `firsthop agent --kind assistant` as a process
+with the official `openai` Python SDK's Realtime WebSocket client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+from firsthop.services.agent.assistant import brain
+from firsthop.services.agent.assistant.recognizer import Recognizer
+from firsthop.services.agent.assistant.server import Assistant, serve_assistant
+from firsthop.services.agent.assistant.voice import EspeakVoice, PiperVoice
+from firsthop.services.launch import agent_command
+from firsthop.shared.metrics import parse_text
+from tests.support import ServiceProcess, free_tcp_port, spoken
+
+WALL = datetime(2026, 12, 1, 10, 32, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def recognizer() -> Iterator[Recognizer]:
+    r = Recognizer()
+    yield r
+    r.close()
+
+
+def test_espeak_question_is_heard_and_answered_with_the_time(recognizer: Recognizer) -> None:
+    heard = recognizer.transcribe(spoken("what time is it"))
+    assert "time" in heard
+    assert "10 32" in brain.answer(heard, WALL)
+
+
+def test_the_piper_voice_speaks_24khz_audio_the_recognizer_understands(
+    recognizer: Recognizer,
+) -> None:
+    voice = PiperVoice()
+    pcm = voice.synthesize("What can you do?")
+    assert 0.5 < len(pcm) / 48000 < 3  # seconds of 24 kHz PCM16
+    assert recognizer.transcribe(bytes(14400) + pcm + bytes(14400)) == "what can you do"
+
+
+async def _events_until(
+    ws: WebSocketConnection, last: str, seen: list[dict[str, Any]]
+) -> dict[str, Any]:
+    while True:
+        event: dict[str, Any] = json.loads(await ws.get_message())
+        seen.append(event)
+        if event["type"] == last:
+            return event
+
+
+async def _say(ws: WebSocketConnection, pcm: bytes) -> None:
+    for i in range(0, len(pcm), 4800):
+        audio = base64.b64encode(pcm[i : i + 4800]).decode()
+        await ws.send_message(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+
+
+async def test_server_turns_interrupts_and_refuses_what_it_must(recognizer: Recognizer) -> None:
+    assistant = Assistant(EspeakVoice(), recognizer, api_key="sk-test")
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(serve_assistant, assistant, ("127.0.0.1", 0))
+        url = f"ws://{host}:{port}/v1/realtime?model=assistant"
+        with trio.fail_after(60):
+            upgrade = {
+                "Connection": "Upgrade",
+                "Upgrade": "websocket",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": base64.b64encode(bytes(16)).decode(),
+            }
+            async with httpx.AsyncClient() as http:
+                for key in (None, "wrong"):
+                    headers = {**upgrade, **({"Authorization": f"Bearer {key}"} if key else {})}
+                    resp = await http.get(url.replace("ws://", "http://"), headers=headers)
+                    assert resp.status_code == 403
+            auth = [(b"Authorization", b"Bearer sk-test")]
+            async with open_websocket_url(url, extra_headers=auth) as ws:
+                seen: list[dict[str, Any]] = []
+                created = await _events_until(ws, "session.created", seen)
+                assert created["session"]["audio"]["output"]["voice"] == "espeak"
+                await ws.send_message(json.dumps({"type": "bogus", "event_id": "c1"}))
+                error = await _events_until(ws, "error", seen)
+                assert error["error"]["event_id"] == "c1"
+
+                await _say(ws, spoken("hello there") + bytes(48 * 900))
+                heard = await _events_until(
+                    ws, "conversation.item.input_audio_transcription.completed", seen
+                )
+                assert heard["transcript"]
+                await _events_until(ws, "response.output_audio.delta", seen)
+                # Barge-in: the caller talks over the answer, which ends cancelled.
+                await _say(ws, spoken("what time is it"))
+                done = await _events_until(ws, "response.done", seen)
+                assert done["response"]["status"] == "cancelled"
+                await _events_until(ws, "input_audio_buffer.speech_started", seen)
+
+            async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as http:
+                health = (await http.get("/healthz")).json()
+                assert health == {"ok": True, "kind": "assistant", "voice": "espeak"}
+                metrics = parse_text((await http.get("/metrics")).text)
+                assert metrics[("firsthop_assistant_sessions_total", frozenset())] == 1
+                cancelled = frozenset({("status", "cancelled")})
+                assert metrics[("firsthop_assistant_responses_total", cancelled)] == 1
+                assert metrics[("firsthop_assistant_errors_total", frozenset())] == 1
+                # The second turn may or may not be heard before the socket closed.
+                for name in ("recognition", "synthesis_first_chunk", "vad_hangover"):
+                    count = metrics[(f"firsthop_assistant_{name}_seconds_count", frozenset())]
+                    assert count >= 1, name
+                assert (await http.post("/metrics")).status_code == 405
+        nursery.cancel_scope.cancel()
+
+
+async def _sdk_turn(port: int) -> list[Any]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+    events: list[Any] = []
+    async with client.realtime.connect(model="assistant") as conn:
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "model": "gpt-realtime",
+                "audio": {
+                    "input": {"transcription": {"model": "whisper-1"}},
+                    "output": {"voice": "alloy"},
+                },
+            }
+        )
+        pcm = spoken("what time is it") + bytes(48 * 900)
+        for i in range(0, len(pcm), 4800):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + 4800]).decode())
+        async for event in conn:
+            events.append(event)
+            if event.type == "response.done":
+                break
+    return events
+
+
+def test_openai_sdk_talks_to_the_assistant_process() -> None:
+    port = free_tcp_port()
+    proc = ServiceProcess(
+        "assistant",
+        agent_command("assistant", port, ["--voice", "piper"]),
+        ready_http=f"http://127.0.0.1:{port}/healthz",
+    ).start(timeout=60)
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["voice"] == "joe"
+        events = asyncio.run(asyncio.wait_for(_sdk_turn(port), 60))
+    finally:
+        proc.stop()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["session.created", "session.updated"]
+    assert "error" not in kinds
+    for name in (
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "response.created",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.done",
+    ):
+        assert name in kinds, name
+    (heard,) = [e for e in events if e.type.endswith("input_audio_transcription.completed")]
+    assert "time" in heard.transcript
+    audio = b"".join(
+        base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+    )
+    assert len(audio) > 48000  # over a second of speech
+    (transcript,) = [e for e in events if e.type == "response.output_audio_transcript.done"]
+    assert "UTC" in transcript.transcript
+    assert kinds.index("conversation.item.input_audio_transcription.completed") < kinds.index(
+        "response.created"
+    )
+    assert events[-1].response.status == "completed"

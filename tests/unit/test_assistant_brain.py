@@ -1,0 +1,47 @@
+"""The assistant's rule-based brain: what it answers, with the time passed in."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from firsthop.services.agent.assistant.brain import Persona, answer, sentences
+
+MORNING = datetime(2026, 12, 1, 10, 32, tzinfo=UTC)
+EVENING = datetime(2026, 12, 1, 19, 5, tzinfo=UTC)
+
+
+def test_it_tells_the_time() -> None:
+    assert answer("what time is it", MORNING).startswith("It is 10 32 in the morning.")
+    assert "7 oh 5 in the evening" in answer("what time", EVENING)
+    assert "19:05 UTC" in answer("tell me the time", EVENING)
+
+
+def test_it_greets_says_what_it_can_do_and_its_name() -> None:
+    assert answer("hello there", MORNING).startswith("Hello")
+    assert "time" in answer("what can you do", MORNING)
+    assert "firsthop" in answer("what is your name", MORNING)
+    assert "December 1, 2026" in answer("what day is it today", MORNING)
+
+
+def test_otherwise_it_says_what_it_heard() -> None:
+    assert answer("the weather is nice", MORNING).startswith("I heard: the weather is nice.")
+    assert "did not catch" in answer("", MORNING)
+
+
+def test_instructions_set_its_name_and_greeting() -> None:
+    persona = Persona.from_instructions("You are Ada. Greet the user with: Welcome to Ada's.")
+    assert persona.name == "Ada"
+    assert answer("hi", MORNING, persona) == "Welcome to Ada's."
+    assert "Ada" in answer("who are you", MORNING, persona)
+    assert Persona.from_instructions("be helpful and brief") == Persona()
+
+
+def test_sentences_split_where_synthesis_can_start_a_chunk() -> None:
+    assert sentences("It is 10 32. That is 10:32 UTC.") == ["It is 10 32.", "That is 10:32 UTC."]
+    assert sentences("  ") == []
+    assert sentences("I can greet you, tell you the time and the date, and more. Ask me.") == [
+        "I can greet you,",
+        "tell you the time and the date,",
+        "and more.",
+        "Ask me.",
+    ]
