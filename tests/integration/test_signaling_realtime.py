@@ -76,8 +76,21 @@ def stack() -> Iterator[Stack]:
             p.kill()
 
 
+CLIENTS: list[openai.OpenAI] = []
+
+
 def sdk(sig: SignalingProcess, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{sig.url}/v1", api_key=key, max_retries=0, timeout=20)
+    """An SDK client on signaling (closed after the test)."""
+    client = openai.OpenAI(base_url=f"{sig.url}/v1", api_key=key, max_retries=0, timeout=20)
+    CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def close_clients() -> Iterator[None]:
+    yield
+    while CLIENTS:
+        CLIENTS.pop().close()
 
 
 def call_id_of(location: str) -> str:
@@ -319,9 +332,33 @@ def sideband_session(sig: SignalingProcess, state: Standin, standin_port: int) -
         sdp=OFFER, session={"type": "realtime", "model": "echo", "instructions": "hi"}
     )
     call_id = call_id_of(raw.headers["location"])
+    sideband_session_id = f"s{len(created)}"  # the stand-in numbers its sessions
     # contract 2: the session config, and the realtime+ws agent its model names
     assert created[-1]["session"] == {"type": "realtime", "model": "echo", "instructions": "hi"}
     assert created[-1]["agent_url"] == "realtime+ws://127.0.0.1:9/v1/realtime"
+    # an ek's bound session, overridden by the multipart session, then by ?model=
+    bound: Any = {"type": "realtime", "model": "echo", "instructions": "A", "audio": {"x": 1}}
+    ek = client.realtime.client_secrets.create(session=bound).value
+    files = {
+        "sdp": (None, OFFER.encode(), "application/sdp"),
+        "session": (None, b'{"instructions": "B", "audio": {"y": 2}}', "application/json"),
+    }
+    for query, agent_url in (("?model=zzz", None), ("", "realtime+ws://127.0.0.1:9/v1/realtime")):
+        resp = httpx.post(
+            f"{sig.url}/v1/realtime/calls{query}",
+            files=files,
+            headers={"Authorization": f"Bearer {ek}"},
+            timeout=20,
+        )
+        assert resp.status_code == 201, resp.text
+        assert created[-1]["agent_url"] == agent_url  # zzz names no agent, and no default
+        assert created[-1]["session"] == {
+            "type": "realtime",
+            "model": "zzz" if query else "echo",
+            "instructions": "B",
+            "audio": {"x": 1, "y": 2},
+        }
+        client.realtime.calls.hangup(call_id_of(resp.headers["location"]))
     with client.realtime.connect(call_id=call_id) as conn:
         first = conn.recv()
         assert first.type == "session.created"
@@ -365,7 +402,7 @@ def sideband_session(sig: SignalingProcess, state: Standin, standin_port: int) -
         with pytest.raises(Exception):  # noqa: B017 - the SDK's closed-connection error
             conn.recv_bytes()
     # the session ended at the transceiver (signaling has not heard yet): 404 at the upgrade
-    session_id = f"s{len(created)}"  # the stand-in numbers its sessions
+    session_id = sideband_session_id
     gone = httpx.delete(f"http://127.0.0.1:{standin_port}/internal/v1/sessions/{session_id}")
     assert gone.status_code == 204
     with pytest.raises(Exception) as info:
