@@ -68,7 +68,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
             return _error(415, "expected application/json")
         try:
             body = json.loads(await request.get_data(as_text=True))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
             return _error(400, "body is not valid JSON")
         if not isinstance(body, dict):
             return _error(400, "body must be a JSON object")
