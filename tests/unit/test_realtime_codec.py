@@ -272,3 +272,23 @@ def test_a_truncate_is_never_past_the_audio_the_backend_sent() -> None:
     speech = json.dumps({"type": "input_audio_buffer.speech_started"})
     (truncate,) = to_agent(c.on_message(speech))
     assert truncate["audio_end_ms"] == 50  # not 60
+
+
+def test_a_session_update_nested_as_deep_as_json_goes_is_an_error_not_a_crash() -> None:
+    c = codec()
+    depth = 1
+    while True:  # the deepest session JSON still parses here
+        text = '{"type": "session.update", "session": ' + '{"a": ' * depth + "1" + "}" * depth
+        try:
+            json.loads(text + "}")
+        except RecursionError:
+            break
+        depth *= 2
+    for d in range(depth // 2, depth):
+        text = '{"type": "session.update", "session": ' + '{"a": ' * d + "1" + "}" * d + "}"
+        try:
+            json.loads(text)
+        except RecursionError:
+            continue
+        for e in c.caller_message(text):
+            assert isinstance(e, (ToAgent, ToCaller, Malformed))

@@ -145,7 +145,10 @@ class RealtimeProtocol:
         if kind == CLEAR:
             return self._clear()
         if kind == "session.update" and isinstance(data.get("session"), dict):
-            self.session = merged(self.session or {}, data["session"])
+            try:
+                self.session = merged(self.session or {}, data["session"])
+            except RecursionError:
+                return self._invalid("the session is nested too deep", "invalid_event")
             self._set_formats(data["session"])
         return [ToAgent(message)]
 
