@@ -68,7 +68,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
             return _error(415, "expected application/json")
         try:
             body = json.loads(await request.get_data(as_text=True))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
             return _error(400, "body is not valid JSON")
         if not isinstance(body, dict):
             return _error(400, "body must be a JSON object")
@@ -100,7 +100,11 @@ def create_app(tx: Transceiver) -> QuartTrio:
         if session_config is not None:
             if not isinstance(session_config, dict):
                 return _error(400, "session must be a JSON object")
-            if len(json.dumps(session_config)) > MAX_SESSION_CONFIG:
+            try:
+                size = len(json.dumps(session_config))
+            except RecursionError:
+                return _error(400, "session is nested too deep")
+            if size > MAX_SESSION_CONFIG:
                 return _error(400, f"session over {MAX_SESSION_CONFIG} bytes of JSON")
         try:
             session_id, answer = await tx.create_session(

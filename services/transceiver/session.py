@@ -27,7 +27,7 @@ import json
 import logging
 import ssl
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +45,7 @@ from firsthop.services.transceiver.agents.events import (
     ToAgent,
     ToCaller,
 )
+from firsthop.services.transceiver.held import HeldEvents
 from firsthop.services.transceiver.ice_lite import Credentials
 from firsthop.services.transceiver.rtc import (
     AgentLink,
@@ -62,8 +63,6 @@ log = logging.getLogger("firsthop.transceiver.session")
 AGENT_CONNECT_TIMEOUT = 5.0
 RECONNECT_MIN = 0.2
 RECONNECT_MAX = 5.0
-HOLD_EVENTS = 64  # events held for a caller whose data channel is not open yet ...
-HOLD_BYTES = 256 * 1024  # ... and their bytes
 MAX_SIDEBANDS = 4  # sideband sockets per session
 SIDEBAND_QUEUE = 256  # events waiting for one sideband socket
 AHEAD_FRAMES = 1500  # 30 s of a backend's answer sent ahead, queued to play
@@ -97,8 +96,7 @@ class Session:
         self._token = trio.lowlevel.current_trio_token()
         self._link: AgentLink | None = None
         self._agent: AgentProtocol | None = None
-        self._held: deque[str] = deque()
-        self._held_bytes = 0
+        self._held = HeldEvents()
         self._hold = False
         self._call_state_events = True
         self.sidebands: list[trio.MemorySendChannel[str]] = []
@@ -156,22 +154,13 @@ class Session:
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 self.counters["events_dropped_sideband"] += 1
         if self._held:
-            self._flush_held()
+            self._held.flush(self.rtc.send_event)
         if not self._held and self.rtc.send_event(text):
             return
         if not self._hold:
             self.counters["event_dropped_no_channel"] += 1
-            return
-        size = len(text)
-        if len(self._held) >= HOLD_EVENTS or self._held_bytes + size > HOLD_BYTES:
+        elif not self._held.hold(text):
             self.counters["events_dropped_held"] += 1
-            return
-        self._held.append(text)
-        self._held_bytes += size
-
-    def _flush_held(self) -> None:
-        while self._held and self.rtc.send_event(self._held[0]):
-            self._held_bytes -= len(self._held.popleft())
 
     def open_sideband(
         self,
@@ -198,7 +187,7 @@ class Session:
             if self.span is not None:
                 self.span.add_event(milestone.value)
         if milestone is Milestone.DATACHANNEL_OPEN:
-            self._flush_held()
+            self._held.flush(self.rtc.send_event)
             if self._call_state_events:
                 self.rtc.send_event(json.dumps({"type": "call.state", "state": self.state}))
 

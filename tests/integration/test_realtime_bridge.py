@@ -469,3 +469,6 @@ def test_session_config_is_checked(tx: TransceiverProcess) -> None:
     for bad, reason in (([1], "JSON object"), ({"pad": "x" * 17000}, "16384")):
         status, body = tx.create_session("v=0\r\n", ["127.0.0.1:1"], session=bad)
         assert status == 400 and reason in body["error"], body
+    deep = b'{"session": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
+    status, reply = tx.request("POST", "/internal/v1/sessions", deep, "application/json")
+    assert status == 400, reply

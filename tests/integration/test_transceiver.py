@@ -240,7 +240,7 @@ def test_bad_api_requests(stack: Stack) -> None:
     assert tx.request("POST", "/internal/v1/sessions", b"{", "application/json")[0] == 400
     assert tx.request("POST", "/internal/v1/sessions", b"x", "text/plain")[0] == 415
     assert tx.request("POST", "/internal/v1/sessions", b"[]", "application/json")[0] == 400
-    big = json.dumps({"offer_sdp": "v" * 80_000}).encode()
+    big = json.dumps({"offer_sdp": "v" * 100_000}).encode()
     assert tx.request("POST", "/internal/v1/sessions", big, "application/json")[0] == 413
     assert tx.request("DELETE", "/internal/v1/sessions/nope")[0] == 404
     assert (

@@ -259,3 +259,36 @@ def test_garbage_from_the_backend_never_raises(junk: str | bytes) -> None:
 def test_bad_audio_deltas_are_counted_not_raised(msg: dict[str, Any]) -> None:
     for e in codec().on_message(json.dumps(msg)):
         assert isinstance(e, (Malformed, PlayAudio))
+
+
+def test_a_truncate_is_never_past_the_audio_the_backend_sent() -> None:
+    c = codec()
+    out = c.on_message(delta(tone(440, 24000, 0.05)))  # 50 ms of audio ...
+    out += c.on_message(json.dumps({"type": "response.output_audio.done", "response_id": "x"}))
+    assert len(frames(out)) == 3  # ... played as three frames, the last one padded
+    for f in frames(out):
+        assert f.tag is not None
+        c.played(f.tag)  # all played, and the response is not done: still "playing"
+    speech = json.dumps({"type": "input_audio_buffer.speech_started"})
+    (truncate,) = to_agent(c.on_message(speech))
+    assert truncate["audio_end_ms"] == 50  # not 60
+
+
+def test_a_session_update_nested_as_deep_as_json_goes_is_an_error_not_a_crash() -> None:
+    c = codec()
+    depth = 1
+    while True:  # the deepest session JSON still parses here
+        text = '{"type": "session.update", "session": ' + '{"a": ' * depth + "1" + "}" * depth
+        try:
+            json.loads(text + "}")
+        except RecursionError:
+            break
+        depth *= 2
+    for d in range(depth // 2, depth):
+        text = '{"type": "session.update", "session": ' + '{"a": ' * d + "1" + "}" * d + "}"
+        try:
+            json.loads(text)
+        except RecursionError:
+            continue
+        for e in c.caller_message(text):
+            assert isinstance(e, (ToAgent, ToCaller, Malformed))

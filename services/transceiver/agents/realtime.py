@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +68,7 @@ from firsthop.services.transceiver.resample import (
 
 CALL_RATE = 48000
 FRAME_BYTES = 1920  # 20 ms at 48 kHz, PCM16 mono
+MAX_ITEMS = 32  # items whose audio length is remembered (for truncates)
 
 _ENCODE: dict[str, Callable[[bytes], bytes]] = {"pcmu": ulaw_encode, "pcma": alaw_encode}
 _DECODE: dict[str, Callable[[bytes], bytes]] = {"pcmu": ulaw_decode, "pcma": alaw_decode}
@@ -89,6 +91,7 @@ class RealtimeProtocol:
         self._out = bytearray()  # 48 kHz audio of `_out_tag` short of a whole frame
         self._out_tag: Tag | None = None
         self._created_seen = False
+        self._sent_samples: OrderedDict[str, int] = OrderedDict()  # item -> samples of audio
 
     # -- the call -> the backend --------------------------------------------------------------
 
@@ -142,7 +145,10 @@ class RealtimeProtocol:
         if kind == CLEAR:
             return self._clear()
         if kind == "session.update" and isinstance(data.get("session"), dict):
-            self.session = merged(self.session or {}, data["session"])
+            try:
+                self.session = merged(self.session or {}, data["session"])
+            except RecursionError:
+                return self._invalid("the session is nested too deep", "invalid_event")
             self._set_formats(data["session"])
         return [ToAgent(message)]
 
@@ -222,7 +228,12 @@ class RealtimeProtocol:
             out += self._flush()
             self._out_tag = tag
         decode = _DECODE.get(self.out_format)
-        self._out += self._up.push(decode(wire) if decode is not None else wire)
+        pcm = decode(wire) if decode is not None else wire
+        self._sent_samples[item] = self._sent_samples.get(item, 0) + len(pcm) // 2
+        self._sent_samples.move_to_end(item)
+        while len(self._sent_samples) > MAX_ITEMS:
+            self._sent_samples.popitem(last=False)
+        self._out += self._up.push(pcm)
         return out + self._frames(whole_only=True)
 
     def _frames(self, *, whole_only: bool) -> list[AgentEvent]:
@@ -261,12 +272,15 @@ class RealtimeProtocol:
             return [ClearAudio()]
         out: list[AgentEvent] = [ClearAudio(), self._cleared_event(cleared.response_id)]
         if cleared.item_id is not None:
+            # Never past the audio the backend sent (the last frame was padded to 20 ms).
+            rate = FORMATS[self.out_format][0]
+            sent_ms = self._sent_samples.get(cleared.item_id, 0) * 1000 // rate
             truncate = {
                 "type": "conversation.item.truncate",
                 "event_id": self.new_id(),
                 "item_id": cleared.item_id,
                 "content_index": 0,
-                "audio_end_ms": cleared.audio_end_ms,
+                "audio_end_ms": min(cleared.audio_end_ms, sent_ms),
             }
             out.append(ToAgent(json.dumps(truncate)))
         return out

@@ -1,0 +1,38 @@
+"""Events held for a caller whose data channel is not open yet: bounded, in order, pure.
+
+A Realtime backend says `session.created` as soon as the transceiver connects to it, which is
+usually before the caller's data channel has opened; the caller must still see it first. So
+events wait here (at most `max_events` and `max_bytes`; beyond, each one is refused and the
+caller counts it) and `flush` sends them, oldest first, through whatever sends them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+HOLD_EVENTS = 64
+HOLD_BYTES = 256 * 1024
+
+
+class HeldEvents:
+    def __init__(self, max_events: int = HOLD_EVENTS, max_bytes: int = HOLD_BYTES) -> None:
+        self.max_events, self.max_bytes = max_events, max_bytes
+        self.events: deque[str] = deque()
+        self.size = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.events)
+
+    def hold(self, text: str) -> bool:
+        """Keep `text` for later; False if that would break a bound (it is not kept)."""
+        if len(self.events) >= self.max_events or self.size + len(text) > self.max_bytes:
+            return False
+        self.events.append(text)
+        self.size += len(text)
+        return True
+
+    def flush(self, send: Callable[[str], bool]) -> None:
+        """Send what is held, oldest first, until `send` says it cannot (False)."""
+        while self.events and send(self.events[0]):
+            self.size -= len(self.events.popleft())
