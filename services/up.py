@@ -1,8 +1,9 @@
 """`firsthop up`: the whole local stack on loopback, in one Trio nursery.
 
 It runs: a Redis (when a `redis-server` binary is found and `--redis` is not given;
-otherwise in-memory), one relay, two transceivers, both agents (echo, parrot) and signaling
-with the demo page (in --dev mode: it hands the page client secrets on loopback). Each
+otherwise in-memory), one relay, two transceivers, the agents (echo, parrot, and the offline
+assistant behind the Realtime bridge, the default for Realtime calls) and signaling with the
+demo page (in --dev mode: it hands the page client secrets on loopback). Each
 service is the real `firsthop <service>` process with its log lines prefixed; Ctrl-C (or
 SIGTERM) stops them all and waits for them.
 Route keys and the internal API token (signaling -> transceivers) are generated per run
@@ -100,10 +101,14 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
     relay_ready = f"http://127.0.0.1:{args.relay_metrics_port}/healthz"
     services.append(Spec("relay", relay, env, ready_http=relay_ready))
     agents: dict[str, str] = {}
-    for kind in ("echo", "parrot"):
+    for kind in ("echo", "parrot", "assistant"):
         port = free_port(socket.SOCK_STREAM)
+        spec = Spec(f"agent-{kind}", agent_command(kind, port), ready_tcp=port)
         agents[kind] = f"ws://127.0.0.1:{port}"
-        services.append(Spec(f"agent-{kind}", agent_command(kind, port), ready_tcp=port))
+        if kind == "assistant":  # it speaks the Realtime protocol: the transceivers bridge to it
+            agents[kind] = f"realtime+ws://127.0.0.1:{port}/v1/realtime"
+            spec.ready_http = f"http://127.0.0.1:{port}/healthz"  # once its models are loaded
+        services.append(spec)
     transceivers: list[str] = []
     for i in (1, 2):
         media, api = free_port(), free_port(socket.SOCK_STREAM)
@@ -127,6 +132,8 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
         *("--api-keys", api_key),
         "--dev",
         *(arg for kind, url in agents.items() for arg in ("--agent-url", f"{kind}={url}")),
+        # an OpenAI Realtime app names OpenAI's models: those calls go to the assistant
+        *("--default-agent", "assistant"),
     ]
     if redis_url:
         sig_args += ["--redis", redis_url]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from firsthop.services.bench import echo, relay, sessions, setup, wire
+from firsthop.services.bench import echo, relay, sessions, setup, voice, wire
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
@@ -15,3 +15,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     setup.register(benches)
     sessions.register(benches)
     echo.register(benches)
+    voice.register(benches)

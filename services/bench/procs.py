@@ -37,9 +37,12 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
 
 @dataclass
 class Stack:
-    """relay + echo agent + transceiver (and optionally the stock aiortc reference)."""
+    """relay + agent (echo, or another `--kind`) + transceiver (and optionally the stock
+    aiortc reference). A Realtime-protocol agent (`assistant`) is reached through the
+    transceiver's Realtime bridge."""
 
     quiet: bool = True
+    agent_kind: str = "echo"
     keys: str = field(default_factory=lambda: format_route_keys({1: os.urandom(32)}))
     token: str = field(default_factory=lambda: secrets.token_urlsafe(16))  # internal API
     children: list[Child] = field(default_factory=list)
@@ -69,7 +72,7 @@ class Stack:
         )
         self._start(Spec("relay", relay, ready_http=f"http://{HOST}:{self.relay_metrics}/healthz"))
         self.agent_port = free_port(socket.SOCK_STREAM)
-        agent = agent_command("echo", self.agent_port)
+        agent = agent_command(self.agent_kind, self.agent_port)
         self._start(Spec("agent", agent, ready_tcp=self.agent_port))
         # A preset media port is kept: a bench may have to know it before the start (a tap).
         self.tx_media = self.tx_media or free_port()
@@ -77,7 +80,7 @@ class Stack:
         tx = transceiver_command(
             media=self.tx_media,
             api=self.tx_api,
-            agent_url=f"ws://{HOST}:{self.agent_port}",
+            agent_url=self.agent_url,
             extra=("--capacity", "1000", *tx_args),
         )
         self._start(Spec("transceiver", tx, ready_http=f"http://{HOST}:{self.tx_api}/healthz"))
@@ -92,6 +95,12 @@ class Stack:
         argv = [sys.executable, "-m", "firsthop.services.bench.stock", str(port), *args]
         child = self._start(Spec("stock", argv, ready_tcp=port))
         return port, child.pid
+
+    @property
+    def agent_url(self) -> str:
+        if self.agent_kind == "assistant":
+            return f"realtime+ws://{HOST}:{self.agent_port}/v1/realtime"
+        return f"ws://{HOST}:{self.agent_port}"
 
     @property
     def relay_pid(self) -> int:
@@ -111,15 +120,26 @@ class Stack:
         return self.children[3].pid
 
     def offer_to_firsthop(
-        self, offer: str, *, direct: bool = False, ingress: str | None = None
+        self,
+        offer: str,
+        *,
+        direct: bool = False,
+        ingress: str | None = None,
+        session: dict[str, Any] | None = None,
     ) -> str:
         """Answer from the transceiver, advertising the relay (or, `direct`, the media
-        socket itself; or any `ingress` HOST:PORT given)."""
+        socket itself; or any `ingress` HOST:PORT given); `session` is a Realtime session
+        config for a Realtime agent."""
         if ingress is None:
             ingress = f"127.0.0.1:{self.tx_media if direct else self.relay_port}"
-        body = json.dumps(
-            {"call_id": f"bench-{time.monotonic_ns()}", "offer_sdp": offer, "ingress": [ingress]}
-        ).encode()
+        fields: dict[str, Any] = {
+            "call_id": f"bench-{time.monotonic_ns()}",
+            "offer_sdp": offer,
+            "ingress": [ingress],
+        }
+        if session is not None:
+            fields["session"] = session
+        body = json.dumps(fields).encode()
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.tx_api}/internal/v1/sessions",
             data=body,

@@ -75,6 +75,7 @@ def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
     relay, tx, sig = stack
     before = relay.metric("firsthop_relay_packets_total", direction="downstream")
     page.goto(sig.url + "/")
+    page.check("input[name=agent][value=echo]")
     page.click("#start")
     page.wait_for_function(
         "document.getElementById('state').textContent === 'connected'", timeout=15_000

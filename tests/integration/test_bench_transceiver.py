@@ -1,4 +1,4 @@
-"""`firsthop bench sessions --quick` and `firsthop bench echo --quick`, end to end.
+"""`firsthop bench sessions|echo|voice --quick`, end to end.
 
 Only that each bench runs against the real stack and measures what it says: every call
 connects, every target has its rows, costs are positive, each caller hears its own tone, and
@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,7 +25,7 @@ def bench(*args: str) -> dict[str, Any]:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -83,3 +85,23 @@ def test_quick_echo_bench_measures_residence_and_mouth_to_ear() -> None:
     }
     assert summary["relay"]["residence_ms"]["p50"] > 0
     assert summary["stock"]["mouth_to_ear_ms"]["p50"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_quick_voice_bench_measures_the_assistant_through_the_edge_and_direct() -> None:
+    result = bench("voice")
+    rows = result["rows"]
+    for path in ("edge", "direct"):
+        turns = [r for r in rows if r["path"] == path]
+        assert len(turns) == result["config"]["turns"], turns
+        for turn in turns:
+            assert "error" not in turn, turn
+            assert turn["transcript"], turn  # the question was heard and recognised
+            assert turn["voice_to_voice_ms"] > 0, turn
+    for turn in (r for r in rows if r["path"] == "direct"):
+        assert turn["vad_hangover_ms"] > 0 and turn["recognition_ms"] > 0, turn
+    (barge,) = result["barge_ins"]
+    assert barge["cleared_seen"] and barge["barge_in_ms"] > 0, barge
+    summary = result["summary"]
+    assert summary["edge_added_p50_ms"] is not None
+    assert summary["barge_in_ms"]["n"] == 1
