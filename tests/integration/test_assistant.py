@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -18,10 +19,12 @@ import httpx
 import pytest
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from firsthop.services.agent.assistant import brain
 from firsthop.services.agent.assistant.recognizer import Recognizer
-from firsthop.services.agent.assistant.server import Assistant, serve_assistant
+from firsthop.services.agent.assistant.server import MAX_MESSAGE, Assistant, serve_assistant
 from firsthop.services.agent.assistant.voice import EspeakVoice, PiperVoice
 from firsthop.services.launch import agent_command
 from firsthop.shared.metrics import parse_text
@@ -68,8 +71,32 @@ async def _say(ws: WebSocketConnection, pcm: bytes) -> None:
         await ws.send_message(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
 
 
+class HeldVoice(EspeakVoice):
+    """espeak-ng that says the first sentence of an answer at once and holds the others
+    until `go` is set: the caller surely talks over a response still in progress."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.sentences = 0
+
+    def synthesize(self, sentence: str) -> bytes:
+        self.sentences += 1
+        if self.sentences > 1:
+            self.go.wait(30)
+        return super().synthesize(sentence)
+
+
 async def test_server_turns_interrupts_and_refuses_what_it_must(recognizer: Recognizer) -> None:
-    assistant = Assistant(EspeakVoice(), recognizer, api_key="sk-test")
+    voice = HeldVoice()
+    assistant = Assistant(voice, recognizer, api_key="sk-test")
+    try:
+        await _server_checks(assistant)
+    finally:
+        voice.go.set()
+
+
+async def _server_checks(assistant: Assistant) -> None:
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(serve_assistant, assistant, ("127.0.0.1", 0))
         url = f"ws://{host}:{port}/v1/realtime?model=assistant"
@@ -157,6 +184,13 @@ def test_openai_sdk_talks_to_the_assistant_process() -> None:
     ).start(timeout=60)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["voice"] == "joe"
+        # Over the 1 MiB limit: that connection is closed (1009), the server goes on.
+        with connect(f"ws://127.0.0.1:{port}/v1/realtime", max_size=None) as ws:
+            assert json.loads(ws.recv(10))["type"] == "session.created"
+            ws.send("x" * (MAX_MESSAGE + 1))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(10)
+            assert closed.value.rcvd is None or closed.value.rcvd.code == 1009
         events = asyncio.run(asyncio.wait_for(_sdk_turn(port), 60))
     finally:
         proc.stop()
