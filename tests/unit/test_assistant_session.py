@@ -388,3 +388,19 @@ def test_webrtc_vad_finds_the_turn_in_real_speech() -> None:
     assert len(commands) == 1 and isinstance(commands[0], Transcribe)
     assert events[0]["audio_start_ms"] <= 400
     assert events[1]["audio_end_ms"] >= len(speech) // 48 - 400
+
+
+def test_the_session_core_imports_no_io_framework() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "import firsthop.services.agent.assistant.session\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    forbidden = ("trio", "asyncio", "hypercorn", "opentelemetry", "pocketsphinx", "piper")
+    assert [m for m in json.loads(out) if m.split(".")[0] in forbidden] == []
