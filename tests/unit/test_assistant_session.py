@@ -404,3 +404,21 @@ def test_the_session_core_imports_no_io_framework() -> None:
     ).stdout
     forbidden = ("trio", "asyncio", "hypercorn", "opentelemetry", "pocketsphinx", "piper")
     assert [m for m in json.loads(out) if m.split(".")[0] in forbidden] == []
+
+
+def test_turn_detection_settings_are_honoured() -> None:
+    s = new_session()
+    vad = {"type": "server_vad", "silence_duration_ms": 200, "prefix_padding_ms": 0}
+    send(s, {"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
+    events, commands = append(s, silence(400) + tone(600) + silence(300))
+    started, stopped = events[:2]
+    assert stopped["audio_end_ms"] - started["audio_start_ms"] <= 600 + 200 + 20
+    assert len(commands[0].audio) // 48 <= 600 + 200 + 20  # no prefix padding
+
+    vad = {"create_response": False, "interrupt_response": False}
+    send(s, {"type": "session.update", "session": {"turn_detection": vad}})  # beta shape
+    _, commands = append(s, tone(600) + silence(300))
+    assert commands[0].respond is False
+    rid = _respond(s)
+    events, commands = append(s, tone(600))
+    assert "response.done" not in types(events) and StopSpeaking(rid) not in commands
