@@ -287,6 +287,9 @@ def test_truncate_answers_truncated_and_refuses_unknown_items() -> None:
     bad = {"type": "conversation.item.truncate", "event_id": "c3", "item_id": "nope"}
     events, _ = send(s, {**bad, "audio_end_ms": 1})
     assert events[0]["type"] == "error" and events[0]["error"]["event_id"] == "c3"
+    past = {"type": "conversation.item.truncate", "item_id": item_id, "audio_end_ms": 601}
+    events, _ = send(s, past)
+    assert events[0]["error"]["param"] == "audio_end_ms"
 
 
 def test_manual_commit_mode() -> None:

@@ -24,6 +24,7 @@ HANDLERS: dict[str, Handler] = {}
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than this
 MAX_TEXT = 4096  # characters of a conversation.item.create text kept
+TRUNCATE_SLACK_MS = 200  # a player's count of audio heard may round up a frame or two
 
 
 def handles(*names: str) -> Callable[[Handler], Handler]:
@@ -139,6 +140,15 @@ def item_truncate(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> 
     end = event.get("audio_end_ms")
     if isinstance(end, bool) or not isinstance(end, int) or end < 0:
         raise ClientError("audio_end_ms must be a non-negative integer", param="audio_end_ms")
+    if end > s.output_ms.get(item_id, 0) + TRUNCATE_SLACK_MS:
+        raise ClientError(
+            f"audio_end_ms {end} is past the item's audio ({s.output_ms.get(item_id, 0)} ms)",
+            param="audio_end_ms",
+        )
+    # As OpenAI does: the text of audio the caller may not have heard leaves the context.
+    for part in item.get("content") or []:
+        if isinstance(part, dict) and "transcript" in part:
+            part["transcript"] = None
     s._emit(
         "conversation.item.truncated",
         item_id=item_id,

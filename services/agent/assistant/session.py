@@ -71,6 +71,7 @@ class RealtimeSession:
         self.items: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.response: Response | None = None
         self.audio_ms = 0  # all input audio so far
+        self.output_ms: dict[str, int] = {}  # assistant item -> audio sent, for truncate
         self._turns_origin_ms = 0
         self.turns = self._detector()
         self.buffer = bytearray()  # manual mode only
@@ -138,6 +139,7 @@ class RealtimeSession:
         for offset in range(0, len(pcm), step):
             chunk = pcm[offset : offset + step]
             r.audio_ms += duration_ms(chunk)
+            self.output_ms[r.item_id] = r.audio_ms
             self._emit("response.output_audio.delta", **ids, delta=encode_pcm(chunk))
 
     def speech_done(self, response_id: str) -> None:
@@ -177,7 +179,8 @@ class RealtimeSession:
         previous = previous if previous is not None else self._last_item_id()
         self.items[item["id"]] = item
         while len(self.items) > MAX_ITEMS:
-            self.items.popitem(last=False)
+            dropped, _ = self.items.popitem(last=False)
+            self.output_ms.pop(dropped, None)
         self._emit("conversation.item.added", previous_item_id=previous, item=item)
         if item.get("status") == "completed":
             self._emit("conversation.item.done", previous_item_id=previous, item=item)
