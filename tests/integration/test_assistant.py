@@ -179,11 +179,15 @@ def test_openai_sdk_talks_to_the_assistant_process() -> None:
     port = free_tcp_port()
     proc = ServiceProcess(
         "assistant",
-        agent_command("assistant", port, ["--voice", "piper"]),
-        ready_http=f"http://127.0.0.1:{port}/healthz",
+        agent_command("assistant", port, ["--voice", "piper", "--metrics", "127.0.0.1:0"]),
+        announces=True,
     ).start(timeout=60)
     try:
+        assert proc.bound["listen"] == ("127.0.0.1", port)
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["voice"] == "joe"
+        host, metrics_port = proc.bound["metrics"]
+        metrics = httpx.get(f"http://{host}:{metrics_port}/metrics").text
+        assert "firsthop_assistant_sessions 0" in metrics
         # Over the 1 MiB limit: that connection is closed (1009), the server goes on.
         with connect(f"ws://127.0.0.1:{port}/v1/realtime", max_size=None) as ws:
             assert json.loads(ws.recv(10))["type"] == "session.created"

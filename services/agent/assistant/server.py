@@ -38,7 +38,7 @@ from firsthop.services.agent.assistant.recognizer import Recognizer
 from firsthop.services.agent.assistant.session import RealtimeSession
 from firsthop.services.agent.assistant.voice import Voice, VoiceError
 from firsthop.shared.address import Address
-from firsthop.shared.http import bound_address, hypercorn_config
+from firsthop.shared.http import bound_address, hypercorn_config, serve_simple
 from firsthop.shared.lifecycle import announce
 from firsthop.shared.metrics import CONTENT_TYPE, Histogram, MetricFamily, render
 from firsthop.shared.telemetry import context_from_traceparent, tracer
@@ -131,15 +131,18 @@ class Assistant:
         elif scope["type"] == "websocket":
             await self.websocket(scope, receive, send)
 
-    async def http(self, scope: Scope, send: Send) -> None:
-        status, ctype, body = 404, "text/plain", b"not found\n"
-        if scope["method"] != "GET":
-            status, body = 405, b"method not allowed\n"
-        elif scope["path"] == "/metrics":
-            status, ctype, body = 200, CONTENT_TYPE, self.stats.render().encode()
-        elif scope["path"] == "/healthz":
+    def http_response(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if method != "GET":
+            return 405, "text/plain", b"method not allowed\n"
+        if path == "/metrics":
+            return 200, CONTENT_TYPE, self.stats.render().encode()
+        if path == "/healthz":
             health = {"ok": True, "kind": "assistant", "voice": self.voice.name}
-            status, ctype, body = 200, "application/json", json.dumps(health).encode()
+            return 200, "application/json", json.dumps(health).encode()
+        return 404, "text/plain", b"not found\n"
+
+    async def http(self, scope: Scope, send: Send) -> None:
+        status, ctype, body = self.http_response(scope["method"], scope["path"])
         headers = [(b"content-type", ctype.encode()), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -315,9 +318,12 @@ class Speaker:
 async def serve_assistant(
     assistant: Assistant,
     listen: Address,
+    metrics: Address | None = None,
     *,
     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve on `listen` (WebSocket, /healthz, /metrics) and, like the other agents, /healthz
+    and /metrics on `metrics` too when given."""
     config = hypercorn_config(listen)
     config.websocket_max_message_size = MAX_MESSAGE
     config.max_app_queue_size = 16  # appends arrive faster than real time from some clients
@@ -326,10 +332,16 @@ async def serve_assistant(
         app: Any = assistant.app
         await serve(app, config, task_status=task_status)
 
+    async def plain(method: str, path: str) -> tuple[int, str, bytes]:
+        return assistant.http_response(method, path)
+
     async with trio.open_nursery() as nursery:
         bound = bound_address(await nursery.start(_serve))
+        addresses = {"listen": bound}
+        if metrics is not None:
+            addresses["metrics"] = await nursery.start(serve_simple, plain, metrics)
         log.info("assistant (voice %s) listening on %s:%d", assistant.voice.name, *bound)
-        announce(listen=bound)
+        announce(**addresses)
         task_status.started(bound)
 
 
@@ -349,7 +361,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"firsthop agent --kind assistant: {exc}") from exc
     assistant = Assistant(voice, recognizer, api_key=args.api_key or None)
     try:
-        trio.run(run_until_signal, serve_assistant, assistant, hostport_arg(args.listen))
+        metrics = hostport_arg(args.metrics) if args.metrics else None
+        trio.run(run_until_signal, serve_assistant, assistant, hostport_arg(args.listen), metrics)
     finally:
         recognizer.close()
         shutdown_tracing()
