@@ -72,17 +72,17 @@ async def _say(ws: WebSocketConnection, pcm: bytes) -> None:
 
 
 class HeldVoice(EspeakVoice):
-    """espeak-ng that says the first sentence of an answer at once and holds the others
-    until `go` is set: the caller surely talks over a response still in progress."""
+    """espeak-ng that holds the last sentences of the greeting and of the name answer until
+    `go` is set: the caller surely talks over (or cancels) a response still in progress."""
+
+    HELD = ("How can I help you?", "I am a small offline assistant.")
 
     def __init__(self) -> None:
         super().__init__()
         self.go = threading.Event()
-        self.sentences = 0
 
     def synthesize(self, sentence: str) -> bytes:
-        self.sentences += 1
-        if self.sentences > 1:
+        if sentence in self.HELD:
             self.go.wait(30)
         return super().synthesize(sentence)
 
@@ -133,13 +133,33 @@ async def _server_checks(assistant: Assistant) -> None:
                 assert done["response"]["status"] == "cancelled"
                 await _events_until(ws, "input_audio_buffer.speech_started", seen)
 
+            async with open_websocket_url(url, extra_headers=auth) as ws:
+                await _events_until(ws, "session.created", seen)
+                question = {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "what is your name"}],
+                }
+                await ws.send_message(
+                    json.dumps({"type": "conversation.item.create", "item": question})
+                )
+                await ws.send_message(json.dumps({"type": "response.create"}))
+                delta = await _events_until(ws, "response.output_audio_transcript.delta", seen)
+                assert delta["delta"] == "My name is firsthop."
+                await ws.send_message(json.dumps({"type": "response.cancel"}))
+                done = await _events_until(ws, "response.done", seen)
+                assert done["response"]["status"] == "cancelled"
+                assert done["response"]["status_details"]["reason"] == "client_cancelled"
+                (item,) = done["response"]["output"]
+                assert item["content"][0]["transcript"] == "My name is firsthop."
+
             async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as http:
                 health = (await http.get("/healthz")).json()
                 assert health == {"ok": True, "kind": "assistant", "voice": "espeak"}
                 metrics = parse_text((await http.get("/metrics")).text)
-                assert metrics[("firsthop_assistant_sessions_total", frozenset())] == 1
+                assert metrics[("firsthop_assistant_sessions_total", frozenset())] == 2
                 cancelled = frozenset({("status", "cancelled")})
-                assert metrics[("firsthop_assistant_responses_total", cancelled)] == 1
+                assert metrics[("firsthop_assistant_responses_total", cancelled)] == 2
                 assert metrics[("firsthop_assistant_errors_total", frozenset())] == 1
                 # The second turn may or may not be heard before the socket closed.
                 for name in ("recognition", "synthesis_first_chunk", "vad_hangover"):
