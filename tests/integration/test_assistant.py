@@ -169,11 +169,12 @@ async def _server_checks(assistant: Assistant) -> None:
         nursery.cancel_scope.cancel()
 
 
-async def _sdk_turn(port: int) -> list[Any]:
+async def _sdk_turn(port: int) -> tuple[list[Any], list[Any]]:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
     events: list[Any] = []
+    typed: list[Any] = []
     async with client.realtime.connect(model="assistant") as conn:
         await conn.session.update(
             session={
@@ -192,7 +193,19 @@ async def _sdk_turn(port: int) -> list[Any]:
             events.append(event)
             if event.type == "response.done":
                 break
-    return events
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "what is your name"}],
+            }
+        )
+        await conn.response.create()
+        async for event in conn:
+            typed.append(event)
+            if event.type == "response.done":
+                break
+    return events, typed
 
 
 def test_openai_sdk_talks_to_the_assistant_process() -> None:
@@ -215,7 +228,7 @@ def test_openai_sdk_talks_to_the_assistant_process() -> None:
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(10)
             assert closed.value.rcvd is None or closed.value.rcvd.code == 1009
-        events = asyncio.run(asyncio.wait_for(_sdk_turn(port), 60))
+        events, typed = asyncio.run(asyncio.wait_for(_sdk_turn(port), 60))
     finally:
         proc.stop()
     kinds = [e.type for e in events]
@@ -242,3 +255,6 @@ def test_openai_sdk_talks_to_the_assistant_process() -> None:
         "response.created"
     )
     assert events[-1].response.status == "completed"
+    assert typed[0].type == "conversation.item.added" and typed[0].item.role == "user"
+    assert typed[-1].response.status == "completed"
+    assert "firsthop" in typed[-1].response.output[0].content[0].transcript
