@@ -334,6 +334,8 @@ def test_bad_client_events_become_error_events_with_the_client_event_id() -> Non
     cases: list[tuple[str | bytes, str | None]] = [
         ("not json", None),
         ("[1, 2]", None),
+        ("[" * 100_000, None),  # nested too deep for the JSON parser
+        (json.dumps({"type": "x" * 10_000}), None),
         (b"\x00\x01", None),
         (json.dumps({"type": "transcription_session.update", "event_id": "e1"}), "e1"),
         (json.dumps({"event_id": "e2"}), "e2"),
@@ -344,6 +346,15 @@ def test_bad_client_events_become_error_events_with_the_client_event_id() -> Non
         (json.dumps({"type": "conversation.item.create", "item": {"role": "x"}}), None),
         (json.dumps({"type": "conversation.item.delete", "item_id": 3, "event_id": 7}), None),
         (json.dumps({"type": "response.create", "response": "now"}), None),
+        (
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {**_user_text("a"), "content": [{}] * 17},
+                }
+            ),
+            None,
+        ),
     ]
     for text, event_id in cases:
         s.receive(text, WALL)

@@ -24,6 +24,7 @@ HANDLERS: dict[str, Handler] = {}
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than this
 MAX_TEXT = 4096  # characters of a conversation.item.create text kept
+MAX_PARTS = 16  # content parts of one item
 TRUNCATE_SLACK_MS = 200  # a player's count of audio heard may round up a frame or two
 
 
@@ -108,8 +109,11 @@ def item_create(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> No
     role = item.get("role")
     if role not in ("user", "system", "assistant"):
         raise ClientError("item.role must be user, system or assistant", param="item.role")
+    parts = item.get("content") or []
+    if not isinstance(parts, list) or len(parts) > MAX_PARTS:
+        raise ClientError(f"item.content is a list of at most {MAX_PARTS}", param="item.content")
     content = []
-    for part in item.get("content") or []:
+    for part in parts:
         if not isinstance(part, dict):
             raise ClientError("item.content entries are objects", param="item.content")
         text = part.get("text", part.get("transcript"))

@@ -97,16 +97,17 @@ class RealtimeSession:
                 raise ClientError("binary frames are not Realtime events", param="type")
             try:
                 event = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # nesting too deep: RecursionError
                 raise ClientError("not JSON", code="invalid_json") from exc
             if not isinstance(event, dict):
                 raise ClientError("an event is a JSON object")
             raw_id = event.get("event_id")
-            event_id = raw_id if isinstance(raw_id, str) else None
+            event_id = raw_id[:128] if isinstance(raw_id, str) else None
             kind = event.get("type")
             handler = HANDLERS.get(kind) if isinstance(kind, str) else None
             if handler is None:
-                raise ClientError(f"Unsupported event type: {kind!r}", param="type")
+                shown = kind[:64] if isinstance(kind, str) else kind
+                raise ClientError(f"Unsupported event type: {shown!r}", param="type")
             handler(self, event, wall)
         except ClientError as exc:
             self.error(str(exc), code=exc.code, param=exc.param, event_id=event_id)
@@ -181,6 +182,7 @@ class RealtimeSession:
         while len(self.items) > MAX_ITEMS:
             dropped, _ = self.items.popitem(last=False)
             self.output_ms.pop(dropped, None)
+            self._answered.discard(dropped)
         self._emit("conversation.item.added", previous_item_id=previous, item=item)
         if item.get("status") == "completed":
             self._emit("conversation.item.done", previous_item_id=previous, item=item)
