@@ -209,7 +209,11 @@ class Connection:
                 data = msg.get("text")
                 if data is None:
                     data = msg.get("bytes") or b""
-                self.core.receive(data, datetime.now(UTC))
+                try:
+                    self.core.receive(data, datetime.now(UTC))
+                except Exception:  # a bug here must not end the caller's session
+                    log.exception("assistant: client event failed")
+                    self.core.error("the event could not be handled", code="server_error")
                 await self.flush()
             nursery.cancel_scope.cancel()
 
