@@ -213,7 +213,7 @@ class Connection:
                     self.core.receive(data, datetime.now(UTC))
                 except Exception:  # a bug here must not end the caller's session
                     log.exception("assistant: client event failed")
-                    self.core.error("the event could not be handled", code="server_error")
+                    self.core.error("event not handled", code="server_error", kind="server_error")
                 await self.flush()
             nursery.cancel_scope.cancel()
 

@@ -159,11 +159,12 @@ class RealtimeSession:
         code: str = "invalid_value",
         param: str | None = None,
         event_id: str | None = None,
+        kind: str = "invalid_request_error",
     ) -> None:
         self._emit(
             "error",
             error={
-                "type": "invalid_request_error",
+                "type": kind,
                 "code": code,
                 "message": message,
                 "param": param,
