@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from firsthop.services.agent.assistant import brain
+from firsthop.services.agent.assistant.audio import to_wire
 from firsthop.services.agent.assistant.commands import Speak, StopSpeaking, Transcribe
 from firsthop.services.agent.assistant.config import SessionConfig
 from firsthop.services.agent.assistant.session import RealtimeSession
@@ -436,3 +437,34 @@ def test_turn_detection_settings_are_honoured() -> None:
     rid = _respond(s)
     events, commands = append(s, tone(600))
     assert "response.done" not in types(events) and StopSpeaking(rid) not in commands
+
+
+def test_g711_sessions_both_ways() -> None:
+    s = new_session()
+    s.take()
+    pcmu = {"type": "audio/pcmu"}
+    update = {"audio": {"input": {"format": pcmu}, "output": {"format": pcmu}}}
+    events, _ = send(s, {"type": "session.update", "session": update})
+    audio = events[0]["session"]["audio"]
+    assert audio["input"]["format"] == audio["output"]["format"] == pcmu
+    ulaw = to_wire(silence(400) + tone(600) + silence(800), "pcmu")
+    events = []
+    for i in range(0, len(ulaw), 800):
+        audio_b64 = base64.b64encode(ulaw[i : i + 800]).decode()
+        events += send(s, {"type": "input_audio_buffer.append", "audio": audio_b64})[0]
+    assert types(events)[:2] == [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+    ]
+    assert 1300 <= events[1]["audio_end_ms"] <= 1900  # positions in ms, whatever the format
+    rid = _respond(s)
+    s.spoken(rid, "Hello!", tone(200))
+    events, _ = s.take()
+    (delta,) = [e for e in events if e["type"] == "response.output_audio.delta"]
+    assert len(base64.b64decode(delta["delta"])) == 1600  # 200 ms of 8 kHz µ-law
+
+    events, _ = send(s, {"type": "session.update", "session": {"output_audio_format": "g711_alaw"}})
+    assert events[0]["session"]["audio"]["output"]["format"] == {"type": "audio/pcma"}
+    odd_rate = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}
+    events, _ = send(s, {"type": "session.update", "session": odd_rate})
+    assert events[0]["session"]["audio"]["input"]["format"] == pcmu  # not honoured: unchanged

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from firsthop.services.agent.assistant import brain
-from firsthop.services.agent.assistant.audio import BYTES_PER_MS, AudioError, decode_pcm
+from firsthop.services.agent.assistant.audio import BYTES_PER_MS, AudioError, decode_audio
 from firsthop.services.agent.assistant.commands import ClientError, new_id
 from firsthop.services.agent.assistant.config import ConfigError
 
@@ -61,7 +61,7 @@ def session_update(s: RealtimeSession, event: dict[str, Any], wall: datetime) ->
 @handles("input_audio_buffer.append")
 def buffer_append(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
     try:
-        pcm = decode_pcm(event.get("audio"))
+        pcm = decode_audio(event.get("audio"), s.config.input_format)
     except AudioError as exc:
         raise ClientError(str(exc), param="audio") from exc
     s.append(pcm)

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from firsthop.services.agent.assistant import brain
-from firsthop.services.agent.assistant.audio import BYTES_PER_MS, duration_ms, encode_pcm
+from firsthop.services.agent.assistant.audio import BYTES_PER_MS, duration_ms, encode_audio
 from firsthop.services.agent.assistant.client_events import HANDLERS
 from firsthop.services.agent.assistant.commands import (
     ClientError,
@@ -141,7 +141,8 @@ class RealtimeSession:
             chunk = pcm[offset : offset + step]
             r.audio_ms += duration_ms(chunk)
             self.output_ms[r.item_id] = r.audio_ms
-            self._emit("response.output_audio.delta", **ids, delta=encode_pcm(chunk))
+            wire = encode_audio(chunk, self.config.output_format)
+            self._emit("response.output_audio.delta", **ids, delta=wire)
 
     def speech_done(self, response_id: str) -> None:
         if self.response is not None and self.response.id == response_id:
