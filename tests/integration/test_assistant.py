@@ -233,6 +233,7 @@ def test_openai_sdk_talks_to_the_assistant_process() -> None:
         proc.stop()
     kinds = [e.type for e in events]
     assert kinds[:2] == ["session.created", "session.updated"]
+    assert events[0].session.model == "assistant"  # the SDK's ?model=
     assert "error" not in kinds
     for name in (
         "input_audio_buffer.speech_started",

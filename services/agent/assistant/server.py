@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qs
 
 import trio
 from hypercorn.trio import serve
@@ -159,7 +160,8 @@ class Assistant:
         await send(accept)
         self.stats.counts["active"] += 1
         self.stats.counts["started"] += 1
-        connection = Connection(self, receive, send)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        connection = Connection(self, receive, send, model=(query.get("model") or [None])[0])
         try:
             with TRACER.start_as_current_span(
                 "agent.session",
@@ -185,13 +187,17 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class Connection:
     """One client: its session core, its send lock, its model tasks."""
 
-    def __init__(self, assistant: Assistant, receive: Receive, send: Send) -> None:
+    def __init__(
+        self, assistant: Assistant, receive: Receive, send: Send, model: str | None = None
+    ) -> None:
         self.a = assistant
         self.receive = receive
         self.send = send
         config = SessionConfig(
             session_id=f"sess_{secrets.token_hex(10)}", voice=assistant.voice.name
         )
+        if model:  # `?model=` of the URL, as OpenAI's session.created reports it
+            config.model = model[:128]
         self.core = RealtimeSession(config)
         self.lock = trio.Lock()
         self.speakers: dict[str, Speaker] = {}
