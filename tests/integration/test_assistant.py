@@ -89,7 +89,7 @@ class HeldVoice(EspeakVoice):
 
 async def test_server_turns_interrupts_and_refuses_what_it_must(recognizer: Recognizer) -> None:
     voice = HeldVoice()
-    assistant = Assistant(voice, recognizer, api_key="sk-test")
+    assistant = Assistant(voice, recognizer, api_key="sk-test", max_sessions=1)
     try:
         await _server_checks(assistant)
     finally:
@@ -107,15 +107,21 @@ async def _server_checks(assistant: Assistant) -> None:
                 "Sec-WebSocket-Version": "13",
                 "Sec-WebSocket-Key": base64.b64encode(bytes(16)).decode(),
             }
-            async with httpx.AsyncClient() as http:
-                for key in (None, "wrong"):
-                    headers = {**upgrade, **({"Authorization": f"Bearer {key}"} if key else {})}
+            for key in (None, "wrong"):
+                headers = {**upgrade, **({"Authorization": f"Bearer {key}"} if key else {})}
+                async with httpx.AsyncClient() as http:  # a refused upgrade ends its connection
                     resp = await http.get(url.replace("ws://", "http://"), headers=headers)
-                    assert resp.status_code == 403
+                    assert resp.status_code == 401
+                    assert resp.json()["error"]["code"] == "invalid_api_key"
             auth = [(b"Authorization", b"Bearer sk-test")]
             async with open_websocket_url(url, extra_headers=auth) as ws:
                 seen: list[dict[str, Any]] = []
                 created = await _events_until(ws, "session.created", seen)
+                async with httpx.AsyncClient() as http:  # one session at most: busy
+                    headers = {**upgrade, "Authorization": "Bearer sk-test"}
+                    resp = await http.get(url.replace("ws://", "http://"), headers=headers)
+                    assert resp.status_code == 503
+                assistant.max_sessions = 2
                 assert created["session"]["audio"]["output"]["voice"] == "espeak"
                 await ws.send_message(json.dumps({"type": "bogus", "event_id": "c1"}))
                 error = await _events_until(ws, "error", seen)

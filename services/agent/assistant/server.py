@@ -9,10 +9,10 @@ sentence, each sentence's audio sent as soon as it exists. Server events leave t
 lock, in the order the core made them. Each connection is an `agent.session` span (joined
 to the caller's trace when the upgrade carries a W3C `traceparent` header).
 
-Bounds: client messages up to `MAX_MESSAGE`; at most `MAX_TRANSCRIPTIONS` recognitions
-pending per session (more: an `error` event, the turn is dropped); one response at a time
-(the core); `--api-key` makes `Authorization: Bearer <key>` (or the browser's
-`openai-insecure-api-key.<key>` subprotocol) required.
+Bounds: `MAX_SESSIONS` at once (then 503); client messages up to `MAX_MESSAGE`; at most
+`MAX_TRANSCRIPTIONS` recognitions pending per session (more: an `error` event, the turn is
+dropped); one response at a time (the core). `--api-key` makes `Authorization: Bearer
+<key>` (or the browser's `openai-insecure-api-key.<key>` subprotocol) required (else 401).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ TRACER = tracer("firsthop.agent")
 
 MAX_MESSAGE = 1 << 20  # one client event (an append of ~20 s of audio fits)
 MAX_TRANSCRIPTIONS = 4  # pending per session
+MAX_SESSIONS = 64  # at once; more get 503 (the models are shared, the CPU is not infinite)
 WORKERS = 2  # model threads across all sessions (the machine's cores)
 SUBPROTOCOL_KEY = "openai-insecure-api-key."
 
@@ -98,7 +99,14 @@ class Stats:
 class Assistant:
     """What every session shares: the models, the worker limit, the counters."""
 
-    def __init__(self, voice: Voice, recognizer: Recognizer, api_key: str | None = None):
+    def __init__(
+        self,
+        voice: Voice,
+        recognizer: Recognizer,
+        api_key: str | None = None,
+        max_sessions: int = MAX_SESSIONS,
+    ):
+        self.max_sessions = max_sessions
         self.voice = voice
         self.recognizer = recognizer
         self.api_key = api_key
@@ -152,7 +160,10 @@ class Assistant:
         if (await receive())["type"] != "websocket.connect":
             return
         if not self.authorized(scope):
-            await send({"type": "websocket.close", "code": 1008})  # 403 before the upgrade
+            await _refuse(send, 401, "invalid_api_key", "missing or wrong API key")
+            return
+        if self.stats.counts["active"] >= self.max_sessions:
+            await _refuse(send, 503, "server_busy", f"{self.max_sessions} sessions in progress")
             return
         accept: Message = {"type": "websocket.accept"}
         if "realtime" in scope.get("subprotocols", []):
@@ -175,6 +186,17 @@ class Assistant:
                 await connection.run()
         finally:
             self.stats.counts["active"] -= 1
+
+
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    """Answer an upgrade with an HTTP error in OpenAI's JSON shape (hypercorn's ASGI
+    websocket.http.response extension), instead of accepting it."""
+    body = json.dumps(
+        {"error": {"type": "invalid_request_error", "code": code, "message": message}}
+    )
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body.encode()})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
