@@ -214,6 +214,11 @@ async def _sdk_turn(port: int) -> tuple[list[Any], list[Any]]:
     return events, typed
 
 
+async def _two_callers(port: int) -> list[tuple[list[Any], list[Any]]]:
+    both = asyncio.gather(_sdk_turn(port), _sdk_turn(port))
+    return list(await asyncio.wait_for(both, 90))
+
+
 def test_openai_sdk_talks_to_the_assistant_process() -> None:
     port = free_tcp_port()
     proc = ServiceProcess(
@@ -234,7 +239,9 @@ def test_openai_sdk_talks_to_the_assistant_process() -> None:
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(10)
             assert closed.value.rcvd is None or closed.value.rcvd.code == 1009
-        events, typed = asyncio.run(asyncio.wait_for(_sdk_turn(port), 60))
+        # Two callers at once: the models are shared between sessions.
+        (events, typed), (other, _) = asyncio.run(_two_callers(port))
+        assert other[-1].type == "response.done" and other[-1].response.status == "completed"
     finally:
         proc.stop()
     kinds = [e.type for e in events]
