@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -18,10 +19,12 @@ import httpx
 import pytest
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from firsthop.services.agent.assistant import brain
 from firsthop.services.agent.assistant.recognizer import Recognizer
-from firsthop.services.agent.assistant.server import Assistant, serve_assistant
+from firsthop.services.agent.assistant.server import MAX_MESSAGE, Assistant, serve_assistant
 from firsthop.services.agent.assistant.voice import EspeakVoice, PiperVoice
 from firsthop.services.launch import agent_command
 from firsthop.shared.metrics import parse_text
@@ -68,8 +71,32 @@ async def _say(ws: WebSocketConnection, pcm: bytes) -> None:
         await ws.send_message(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
 
 
+class HeldVoice(EspeakVoice):
+    """espeak-ng that holds the last sentences of the greeting and of the name answer until
+    `go` is set: the caller surely talks over (or cancels) a response still in progress."""
+
+    HELD = ("How can I help you?", "I am a small offline assistant.")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def synthesize(self, sentence: str) -> bytes:
+        if sentence in self.HELD:
+            self.go.wait(30)
+        return super().synthesize(sentence)
+
+
 async def test_server_turns_interrupts_and_refuses_what_it_must(recognizer: Recognizer) -> None:
-    assistant = Assistant(EspeakVoice(), recognizer, api_key="sk-test")
+    voice = HeldVoice()
+    assistant = Assistant(voice, recognizer, api_key="sk-test", max_sessions=1)
+    try:
+        await _server_checks(assistant)
+    finally:
+        voice.go.set()
+
+
+async def _server_checks(assistant: Assistant) -> None:
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(serve_assistant, assistant, ("127.0.0.1", 0))
         url = f"ws://{host}:{port}/v1/realtime?model=assistant"
@@ -80,15 +107,21 @@ async def test_server_turns_interrupts_and_refuses_what_it_must(recognizer: Reco
                 "Sec-WebSocket-Version": "13",
                 "Sec-WebSocket-Key": base64.b64encode(bytes(16)).decode(),
             }
-            async with httpx.AsyncClient() as http:
-                for key in (None, "wrong"):
-                    headers = {**upgrade, **({"Authorization": f"Bearer {key}"} if key else {})}
+            for key in (None, "wrong"):
+                headers = {**upgrade, **({"Authorization": f"Bearer {key}"} if key else {})}
+                async with httpx.AsyncClient() as http:  # a refused upgrade ends its connection
                     resp = await http.get(url.replace("ws://", "http://"), headers=headers)
-                    assert resp.status_code == 403
+                    assert resp.status_code == 401
+                    assert resp.json()["error"]["code"] == "invalid_api_key"
             auth = [(b"Authorization", b"Bearer sk-test")]
             async with open_websocket_url(url, extra_headers=auth) as ws:
                 seen: list[dict[str, Any]] = []
                 created = await _events_until(ws, "session.created", seen)
+                async with httpx.AsyncClient() as http:  # one session at most: busy
+                    headers = {**upgrade, "Authorization": "Bearer sk-test"}
+                    resp = await http.get(url.replace("ws://", "http://"), headers=headers)
+                    assert resp.status_code == 503
+                assistant.max_sessions = 2
                 assert created["session"]["audio"]["output"]["voice"] == "espeak"
                 await ws.send_message(json.dumps({"type": "bogus", "event_id": "c1"}))
                 error = await _events_until(ws, "error", seen)
@@ -106,13 +139,33 @@ async def test_server_turns_interrupts_and_refuses_what_it_must(recognizer: Reco
                 assert done["response"]["status"] == "cancelled"
                 await _events_until(ws, "input_audio_buffer.speech_started", seen)
 
+            async with open_websocket_url(url, extra_headers=auth) as ws:
+                await _events_until(ws, "session.created", seen)
+                question = {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "what is your name"}],
+                }
+                await ws.send_message(
+                    json.dumps({"type": "conversation.item.create", "item": question})
+                )
+                await ws.send_message(json.dumps({"type": "response.create"}))
+                delta = await _events_until(ws, "response.output_audio_transcript.delta", seen)
+                assert delta["delta"] == "My name is firsthop."
+                await ws.send_message(json.dumps({"type": "response.cancel"}))
+                done = await _events_until(ws, "response.done", seen)
+                assert done["response"]["status"] == "cancelled"
+                assert done["response"]["status_details"]["reason"] == "client_cancelled"
+                (item,) = done["response"]["output"]
+                assert item["content"][0]["transcript"] == "My name is firsthop."
+
             async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as http:
                 health = (await http.get("/healthz")).json()
                 assert health == {"ok": True, "kind": "assistant", "voice": "espeak"}
                 metrics = parse_text((await http.get("/metrics")).text)
-                assert metrics[("firsthop_assistant_sessions_total", frozenset())] == 1
+                assert metrics[("firsthop_assistant_sessions_total", frozenset())] == 2
                 cancelled = frozenset({("status", "cancelled")})
-                assert metrics[("firsthop_assistant_responses_total", cancelled)] == 1
+                assert metrics[("firsthop_assistant_responses_total", cancelled)] == 2
                 assert metrics[("firsthop_assistant_errors_total", frozenset())] == 1
                 # The second turn may or may not be heard before the socket closed.
                 for name in ("recognition", "synthesis_first_chunk", "vad_hangover"):
@@ -122,11 +175,12 @@ async def test_server_turns_interrupts_and_refuses_what_it_must(recognizer: Reco
         nursery.cancel_scope.cancel()
 
 
-async def _sdk_turn(port: int) -> list[Any]:
+async def _sdk_turn(port: int) -> tuple[list[Any], list[Any]]:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
     events: list[Any] = []
+    typed: list[Any] = []
     async with client.realtime.connect(model="assistant") as conn:
         await conn.session.update(
             session={
@@ -145,23 +199,54 @@ async def _sdk_turn(port: int) -> list[Any]:
             events.append(event)
             if event.type == "response.done":
                 break
-    return events
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "what is your name"}],
+            }
+        )
+        await conn.response.create()
+        async for event in conn:
+            typed.append(event)
+            if event.type == "response.done":
+                break
+    return events, typed
+
+
+async def _two_callers(port: int) -> list[tuple[list[Any], list[Any]]]:
+    both = asyncio.gather(_sdk_turn(port), _sdk_turn(port))
+    return list(await asyncio.wait_for(both, 90))
 
 
 def test_openai_sdk_talks_to_the_assistant_process() -> None:
     port = free_tcp_port()
     proc = ServiceProcess(
         "assistant",
-        agent_command("assistant", port, ["--voice", "piper"]),
-        ready_http=f"http://127.0.0.1:{port}/healthz",
+        agent_command("assistant", port, ["--voice", "piper", "--metrics", "127.0.0.1:0"]),
+        announces=True,
     ).start(timeout=60)
     try:
+        assert proc.bound["listen"] == ("127.0.0.1", port)
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["voice"] == "joe"
-        events = asyncio.run(asyncio.wait_for(_sdk_turn(port), 60))
+        host, metrics_port = proc.bound["metrics"]
+        metrics = httpx.get(f"http://{host}:{metrics_port}/metrics").text
+        assert "firsthop_assistant_sessions 0" in metrics
+        # Over the 1 MiB limit: that connection is closed (1009), the server goes on.
+        with connect(f"ws://127.0.0.1:{port}/v1/realtime", max_size=None) as ws:
+            assert json.loads(ws.recv(10))["type"] == "session.created"
+            ws.send("x" * (MAX_MESSAGE + 1))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(10)
+            assert closed.value.rcvd is None or closed.value.rcvd.code == 1009
+        # Two callers at once: the models are shared between sessions.
+        (events, typed), (other, _) = asyncio.run(_two_callers(port))
+        assert other[-1].type == "response.done" and other[-1].response.status == "completed"
     finally:
         proc.stop()
     kinds = [e.type for e in events]
     assert kinds[:2] == ["session.created", "session.updated"]
+    assert events[0].session.model == "assistant"  # the SDK's ?model=
     assert "error" not in kinds
     for name in (
         "input_audio_buffer.speech_started",
@@ -184,3 +269,6 @@ def test_openai_sdk_talks_to_the_assistant_process() -> None:
         "response.created"
     )
     assert events[-1].response.status == "completed"
+    assert typed[0].type == "conversation.item.added" and typed[0].item.role == "user"
+    assert typed[-1].response.status == "completed"
+    assert "firsthop" in typed[-1].response.output[0].content[0].transcript

@@ -32,6 +32,7 @@ def test_the_wheel_holds_one_top_level_package_with_its_data(tmp_path: Path) -> 
     assert "firsthop/shared/wire/stun.py" in names
     assert "firsthop/services/signaling/static/index.html" in names
     assert "firsthop/services/bench/c_forwarder.c" in names
+    assert "firsthop/services/agent/assistant/session.py" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "firsthop = firsthop.services.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 

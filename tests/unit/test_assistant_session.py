@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from firsthop.services.agent.assistant import brain
+from firsthop.services.agent.assistant.audio import to_wire
 from firsthop.services.agent.assistant.commands import Speak, StopSpeaking, Transcribe
 from firsthop.services.agent.assistant.config import SessionConfig
 from firsthop.services.agent.assistant.session import RealtimeSession
@@ -287,6 +288,9 @@ def test_truncate_answers_truncated_and_refuses_unknown_items() -> None:
     bad = {"type": "conversation.item.truncate", "event_id": "c3", "item_id": "nope"}
     events, _ = send(s, {**bad, "audio_end_ms": 1})
     assert events[0]["type"] == "error" and events[0]["error"]["event_id"] == "c3"
+    past = {"type": "conversation.item.truncate", "item_id": item_id, "audio_end_ms": 601}
+    events, _ = send(s, past)
+    assert events[0]["error"]["param"] == "audio_end_ms"
 
 
 def test_manual_commit_mode() -> None:
@@ -331,6 +335,8 @@ def test_bad_client_events_become_error_events_with_the_client_event_id() -> Non
     cases: list[tuple[str | bytes, str | None]] = [
         ("not json", None),
         ("[1, 2]", None),
+        ("[" * 100_000, None),  # nested too deep for the JSON parser
+        (json.dumps({"type": "x" * 10_000}), None),
         (b"\x00\x01", None),
         (json.dumps({"type": "transcription_session.update", "event_id": "e1"}), "e1"),
         (json.dumps({"event_id": "e2"}), "e2"),
@@ -341,6 +347,15 @@ def test_bad_client_events_become_error_events_with_the_client_event_id() -> Non
         (json.dumps({"type": "conversation.item.create", "item": {"role": "x"}}), None),
         (json.dumps({"type": "conversation.item.delete", "item_id": 3, "event_id": 7}), None),
         (json.dumps({"type": "response.create", "response": "now"}), None),
+        (
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {**_user_text("a"), "content": [{}] * 17},
+                }
+            ),
+            None,
+        ),
     ]
     for text, event_id in cases:
         s.receive(text, WALL)
@@ -388,3 +403,68 @@ def test_webrtc_vad_finds_the_turn_in_real_speech() -> None:
     assert len(commands) == 1 and isinstance(commands[0], Transcribe)
     assert events[0]["audio_start_ms"] <= 400
     assert events[1]["audio_end_ms"] >= len(speech) // 48 - 400
+
+
+def test_the_session_core_imports_no_io_framework() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "import firsthop.services.agent.assistant.session\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    forbidden = ("trio", "asyncio", "hypercorn", "opentelemetry", "pocketsphinx", "piper")
+    assert [m for m in json.loads(out) if m.split(".")[0] in forbidden] == []
+
+
+def test_turn_detection_settings_are_honoured() -> None:
+    s = new_session()
+    vad = {"type": "server_vad", "silence_duration_ms": 200, "prefix_padding_ms": 0}
+    send(s, {"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
+    events, commands = append(s, silence(400) + tone(600) + silence(300))
+    started, stopped = events[:2]
+    assert stopped["audio_end_ms"] - started["audio_start_ms"] <= 600 + 200 + 20
+    assert len(commands[0].audio) // 48 <= 600 + 200 + 20  # no prefix padding
+
+    vad = {"create_response": False, "interrupt_response": False}
+    send(s, {"type": "session.update", "session": {"turn_detection": vad}})  # beta shape
+    _, commands = append(s, tone(600) + silence(300))
+    assert commands[0].respond is False
+    rid = _respond(s)
+    events, commands = append(s, tone(600))
+    assert "response.done" not in types(events) and StopSpeaking(rid) not in commands
+
+
+def test_g711_sessions_both_ways() -> None:
+    s = new_session()
+    s.take()
+    pcmu = {"type": "audio/pcmu"}
+    update = {"audio": {"input": {"format": pcmu}, "output": {"format": pcmu}}}
+    events, _ = send(s, {"type": "session.update", "session": update})
+    audio = events[0]["session"]["audio"]
+    assert audio["input"]["format"] == audio["output"]["format"] == pcmu
+    ulaw = to_wire(silence(400) + tone(600) + silence(800), "pcmu")
+    events = []
+    for i in range(0, len(ulaw), 800):
+        audio_b64 = base64.b64encode(ulaw[i : i + 800]).decode()
+        events += send(s, {"type": "input_audio_buffer.append", "audio": audio_b64})[0]
+    assert types(events)[:2] == [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+    ]
+    assert 1300 <= events[1]["audio_end_ms"] <= 1900  # positions in ms, whatever the format
+    rid = _respond(s)
+    s.spoken(rid, "Hello!", tone(200))
+    events, _ = s.take()
+    (delta,) = [e for e in events if e["type"] == "response.output_audio.delta"]
+    assert len(base64.b64decode(delta["delta"])) == 1600  # 200 ms of 8 kHz µ-law
+
+    events, _ = send(s, {"type": "session.update", "session": {"output_audio_format": "g711_alaw"}})
+    assert events[0]["session"]["audio"]["output"]["format"] == {"type": "audio/pcma"}
+    odd_rate = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}
+    events, _ = send(s, {"type": "session.update", "session": odd_rate})
+    assert events[0]["session"]["audio"]["input"]["format"] == pcmu  # not honoured: unchanged

@@ -42,15 +42,16 @@ def _words(text: str) -> set[str]:
     return set(re.findall(r"[a-z']+", text.lower()))
 
 
-def _spoken_time(now: datetime) -> str:
-    hour = now.hour % 12 or 12
-    suffix = "in the morning" if now.hour < 12 else "in the afternoon"
+def _spoken_time(now: datetime) -> tuple[int, str, str]:
+    """(hour on a 12-hour clock, the minutes as said, the part of the day)."""
+    part = "in the morning" if now.hour < 12 else "in the afternoon"
     if now.hour >= 18:
-        suffix = "in the evening"
+        part = "in the evening"
     if now.minute == 0:
-        return f"{hour} o'clock {suffix}"
-    minute = f"oh {now.minute}" if now.minute < 10 else str(now.minute)
-    return f"{hour} {minute} {suffix}"
+        minute = "o'clock"
+    else:
+        minute = f"oh {now.minute}" if now.minute < 10 else str(now.minute)
+    return now.hour % 12 or 12, minute, part
 
 
 def answer(heard: str, now: datetime, persona: Persona | None = None) -> str:
@@ -60,9 +61,11 @@ def answer(heard: str, now: datetime, persona: Persona | None = None) -> str:
     if not words:
         return "Sorry, I did not catch that. Could you say it again?"
     if "time" in words or {"clock", "hour"} & words:
-        return f"It is {_spoken_time(now)}. That is {now:%H:%M} UTC."
+        # A short first sentence: the first audio of an answer comes sooner.
+        hour, minute, part = _spoken_time(now)
+        return f"It is {hour} {minute}. {part.capitalize()}, {now:%H:%M} UTC."
     if {"date", "day", "today"} & words:
-        return f"Today is {now:%A, %B} {now.day}, {now.year}."
+        return f"Today is {now:%A}. It is {now:%B} {now.day}, {now.year}."
     if {"help", "can", "do", "able"} & words and {"what", "how", "help"} & words:
         return (
             "I can greet you, tell you the time and the date, and say back what I heard. "

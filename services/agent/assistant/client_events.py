@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from firsthop.services.agent.assistant import brain
-from firsthop.services.agent.assistant.audio import BYTES_PER_MS, AudioError, decode_pcm
+from firsthop.services.agent.assistant.audio import BYTES_PER_MS, AudioError, decode_audio
 from firsthop.services.agent.assistant.commands import ClientError, new_id
 from firsthop.services.agent.assistant.config import ConfigError
 
@@ -24,6 +24,8 @@ HANDLERS: dict[str, Handler] = {}
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than this
 MAX_TEXT = 4096  # characters of a conversation.item.create text kept
+MAX_PARTS = 16  # content parts of one item
+TRUNCATE_SLACK_MS = 200  # a player's count of audio heard may round up a frame or two
 
 
 def handles(*names: str) -> Callable[[Handler], Handler]:
@@ -59,7 +61,7 @@ def session_update(s: RealtimeSession, event: dict[str, Any], wall: datetime) ->
 @handles("input_audio_buffer.append")
 def buffer_append(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
     try:
-        pcm = decode_pcm(event.get("audio"))
+        pcm = decode_audio(event.get("audio"), s.config.input_format)
     except AudioError as exc:
         raise ClientError(str(exc), param="audio") from exc
     s.append(pcm)
@@ -107,8 +109,11 @@ def item_create(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> No
     role = item.get("role")
     if role not in ("user", "system", "assistant"):
         raise ClientError("item.role must be user, system or assistant", param="item.role")
+    parts = item.get("content") or []
+    if not isinstance(parts, list) or len(parts) > MAX_PARTS:
+        raise ClientError(f"item.content is a list of at most {MAX_PARTS}", param="item.content")
     content = []
-    for part in item.get("content") or []:
+    for part in parts:
         if not isinstance(part, dict):
             raise ClientError("item.content entries are objects", param="item.content")
         text = part.get("text", part.get("transcript"))
@@ -139,6 +144,15 @@ def item_truncate(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> 
     end = event.get("audio_end_ms")
     if isinstance(end, bool) or not isinstance(end, int) or end < 0:
         raise ClientError("audio_end_ms must be a non-negative integer", param="audio_end_ms")
+    if end > s.output_ms.get(item_id, 0) + TRUNCATE_SLACK_MS:
+        raise ClientError(
+            f"audio_end_ms {end} is past the item's audio ({s.output_ms.get(item_id, 0)} ms)",
+            param="audio_end_ms",
+        )
+    # As OpenAI does: the text of audio the caller may not have heard leaves the context.
+    for part in item.get("content") or []:
+        if isinstance(part, dict) and "transcript" in part:
+            part["transcript"] = None
     s._emit(
         "conversation.item.truncated",
         item_id=item_id,

@@ -6,7 +6,8 @@ shape (`audio.input.turn_detection`, `audio.output.voice`, ...) or the beta one
 can do and ignores the rest without an error (an app written for OpenAI names its models,
 voices and transcription models). `describe` is the GA session object the
 `session.created` / `session.updated` events carry: what the assistant really does, so an
-asked-for voice or transcription model that it does not have is not echoed back.
+asked-for voice or transcription model that it does not have is not echoed back. Audio
+formats are honoured: 24 kHz `audio/pcm`, and G.711 `audio/pcmu` / `audio/pcma` (8 kHz).
 """
 
 from __future__ import annotations
@@ -18,6 +19,24 @@ from firsthop.services.agent.assistant.audio import RATE
 
 MAX_INSTRUCTIONS = 16 * 1024  # characters kept
 DEFAULT_INSTRUCTIONS = "You are firsthop, a small offline voice assistant."
+
+
+# The audio formats a session may ask for (GA `audio.*.format.type`, beta `*_audio_format`);
+# audio/pcm at another rate than 24 kHz is not one: the session keeps what it had.
+GA_FORMATS = {"audio/pcm": "pcm", "audio/pcmu": "pcmu", "audio/pcma": "pcma"}
+BETA_FORMATS = {"pcm16": "pcm", "g711_ulaw": "pcmu", "g711_alaw": "pcma"}
+
+
+def _format_name(fmt: object) -> str | None:
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        return None
+    if fmt["type"] == "audio/pcm" and fmt.get("rate", RATE) != RATE:
+        return None
+    return GA_FORMATS.get(fmt["type"])
+
+
+def _format(name: str) -> dict[str, Any]:
+    return {"type": "audio/pcm", "rate": RATE} if name == "pcm" else {"type": f"audio/{name}"}
 
 
 class ConfigError(ValueError):
@@ -73,6 +92,8 @@ class SessionConfig:
     instructions: str = DEFAULT_INSTRUCTIONS
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     transcription_language: str = "en"
+    input_format: str = "pcm"  # pcm (24 kHz PCM16) | pcmu | pcma (G.711, 8 kHz)
+    output_format: str = "pcm"
 
     def update(self, raw: object) -> bool:
         """Apply a client's session object; True if the turn detection settings changed."""
@@ -84,6 +105,16 @@ class SessionConfig:
             self.instructions = raw["instructions"][:MAX_INSTRUCTIONS]
         audio = raw.get("audio")
         audio_in = audio.get("input") if isinstance(audio, dict) else None
+        audio_out = audio.get("output") if isinstance(audio, dict) else None
+        for side, beta, attr in (
+            (audio_in, "input_audio_format", "input_format"),
+            (audio_out, "output_audio_format", "output_format"),
+        ):
+            name = _format_name(side.get("format") if isinstance(side, dict) else None)
+            beta_name = raw.get(beta)
+            name = name or (BETA_FORMATS.get(beta_name) if isinstance(beta_name, str) else None)
+            if name is not None:
+                setattr(self, attr, name)
         changed = False
         if isinstance(audio_in, dict) and "turn_detection" in audio_in:
             changed = self._turn_detection(audio_in["turn_detection"])
@@ -103,7 +134,6 @@ class SessionConfig:
         return True
 
     def describe(self) -> dict[str, Any]:
-        pcm = {"type": "audio/pcm", "rate": RATE}
         return {
             "object": "realtime.session",
             "type": "realtime",
@@ -120,7 +150,7 @@ class SessionConfig:
             "include": None,
             "audio": {
                 "input": {
-                    "format": pcm,
+                    "format": _format(self.input_format),
                     "transcription": {
                         "model": self.recognizer,
                         "language": self.transcription_language,
@@ -130,6 +160,10 @@ class SessionConfig:
                         self.turn_detection.describe() if self.turn_detection else None
                     ),
                 },
-                "output": {"format": pcm, "voice": self.voice, "speed": 1.0},
+                "output": {
+                    "format": _format(self.output_format),
+                    "voice": self.voice,
+                    "speed": 1.0,
+                },
             },
         }

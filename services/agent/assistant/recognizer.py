@@ -4,9 +4,10 @@ pocketsphinx ships an en-US acoustic model, a 130k-word dictionary and a general
 model. On synthetic and telephone-like speech the general model guesses badly (espeak-ng's
 "what time is it" comes out as "i"), so the decoder uses an n-gram model built at start-up
 from `CORPUS` — the phrases the brain understands plus a few everyday ones — with the
-dictionary cut down to its words. Recognition is then fast (< 0.15 s for a short question on
-one core) and accurate on those phrases; words outside the corpus are heard as the nearest
-ones in it. Everything comes from the installed package; nothing is downloaded.
+dictionary cut down to its words. Recognition is then fast (~0.2 s for a short question on
+one core) and mostly right on those phrases (16 of 24 espeak-ng renderings word for word, the
+key word in nearly all); words outside the corpus are heard as the nearest ones in it.
+Everything comes from the installed package; nothing is downloaded.
 
 `Recognizer.transcribe` is blocking: the server runs it in a worker thread, one decoder per
 thread at a time (a pocketsphinx decoder is not thread-safe).
@@ -23,6 +24,7 @@ from typing import Any
 from firsthop.services.agent.assistant.audio import RATE, resample
 
 ASR_RATE = 16000
+LANGUAGE_WEIGHT = 10.0  # pocketsphinx's default is 6.5; the small model deserves more trust
 
 CORPUS = """\
 hello
@@ -94,7 +96,8 @@ class Recognizer:
             samprate=ASR_RATE,
             lm=str(self.lm_path),
             dict=str(self.dict_path),
-            cmn="batch",
+            cmn="batch",  # normalise over the whole turn: no drift from earlier turns
+            lw=LANGUAGE_WEIGHT,
             loglevel="FATAL",
         )
 

@@ -9,10 +9,10 @@ sentence, each sentence's audio sent as soon as it exists. Server events leave t
 lock, in the order the core made them. Each connection is an `agent.session` span (joined
 to the caller's trace when the upgrade carries a W3C `traceparent` header).
 
-Bounds: client messages up to `MAX_MESSAGE`; at most `MAX_TRANSCRIPTIONS` recognitions
-pending per session (more: an `error` event, the turn is dropped); one response at a time
-(the core); `--api-key` makes `Authorization: Bearer <key>` (or the browser's
-`openai-insecure-api-key.<key>` subprotocol) required.
+Bounds: `MAX_SESSIONS` at once (then 503); client messages up to `MAX_MESSAGE`; at most
+`MAX_TRANSCRIPTIONS` recognitions pending per session (more: an `error` event, the turn is
+dropped); one response at a time (the core). `--api-key` makes `Authorization: Bearer
+<key>` (or the browser's `openai-insecure-api-key.<key>` subprotocol) required (else 401).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qs
 
 import trio
 from hypercorn.trio import serve
@@ -38,7 +39,7 @@ from firsthop.services.agent.assistant.recognizer import Recognizer
 from firsthop.services.agent.assistant.session import RealtimeSession
 from firsthop.services.agent.assistant.voice import Voice, VoiceError
 from firsthop.shared.address import Address
-from firsthop.shared.http import bound_address, hypercorn_config
+from firsthop.shared.http import bound_address, hypercorn_config, serve_simple
 from firsthop.shared.lifecycle import announce
 from firsthop.shared.metrics import CONTENT_TYPE, Histogram, MetricFamily, render
 from firsthop.shared.telemetry import context_from_traceparent, tracer
@@ -48,6 +49,7 @@ TRACER = tracer("firsthop.agent")
 
 MAX_MESSAGE = 1 << 20  # one client event (an append of ~20 s of audio fits)
 MAX_TRANSCRIPTIONS = 4  # pending per session
+MAX_SESSIONS = 64  # at once; more get 503 (the models are shared, the CPU is not infinite)
 WORKERS = 2  # model threads across all sessions (the machine's cores)
 SUBPROTOCOL_KEY = "openai-insecure-api-key."
 
@@ -97,7 +99,14 @@ class Stats:
 class Assistant:
     """What every session shares: the models, the worker limit, the counters."""
 
-    def __init__(self, voice: Voice, recognizer: Recognizer, api_key: str | None = None):
+    def __init__(
+        self,
+        voice: Voice,
+        recognizer: Recognizer,
+        api_key: str | None = None,
+        max_sessions: int = MAX_SESSIONS,
+    ):
+        self.max_sessions = max_sessions
         self.voice = voice
         self.recognizer = recognizer
         self.api_key = api_key
@@ -131,15 +140,18 @@ class Assistant:
         elif scope["type"] == "websocket":
             await self.websocket(scope, receive, send)
 
-    async def http(self, scope: Scope, send: Send) -> None:
-        status, ctype, body = 404, "text/plain", b"not found\n"
-        if scope["method"] != "GET":
-            status, body = 405, b"method not allowed\n"
-        elif scope["path"] == "/metrics":
-            status, ctype, body = 200, CONTENT_TYPE, self.stats.render().encode()
-        elif scope["path"] == "/healthz":
+    def http_response(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if method != "GET":
+            return 405, "text/plain", b"method not allowed\n"
+        if path == "/metrics":
+            return 200, CONTENT_TYPE, self.stats.render().encode()
+        if path == "/healthz":
             health = {"ok": True, "kind": "assistant", "voice": self.voice.name}
-            status, ctype, body = 200, "application/json", json.dumps(health).encode()
+            return 200, "application/json", json.dumps(health).encode()
+        return 404, "text/plain", b"not found\n"
+
+    async def http(self, scope: Scope, send: Send) -> None:
+        status, ctype, body = self.http_response(scope["method"], scope["path"])
         headers = [(b"content-type", ctype.encode()), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -148,7 +160,10 @@ class Assistant:
         if (await receive())["type"] != "websocket.connect":
             return
         if not self.authorized(scope):
-            await send({"type": "websocket.close", "code": 1008})  # 403 before the upgrade
+            await _refuse(send, 401, "invalid_api_key", "missing or wrong API key")
+            return
+        if self.stats.counts["active"] >= self.max_sessions:
+            await _refuse(send, 503, "server_busy", f"{self.max_sessions} sessions in progress")
             return
         accept: Message = {"type": "websocket.accept"}
         if "realtime" in scope.get("subprotocols", []):
@@ -156,7 +171,8 @@ class Assistant:
         await send(accept)
         self.stats.counts["active"] += 1
         self.stats.counts["started"] += 1
-        connection = Connection(self, receive, send)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        connection = Connection(self, receive, send, model=(query.get("model") or [None])[0])
         try:
             with TRACER.start_as_current_span(
                 "agent.session",
@@ -172,6 +188,17 @@ class Assistant:
             self.stats.counts["active"] -= 1
 
 
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    """Answer an upgrade with an HTTP error in OpenAI's JSON shape (hypercorn's ASGI
+    websocket.http.response extension), instead of accepting it."""
+    body = json.dumps(
+        {"error": {"type": "invalid_request_error", "code": code, "message": message}}
+    )
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body.encode()})
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key.lower() == name:
@@ -182,13 +209,17 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class Connection:
     """One client: its session core, its send lock, its model tasks."""
 
-    def __init__(self, assistant: Assistant, receive: Receive, send: Send) -> None:
+    def __init__(
+        self, assistant: Assistant, receive: Receive, send: Send, model: str | None = None
+    ) -> None:
         self.a = assistant
         self.receive = receive
         self.send = send
         config = SessionConfig(
             session_id=f"sess_{secrets.token_hex(10)}", voice=assistant.voice.name
         )
+        if model:  # `?model=` of the URL, as OpenAI's session.created reports it
+            config.model = model[:128]
         self.core = RealtimeSession(config)
         self.lock = trio.Lock()
         self.speakers: dict[str, Speaker] = {}
@@ -206,7 +237,11 @@ class Connection:
                 data = msg.get("text")
                 if data is None:
                     data = msg.get("bytes") or b""
-                self.core.receive(data, datetime.now(UTC))
+                try:
+                    self.core.receive(data, datetime.now(UTC))
+                except Exception:  # a bug here must not end the caller's session
+                    log.exception("assistant: client event failed")
+                    self.core.error("event not handled", code="server_error", kind="server_error")
                 await self.flush()
             nursery.cancel_scope.cancel()
 
@@ -315,9 +350,12 @@ class Speaker:
 async def serve_assistant(
     assistant: Assistant,
     listen: Address,
+    metrics: Address | None = None,
     *,
     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve on `listen` (WebSocket, /healthz, /metrics) and, like the other agents, /healthz
+    and /metrics on `metrics` too when given."""
     config = hypercorn_config(listen)
     config.websocket_max_message_size = MAX_MESSAGE
     config.max_app_queue_size = 16  # appends arrive faster than real time from some clients
@@ -326,10 +364,16 @@ async def serve_assistant(
         app: Any = assistant.app
         await serve(app, config, task_status=task_status)
 
+    async def plain(method: str, path: str) -> tuple[int, str, bytes]:
+        return assistant.http_response(method, path)
+
     async with trio.open_nursery() as nursery:
         bound = bound_address(await nursery.start(_serve))
+        addresses = {"listen": bound}
+        if metrics is not None:
+            addresses["metrics"] = await nursery.start(serve_simple, plain, metrics)
         log.info("assistant (voice %s) listening on %s:%d", assistant.voice.name, *bound)
-        announce(listen=bound)
+        announce(**addresses)
         task_status.started(bound)
 
 
@@ -349,7 +393,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"firsthop agent --kind assistant: {exc}") from exc
     assistant = Assistant(voice, recognizer, api_key=args.api_key or None)
     try:
-        trio.run(run_until_signal, serve_assistant, assistant, hostport_arg(args.listen))
+        metrics = hostport_arg(args.metrics) if args.metrics else None
+        trio.run(run_until_signal, serve_assistant, assistant, hostport_arg(args.listen), metrics)
     finally:
         recognizer.close()
         shutdown_tracing()

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from firsthop.services.agent.assistant import brain
-from firsthop.services.agent.assistant.audio import BYTES_PER_MS, duration_ms, encode_pcm
+from firsthop.services.agent.assistant.audio import BYTES_PER_MS, duration_ms, encode_audio
 from firsthop.services.agent.assistant.client_events import HANDLERS
 from firsthop.services.agent.assistant.commands import (
     ClientError,
@@ -71,6 +71,7 @@ class RealtimeSession:
         self.items: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.response: Response | None = None
         self.audio_ms = 0  # all input audio so far
+        self.output_ms: dict[str, int] = {}  # assistant item -> audio sent, for truncate
         self._turns_origin_ms = 0
         self.turns = self._detector()
         self.buffer = bytearray()  # manual mode only
@@ -96,16 +97,17 @@ class RealtimeSession:
                 raise ClientError("binary frames are not Realtime events", param="type")
             try:
                 event = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # nesting too deep: RecursionError
                 raise ClientError("not JSON", code="invalid_json") from exc
             if not isinstance(event, dict):
                 raise ClientError("an event is a JSON object")
             raw_id = event.get("event_id")
-            event_id = raw_id if isinstance(raw_id, str) else None
+            event_id = raw_id[:128] if isinstance(raw_id, str) else None
             kind = event.get("type")
             handler = HANDLERS.get(kind) if isinstance(kind, str) else None
             if handler is None:
-                raise ClientError(f"Unsupported event type: {kind!r}", param="type")
+                shown = kind[:64] if isinstance(kind, str) else kind
+                raise ClientError(f"Unsupported event type: {shown!r}", param="type")
             handler(self, event, wall)
         except ClientError as exc:
             self.error(str(exc), code=exc.code, param=exc.param, event_id=event_id)
@@ -138,7 +140,9 @@ class RealtimeSession:
         for offset in range(0, len(pcm), step):
             chunk = pcm[offset : offset + step]
             r.audio_ms += duration_ms(chunk)
-            self._emit("response.output_audio.delta", **ids, delta=encode_pcm(chunk))
+            self.output_ms[r.item_id] = r.audio_ms
+            wire = encode_audio(chunk, self.config.output_format)
+            self._emit("response.output_audio.delta", **ids, delta=wire)
 
     def speech_done(self, response_id: str) -> None:
         if self.response is not None and self.response.id == response_id:
@@ -156,11 +160,12 @@ class RealtimeSession:
         code: str = "invalid_value",
         param: str | None = None,
         event_id: str | None = None,
+        kind: str = "invalid_request_error",
     ) -> None:
         self._emit(
             "error",
             error={
-                "type": "invalid_request_error",
+                "type": kind,
                 "code": code,
                 "message": message,
                 "param": param,
@@ -177,7 +182,9 @@ class RealtimeSession:
         previous = previous if previous is not None else self._last_item_id()
         self.items[item["id"]] = item
         while len(self.items) > MAX_ITEMS:
-            self.items.popitem(last=False)
+            dropped, _ = self.items.popitem(last=False)
+            self.output_ms.pop(dropped, None)
+            self._answered.discard(dropped)
         self._emit("conversation.item.added", previous_item_id=previous, item=item)
         if item.get("status") == "completed":
             self._emit("conversation.item.done", previous_item_id=previous, item=item)

