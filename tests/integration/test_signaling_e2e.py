@@ -123,9 +123,12 @@ async def listen(caller: Caller, freq: float, until: Callable[[], bool]) -> None
 
 
 def assert_heard(caller: Caller, freq: float) -> None:
+    """The call's own tone, at the end too (`listen` has already waited until a whole 0.5 s
+    of it was clear): the last 0.5 s is that tone, not another call's, and not silence
+    (~1e-8). On a loaded machine a frame or two of it may be late: a lower bar than `hears`."""
     tail = heard(caller)  # the last 0.5 s
     assert dominant(tail, FREQS) == freq
-    assert tone_power(tail, freq) > 0.001
+    assert tone_power(tail, freq) > 0.0002
 
 
 def test_call_hears_its_own_tone_back_through_the_own_region(regions: Regions) -> None:
