@@ -12,13 +12,16 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
+# Optional extras baked in: `assistant` (the offline voice assistant's models, ~270 MB);
+# `--build-arg FIRSTHOP_EXTRAS=` builds the edge alone.
+ARG FIRSTHOP_EXTRAS=assistant
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/firsthop
 WORKDIR /src
 # Dependencies first, read from pyproject.toml alone, so a code change reuses this layer.
 COPY pyproject.toml README.md ./
-RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' > /tmp/requirements.txt \
+RUN python -c 'import os, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; extras = os.environ["FIRSTHOP_EXTRAS"].split(",") if os.environ["FIRSTHOP_EXTRAS"] else []; print("\n".join(p["dependencies"] + [r for e in extras for r in p["optional-dependencies"][e]]))' > /tmp/requirements.txt \
  && /opt/firsthop/bin/pip install --only-binary=:all: -r /tmp/requirements.txt
 COPY shared ./shared
 COPY services ./services

@@ -129,7 +129,7 @@ def subparser(command: str) -> argparse.ArgumentParser:
 
 
 def agent_config(args: argparse.Namespace) -> tuple[str, tuple[str, int]]:
-    assert args.kind in agent_server.KINDS, f"agent --kind {args.kind!r}"
+    assert args.kind in (*agent_server.KINDS, "assistant"), f"agent --kind {args.kind!r}"
     return args.kind, hostport_arg(args.listen)
 
 

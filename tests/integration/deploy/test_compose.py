@@ -73,7 +73,9 @@ def test_compose_builds_every_firsthop_service_from_the_one_dockerfile() -> None
             assert service["image"].startswith(THIRD_PARTY_IMAGES), name
     assert services["redis"]["healthcheck"]
     commands = sorted(s["command"][0] for s in ours(services).values())
-    assert commands == ["agent", "agent", "relay", "signaling", "transceiver", "transceiver"]
+    assert commands == [
+        *("agent", "agent", "agent", "relay", "signaling", "transceiver", "transceiver")
+    ]
 
 
 def test_compose_publishes_only_the_public_ports() -> None:
@@ -100,7 +102,11 @@ def test_compose_services_get_only_what_their_cli_accepts(monkeypatch: pytest.Mo
     (ingress,) = signaling.ingress[signaling.region]
     assert ingress == "127.0.0.1:3478" and hostport_arg(ingress) == relay.ingress
     assert relay.ingress[1] == published(services["relay"])[0][0]
-    assert set(signaling.agents) == {"echo", "parrot"}
+    assert set(signaling.agents) == {"echo", "parrot", "assistant"}
+    assert signaling.default_agent == "assistant"
+    assert signaling.agents["assistant"] == "realtime+ws://agent-assistant:8090/v1/realtime"
+    assert configs["agent-assistant"][:2] == ("assistant", ("0.0.0.0", 8090))
+    assert healthcheck_target(services["agent-assistant"]) == ("127.0.0.1", 8090)
     transceivers = [n for n, s in services.items() if s["command"][0] == "transceiver"]
     assert len(transceivers) == 2
     for name in transceivers:
@@ -129,6 +135,7 @@ def test_compose_services_get_only_what_their_cli_accepts(monkeypatch: pytest.Mo
         "firsthop-signaling",
         "firsthop-agent-echo",
         "firsthop-agent-parrot",
+        "firsthop-agent-assistant",
     }
 
 

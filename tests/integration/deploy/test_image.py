@@ -52,8 +52,9 @@ ALLOWED_SYSTEM_LIBS = {
 
 
 def runtime_distributions() -> set[str]:
-    """firsthop and what it needs at run time (no test extras), as the image installs it."""
-    todo: list[tuple[str, set[str]]] = [("firsthop", set())]
+    """firsthop and what it needs at run time (no test extras; the assistant extra, which the
+    image bakes in by default), as the image installs it."""
+    todo: list[tuple[str, set[str]]] = [("firsthop", {"assistant"})]
     seen: set[tuple[str, frozenset[str]]] = set()
     while todo:
         name, extras = todo.pop()

@@ -100,14 +100,18 @@ def test_signaling_and_agents_wire_up(target: str, monkeypatch: pytest.MonkeyPat
     backend = find(objects, "Ingress", "signaling")["spec"]["rules"][0]["http"]["paths"][0]
     assert backend["backend"]["service"]["name"] == "signaling"
     _, _, transceiver = k8s_config(objects, "transceiver", monkeypatch)
-    assert set(config.agents) == {"echo", "parrot"}
+    assert set(config.agents) == {"echo", "parrot", "assistant"}
+    assert config.default_agent == "assistant"
     for kind, url in [*config.agents.items(), ("echo", transceiver.agent_url)]:
-        host, port = hostport_arg(url.removeprefix("ws://"))
+        realtime = url.startswith("realtime+ws://")
+        host, port = hostport_arg(url.split("://", 1)[1].split("/", 1)[0])
         _, agent_container, (agent_kind, listen) = k8s_config(objects, host, monkeypatch)
         assert agent_kind == kind
         assert find(objects, "Service", host)["spec"]["ports"][0]["port"] == port == listen[1]
         probe = agent_container["readinessProbe"]
-        assert "tcpSocket" in probe and probe_port(agent_container, probe) == listen[1]
+        # the assistant is ready once its models are loaded: its /healthz says so
+        assert ("httpGet" if realtime else "tcpSocket") in probe, (kind, probe)
+        assert probe_port(agent_container, probe) == listen[1]
 
 
 @pytest.mark.parametrize("target", TARGETS)
