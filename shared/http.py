@@ -56,18 +56,23 @@ def bound_address(binds: list[str]) -> Address:
     return host.strip("[]"), int(port)
 
 
+async def lifespan(receive: Receive, send: Send) -> None:
+    """An ASGI lifespan with nothing to start or stop: acknowledge both, return at shutdown."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 def simple_app(handler: Handler) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     """A minimal ASGI app for GET-only endpoints (`/metrics`, `/healthz`)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
         if scope["type"] != "http":
             return
         status, ctype, body = await handler(scope["method"], scope["path"])

@@ -4,9 +4,13 @@ Spoken turns (speech made with espeak-ng) go to the same assistant process two w
 same run, round by round:
 
 * **edge**: an aiortc caller through the relay and a transceiver whose agent is the assistant
-  behind the Realtime bridge (`realtime+ws://`), the `oai-events` data channel open;
+  behind the Realtime bridge (`realtime+ws://`), the `oai-events` data channel open; its
+  frames are timed as their packets arrive (`ListeningCaller`);
 * **direct**: a Realtime WebSocket client talking to the assistant itself, streaming the same
-  speech at 24 kHz in 20 ms appends at real time (what the bridge sends).
+  speech at 24 kHz in 20 ms appends at real time (what the bridge sends);
+* **direct-opus**: the same, with the audio through WebRTC's codec both ways (Opus encode and
+  decode at 48 kHz, as the caller and the transceiver code it) but no network: what any
+  WebRTC path to a model costs before firsthop's transport.
 
 Per turn: voice-to-voice = end of the caller's speech (the last loud 20 ms frame leaving the
 caller) to the first loud assistant audio at the caller: a decoded frame through the edge;
@@ -15,12 +19,23 @@ client that plays them at real time from their arrival (the answers start with s
 and arrive faster than real time). On the direct path the server events split it: VAD
 hangover (end of speech -> `speech_stopped`), recognition (-> `transcription.completed`),
 synthesis to the first chunk (-> first loud audio delta). The edge's cost is the difference of
-the two paths' medians (relay + transceiver, both directions, with its resampling and pacing).
+the edge's and direct's medians, split into the codec's share (direct-opus - direct: Opus
+delays the audio and smears the end of speech, which the VAD then hears later) and firsthop's
+transport (edge - direct-opus: relay, transceiver, bridge, pacing, both directions).
 
 Barge-in (edge only): while the assistant answers a long question the caller talks again; the
-time from the interruption's onset to the end of the last assistant audio heard at the
-caller, split at the `input_audio_buffer.speech_started` the caller sees on its data channel
-(that event travels over SCTP behind the clear: the second part can be slightly negative).
+time from the interruption's onset until the caller is sure to hear no more of the answer:
+the later of the end of the last loud frame it heard and the arrival of the bridge's
+`output_audio_buffer.cleared` (sent as the queue is emptied: the answer may have been between
+two clauses at the onset), split at the `input_audio_buffer.speech_started` it sees.
+
+"The edge adds" is judged stage by stage, which the spread of synthesis time from turn to turn
+(100 ms and more) does not blur: the end of speech seen later (`speech_stopped` after the end
+of speech: the uplink, and the VAD's hangover, alike on every path) plus the audio later
+behind its words (the assistant sends each sentence's transcript delta just before its
+audio: the events come over the data channel or the WebSocket, the audio over the path
+measured), each a median, against the direct path. The whole voice-to-voice medians' difference
+is printed too.
 
 Targets, printed not asserted: the edge adds <= 20 ms p50; barge-in <= 150 ms.
 """
@@ -42,18 +57,31 @@ import subprocess
 import tempfile
 import time
 import wave
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from av import AudioFrame, AudioResampler
+from aiortc.codecs.opus import OpusDecoder, OpusEncoder
+from aiortc.jitterbuffer import JitterFrame
+from av import AudioFrame
 
 from firsthop.services.bench.measure import BenchError, report, settings
 from firsthop.services.bench.procs import Stack
-from firsthop.services.call.caller import FRAME_SAMPLES, SAMPLE_RATE, Caller, ToneTrack
+from firsthop.services.call.caller import (
+    FRAME_SAMPLES,
+    SAMPLE_RATE,
+    Caller,
+    Signal,
+    ToneTrack,
+    to_mono,
+)
+from firsthop.services.transceiver.resample import Resampler
 
 REALTIME_RATE = 24000
+PATHS = ("edge", "direct", "direct-opus")
 AUDIO_DELTAS = ("response.output_audio.delta", "response.audio.delta")
 TRANSCRIBED = "conversation.item.input_audio_transcription.completed"
+WORDS = ("response.output_audio_transcript.delta", "response.audio_transcript.delta")
 QUESTIONS = ("what time is it", "hello", "what did you hear")
 LONG_QUESTION = "what can you do"
 INTERRUPTION = "stop please"
@@ -72,15 +100,54 @@ QUICK: dict[str, Any] = {"turns": 2, "rounds": 1, "barge_ins": 1}
 
 
 def resample(pcm: bytes, src: int, dst: int) -> bytes:
-    """PCM16 mono from `src` Hz to `dst` Hz (libswresample's filter)."""
-    resampler = AudioResampler(format="s16", layout="mono", rate=dst)
-    frame = AudioFrame(format="s16", layout="mono", samples=len(pcm) // 2)
-    frame.planes[0].update(pcm[: len(pcm) // 2 * 2])
-    frame.sample_rate = src
-    frame.pts = 0
-    frame.time_base = fractions.Fraction(1, src)
-    out = [*resampler.resample(frame), *resampler.resample(None)]
-    return b"".join(bytes(f.planes[0])[: f.samples * 2] for f in out)
+    """PCM16 mono from `src` Hz to `dst` Hz, whole (the transceiver's resampler)."""
+    resampler = Resampler(src, dst)
+    return resampler.push(pcm) + resampler.flush()
+
+
+class OpusLink:
+    """What WebRTC's codec does to audio on its way, without the network: 20 ms frames at
+    48 kHz through an Opus encoder and decoder. `uplink()`: the caller's side (aiortc's
+    encoder, as the bench's caller sends); `downlink()`: the transceiver's (its encoder for
+    the agent's voice) to the caller's decoder."""
+
+    def __init__(self, encode: Callable[[bytes, int], bytes]) -> None:
+        self._encode = encode
+        self._decoder = OpusDecoder()
+        self._pts = 0
+
+    @classmethod
+    def uplink(cls) -> OpusLink:
+        encoder = OpusEncoder()
+
+        def encode(pcm: bytes, pts: int) -> bytes:
+            frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+            frame.planes[0].update(pcm)
+            frame.sample_rate, frame.pts = SAMPLE_RATE, pts
+            frame.time_base = fractions.Fraction(1, SAMPLE_RATE)
+            payloads, _ = encoder.encode(frame)
+            return payloads[0] if payloads else b""
+
+        return cls(encode)
+
+    @classmethod
+    def downlink(cls) -> OpusLink:
+        from firsthop.services.transceiver.rtc.audio import AgentAudioTrack
+
+        return cls(AgentAudioTrack()._encode)
+
+    def frame(self, pcm: bytes) -> bytes:
+        """One 20 ms frame (PCM16 mono 48 kHz) in, the decoded frame out (mono)."""
+        data = self._encode(pcm, self._pts)
+        out = bytes(FRAME_SAMPLES * 2)
+        if data:
+            frames = self._decoder.decode(JitterFrame(data, self._pts))
+            out = b"".join(to_mono(f) for f in frames if isinstance(f, AudioFrame))
+        self._pts += FRAME_SAMPLES
+        return out
+
+    def run(self, pcm: bytes) -> bytes:
+        return b"".join(self.frame(f) for f in frames_of(pcm, FRAME_SAMPLES * 2))
 
 
 def speak(text: str, rate: int) -> bytes:
@@ -138,10 +205,13 @@ class Speaker:
         self.frame_bytes = frame_bytes
         self.queue: collections.deque[tuple[bytes, Utterance, bool]] = collections.deque()
 
-    def say(self, pcm: bytes) -> Utterance:
+    def say(self, pcm: bytes, loud: list[bool] | None = None) -> Utterance:
+        """Queue `pcm`; which of its frames are speech is theirs, or `loud` (the frames of
+        the speech before a codec changed it: its timing is what is measured)."""
         utterance = Utterance()
-        for frame in frames_of(pcm, self.frame_bytes):
-            self.queue.append((frame, utterance, rms(frame) > LOUD_RMS))
+        for i, frame in enumerate(frames_of(pcm, self.frame_bytes)):
+            speech = rms(frame) > LOUD_RMS if loud is None else i < len(loud) and loud[i]
+            self.queue.append((frame, utterance, speech))
         return utterance
 
     def next_frame(self) -> bytes:
@@ -239,18 +309,23 @@ def split_turn(heard: Heard, utterance: Utterance, *, edge: bool) -> dict[str, A
     def ms(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else round((b - a) * 1000, 1)
 
-    created = heard.first("response.created", transcribed) if transcribed else None
+    # The assistant sends each sentence's words just before its audio: on every path the
+    # words come over the events (the data channel, or the WebSocket) while the audio takes
+    # the audio path, so words -> audio is the downlink's share, free of synthesis time.
+    words = next(
+        (t for t, e in heard.events if t >= (transcribed or end) and e.get("type") in WORDS),
+        None,
+    )
     row: dict[str, Any] = {
         "voice_to_voice_ms": ms(end, first_audio),
         "transcript": transcript,
-        "response_created_to_audio_ms": ms(created, first_audio),
+        "speech_stopped_ms": ms(end, stopped),  # the uplink's share (+ the VAD's hangover)
+        "words_to_audio_ms": ms(words, first_audio),
     }
     if not edge:
         row["vad_hangover_ms"] = ms(end, stopped)
         row["recognition_ms"] = ms(stopped, transcribed)
         row["synthesis_first_chunk_ms"] = ms(transcribed, first_audio)
-    else:
-        row["speech_stopped_at_caller_ms"] = ms(end, stopped)
     return row
 
 
@@ -258,11 +333,24 @@ def split_turn(heard: Heard, utterance: Utterance, *, edge: bool) -> dict[str, A
 
 
 class ListeningCaller(Caller):
+    """The edge's caller, a measuring instrument: its receiver hands each frame to the
+    decoder as its packet arrives (the transceiver's own low-latency buffer, depth 0 on a
+    clean link), so what is timed is the edge, not the 80 ms that stock aiortc's client
+    jitter buffer holds audio (prefetch 4), which any client stack's buffer would replace."""
+
     def __init__(self, track: SpeakingTrack, heard: Heard) -> None:
         super().__init__(track, data_channel=True)
         self.heard = heard
         assert self.channel is not None
         self.channel.on("message", heard.event)
+
+    async def start(self, signal: Signal) -> None:
+        await super().start(signal)
+        from firsthop.services.transceiver.rtc import hooks
+
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.kind == "audio":
+                hooks.low_latency_receiver(transceiver.receiver)
 
     def on_frame(self, arrived: float, pcm: bytes) -> None:
         if rms(pcm) > LOUD_RMS:
@@ -333,26 +421,56 @@ async def _barge_in(
     except BenchError:
         answered = started + 3.0
     last = max([onset, *(t for t in heard.loud if onset <= t < answered)])
+    # Silent from the later of: the end of the last loud frame heard, and the moment the
+    # bridge's clear reached the caller (`output_audio_buffer.cleared`, sent right after the
+    # queue was emptied). The answer may have been between two clauses at the onset: then
+    # nothing more was heard, but only the clear made sure of it.
+    cleared = heard.first("output_audio_buffer.cleared", onset)
+    silent = max(last + 0.02, cleared or 0.0)
     await heard.wait_for("response.done", said, TURN_TIMEOUT)
     await heard.wait_quiet(time.monotonic(), QUIET_AFTER)
     return {
-        "barge_in_ms": round((last + 0.02 - onset) * 1000, 1),
+        "barge_in_ms": round((silent - onset) * 1000, 1),
+        "heard_after_onset_ms": round((last + 0.02 - onset) * 1000, 1),
         "onset_to_speech_started_ms": round((started - onset) * 1000, 1),
-        "speech_started_to_silence_ms": round((last + 0.02 - started) * 1000, 1),
-        "cleared_seen": heard.first("output_audio_buffer.cleared", onset) is not None,
+        "speech_started_to_silence_ms": round((silent - started) * 1000, 1),
+        "cleared_seen": cleared is not None,
     }
 
 
 # -- the direct path ------------------------------------------------------------------------
 
 
-async def direct_round(url: str, texts: list[bytes]) -> list[dict[str, Any]]:
+@dataclass
+class Said:
+    """One question for the direct path: 24 kHz audio, and which of its 20 ms frames are
+    speech (of the question as said, before any codec)."""
+
+    pcm: bytes
+    loud: list[bool]
+
+
+def direct_speech(speech48: bytes, *, opus: bool) -> Said:
+    loud = [rms(f) > LOUD_RMS for f in frames_of(speech48, FRAME_SAMPLES * 2)]
+    if not opus:
+        return Said(resample(speech48, SAMPLE_RATE, REALTIME_RATE), loud)
+    tail = bytes(FRAME_SAMPLES * 2 * 25)  # the codec's tail after the speech: 0.5 s
+    coded = OpusLink.uplink().run(speech48 + tail)
+    return Said(resample(coded, SAMPLE_RATE, REALTIME_RATE), loud)
+
+
+async def direct_round(url: str, said: list[Said], *, opus: bool) -> list[dict[str, Any]]:
+    """The same questions straight to the assistant's WebSocket; with `opus`, through
+    WebRTC's codec both ways (`OpusLink`) but no network: the edge less its transport."""
     from websockets.asyncio.client import connect
 
     heard = Heard()
     speaker = Speaker(REALTIME_RATE // 50 * 2)
     turns: list[dict[str, Any]] = []
     playout = [0.0]  # when what has arrived so far will have been played
+    down = OpusLink.downlink() if opus else None
+    upsample = Resampler(REALTIME_RATE, SAMPLE_RATE)
+    pending = bytearray()  # 48 kHz audio short of a whole frame
     async with connect(url, max_size=1 << 22) as ws:
 
         async def read() -> None:
@@ -365,12 +483,14 @@ async def direct_round(url: str, texts: list[bytes]) -> list[dict[str, Any]]:
                 # played at real time from its arrival, after what is queued before it:
                 # each loud 20 ms frame is heard when a client with no jitter buffer
                 # would play it (what the edge's caller hears)
-                audio = base64.b64decode(str(event.get("delta", "")))
+                pending.extend(upsample.push(base64.b64decode(str(event.get("delta", "")))))
+                whole = len(pending) // (FRAME_SAMPLES * 2) * FRAME_SAMPLES * 2
+                audio, pending[:whole] = bytes(pending[:whole]), b""
                 starts = max(arrived, playout[0])
-                for i, frame in enumerate(frames_of(audio, REALTIME_RATE // 50 * 2)):
-                    if rms(frame) > LOUD_RMS:
+                for i, frame in enumerate(frames_of(audio, FRAME_SAMPLES * 2)):
+                    if rms(down.frame(frame) if down else frame) > LOUD_RMS:
                         heard.loud.append(starts + i * 0.02)
-                playout[0] = starts + len(audio) / (2 * REALTIME_RATE)
+                playout[0] = starts + len(audio) / (2 * SAMPLE_RATE)
 
         async def pace() -> None:
             start = time.monotonic()
@@ -387,11 +507,11 @@ async def direct_round(url: str, texts: list[bytes]) -> list[dict[str, Any]]:
         try:
             await ws.send(json.dumps({"type": "session.update", "session": SESSION}))
             await heard.wait_for("session.updated", 0, 10)
-            for pcm in texts:
-                said = time.monotonic()
-                utterance = speaker.say(pcm)
+            for question in said:
+                asked = time.monotonic()
+                utterance = speaker.say(question.pcm, question.loud)
                 try:
-                    await heard.wait_for("response.done", said, TURN_TIMEOUT)
+                    await heard.wait_for("response.done", asked, TURN_TIMEOUT)
                 except BenchError as exc:
                     turns.append({"error": str(exc)})
                     continue
@@ -410,7 +530,8 @@ async def direct_round(url: str, texts: list[bytes]) -> list[dict[str, Any]]:
 def run(*, turns: int, rounds: int, barge_ins: int) -> dict[str, Any]:
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(turns)]
     speech48 = [speak(q, SAMPLE_RATE) for q in questions]
-    speech24 = [speak(q, REALTIME_RATE) for q in questions]
+    raw = [direct_speech(pcm, opus=False) for pcm in speech48]
+    coded = [direct_speech(pcm, opus=True) for pcm in speech48]
     barge = [(speak(LONG_QUESTION, SAMPLE_RATE), speak(INTERRUPTION, SAMPLE_RATE))] * barge_ins
     stack = Stack(agent_kind="assistant")
     rows: list[dict[str, Any]] = []
@@ -419,9 +540,11 @@ def run(*, turns: int, rounds: int, barge_ins: int) -> dict[str, Any]:
         stack.start()
         direct_url = f"ws://127.0.0.1:{stack.agent_port}/v1/realtime"
         for rnd in range(1, rounds + 1):
-            edge, cut = asyncio.run(edge_round(stack, speech48, barge if rnd == 1 else []))
-            direct = asyncio.run(direct_round(direct_url, speech24))
-            for path, results in (("edge", edge), ("direct", direct)):
+            cuts = barge if rnd == 1 else []
+            edge, cut = asyncio.run(edge_round(stack, speech48, cuts))
+            direct = asyncio.run(direct_round(direct_url, raw, opus=False))
+            opus = asyncio.run(direct_round(direct_url, coded, opus=True))
+            for path, results in (("edge", edge), ("direct", direct), ("direct-opus", opus)):
                 for question, row in zip(questions, results, strict=True):
                     rows.append({"path": path, "round": rnd, "question": question, **row})
             barges.extend(cut)
@@ -451,7 +574,7 @@ def summarize(rows: list[dict[str, Any]], barges: list[dict[str, Any]]) -> dict[
         return [r[key] for r in rows if r["path"] == path and r.get(key) is not None]
 
     summary: dict[str, Any] = {}
-    for path in ("edge", "direct"):
+    for path in PATHS:
         summary[path] = {"voice_to_voice_ms": _stats(gather(path, "voice_to_voice_ms"))}
         summary[path]["failed_turns"] = sum(
             1 for r in rows if r["path"] == path and r.get("voice_to_voice_ms") is None
@@ -460,9 +583,28 @@ def summarize(rows: list[dict[str, Any]], barges: list[dict[str, Any]]) -> dict[
         summary["direct"][key] = _stats(gather("direct", key))
     edge_p50 = summary["edge"]["voice_to_voice_ms"]["p50"]
     direct_p50 = summary["direct"]["voice_to_voice_ms"]["p50"]
-    added = None if edge_p50 is None or direct_p50 is None else round(edge_p50 - direct_p50, 1)
-    summary["edge_added_p50_ms"] = added
-    summary["edge_target_met"] = added is not None and added <= TARGET_EDGE_P50_MS
+    whole = None if edge_p50 is None or direct_p50 is None else round(edge_p50 - direct_p50, 1)
+    summary["edge_added_p50_ms"] = whole
+    # Stage by stage, free of the turn-to-turn spread of synthesis time: the end of speech
+    # seen later (uplink) plus the audio later behind its words (downlink), against a path.
+    for path in PATHS:
+        for key in ("speech_stopped_ms", "words_to_audio_ms"):
+            summary[path][key] = _stats(gather(path, key))
+
+    def added(path: str, reference: str) -> float | None:
+        total = 0.0
+        for key in ("speech_stopped_ms", "words_to_audio_ms"):
+            a, b = summary[path][key]["p50"], summary[reference][key]["p50"]
+            if a is None or b is None:
+                return None
+            total += float(a) - float(b)
+        return round(total, 1)
+
+    by_stage = summary["edge_added_by_stage_ms"] = added("edge", "direct")
+    summary["codec_by_stage_ms"] = added("direct-opus", "direct")
+    transport = summary["transport_by_stage_ms"] = added("edge", "direct-opus")
+    summary["edge_target_met"] = by_stage is not None and by_stage <= TARGET_EDGE_P50_MS
+    summary["transport_target_met"] = transport is not None and transport <= TARGET_EDGE_P50_MS
     cut = [b["barge_in_ms"] for b in barges if b.get("barge_in_ms") is not None]
     summary["barge_in_ms"] = _stats(cut)
     for key in ("onset_to_speech_started_ms", "speech_started_to_silence_ms"):
@@ -485,16 +627,26 @@ def render(result: dict[str, Any]) -> str:
         f"{result['config']['rounds']} rounds, {result['config']['barge_ins']} barge-ins",
         f"  voice-to-voice, through the edge   {_fmt(s['edge']['voice_to_voice_ms'])}",
         f"  voice-to-voice, direct WebSocket   {_fmt(s['direct']['voice_to_voice_ms'])}",
+        f"  ... direct, through Opus both ways {_fmt(s['direct-opus']['voice_to_voice_ms'])}",
         f"    VAD hangover                     {_fmt(s['direct']['vad_hangover_ms'])}",
         f"    recognition                      {_fmt(s['direct']['recognition_ms'])}",
         f"    synthesis to first chunk         {_fmt(s['direct']['synthesis_first_chunk_ms'])}",
-        f"  the edge adds (p50 edge - direct)  {s['edge_added_p50_ms']} ms "
-        f"(target <= {TARGET_EDGE_P50_MS:.0f}: {'met' if s['edge_target_met'] else 'NOT met'})",
+        f"  the edge adds, stage by stage      {s['edge_added_by_stage_ms']} ms "
+        f"(target <= {TARGET_EDGE_P50_MS:.0f}: {'met' if s['edge_target_met'] else 'NOT met'}); "
+        f"p50 edge - direct: {s['edge_added_p50_ms']} ms",
+        f"    of it WebRTC's codec             {s['codec_by_stage_ms']} ms (direct-opus - direct)",
+        f"    of it firsthop's transport       {s['transport_by_stage_ms']} ms "
+        f"(edge - direct-opus; within the target: {'yes' if s['transport_target_met'] else 'NO'})",
+        *(
+            f"    {path:<12} speech end seen   {_fmt(s[path]['speech_stopped_ms'])}; "
+            f"words -> audio {_fmt(s[path]['words_to_audio_ms'])}"
+            for path in PATHS
+        ),
         f"  barge-in to silence at the caller  {_fmt(s['barge_in_ms'])} "
         f"(target <= {TARGET_BARGE_IN_MS:.0f}: {'met' if s['barge_in_target_met'] else 'NOT met'})",
         f"    onset -> speech_started          {_fmt(s['onset_to_speech_started_ms'])}",
         f"    speech_started -> silence        {_fmt(s['speech_started_to_silence_ms'])}",
-        f"  failed turns: edge {s['edge']['failed_turns']}, direct {s['direct']['failed_turns']}",
+        "  failed turns: " + ", ".join(f"{p} {s[p]['failed_turns']}" for p in PATHS),
     ]
     return "\n".join(lines)
 

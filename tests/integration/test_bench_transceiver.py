@@ -91,7 +91,7 @@ def test_quick_echo_bench_measures_residence_and_mouth_to_ear() -> None:
 def test_quick_voice_bench_measures_the_assistant_through_the_edge_and_direct() -> None:
     result = bench("voice")
     rows = result["rows"]
-    for path in ("edge", "direct"):
+    for path in ("edge", "direct", "direct-opus"):
         turns = [r for r in rows if r["path"] == path]
         assert len(turns) == result["config"]["turns"], turns
         for turn in turns:

@@ -39,7 +39,7 @@ from firsthop.services.agent.assistant.recognizer import Recognizer
 from firsthop.services.agent.assistant.session import RealtimeSession
 from firsthop.services.agent.assistant.voice import Voice, VoiceError
 from firsthop.shared.address import Address
-from firsthop.shared.http import bound_address, hypercorn_config, serve_simple
+from firsthop.shared.http import bound_address, hypercorn_config, lifespan, serve_simple
 from firsthop.shared.lifecycle import announce
 from firsthop.shared.metrics import CONTENT_TYPE, Histogram, MetricFamily, render
 from firsthop.shared.telemetry import context_from_traceparent, tracer
@@ -128,13 +128,8 @@ class Assistant:
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
+            return
         if scope["type"] == "http":
             await self.http(scope, send)
         elif scope["type"] == "websocket":
