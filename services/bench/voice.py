@@ -61,8 +61,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiortc import MediaStreamTrack
 from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
+from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from firsthop.services.bench.measure import BenchError, report, settings
@@ -333,14 +335,17 @@ def split_turn(heard: Heard, utterance: Utterance, *, edge: bool) -> dict[str, A
 
 
 class ListeningCaller(Caller):
-    """The edge's caller, a measuring instrument: its receiver hands each frame to the
-    decoder as its packet arrives (the transceiver's own low-latency buffer, depth 0 on a
-    clean link), so what is timed is the edge, not the 80 ms that stock aiortc's client
-    jitter buffer holds audio (prefetch 4), which any client stack's buffer would replace."""
+    """The edge's caller, a measuring instrument: a frame counts from the moment its RTP
+    packet arrived (decrypted), not from when the caller's stack has decoded it, so what is
+    timed is the edge and not the client (stock aiortc's jitter buffer alone holds audio
+    80 ms: prefetch 4). Its receiver hands each packet to the decoder at once (the
+    transceiver's own low-latency buffer, depth 0 on a clean link), noting the arrival by
+    RTP timestamp; a decoded frame carries that timestamp as its pts."""
 
     def __init__(self, track: SpeakingTrack, heard: Heard) -> None:
         super().__init__(track, data_channel=True)
         self.heard = heard
+        self.arrivals: dict[int, float] = {}  # a packet's (mapped) RTP timestamp -> arrival
         assert self.channel is not None
         self.channel.on("message", heard.event)
 
@@ -350,11 +355,31 @@ class ListeningCaller(Caller):
 
         for transceiver in self.pc.getTransceivers():
             if transceiver.kind == "audio":
-                hooks.low_latency_receiver(transceiver.receiver)
+                buffer = hooks.low_latency_receiver(transceiver.receiver)
+                buffer.sink = self._noting(buffer.sink)
 
-    def on_frame(self, arrived: float, pcm: bytes) -> None:
-        if rms(pcm) > LOUD_RMS:
-            self.heard.loud.append(arrived)
+    def _noting(self, sink: Callable[[Any], None] | None) -> Callable[[Any], None]:
+        def note(frame: Any) -> None:
+            arrived = time.monotonic()
+            if sink is not None:
+                sink(frame)  # maps frame.timestamp to the decoder's clock, as its pts
+            self.arrivals[frame.timestamp] = arrived
+            if len(self.arrivals) > 4096:
+                self.arrivals.pop(next(iter(self.arrivals)))
+
+        return note
+
+    async def _record(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            assert isinstance(frame, AudioFrame)
+            pcm = to_mono(frame)
+            if rms(pcm) > LOUD_RMS:
+                arrived = self.arrivals.get(frame.pts or 0)
+                self.heard.loud.append(time.monotonic() if arrived is None else arrived)
 
 
 async def edge_round(stack: Stack, texts: list[bytes], barge: list[tuple[bytes, bytes]]) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import asyncio
 import fractions
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -56,11 +57,15 @@ class ToneTrack(MediaStreamTrack):
         if self.pcm is not None:
             chunk = self.pcm[start * 2 : (start + FRAME_SAMPLES) * 2]
             return chunk.ljust(FRAME_SAMPLES * 2, b"\0")
-        amp = 32767 * self.amplitude
-        w = 2 * math.pi * self.freq / SAMPLE_RATE
-        return array.array(
-            "h", (int(amp * math.sin(w * (start + i))) for i in range(FRAME_SAMPLES))
-        ).tobytes()
+        if float(self.freq).is_integer():
+            # A whole-hertz tone repeats every second: one second computed once, then sliced
+            # (a frame computed sample by sample costs ~1 ms of a caller's loop; ten callers
+            # in one process could not keep up).
+            cycle = _tone_second(self.freq, self.amplitude)
+            at = (start % SAMPLE_RATE) * 2
+            end = at + FRAME_SAMPLES * 2
+            return cycle[at:end] if end <= len(cycle) else cycle[at:] + cycle[: end - len(cycle)]
+        return _tone(self.freq, self.amplitude, start, FRAME_SAMPLES)
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
@@ -78,6 +83,19 @@ class ToneTrack(MediaStreamTrack):
         frame.sample_rate = SAMPLE_RATE
         frame.time_base = fractions.Fraction(1, SAMPLE_RATE)
         return frame
+
+
+def _tone(freq: float, amplitude: float, start: int, samples: int) -> bytes:
+    amp = 32767 * amplitude
+    w = 2 * math.pi * freq / SAMPLE_RATE
+    return array.array(
+        "h", (int(amp * math.sin(w * (start + i))) for i in range(samples))
+    ).tobytes()
+
+
+@functools.cache
+def _tone_second(freq: float, amplitude: float) -> bytes:
+    return _tone(freq, amplitude, 0, SAMPLE_RATE)
 
 
 def to_mono(frame: AudioFrame) -> bytes:

@@ -284,6 +284,14 @@ def flood(spoofer: Spoofer, dest: tuple[str, int], payloads: list[bytes], start:
         spoofer.send(src, dest, payload)
 
 
+def udp_rcvbuf_errors() -> int:
+    """Datagrams this machine's kernel dropped for a full socket receive buffer (all UDP
+    sockets: the tests run one at a time)."""
+    with open("/proc/net/snmp") as f:
+        udp = [line.split() for line in f if line.startswith("Udp:")]
+    return int(udp[1][udp[0].index("RcvbufErrors")])
+
+
 def sample(relay: RelayProcess, flooding: threading.Thread, samples: list[float]) -> None:
     """The relay's pending flows every 0.1 s while `flooding` runs, and for a second after
     (the workers report every 0.5 s)."""
@@ -304,6 +312,7 @@ def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack: Stack) 
     connect during the flood."""
     relay, tx = stack
     spoofer = Spoofer()
+    rcvbuf_before = udp_rcvbuf_errors()
 
     async def main() -> tuple[list[float], Call, float]:
         bystander = await call(tx, relay.listen)
@@ -351,7 +360,10 @@ def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack: Stack) 
         spoofer.close()
     assert 8 <= max(samples) <= 8 + 3  # the token's cap (reached), and our own calls
     assert relay.metric("firsthop_relay_flows") <= 8 + 3
-    assert relay.metric("firsthop_relay_drops_total", reason="pending_per_token") > 15000
+    # every spoofed check that reached the relay went no further than the token's cap:
+    # all 20k but the few the kernel dropped on a full receive buffer (a loaded machine)
+    lost = udp_rcvbuf_errors() - rcvbuf_before
+    assert relay.metric("firsthop_relay_drops_total", reason="pending_per_token") > 15000 - lost
     assert relay.metric("firsthop_relay_drops_total", reason="table_full") == 0
     assert rss_growth < 40  # was +136 MB
     # what reached the transceiver unsigned was dropped there, never answered
