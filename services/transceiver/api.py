@@ -186,7 +186,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
 
                 nursery.start_soon(events_out)
                 while True:
-                    session.client_message(await websocket.receive())
+                    session.client_message(await websocket.receive(), send)
         finally:
             session.close_sideband(send)
         return None

@@ -44,6 +44,7 @@ from firsthop.services.transceiver.agents.events import (
     Tag,
     ToAgent,
     ToCaller,
+    ToSender,
 )
 from firsthop.services.transceiver.held import HeldEvents
 from firsthop.services.transceiver.ice_lite import Credentials
@@ -136,23 +137,35 @@ class Session:
             self.rtc.send_event(json.dumps({"type": "call.state", "state": state}))
 
     def _message_in(self, message: str | bytes) -> None:
-        """The caller's data channel (or a sideband socket): the agent protocol decides."""
+        """The caller's data channel: the agent protocol decides."""
+        self.client_message(message)
+
+    def client_message(
+        self, message: str | bytes, sideband: trio.MemorySendChannel[str] | None = None
+    ) -> None:
+        """A client event from the data channel, or from the `sideband` socket whose feed
+        this is: handled alike; a reply to it (an error) goes back to where it came from."""
         agent = self._agent
         if agent is None:
             self.counters["event_dropped_no_agent"] += 1
             return
-        self._apply(agent, agent.caller_message(message))
-
-    client_message = _message_in  # what a sideband socket sends
+        self._apply(agent, agent.caller_message(message), sideband)
 
     def _to_caller(self, text: str) -> None:
-        """A server event: to every sideband socket, and to the data channel (held until it
-        opens if the protocol asks, bounded; dropped and counted otherwise)."""
+        """A server event: to every sideband socket, and to the data channel."""
         for sideband in self.sidebands:
-            try:
-                sideband.send_nowait(text)
-            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                self.counters["events_dropped_sideband"] += 1
+            self._to_sideband(sideband, text)
+        self._to_channel(text)
+
+    def _to_sideband(self, sideband: trio.MemorySendChannel[str], text: str) -> None:
+        try:
+            sideband.send_nowait(text)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            self.counters["events_dropped_sideband"] += 1
+
+    def _to_channel(self, text: str) -> None:
+        """To the data channel (held until it opens if the protocol asks, bounded; dropped
+        and counted otherwise)."""
         if self._held:
             self._held.flush(self.rtc.send_event)
         if not self._held and self.rtc.send_event(text):
@@ -304,8 +317,14 @@ class Session:
         if isinstance(tag, tuple):
             self._apply(agent, agent.played(tag))
 
-    def _apply(self, agent: AgentProtocol, events: list[AgentEvent]) -> None:
-        """Carry out what the agent protocol asks of the call."""
+    def _apply(
+        self,
+        agent: AgentProtocol,
+        events: list[AgentEvent],
+        sideband: trio.MemorySendChannel[str] | None = None,
+    ) -> None:
+        """Carry out what the agent protocol asks of the call (`sideband`: the socket whose
+        client event this answers, if it was not the data channel's)."""
         for e in events:
             match e:
                 case PlayAudio(pcm, tag):
@@ -316,6 +335,10 @@ class Session:
                     self.rtc.output.clear()
                 case ToCaller(text):
                     self._to_caller(text)
+                case ToSender(text) if sideband is not None:
+                    self._to_sideband(sideband, text)
+                case ToSender(text):
+                    self._to_channel(text)
                 case ToAgent(message):
                     if not self._to_agent(message):
                         self.counters["event_dropped_no_agent"] += 1

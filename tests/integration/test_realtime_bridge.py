@@ -374,9 +374,21 @@ def test_sideband_gets_server_events_and_sends_client_events(tx: TransceiverProc
             assert got == note  # the same event the caller's channel gets
             await side.send(json.dumps({"type": "response.create", "event_id": "evt_side"}))
             await eventually(lambda: backend.of("response.create"), 10)
+            # An error answers only the socket that sent the bad event: not the caller's
+            # channel, not another sideband socket (as OpenAI answers one connection).
+            other = await connect(url, additional_headers=tx.auth)
             await side.send("{broken")
             err = json.loads(await asyncio.wait_for(side.recv(), 10))
             assert err["type"] == "error" and err["error"]["code"] == "invalid_json"
+            assert c.channel is not None
+            c.channel.send(json.dumps({"type": "no.such.event"}))
+            await eventually(lambda: "error" in kinds(c))
+            (mine,) = [e for e in events(c) if e["type"] == "error"]
+            assert mine["error"]["code"] == "invalid_value"  # its own, not the sideband's
+            await backend.send(note)  # the next event the other socket gets is this one
+            assert json.loads(await asyncio.wait_for(other.recv(), 10)) == note
+            assert json.loads(await asyncio.wait_for(side.recv(), 10)) == note
+            await other.close()
             # At most four sockets a session.
             more = [await connect(url, additional_headers=tx.auth) for _ in range(3)]
             with pytest.raises(InvalidStatus) as full:
@@ -384,7 +396,7 @@ def test_sideband_gets_server_events_and_sends_client_events(tx: TransceiverProc
             assert full.value.response.status_code == 429
             for ws in more:
                 await ws.close()
-        await eventually(lambda: note in events(c))
+        await eventually(lambda: events(c).count(note) == 2)
         with pytest.raises(InvalidStatus) as unknown:
             await connect(url.replace(session_id, "nope"), additional_headers=tx.auth)
         assert unknown.value.response.status_code == 404

@@ -22,6 +22,7 @@ from firsthop.services.transceiver.agents.events import (
     PlayAudio,
     ToAgent,
     ToCaller,
+    ToSender,
 )
 from firsthop.services.transceiver.agents.realtime import RealtimeProtocol
 from firsthop.services.transceiver.resample import ulaw_decode
@@ -50,7 +51,8 @@ def delta(pcm: bytes, rid: str = "resp_1", item: str = "item_1", beta: bool = Fa
 
 
 def to_caller(events: list[AgentEvent]) -> list[dict[str, Any]]:
-    return [json.loads(e.text) for e in events if isinstance(e, ToCaller)]
+    """What goes to the caller: to all (`ToCaller`) and to the sender alone (`ToSender`)."""
+    return [json.loads(e.text) for e in events if isinstance(e, (ToCaller, ToSender))]
 
 
 def to_agent(events: list[AgentEvent]) -> list[dict[str, Any]]:
@@ -291,4 +293,4 @@ def test_a_session_update_nested_as_deep_as_json_goes_is_an_error_not_a_crash() 
         except RecursionError:
             continue
         for e in c.caller_message(text):
-            assert isinstance(e, (ToAgent, ToCaller, Malformed))
+            assert isinstance(e, (ToAgent, ToCaller, ToSender, Malformed))

@@ -39,6 +39,14 @@ class ToCaller:
 
 
 @dataclass(frozen=True, slots=True)
+class ToSender:
+    """JSON text for whoever sent the client event being answered, and no one else (an
+    `error` for an invalid event: the data channel's, or that one sideband socket's)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToAgent:
     """A message for the agent (a reply to the caller's event, a truncate, ...)."""
 
@@ -52,4 +60,4 @@ class Malformed:
     reason: str
 
 
-AgentEvent = PlayAudio | ClearAudio | ToCaller | ToAgent | Malformed
+AgentEvent = PlayAudio | ClearAudio | ToCaller | ToSender | ToAgent | Malformed

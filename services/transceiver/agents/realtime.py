@@ -43,6 +43,7 @@ from firsthop.services.transceiver.agents.events import (
     Tag,
     ToAgent,
     ToCaller,
+    ToSender,
 )
 from firsthop.services.transceiver.agents.playout import Playout, PlayoutEvent, Started
 from firsthop.services.transceiver.agents.realtime_events import (
@@ -309,7 +310,7 @@ class RealtimeProtocol:
         text = error_event(
             self.new_id(), message, code=code, param=param, client_event_id=client_event_id
         )
-        return [Malformed(f"realtime_client_event_{count}"), ToCaller(text)]
+        return [Malformed(f"realtime_client_event_{count}"), ToSender(text)]
 
     def _set_formats(self, session: object) -> None:
         fin, fout = audio_formats(session)
