@@ -61,10 +61,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiortc import MediaStreamTrack
 from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
-from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from firsthop.services.bench.measure import BenchError, report, settings
@@ -369,17 +367,10 @@ class ListeningCaller(Caller):
 
         return note
 
-    async def _record(self, track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            assert isinstance(frame, AudioFrame)
-            pcm = to_mono(frame)
-            if rms(pcm) > LOUD_RMS:
-                arrived = self.arrivals.get(frame.pts or 0)
-                self.heard.loud.append(time.monotonic() if arrived is None else arrived)
+    def on_audio(self, frame: AudioFrame) -> None:
+        if rms(to_mono(frame)) > LOUD_RMS:
+            arrived = self.arrivals.get(frame.pts or 0)
+            self.heard.loud.append(time.monotonic() if arrived is None else arrived)
 
 
 async def edge_round(stack: Stack, texts: list[bytes], barge: list[tuple[bytes, bytes]]) -> Any:

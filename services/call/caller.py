@@ -180,7 +180,11 @@ class Caller:
                 return
             assert isinstance(frame, AudioFrame)
             self.mark("first_audio_in")
-            self.on_frame(time.monotonic(), to_mono(frame))
+            self.on_audio(frame)
+
+    def on_audio(self, frame: AudioFrame) -> None:
+        """One decoded frame: by default its PCM (mono) goes to `on_frame`, timed now."""
+        self.on_frame(time.monotonic(), to_mono(frame))
 
     def on_frame(self, arrived: float, pcm: bytes) -> None:
         """One received frame (PCM16 mono): kept in `result`; subclasses may do otherwise."""
