@@ -75,7 +75,7 @@ from firsthop.services.call.caller import (
     ToneTrack,
     to_mono,
 )
-from firsthop.services.transceiver.resample import Resampler
+from firsthop.services.transceiver.resample import Resampler, resample
 
 REALTIME_RATE = 24000
 PATHS = ("edge", "direct", "direct-opus")
@@ -97,12 +97,6 @@ QUICK: dict[str, Any] = {"turns": 2, "rounds": 1, "barge_ins": 1}
 
 
 # -- speech ------------------------------------------------------------------------------------
-
-
-def resample(pcm: bytes, src: int, dst: int) -> bytes:
-    """PCM16 mono from `src` Hz to `dst` Hz, whole (the transceiver's resampler)."""
-    resampler = Resampler(src, dst)
-    return resampler.push(pcm) + resampler.flush()
 
 
 class OpusLink:

@@ -23,7 +23,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
-from firsthop.services.transceiver.resample import ulaw_decode, ulaw_encode
+from firsthop.shared.wire.g711 import ulaw_decode, ulaw_encode
 from tests.integration.test_transceiver import event_count, heard, hears
 from tests.support import TransceiverProcess, eventually, wait_until
 

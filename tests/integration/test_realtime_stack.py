@@ -23,8 +23,8 @@ from typing import Any
 import openai
 import pytest
 
-from firsthop.services.bench.voice import resample
 from firsthop.services.call.caller import Caller, ToneTrack
+from firsthop.services.transceiver.resample import resample
 from tests.support import (
     AgentProcess,
     RelayProcess,

@@ -25,7 +25,7 @@ from firsthop.services.transceiver.agents.events import (
     ToSender,
 )
 from firsthop.services.transceiver.agents.realtime import RealtimeProtocol
-from firsthop.services.transceiver.resample import ulaw_decode
+from firsthop.shared.wire.g711 import ulaw_decode
 
 SESSION = {"type": "realtime", "model": "gpt-realtime", "instructions": "be brief"}
 

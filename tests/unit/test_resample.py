@@ -10,13 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from firsthop.services.call.caller import tone_power
-from firsthop.services.transceiver.resample import (
-    Resampler,
-    alaw_decode,
-    alaw_encode,
-    ulaw_decode,
-    ulaw_encode,
-)
+from firsthop.services.transceiver.resample import Resampler
+from firsthop.shared.wire.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 
 def tone(freq: float, rate: int, seconds: float, amplitude: float = 0.3) -> bytes:
@@ -85,6 +80,23 @@ def test_g711_reference_codes() -> None:
     assert alaw_encode(array.array("h", [0, 32767, -32768]).tobytes()) == b"\xd5\xaa\x2a"
     assert ulaw_decode(b"\xff") == b"\x00\x00"
     assert alaw_decode(b"\xd5") == array.array("h", [8]).tobytes()
+
+
+def test_g711_decoding_matches_the_standard_code_points() -> None:
+    # G.711 Tables 2a/2b: µ-law 0x00/0x80 are the extremes, 0xFF is zero; A-law's smallest
+    # steps are 0xD5 (+8) and 0x55 (-8), its extremes 0xAA and 0x2A.
+    ulaw, alaw = array.array("h"), array.array("h")
+    ulaw.frombytes(ulaw_decode(bytes([0x00, 0x80, 0xFF])))
+    alaw.frombytes(alaw_decode(bytes([0xD5, 0x55, 0xAA, 0x2A])))
+    assert list(ulaw) == [-32124, 32124, 0]
+    assert list(alaw) == [8, -8, 32256, -32256]
+
+
+def test_g711_encoding_inverts_decoding() -> None:
+    codes = bytes(range(256))
+    ulaw = ulaw_encode(ulaw_decode(codes))
+    assert [i for i in range(256) if ulaw[i] != i] == [0x7F]  # -0 comes back as +0 (0xFF)
+    assert alaw_encode(alaw_decode(codes)) == codes
 
 
 @given(st.integers(-32768, 32767))

@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from firsthop.shared.wire.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+
 RATE = 24000  # the protocol's audio/pcm rate
 BYTES_PER_MS = RATE * 2 // 1000  # 48
 
@@ -74,75 +76,16 @@ def duration_ms(pcm: bytes, rate: int = RATE) -> int:
     return len(pcm) // 2 * 1000 // rate
 
 
-# G.711 (ITU-T G.711 §2-3): 8 kHz, one byte a sample. `audio/pcmu` is µ-law, `audio/pcma`
-# A-law. The codecs work on whole numpy arrays; decoding goes through a 256-entry table.
-
-ULAW_BIAS = 0x84
-ULAW_CLIP = 32635
+# G.711 (`audio/pcmu` µ-law, `audio/pcma` A-law) at 8 kHz: the shared codec.
 G711_RATE = 8000
-
-
-def _ulaw_decode_table() -> np.ndarray:
-    u = ~np.arange(256, dtype=np.int32) & 0xFF
-    exponent = (u >> 4) & 7
-    sample = (((u & 0x0F) << 3) + ULAW_BIAS) << exponent
-    sample -= ULAW_BIAS
-    table: np.ndarray = np.where(u & 0x80, -sample, sample).astype(np.int16)
-    return table
-
-
-def _alaw_decode_table() -> np.ndarray:
-    a = np.arange(256, dtype=np.int32) ^ 0x55
-    exponent = (a >> 4) & 7
-    mantissa = a & 0x0F
-    sample = np.where(
-        exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0)
-    )
-    table: np.ndarray = np.where(a & 0x80, sample, -sample).astype(np.int16)
-    return table
-
-
-ULAW_TABLE = _ulaw_decode_table()
-ALAW_TABLE = _alaw_decode_table()
-
-
-def _exponent(magnitude: np.ndarray) -> np.ndarray:
-    """The segment of a 15-bit magnitude: floor(log2) - 7, clamped to 0..7."""
-    bits = np.floor(np.log2(np.maximum(magnitude, 1))).astype(np.int32)
-    segment: np.ndarray = np.clip(bits - 7, 0, 7)
-    return segment
-
-
-def ulaw_encode(pcm: bytes) -> bytes:
-    s = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.int32)
-    sign = np.where(s < 0, 0x80, 0)
-    magnitude = np.minimum(np.abs(s), ULAW_CLIP) + ULAW_BIAS
-    exponent = _exponent(magnitude)
-    mantissa = (magnitude >> (exponent + 3)) & 0x0F
-    return bytes((~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8).tobytes())
-
-
-def alaw_encode(pcm: bytes) -> bytes:
-    s = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.int32)
-    sign = np.where(s >= 0, 0x80, 0)
-    magnitude = np.minimum(np.where(s >= 0, s, -s - 1), 32767)
-    exponent = np.where(magnitude >= 256, _exponent(magnitude), 0)
-    shift = np.where(exponent == 0, 4, exponent + 3)
-    mantissa = (magnitude >> shift) & 0x0F
-    return bytes(((sign | (exponent << 4) | mantissa) ^ 0x55).astype(np.uint8).tobytes())
-
-
-def g711_decode(data: bytes, law: str) -> bytes:
-    table = ULAW_TABLE if law == "pcmu" else ALAW_TABLE
-    return bytes(table[np.frombuffer(data, dtype=np.uint8)].astype("<i2").tobytes())
+G711 = {"pcmu": (ulaw_encode, ulaw_decode), "pcma": (alaw_encode, alaw_decode)}
 
 
 def to_wire(pcm24k: bytes, fmt: str) -> bytes:
     """24 kHz PCM16 as the session's output format: `pcm`, `pcmu` or `pcma`."""
     if fmt == "pcm":
         return pcm24k
-    narrow = resample(pcm24k, RATE, G711_RATE)
-    return ulaw_encode(narrow) if fmt == "pcmu" else alaw_encode(narrow)
+    return G711[fmt][0](resample(pcm24k, RATE, G711_RATE))
 
 
 def from_wire(data: bytes, fmt: str) -> bytes:
@@ -151,4 +94,4 @@ def from_wire(data: bytes, fmt: str) -> bytes:
         if len(data) % 2:
             raise AudioError("audio/pcm is 16-bit: an odd number of bytes")
         return data
-    return resample(g711_decode(data, fmt), G711_RATE, RATE)
+    return resample(G711[fmt][1](data), G711_RATE, RATE)

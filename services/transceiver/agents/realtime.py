@@ -59,13 +59,8 @@ from firsthop.services.transceiver.agents.realtime_events import (
     merged,
     new_event_id,
 )
-from firsthop.services.transceiver.resample import (
-    Resampler,
-    alaw_decode,
-    alaw_encode,
-    ulaw_decode,
-    ulaw_encode,
-)
+from firsthop.services.transceiver.resample import Resampler
+from firsthop.shared.wire.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 CALL_RATE = 48000
 FRAME_BYTES = 1920  # 20 ms at 48 kHz, PCM16 mono
