@@ -22,12 +22,10 @@ and ``ETag``; ``OPTIONS`` preflights are answered 204 before any route runs.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import trio
 from quart import Response, g, has_request_context, request, websocket
@@ -41,6 +39,7 @@ from firsthop.services.signaling.calls import CallRequest, Calls, Stats, parse_o
 from firsthop.services.signaling.config import SignalingConfig
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.ratelimit import RateLimiter
+from firsthop.services.signaling.responses import answer_response, json_response
 from firsthop.services.signaling.stores import EkSessions
 from firsthop.services.signaling.transceivers import SDPFRAG
 from firsthop.services.signaling.trickle import parse_fragment
@@ -82,10 +81,6 @@ class Context:
     stats: Stats
     bodies: Bodies
     ek_sessions: EkSessions = field(default_factory=lambda: EkSessions(None))
-
-
-def json_response(body: dict[str, Any], status: int = 200) -> Response:
-    return Response(json.dumps(body), status=status, content_type="application/json")
 
 
 def problem_response(problem: Problem) -> Response:
@@ -251,12 +246,7 @@ def create_app(ctx: Context) -> QuartTrio:
                 traceparent=request.headers.get("traceparent"),
             )
         )
-        resp = Response(answer, status=201, content_type="application/sdp")
-        resp.headers["Location"] = f"/v1/calls/{record.call_id}"
-        # Which transceiver and region carry the call: the demo page and `firsthop call` show it.
-        resp.headers["X-Firsthop-Transceiver"] = record.transceiver_id
-        resp.headers["X-Firsthop-Region"] = record.region
-        return resp
+        return answer_response(answer, record, f"/v1/calls/{record.call_id}")
 
     @app.patch("/v1/calls/<call_id>")
     async def patch_call(call_id: str) -> Response:

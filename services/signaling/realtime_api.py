@@ -51,6 +51,7 @@ from firsthop.services.signaling.realtime_session import (
     parse_multipart,
     secret_request,
 )
+from firsthop.services.signaling.responses import answer_response, json_response
 from firsthop.shared.redis_store import CallRecord
 from firsthop.shared.sdp import MAX_SDP_BYTES
 
@@ -78,10 +79,6 @@ class Tools:
     call_id_ok: Callable[[str], None]
 
 
-def json_body(body: dict[str, Any], status: int = 200) -> Response:
-    return Response(json.dumps(body), status=status, content_type="application/json")
-
-
 def is_realtime_path(path: str) -> bool:
     """The routes whose errors have OpenAI's shape."""
     return path == "/v1/realtime" or path.startswith(("/v1/realtime/", "/v1/dev/realtime/"))
@@ -89,7 +86,7 @@ def is_realtime_path(path: str) -> bool:
 
 def problem_response(problem: Problem) -> Response:
     """A `Problem` in OpenAI's error shape, with its headers."""
-    resp = json_body(openai_error(problem.status, problem.reason), problem.status)
+    resp = json_response(openai_error(problem.status, problem.reason), problem.status)
     resp.headers.update(problem.headers)
     return resp
 
@@ -102,7 +99,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
         value, expires_at, ek_id = ctx.auth.ephemeral.mint_with_id(tenant, seconds)
         await ctx.ek_sessions.put(ek_id, json.dumps(session), expires_at)
         described = describe_session(session)
-        return json_body({"value": value, "expires_at": expires_at, "session": described})
+        return json_response({"value": value, "expires_at": expires_at, "session": described})
 
     @app.post("/v1/realtime/client_secrets")
     async def realtime_client_secret() -> Response:
@@ -174,11 +171,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
                 session=session,
             )
         )
-        resp = Response(answer, status=201, content_type="application/sdp")
-        resp.headers["Location"] = f"/v1/realtime/calls/{record.call_id}"
-        resp.headers["X-Firsthop-Transceiver"] = record.transceiver_id
-        resp.headers["X-Firsthop-Region"] = record.region
-        return resp
+        return answer_response(answer, record, f"/v1/realtime/calls/{record.call_id}")
 
     @app.post("/v1/realtime/calls")
     async def realtime_call() -> Response:
@@ -203,7 +196,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
         )
         record = await owned_call(call_id, principal)
         await ctx.calls.end(record)
-        return json_body({})
+        return json_response({})
 
     @app.post("/v1/realtime/calls/<call_id>/<action>")
     async def realtime_sip(call_id: str, action: str) -> Response:
