@@ -9,6 +9,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Self
 
 from firsthop.services.launch import (
@@ -509,3 +510,35 @@ def spoken(text: str, *, words_per_minute: int = 140, pad_ms: int = 300) -> byte
     ).stdout
     pad = bytes(pad_ms * 48)
     return pad + wav_to_pcm(wav) + pad
+
+
+@dataclass
+class MediaStack:
+    """A relay, an agent, a transceiver and signaling in front of them (a static transceiver
+    list, no Redis), the agent named `name` on signaling and its default: what a Realtime
+    call through the whole edge needs. `agent_url` is how signaling names the agent."""
+
+    relay: RelayProcess
+    agent: AgentProcess
+    tx: TransceiverProcess
+    sig: SignalingProcess
+
+    @classmethod
+    @contextmanager
+    def running(
+        cls, agent: AgentProcess, name: str, agent_url: str, *extra: str, api_keys: str
+    ) -> Iterator[MediaStack]:
+        relay, tx = RelayProcess(), TransceiverProcess()
+        sig = SignalingProcess(
+            *["--transceiver", tx.api, "--ingress", f"{relay.listen[0]}:{relay.listen[1]}"],
+            *["--agent-url", f"{name}={agent_url}", "--default-agent", name],
+            *["--ip-rate", "0", *extra],
+            api_keys=api_keys,
+        )
+        procs = [relay, agent, tx, sig]
+        start_all(*procs)
+        try:
+            yield cls(relay, agent, tx, sig)
+        finally:
+            for p in procs:
+                p.kill()

@@ -17,7 +17,6 @@ import asyncio
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import openai
@@ -27,12 +26,10 @@ from firsthop.services.call.caller import Caller, ToneTrack
 from firsthop.services.transceiver.resample import resample
 from tests.support import (
     AgentProcess,
-    RelayProcess,
+    MediaStack,
     SignalingProcess,
-    TransceiverProcess,
     eventually,
     spoken,
-    start_all,
 )
 
 pytestmark = pytest.mark.slow
@@ -41,33 +38,15 @@ KEY = SignalingProcess.API_KEY
 Event = dict[str, Any]
 
 
-@dataclass
-class Stack:
-    relay: RelayProcess
-    assistant: AgentProcess
-    tx: TransceiverProcess
-    sig: SignalingProcess
+Stack = MediaStack
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    relay = RelayProcess()
     assistant = AgentProcess("assistant")
-    tx = TransceiverProcess()
     backend = f"realtime+ws://127.0.0.1:{assistant.port}/v1/realtime"
-    sig = SignalingProcess(
-        *["--transceiver", tx.api, "--ingress", f"{relay.listen[0]}:{relay.listen[1]}"],
-        *["--agent-url", f"assistant={backend}", "--default-agent", "assistant"],
-        *["--ip-rate", "0"],
-        api_keys=KEY,
-    )
-    procs = [relay, assistant, tx, sig]
-    start_all(*procs)
-    try:
-        yield Stack(relay, assistant, tx, sig)
-    finally:
-        for p in procs:
-            p.kill()
+    with MediaStack.running(assistant, "assistant", backend, api_keys=KEY) as s:
+        yield s
 
 
 def events(caller: Caller) -> list[Event]:
@@ -195,7 +174,7 @@ def test_the_assistant_killed_mid_call_is_reported_and_reconnected(stack: Stack)
         caller, _ = await place_call(client, None)
         try:
             await eventually(lambda: of(caller, "session.created"), 15)
-            stack.assistant.kill()
+            stack.agent.kill()
             await eventually(lambda: of(caller, "error"), 10)
             error = of(caller, "error")[0]["error"]
             assert error["type"] == "server_error", error
@@ -205,7 +184,7 @@ def test_the_assistant_killed_mid_call_is_reported_and_reconnected(stack: Stack)
             caller.channel.send(json.dumps({"type": "no.such.event"}))
             await eventually(lambda: len(of(caller, "error")) >= 3, 10)
             assert caller.pc.connectionState == "connected"
-            await asyncio.to_thread(stack.assistant.start, 60)
+            await asyncio.to_thread(stack.agent.start, 60)
             # the bridge reconnects (backoff up to 5 s) and re-sends the session; then a
             # question typed on the channel is answered aloud
             done_before = len(of(caller, "response.done"))

@@ -32,7 +32,7 @@ from tests.integration.test_transceiver import hears
 from tests.support import (
     INTERNAL_TOKEN,
     AgentProcess,
-    RelayProcess,
+    MediaStack,
     SignalingProcess,
     TransceiverProcess,
     eventually,
@@ -48,32 +48,15 @@ OTHER_KEY = "other-api-key"
 ORIGIN = "https://app.example"
 
 
-@dataclass
-class Stack:
-    relay: RelayProcess
-    agent: AgentProcess
-    tx: TransceiverProcess
-    sig: SignalingProcess
+Stack = MediaStack
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    relay = RelayProcess()
     agent = AgentProcess("echo")
-    tx = TransceiverProcess()
-    sig = SignalingProcess(
-        *["--transceiver", tx.api, "--ingress", f"{relay.listen[0]}:{relay.listen[1]}"],
-        *["--agent-url", f"echo={agent.url}", "--default-agent", "echo"],
-        *["--ip-rate", "0", "--cors-origin", ORIGIN],
-        api_keys=f"{KEY},{OTHER_KEY}",
-    )
-    procs = [relay, agent, tx, sig]
-    start_all(*procs)
-    try:
-        yield Stack(relay, agent, tx, sig)
-    finally:
-        for p in procs:
-            p.kill()
+    extra = ("--cors-origin", ORIGIN)
+    with MediaStack.running(agent, "echo", agent.url, *extra, api_keys=f"{KEY},{OTHER_KEY}") as s:
+        yield s
 
 
 CLIENTS: list[openai.OpenAI] = []
