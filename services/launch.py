@@ -26,6 +26,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterable
+from typing import IO
 from dataclasses import dataclass, field
 
 from firsthop.shared.address import Address, parse_hostport
@@ -148,6 +149,7 @@ class Child:
         self.quiet = quiet
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
         self.bound: dict[str, Address] = {}  # what it announced it listens on
 
     @property
@@ -160,27 +162,40 @@ class Child:
         if self.spec.announces:
             ready_file = os.path.join(tempfile.mkdtemp(prefix="firsthop-"), "ready.json")
             self.spec.env[READY_FILE_ENV] = ready_file
-        out = subprocess.DEVNULL if self.quiet else None
+        # Quiet: its output is kept aside, and its tail told if it does not come up.
+        self._log = tempfile.TemporaryFile() if self.quiet else None
         self.proc = subprocess.Popen(
             self.spec.argv,
             env={**os.environ, **self.spec.env},
             cwd=self.cwd,
-            stdout=out,
-            stderr=out,
+            stdout=subprocess.DEVNULL if self.quiet else None,
+            stderr=self._log,
         )
         deadline = time.monotonic() + timeout
         while not ready(self.spec):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.spec.name} exited with {self.proc.returncode}")
+                raise RuntimeError(
+                    f"{self.spec.name} exited with {self.proc.returncode}{self._log_tail()}"
+                )
             if time.monotonic() > deadline:
                 self.kill()
-                raise RuntimeError(f"{self.spec.name} was not ready within {timeout:.0f} s")
+                raise RuntimeError(
+                    f"{self.spec.name} was not ready within {timeout:.0f} s{self._log_tail()}"
+                )
             time.sleep(0.05)
         if ready_file is not None:
             with open(ready_file) as f:
                 self.bound = {k: parse_hostport(v) for k, v in json.load(f).items()}
             shutil.rmtree(os.path.dirname(ready_file), ignore_errors=True)
         return self
+
+    def _log_tail(self, size: int = 2000) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0, os.SEEK_END)
+        self._log.seek(max(0, self._log.tell() - size))
+        tail = self._log.read().decode(errors="replace").strip()
+        return f"; its last words:\n{tail}" if tail else ""
 
     def stop(self, timeout: float = 10.0) -> float:
         """SIGTERM, then wait; returns how long it took to exit (kills it past `timeout`

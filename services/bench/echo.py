@@ -45,7 +45,7 @@ from aiortc import MediaStreamTrack
 from firsthop.services.bench.measure import BenchError, LineTool, report, settings
 from firsthop.services.bench.procs import Stack
 from firsthop.services.call.caller import FRAME_SAMPLES, SAMPLE_RATE, Caller, ToneTrack, tone_power
-from firsthop.services.launch import HOST, free_port
+from firsthop.services.launch import HOST
 
 BIG = 120  # bytes of SRTP: a tone packet is ~320, a silence packet ~40
 DECIMATE = 4  # Goertzel on every 4th sample: 12 kHz is plenty for tones below 5.5 kHz
@@ -269,9 +269,9 @@ def _stats(values: list[float]) -> dict[str, Any]:
 
 
 def run(*, bursts: int, rounds: int, period_s: float, burst_s: float) -> dict[str, Any]:
-    stack = Stack(tx_media=free_port())  # the tap must know it before the transceiver starts
+    stack = Stack()
     log = tempfile.TemporaryFile()  # the tap's stderr
-    argv = [sys.executable, "-m", "firsthop.services.bench.procs", "tap", str(stack.tx_media)]
+    argv = [sys.executable, "-m", "firsthop.services.bench.procs", "tap"]
     tap_proc = LineTool("tap", argv, log)
     rows: list[dict[str, Any]] = []
     try:
@@ -282,6 +282,8 @@ def run(*, bursts: int, rounds: int, period_s: float, burst_s: float) -> dict[st
         stack.start(
             stock=True, tx_args=("--accept-direct", "--advertise-media", f"{HOST}:{tap_relay}")
         )
+        if tap_proc.ask(f"to {stack.tx_media}") != "ok":
+            raise BenchError("tap: no answer to 'to'")
         answers: dict[str, Callable[[str], str]] = {
             "relay": stack.offer_to_firsthop,
             "direct": lambda o: stack.offer_to_firsthop(o, ingress=f"{HOST}:{tap_direct}"),

@@ -65,25 +65,21 @@ class Stack:
         return child.start()
 
     def start(self, *, stock: bool = False, tx_args: tuple[str, ...] = ()) -> Stack:
-        self.relay_port = free_port()
-        self.relay_metrics = free_port(socket.SOCK_STREAM)
-        relay = relay_command(
-            listen=self.relay_port, internal=free_port(), metrics=self.relay_metrics
-        )
-        self._start(Spec("relay", relay, ready_http=f"http://{HOST}:{self.relay_metrics}/healthz"))
-        self.agent_port = free_port(socket.SOCK_STREAM)
-        agent = agent_command(self.agent_kind, self.agent_port)
-        self._start(Spec("agent", agent, ready_tcp=self.agent_port))
-        # A preset media port is kept: a bench may have to know it before the start (a tap).
-        self.tx_media = self.tx_media or free_port()
-        self.tx_api = free_port(socket.SOCK_STREAM)
+        # Every service binds port 0 and says what it got (no port picked here can be
+        # taken by someone else before the service binds it).
+        relay = relay_command(listen=0, internal=0, metrics=0)
+        bound = self._start(Spec("relay", relay, announces=True)).bound
+        self.relay_port, self.relay_metrics = bound["listen"][1], bound["metrics"][1]
+        agent = agent_command(self.agent_kind, 0)
+        self.agent_port = self._start(Spec("agent", agent, announces=True)).bound["listen"][1]
         tx = transceiver_command(
-            media=self.tx_media,
-            api=self.tx_api,
+            media=0,
+            api=0,
             agent_url=self.agent_url,
             extra=("--capacity", "1000", *tx_args),
         )
-        self._start(Spec("transceiver", tx, ready_http=f"http://{HOST}:{self.tx_api}/healthz"))
+        bound = self._start(Spec("transceiver", tx, announces=True)).bound
+        self.tx_media, self.tx_api = bound["media"][1], bound["api"][1]
         if stock:
             self.stock_port, _ = self.spawn_stock()
         return self
@@ -228,11 +224,13 @@ def _note(records: list[Any], stamp: int, way: str, data: bytes, client: Address
         records.append((stamp, way, f"{client[0]}:{client[1]}", len(payload)))
 
 
-def tap(tx_port: int) -> None:
+def tap() -> None:
     """Forward relay <-> transceiver on one socket and direct clients <-> transceiver
-    through one socket per client; print "ready RELAY_SIDE DIRECT_SIDE"; on "dump" print the
-    records so far as one JSON line and forget them; exit at EOF."""
-    tx = (HOST, tx_port)
+    through one socket per client; print "ready RELAY_SIDE DIRECT_SIDE"; on "to PORT" forward
+    to the transceiver's media port PORT (it is started after the tap: it advertises the
+    tap's port) and print "ok"; on "dump" print the records so far as one JSON line and
+    forget them; exit at EOF. Until "to", what arrives is dropped."""
+    tx: Address = (HOST, 0)
     relay_side, direct_side = _udp(), _udp()
     selector = selectors.DefaultSelector()
     selector.register(relay_side, selectors.EVENT_READ, "relay")
@@ -253,15 +251,21 @@ def tap(tx_port: int) -> None:
                 control += chunk
                 while b"\n" in control:
                     line, _, control = control.partition(b"\n")
-                    if line.strip() == b"dump":
+                    word, _, arg = line.strip().partition(b" ")
+                    if word == b"dump":
                         print(json.dumps(records), flush=True)
                         records = []
+                    elif word == b"to":
+                        tx = (HOST, int(arg))
+                        print("ok", flush=True)
                 continue
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
             try:
                 data, src, stamp = _receive(sock)
             except OSError:  # an ICMP error for an earlier send (a caller hung up): skip
+                continue
+            if tx[1] == 0:
                 continue
             if what == "relay":
                 if src == tx:
@@ -285,4 +289,4 @@ def tap(tx_port: int) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["tap"]:
-    tap(int(sys.argv[2]))
+    tap()
