@@ -26,8 +26,8 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterable
-from typing import IO
 from dataclasses import dataclass, field
+from typing import IO
 
 from firsthop.shared.address import Address, parse_hostport
 from firsthop.shared.lifecycle import READY_FILE_ENV
