@@ -373,8 +373,9 @@ def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack: Stack) 
 def test_a_flood_with_an_ended_calls_token_is_refused_at_the_relay(stack: Stack) -> None:
     """Finding 2, second half: the ufrag of an ended call is valid for hours; a flood with it
     filled the global pending pool (20k) within a second and new calls failed. The ended
-    call's relay is told (TOKEN_REVOKED) once the call has lingered `LINGER` (3 s); a relay that was not is told on the first
-    packet that reaches the transceiver; after that the token routes nowhere."""
+    call's relay is told (TOKEN_REVOKED) once the call has lingered `LINGER` (3 s); a relay
+    that was not is told on the first packet that reaches the transceiver; after that the
+    token routes nowhere."""
     relay, tx = stack
     spoofer = Spoofer()
 
