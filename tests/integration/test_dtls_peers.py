@@ -23,6 +23,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
 from firsthop.services.transceiver.rtc import hooks
+from tests.integration.test_transceiver import event_count
 from tests.support import (
     AgentProcess,
     RelayProcess,
@@ -30,6 +31,7 @@ from tests.support import (
     eventually,
     host_address,
     rsa_certificate,
+    wait_until,
 )
 
 GST_CALLER = Path(__file__).parent.parent / "interop" / "gst_caller.py"
@@ -76,6 +78,34 @@ def test_an_rsa_peer_connects_through_the_relay_and_hears_its_tone(stack: Stack)
     answer, tail = asyncio.run(main())
     assert "a=setup:active" in answer  # we were the client; the RSA peer chose the suite
     assert tone_power(tail, 440) > 0.001  # its own tone, echoed (silence is ~1e-8)
+
+
+def test_an_rsa_peer_with_a_wrong_fingerprint_is_rejected(stack: Stack) -> None:
+    """The fingerprint check holds for RSA certificates: the offer's sha-256 fingerprint
+    with its last byte changed fails the call, and no audio comes back."""
+    relay, _, tx = stack
+    before = event_count(tx, "ended_connection_failed")
+
+    async def main() -> bytes:
+        c = Caller(ToneTrack(440))
+        hooks.dtls_for_any_peer(c.pc, rsa_certificate())
+
+        async def forged(offer: str) -> str:
+            lines = offer.splitlines()
+            for i, line in enumerate(lines):
+                if line.startswith("a=fingerprint:sha-256 "):
+                    lines[i] = line[:-2] + ("00" if line[-2:] != "00" else "11")
+            sdp = "\r\n".join(lines) + "\r\n"
+            return await asyncio.to_thread(create_session, tx, relay, sdp)
+
+        await c.start(forged)
+        await asyncio.to_thread(
+            wait_until, lambda: event_count(tx, "ended_connection_failed") > before
+        )
+        await c.close()
+        return bytes(c.result.received)
+
+    assert tone_power(asyncio.run(main()), 440) < 0.0005
 
 
 @pytest.mark.parametrize("hooked", [False, True], ids=["stock", "hooked"])
