@@ -567,26 +567,12 @@ RSA_ONLY_CIPHERS = "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384:ECDH
 
 def rsa_certificate(ciphers: str = RSA_ONLY_CIPHERS) -> Any:
     """A DTLS certificate for an aiortc peer (`hooks.dtls_for_any_peer(pc, ...)`) with a
-    fresh RSA-2048 key, self-signed with SHA-256 as WebRTC stacks make theirs."""
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
+    fresh RSA-2048 key, self-signed with SHA-256 as WebRTC stacks make theirs (aiortc's own
+    certificate builder, given an RSA key instead of its ECDSA one)."""
+    from aiortc.rtcdtlstransport import generate_certificate
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     from firsthop.services.transceiver.rtc.hooks import DtlsCertificate
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "rsa-peer")])
-    now = datetime.datetime.now(tz=datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .sign(key, hashes.SHA256())
-    )
-    return DtlsCertificate(key, cert, ciphers)
+    return DtlsCertificate(key, generate_certificate(key), ciphers)  # type: ignore[arg-type]
