@@ -289,9 +289,10 @@ def count_srtp_failures(dtls_transport: Any, count: Callable[[str], None]) -> No
         dtls_transport._rx_srtp = CountingSrtp(dtls_transport._rx_srtp, count)
 
 
-# RFC 8827 §6.5 asks for ECDHE with AES-GCM; the CBC-SHA suites are what older DTLS 1.2
-# stacks (libnice/GStreamer builds, embedded SDKs) may still need. ECDSA first: with our own
-# ECDSA certificate as the DTLS server, only those apply anyway.
+# RFC 8827 §6.5 makes ECDHE-ECDSA-AES128-GCM-SHA256 (P-256) mandatory; the RSA ones are for
+# peers with RSA certificates, the CBC-SHA ones for older DTLS 1.2 stacks (embedded SDKs).
+# ECDHE only (forward secrecy). ECDSA first: when we are the DTLS server, with our ECDSA
+# certificate, only those can be chosen anyway.
 PEER_CIPHERS = ":".join(
     [
         "ECDHE-ECDSA-AES128-GCM-SHA256",
