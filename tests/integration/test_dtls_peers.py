@@ -80,6 +80,31 @@ def test_an_rsa_peer_connects_through_the_relay_and_hears_its_tone(stack: Stack)
     assert tone_power(tail, 440) > 0.001  # its own tone, echoed (silence is ~1e-8)
 
 
+def test_an_rsa_peer_that_is_the_dtls_client_connects(stack: Stack) -> None:
+    """An offer with `a=setup:active` makes the transceiver the DTLS server: its ECDSA
+    certificate picks an ECDHE-ECDSA suite, and the peer authenticates with its RSA
+    certificate (an RSA CertificateVerify, which our signature algorithms must allow)."""
+    relay, _, tx = stack
+
+    async def main() -> tuple[str, bytes]:
+        c = Caller(ToneTrack(440))
+        hooks.dtls_for_any_peer(c.pc, rsa_certificate(hooks.PEER_CIPHERS))
+
+        async def active(offer: str) -> str:
+            offer = offer.replace("a=setup:actpass", "a=setup:active")
+            return await asyncio.to_thread(create_session, tx, relay, offer)
+
+        await c.start(active)
+        await asyncio.wait_for(c.wait_connected(), 15)
+        await eventually(lambda: len(c.result.received) >= 96000)
+        await c.close()
+        return c.result.answer_sdp, bytes(c.result.received[-48000:])
+
+    answer, tail = asyncio.run(main())
+    assert "a=setup:passive" in answer
+    assert tone_power(tail, 440) > 0.001
+
+
 def test_an_rsa_peer_with_a_wrong_fingerprint_is_rejected(stack: Stack) -> None:
     """The fingerprint check holds for RSA certificates: the offer's sha-256 fingerprint
     with its last byte changed fails the call, and no audio comes back."""
