@@ -55,11 +55,12 @@ def relay_command(
     workers: int = 1,
     redis: str | None = None,
     extra: Iterable[str] = (),
+    listen_host: str = HOST,
 ) -> list[str]:
     return [
         *FIRSTHOP,
         "relay",
-        *("--listen", f"{HOST}:{listen}"),
+        *("--listen", f"{listen_host}:{listen}"),
         *("--internal", f"{HOST}:{internal}"),
         *("--metrics", f"{HOST}:{metrics}"),
         *("--cluster", str(cluster)),

@@ -187,6 +187,29 @@ def mark_ice_lite(sdp: str) -> str:
     return "\r\n".join(lines) + "\r\n"
 
 
+_OPUS_RTPMAP = re.compile(r"a=rtpmap:(\d+) opus/", re.IGNORECASE)
+_FMTP = re.compile(r"a=fmtp:(\d+) (.*)")
+
+
+def ask_for_opus_fec(sdp: str) -> str:
+    """Say in an answer that we take Opus in-band FEC (RFC 7587 §6.1 `useinbandfec=1`, a
+    receiver's parameter): without it a browser sends none, and a lost packet can only be
+    concealed. Merged into the payload type's a=fmtp, or a new one after its a=rtpmap."""
+    lines = _lines(sdp)
+    opus = {m.group(1) for line in lines if (m := _OPUS_RTPMAP.match(line))}
+    with_fmtp = {m.group(1) for line in lines if (m := _FMTP.match(line)) and m.group(1) in opus}
+    out: list[str] = []
+    for line in lines:
+        fmtp = _FMTP.match(line)
+        if fmtp and fmtp.group(1) in opus and "useinbandfec" not in fmtp.group(2):
+            line = f"{line};useinbandfec=1"
+        out.append(line)
+        rtpmap = _OPUS_RTPMAP.match(line)
+        if rtpmap and rtpmap.group(1) not in with_fmtp:
+            out.append(f"a=fmtp:{rtpmap.group(1)} useinbandfec=1")
+    return "\r\n".join(out) + "\r\n"
+
+
 def classify_candidate(candidate: str, deny: Sequence[str] = ()) -> str | None:
     """Why a candidate would be refused (None: acceptable). `candidate` is the attribute
     value after ``a=`` or ``candidate:``."""

@@ -81,6 +81,18 @@ def free_udp_port(host: str = "127.0.0.1") -> int:
     return free_port(socket.SOCK_DGRAM, host)
 
 
+def host_address() -> str:
+    """This host's own IPv4 address on its default route (no packet is sent), or loopback if
+    it has none: where a caller whose stack pins its sockets to their interface (libnice sets
+    IP_UNICAST_IF) can reach a local service; loopback it cannot, from eth0's candidates."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("203.0.113.1", 9))  # TEST-NET-3 (RFC 5737): only a route lookup
+        except OSError:
+            return "127.0.0.1"
+        return str(s.getsockname()[0])
+
+
 def free_tcp_port(host: str = "127.0.0.1") -> int:
     return free_port(socket.SOCK_STREAM, host)
 
@@ -225,11 +237,14 @@ class RelayProcess(ServiceProcess):
         redis_url: str | None = None,
         listen_port: int | None = None,
         internal_port: int | None = None,
+        listen_host: str = "127.0.0.1",
     ) -> None:
         # The metrics port is the relay's own choice, read back once it serves; so are the
         # public and peer ports when given as 0. Otherwise they are picked here, because
-        # other services are told them before the relay starts.
-        self._listen = ("127.0.0.1", free_port() if listen_port is None else listen_port)
+        # other services are told them before the relay starts. `listen_host` is where the
+        # public socket is (`host_address()` for a caller that cannot reach loopback).
+        port = free_port(host=listen_host) if listen_port is None else listen_port
+        self._listen = (listen_host, port)
         self._internal = ("127.0.0.1", free_port() if internal_port is None else internal_port)
         argv = relay_command(
             listen=self._listen[1],
@@ -239,6 +254,7 @@ class RelayProcess(ServiceProcess):
             workers=workers,
             redis=redis_url,
             extra=args,
+            listen_host=listen_host,
         )
         super().__init__("relay", argv, announces=True)
 
@@ -542,3 +558,21 @@ class MediaStack:
         finally:
             for p in procs:
                 p.kill()
+
+
+# Suites a DTLS server with only an RSA certificate can pick (GStreamer's webrtcbin, embedded
+# stacks): what an RSA peer in the tests offers, so no ECDSA suite can save the handshake.
+RSA_ONLY_CIPHERS = "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-RSA-AES128-SHA"
+
+
+def rsa_certificate(ciphers: str = RSA_ONLY_CIPHERS) -> Any:
+    """A DTLS certificate for an aiortc peer (`hooks.dtls_for_any_peer(pc, ...)`) with a
+    fresh RSA-2048 key, self-signed with SHA-256 as WebRTC stacks make theirs (aiortc's own
+    certificate builder, given an RSA key instead of its ECDSA one)."""
+    from aiortc.rtcdtlstransport import generate_certificate
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from firsthop.services.transceiver.rtc.hooks import DtlsCertificate
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return DtlsCertificate(key, generate_certificate(key), ciphers)  # type: ignore[arg-type]

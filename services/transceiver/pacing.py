@@ -33,7 +33,7 @@ FRAME_BYTES = FRAME_SAMPLES * 2
 MAX_FRAMES = 50  # 1 s of agent audio waiting to be played
 BACKLOG = 2  # frames queued beyond which quiet frames are dropped
 QUIET_PEAK = 64  # |sample| at or below this is silence (about -54 dBFS)
-IDLE_AFTER = 3  # ticks with nothing from the agent before the call counts as idle
+IDLE_AFTER = 10  # ticks (200 ms) with nothing from the agent before the call counts as idle
 
 
 def is_quiet(pcm: bytes) -> bool:

@@ -40,7 +40,13 @@ from firsthop.services.transceiver.table import (
 )
 from firsthop.shared.address import Address
 from firsthop.shared.metrics import Histogram
-from firsthop.shared.sdp import check_offer, classify_candidate, mark_ice_lite, strip_candidates
+from firsthop.shared.sdp import (
+    ask_for_opus_fec,
+    check_offer,
+    classify_candidate,
+    mark_ice_lite,
+    strip_candidates,
+)
 from firsthop.shared.telemetry import context_from_traceparent, traceparent_of, tracer
 from firsthop.shared.wire.route_token import encode_route_token, fresh_nonce
 
@@ -316,7 +322,7 @@ class Transceiver:
         self._timers_may_have_moved()
         self.trace_handoff(creds.local_ufrag, span)
         self._sessions_nursery.start_soon(self._run_session, session)
-        return session_id, mark_ice_lite(answer)
+        return session_id, mark_ice_lite(ask_for_opus_fec(answer))
 
     def _agent_headers(self) -> list[tuple[str, str]]:
         key = self.config.realtime_api_key

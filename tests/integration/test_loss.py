@@ -34,19 +34,23 @@ class SlotCaller(Caller):
     def __init__(self) -> None:
         super().__init__(ToneTrack(FREQ))
         self.loud: set[int] = set()
+        self.lost: set[int] = set()  # slots whose packet the downlink lost
+        self.quiet: set[int] = set()  # slots that came, without the tone
         self._first: int | None = None
         self._decoder = OpusDecoder()
         for transceiver in self.pc.getTransceivers():
             hooks.low_latency_receiver(transceiver.receiver, self._on_opus)
 
     def _on_opus(self, frame: Frame) -> None:
-        if frame.lost:
-            return  # a downlink loss: a silent slot
-        pcm = self._decoder.decode(frame.data)
         if self._first is None:
             self._first = frame.timestamp
-        if tone_power(pcm, FREQ) > 0.002:
-            self.loud.add(((frame.timestamp - self._first) & 0xFFFFFFFF) // 960)
+        slot = ((frame.timestamp - self._first) & 0xFFFFFFFF) // 960
+        if frame.lost:
+            self.lost.add(slot)  # a downlink loss: a silent slot
+        elif tone_power(self._decoder.decode(frame.data), FREQ) > 0.002:
+            self.loud.add(slot)
+        else:
+            self.quiet.add(slot)
 
 
 @pytest.fixture(scope="module")
@@ -107,16 +111,22 @@ def test_losses_are_repaired_toward_the_agent_and_the_echo_loses_only_the_downli
     # toward the agent: every slot the caller sent has audio, real or repaired
     assert repaired > 0.5 * up_lost * sent, (repaired, up_lost, sent)
     assert (decoded + repaired) >= 0.99 * sent, (decoded, repaired, sent)
-    # the echo: slots silent at the caller, in its steady part (1 s in, to 0.5 s before
-    # the end), are no more than what the downlink itself lost, within 1.5 % (a few
-    # frames: the downlink's share of the steady part is not exactly its share of the
-    # call). Unrepaired, the uplink's losses came back as holes too: twice as many.
+    # The echo, in its steady part (1 s in, to 0.5 s before the end): a slot without the
+    # tone at the caller is one its downlink lost (or one in a burst past what the
+    # caller's buffer marks, `MAX_CONCEALED`). The edge itself sends the tone in every
+    # slot but a handful (the output cushion a jittery uplink builds, a burst longer than
+    # the repair bound). Unrepaired, the uplink's losses came back as holes too: as many
+    # again as the downlink's.
     assert caller.loud, "the caller heard no echo at all"
     first, last = min(caller.loud) + 50, max(caller.loud) - 25
     slots = range(first, last + 1)
-    silent = sum(1 for s in slots if s not in caller.loud) / len(slots)
+    silent = [s for s in slots if s not in caller.loud]
+    edge_gaps = [s for s in silent if s not in caller.lost]
     print(
         f"sent {sent}, agent got {decoded:.0f} + {repaired:.0f} repaired; "
-        f"lost up {up_lost:.3f} down {down_lost:.3f}; caller silent {silent:.3f}"
+        f"lost up {up_lost:.3f} down {down_lost:.3f}; caller silent {len(silent)} of "
+        f"{len(slots)}, {len(edge_gaps)} not lost on the downlink: {edge_gaps} "
+        f"(quiet {sorted(set(edge_gaps) & caller.quiet)})"
     )
-    assert silent <= down_lost + 0.015, (silent, down_lost)
+    assert len(silent) / len(slots) <= down_lost + 0.02, (silent, down_lost)
+    assert len(edge_gaps) <= 0.01 * len(slots), edge_gaps

@@ -6,6 +6,7 @@ import pytest
 
 from firsthop.shared.sdp import (
     SdpError,
+    ask_for_opus_fec,
     check_offer,
     classify_candidate,
     mark_ice_lite,
@@ -95,3 +96,17 @@ def test_sdpfrag() -> None:
         "P2uYro0UCOQ4zxjKXaWCBui1",
         ["candidate:1 1 udp 1 1.2.3.4 5 typ host"],
     )
+
+
+def test_an_answer_asks_for_opus_in_band_fec() -> None:
+    answer = (
+        "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111 0\r\na=rtpmap:111 opus/48000/2\r\n"
+        "a=rtpmap:0 PCMU/8000\r\n"
+    )
+    fec = ask_for_opus_fec(answer)
+    assert "a=rtpmap:111 opus/48000/2\r\na=fmtp:111 useinbandfec=1\r\n" in fec
+    assert "a=fmtp:0" not in fec
+    assert ask_for_opus_fec(fec) == fec
+    merged = ask_for_opus_fec(answer + "a=fmtp:111 minptime=10\r\n")
+    assert "a=fmtp:111 minptime=10;useinbandfec=1\r\n" in merged
+    assert merged.count("a=fmtp:111") == 1

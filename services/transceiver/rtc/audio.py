@@ -25,6 +25,12 @@ TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 OPUS_BITRATE = 48000  # mono voice
 LATE_GRACE = 0.008  # seconds a mid-speech frame may be late before silence fills its slot
 OPUS_SILENCE = b"\xf8\xff\xfe"  # one 20 ms CELT frame of silence (RFC 6716 §3.1 TOC 0xf8)
+# Silent slots encoded by the call's own encoder before the cached frame takes over. The
+# decoder predicts each frame's energy from the last one: a silence frame the encoder never
+# saw leaves the two apart, and the next ~3 frames of speech decode far too quiet (measured:
+# a 440 Hz tone back to its level only at the 6th frame; encoded through, at the 2nd).
+ENCODED_SILENCE = 3
+SILENT_PCM = bytes(FRAME_SAMPLES * 2)
 
 
 def stereo_to_mono(frame: AudioFrame) -> bytes:
@@ -51,6 +57,7 @@ class AgentAudioTrack(MediaStreamTrack):
         self.on_first_audio: Callable[[], None] | None = None
         self.on_played: Callable[[object], None] | None = None  # a tagged frame went out
         self._waiter: asyncio.Future[None] | None = None
+        self._silent_run = 0  # silent slots in a row
         self._codec = CodecContext.create("libopus", "w")
         self._codec.bit_rate = OPUS_BITRATE
         self._codec.format = "s16"
@@ -95,7 +102,12 @@ class AgentAudioTrack(MediaStreamTrack):
             await self._wait_for_frame(loop, loop.time() + LATE_GRACE)
         pcm = out.pop()
         payload = OPUS_SILENCE
-        if pcm is not None:
+        if pcm is None:
+            self._silent_run += 1
+            if self._silent_run <= ENCODED_SILENCE:
+                payload = self._encode(SILENT_PCM, out.pts)  # keep the decoder in step
+        else:
+            self._silent_run = 0
             self.frames_out += 1
             if self.first_audio_at is None:
                 self.first_audio_at = time.monotonic()

@@ -25,6 +25,13 @@ The bends, per ICE connection (`make_lite`):
 
 And per receiver and DTLS transport: a zero-delay jitter buffer feeding the decoder thread
 straight (`low_latency_receiver`), and SRTP failures counted (`count_srtp_failures`).
+
+And per peer connection, DTLS with any standard peer (`dtls_for_any_peer`): aiortc's SSL
+context offers only ECDHE-ECDSA suites, so a peer with an RSA certificate (GStreamer's
+`webrtcbin`, many embedded stacks) that is the DTLS server (we answer `a=setup:active`) finds
+no shared cipher. The connection keeps its own ECDSA P-256 certificate (and fingerprint); its
+context also offers the ECDHE-RSA suites (`PEER_CIPHERS`). The suite only names how the
+*server* authenticates: a client may offer RSA suites with an ECDSA certificate of its own.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ import aioice.ice
 import aiortc
 import pylibsrtp
 from aioice.candidate import candidate_foundation, candidate_priority
-from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc import RTCCertificate, RTCConfiguration, RTCPeerConnection
+from OpenSSL import SSL
 
 from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.shared.address import Address
@@ -288,6 +296,64 @@ def count_srtp_failures(dtls_transport: Any, count: Callable[[str], None]) -> No
         dtls_transport._rx_srtp = CountingSrtp(dtls_transport._rx_srtp, count)
 
 
+# RFC 8827 §6.5 makes ECDHE-ECDSA-AES128-GCM-SHA256 (P-256) mandatory; the RSA ones are for
+# peers with RSA certificates, the CBC-SHA ones for older DTLS 1.2 stacks (embedded SDKs).
+# ECDHE only (forward secrecy). ECDSA first: when we are the DTLS server, with our ECDSA
+# certificate, only those can be chosen anyway.
+PEER_CIPHERS = ":".join(
+    [
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+        "ECDHE-ECDSA-AES128-SHA",
+        "ECDHE-ECDSA-AES256-SHA",
+        "ECDHE-RSA-AES128-SHA",
+        "ECDHE-RSA-AES256-SHA",
+    ]
+)
+
+
+class DtlsCertificate(RTCCertificate):
+    """aiortc's certificate whose SSL context offers `ciphers` instead of aiortc's
+    ECDHE-ECDSA-only list. OpenSSL's default signature algorithms stay in force; they allow
+    RSA (rsa_pss_rsae_*, rsa_pkcs1_*) as well as ECDSA, for the peer's key exchange and
+    certificate. The peer's fingerprint is still checked by aiortc, with the SDP's algorithm
+    over the peer's DER certificate, whatever its key type."""
+
+    def __init__(self, key: Any, cert: Any, ciphers: str = PEER_CIPHERS) -> None:
+        super().__init__(key, cert)
+        self.ciphers = ciphers
+
+    def _create_ssl_context(self, srtp_profiles: Any) -> SSL.Context:
+        ctx = super()._create_ssl_context(srtp_profiles)
+        ctx.set_cipher_list(self.ciphers.encode())
+        return ctx
+
+
+def dtls_for_any_peer(
+    pc: RTCPeerConnection, certificate: DtlsCertificate | None = None
+) -> DtlsCertificate:
+    """Make `pc`'s DTLS transports, present and future, use `certificate`: by default pc's
+    own (aiortc's fresh ECDSA P-256 key and certificate) offering `PEER_CIPHERS`. Call it
+    before the offer or answer is made (the fingerprint in the SDP is the certificate's)."""
+    if certificate is None:
+        own: RTCCertificate = pc._RTCPeerConnection__certificates[0]  # type: ignore[attr-defined]
+        certificate = DtlsCertificate(own._key, own._cert)
+    pc._RTCPeerConnection__certificates = [certificate]  # type: ignore[attr-defined]
+    for transport in pc._RTCPeerConnection__dtlsTransports:  # type: ignore[attr-defined]
+        transport._RTCDtlsTransport__local_certificate = certificate
+    return certificate
+
+
+def dtls_certificate(pc: RTCPeerConnection) -> RTCCertificate:
+    """The certificate `pc`'s next DTLS transport will use."""
+    certificate: RTCCertificate = pc._RTCPeerConnection__certificates[0]  # type: ignore[attr-defined]
+    return certificate
+
+
 def hook_points() -> dict[str, bool]:
     """Whether every aiortc/aioice internal this module relies on is where we expect it."""
     from aiortc.rtcdtlstransport import RTCDtlsTransport
@@ -318,6 +384,17 @@ def hook_points() -> dict[str, bool]:
         "Connection._queue": hasattr(conn, "_queue"),
         "RTCDtlsTransport._rx_srtp": "_rx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
         "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
+        "RTCPeerConnection.__certificates": hasattr(pc, "_RTCPeerConnection__certificates"),
+        "RTCPeerConnection.__dtlsTransports": hasattr(pc, "_RTCPeerConnection__dtlsTransports"),
+        "RTCDtlsTransport.__local_certificate": hasattr(
+            receiver.transport, "_RTCDtlsTransport__local_certificate"
+        ),
+        "RTCCertificate._create_ssl_context": hasattr(RTCCertificate, "_create_ssl_context"),
+        "RTCDtlsTransport.start: _create_ssl_context": (
+            "_create_ssl_context" in RTCDtlsTransport.start.__code__.co_names
+        ),
+        "RTCCertificate._key": hasattr(dtls_certificate(pc), "_key"),
+        "RTCCertificate._cert": hasattr(dtls_certificate(pc), "_cert"),
         **{
             f"RTCRtpReceiver.{name}": hasattr(receiver, f"_RTCRtpReceiver{name}")
             for name in (

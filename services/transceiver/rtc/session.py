@@ -73,6 +73,7 @@ class RtcSession:
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        hooks.dtls_for_any_peer(self.pc)  # RSA peers too; our certificate stays ECDSA
         self.output = AgentAudioTrack()
         self.output.on_first_audio = lambda: self.callbacks.milestone(Milestone.FIRST_AUDIO_OUT)
         self.pc.on("connectionstatechange", self._on_state)

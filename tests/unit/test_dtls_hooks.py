@@ -1,0 +1,104 @@
+"""The DTLS hook (`hooks.dtls_for_any_peer`): a transceiver session keeps its own ECDSA P-256
+certificate and offers the ECDHE-RSA suites too, so peers with RSA certificates connect; and
+the pinned-version check still stands in front of it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiortc
+import pytest
+from aiortc import RTCCertificate, RTCPeerConnection
+from aiortc.rtcdtlstransport import SRTP_PROFILES
+from cryptography.hazmat.primitives.asymmetric import ec
+from OpenSSL import SSL
+
+from firsthop.services.transceiver.rtc import RtcSession, SessionCallbacks, hooks
+
+RSA_SUITES = {"ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384", "ECDHE-RSA-AES128-SHA"}
+ECDSA_SUITES = {"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES128-SHA"}
+
+
+def offered(certificate: RTCCertificate) -> set[str]:
+    """The DTLS 1.2 cipher suites a handshake with `certificate` offers (or accepts); the
+    TLS 1.3 names OpenSSL also lists do not apply to DTLS 1.2."""
+    ctx = certificate._create_ssl_context(SRTP_PROFILES)
+    return {s for s in SSL.Connection(ctx, None).get_cipher_list() if not s.startswith("TLS_")}
+
+
+def test_stock_aiortc_offers_only_ecdsa_suites() -> None:
+    """Why the hook exists: if a new aiortc offers RSA suites itself, it can go."""
+    suites = offered(RTCCertificate.generateCertificate())
+    assert ECDSA_SUITES <= suites
+    assert not suites & RSA_SUITES
+
+
+def test_the_hooked_certificate_offers_rsa_and_ecdsa_suites() -> None:
+    suites = offered(hooks.DtlsCertificate.generateCertificate())
+    assert ECDSA_SUITES | RSA_SUITES <= suites
+    assert all(s.startswith("ECDHE-") for s in suites)  # forward secrecy only
+    assert not any("NULL" in s or "RC4" in s or "3DES" in s for s in suites)
+
+
+def test_a_session_answers_with_its_own_ecdsa_p256_certificate_and_the_wide_suites() -> None:
+    callbacks = SessionCallbacks(
+        audio=lambda pcm: None,
+        state=lambda s: None,
+        message=lambda m: None,
+        selected=lambda: None,
+        milestone=lambda m: None,
+        count=lambda c: None,
+    )
+
+    async def main() -> tuple[RTCCertificate, str]:
+        caller = RTCPeerConnection()
+        caller.addTransceiver("audio")
+        await caller.setLocalDescription(await caller.createOffer())
+        session = RtcSession([("127.0.0.1", 3478)], lambda data, addr: None, callbacks)
+        answer = await session.answer(caller.localDescription.sdp, ("ufrag", "p" * 24))
+        await session.pc.close()
+        await caller.close()
+        return hooks.dtls_certificate(session.pc), answer
+
+    certificate, answer = asyncio.run(main())
+    assert isinstance(certificate, hooks.DtlsCertificate)
+    key = certificate._key
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1)
+    assert ECDSA_SUITES | RSA_SUITES <= offered(certificate)
+    # the answer's fingerprint is this certificate's: the DTLS transports use it
+    sha256 = next(f.value for f in certificate.getFingerprints() if f.algorithm == "sha-256")
+    assert f"a=fingerprint:sha-256 {sha256}" in answer
+    assert "a=setup:active" in answer  # we are the DTLS client: the peer's suites choose
+
+
+def test_an_existing_transport_takes_the_certificate_too() -> None:
+    """A peer connection that already has a transceiver (a caller's) is hooked as well: its
+    offer carries the new certificate's fingerprint."""
+
+    async def main() -> tuple[str, str]:
+        pc = RTCPeerConnection()
+        pc.addTransceiver("audio")
+        certificate = hooks.dtls_for_any_peer(pc, hooks.DtlsCertificate.generateCertificate())
+        await pc.setLocalDescription(await pc.createOffer())
+        await pc.close()
+        fingerprint = next(f for f in certificate.getFingerprints() if f.algorithm == "sha-256")
+        return fingerprint.value, pc.localDescription.sdp
+
+    fingerprint, offer = asyncio.run(main())
+    assert f"a=fingerprint:sha-256 {fingerprint}" in offer
+
+
+def test_the_version_check_guards_the_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    hooks.check_pinned_versions()  # the pinned aiortc: fine
+    monkeypatch.setattr(aiortc, "__version__", "1.17.0")
+    with pytest.raises(RuntimeError, match="hooks.py"):
+        hooks.check_pinned_versions()
+
+
+def test_the_dtls_hook_points_are_where_expected() -> None:
+    async def main() -> dict[str, bool]:
+        return hooks.hook_points()
+
+    points = asyncio.run(main())
+    dtls = {k: v for k, v in points.items() if "Certificate" in k or "certificate" in k}
+    assert len(dtls) >= 5 and all(dtls.values()), dtls
