@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from firsthop.services.bench import echo, relay, sessions, setup, voice, wire
+from firsthop.services.bench import echo, loss, relay, sessions, setup, voice, wire
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
@@ -16,3 +16,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     sessions.register(benches)
     echo.register(benches)
     voice.register(benches)
+    loss.register(benches)

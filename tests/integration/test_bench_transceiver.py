@@ -105,3 +105,15 @@ def test_quick_voice_bench_measures_the_assistant_through_the_edge_and_direct() 
     summary = result["summary"]
     assert summary["edge_added_p50_ms"] is not None
     assert summary["barge_in_ms"]["n"] == 1
+
+
+@pytest.mark.timeout(240)
+def test_quick_loss_bench_measures_firsthop_and_stock_through_the_impairment() -> None:
+    result = bench("loss")
+    rows = {r["target"]: r for r in result["rows"]}
+    assert set(rows) == {"firsthop", "stock"}
+    for row in rows.values():
+        assert row["slots"] > 0 and row["echo_silent"] is not None, row
+        assert 0 < row["down_lost"] < 0.2 and 0 < row["up_lost"] < 0.2, row  # 5 % was asked
+    ours = rows["firsthop"]
+    assert ours["agent_slots"] > 0.9 and ours["repaired"] > 0, ours

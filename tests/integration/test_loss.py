@@ -13,44 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 from firsthop.services.bench.impair import ImpairedPath, Impairment
-from firsthop.services.call.caller import Caller, ToneTrack, tone_power
-from firsthop.services.transceiver.jitter import Frame
-from firsthop.services.transceiver.opus import OpusDecoder
-from firsthop.services.transceiver.rtc import hooks
+from firsthop.services.bench.loss import SlotCaller, silent_slots
 from tests.integration.test_transceiver import event_count
 from tests.support import AgentProcess, RelayProcess, TransceiverProcess, wait_until
 
 LINK = Impairment(loss=0.05, delay=0.010, jitter=0.030)
 CALL_SECONDS = 10.0
-FREQ = 440.0
-
-
-class SlotCaller(Caller):
-    """Notes which 20 ms slots (by RTP timestamp) came back with the tone. It receives
-    through the transceiver's own jitter buffer and decoder, with no concealment: aiortc's
-    stock receive path turns one lost packet into a run of several silent frames, and
-    reordering into more, which would measure the caller, not the edge."""
-
-    def __init__(self) -> None:
-        super().__init__(ToneTrack(FREQ))
-        self.loud: set[int] = set()
-        self.lost: set[int] = set()  # slots whose packet the downlink lost
-        self.quiet: set[int] = set()  # slots that came, without the tone
-        self._first: int | None = None
-        self._decoder = OpusDecoder()
-        for transceiver in self.pc.getTransceivers():
-            hooks.low_latency_receiver(transceiver.receiver, self._on_opus)
-
-    def _on_opus(self, frame: Frame) -> None:
-        if self._first is None:
-            self._first = frame.timestamp
-        slot = ((frame.timestamp - self._first) & 0xFFFFFFFF) // 960
-        if frame.lost:
-            self.lost.add(slot)  # a downlink loss: a silent slot
-        elif tone_power(self._decoder.decode(frame.data), FREQ) > 0.002:
-            self.loud.add(slot)
-        else:
-            self.quiet.add(slot)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +67,7 @@ def test_losses_are_repaired_toward_the_agent_and_the_echo_loses_only_the_downli
     finally:
         path.stop()
     (caller,) = callers
-    track = caller.track
-    assert isinstance(track, ToneTrack)
-    sent = track._pts // 960 + 1
+    sent = caller.sent
     # the transceiver adds up the call's counts once it has torn it down
     wait_until(lambda: event_count(tx, "frames_decoded") > decoded_before)
     decoded = event_count(tx, "frames_decoded") - decoded_before
@@ -118,15 +84,11 @@ def test_losses_are_repaired_toward_the_agent_and_the_echo_loses_only_the_downli
     # the repair bound). Unrepaired, the uplink's losses came back as holes too: as many
     # again as the downlink's.
     assert caller.loud, "the caller heard no echo at all"
-    first, last = min(caller.loud) + 50, max(caller.loud) - 25
-    slots = range(first, last + 1)
-    silent = [s for s in slots if s not in caller.loud]
-    edge_gaps = [s for s in silent if s not in caller.lost]
+    silent, edge_gaps, slots = silent_slots(caller)
     print(
         f"sent {sent}, agent got {decoded:.0f} + {repaired:.0f} repaired; "
         f"lost up {up_lost:.3f} down {down_lost:.3f}; caller silent {len(silent)} of "
-        f"{len(slots)}, {len(edge_gaps)} not lost on the downlink: {edge_gaps} "
-        f"(quiet {sorted(set(edge_gaps) & caller.quiet)})"
+        f"{slots}, {len(edge_gaps)} not lost on the downlink: {edge_gaps}"
     )
-    assert len(silent) / len(slots) <= down_lost + 0.02, (silent, down_lost)
-    assert len(edge_gaps) <= 0.01 * len(slots), edge_gaps
+    assert len(silent) / slots <= down_lost + 0.02, (silent, down_lost)
+    assert len(edge_gaps) <= 0.01 * slots, edge_gaps
