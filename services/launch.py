@@ -184,6 +184,7 @@ class Child:
                     f"{self.spec.name} was not ready within {timeout:.0f} s{self._log_tail()}"
                 )
             time.sleep(0.05)
+        self._log_tail()  # it is up: the file stays the child's alone
         if ready_file is not None:
             with open(ready_file) as f:
                 self.bound = {k: parse_hostport(v) for k, v in json.load(f).items()}
@@ -191,11 +192,14 @@ class Child:
         return self
 
     def _log_tail(self, size: int = 2000) -> str:
-        if self._log is None:
+        """The end of a quiet child's output so far, for an error; closes our copy."""
+        log, self._log = self._log, None
+        if log is None:
             return ""
-        self._log.seek(0, os.SEEK_END)
-        self._log.seek(max(0, self._log.tell() - size))
-        tail = self._log.read().decode(errors="replace").strip()
+        with log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - size))
+            tail = log.read().decode(errors="replace").strip()
         return f"; its last words:\n{tail}" if tail else ""
 
     def stop(self, timeout: float = 10.0) -> float:
