@@ -121,7 +121,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
         p,
         "--agent-url",
         default=None,
-        help="the default agent: ws://host:port (native) or realtime+ws(s)://host:port/path",
+        help="the default agent: ws://host:port (native), realtime+ws(s)://host:port/path (a "
+        "Realtime backend) or twilio+ws(s)://host:port/path (a Media Streams bot)",
     )
     add_option(
         p,
