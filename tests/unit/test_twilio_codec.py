@@ -65,7 +65,7 @@ def mark(name: str, sid: str) -> str:
     return json.dumps({"event": "mark", "streamSid": sid, "mark": {"name": name}})
 
 
-def frames(events: list[AgentEvent]) -> list[PlayAudio]:
+def frames(events: Sequence[AgentEvent]) -> list[PlayAudio]:
     return [e for e in events if isinstance(e, PlayAudio)]
 
 
