@@ -134,7 +134,7 @@ def test_caller_audio_goes_as_numbered_20ms_ulaw_chunks_keeping_its_tone() -> No
     pcm = tone(1000, 48000, 1.0)
     sent = [c.caller_audio(pcm[i : i + 1920]) for i in range(0, len(pcm), 1920)]
     msgs = [json.loads(m) for m in sent if isinstance(m, str)]
-    assert len(msgs) >= 48  # one per 20 ms (the filter holds back a few samples at first)
+    assert len(msgs) == 50  # one per 20 ms frame, at once
     assert [m["sequenceNumber"] for m in msgs] == [str(i) for i in range(2, len(msgs) + 2)]
     assert [m["media"]["chunk"] for m in msgs] == [str(i) for i in range(1, len(msgs) + 1)]
     ulaw = b""
@@ -143,9 +143,8 @@ def test_caller_audio_goes_as_numbered_20ms_ulaw_chunks_keeping_its_tone() -> No
         assert m["media"]["track"] == "inbound"
         assert m["media"]["timestamp"] == str(len(ulaw) // 8)  # ms of audio sent before it
         payload = base64.b64decode(m["media"]["payload"])
-        assert len(payload) % 160 == 0 and payload
+        assert len(payload) == 160  # the first led by the filter's delay in silence
         ulaw += payload
-    assert all(len(base64.b64decode(m["media"]["payload"])) == 160 for m in msgs[1:])
     heard = ulaw_decode(ulaw)[1600:]
     assert tone_power(heard, 1000, 8000) > 0.02  # a 0.3 tone: ~0.0225
     assert tone_power(heard, 600, 8000) < 1e-4
@@ -173,7 +172,7 @@ def test_bot_media_becomes_48khz_frames_with_its_tone() -> None:
     for i in range(0, len(ulaw), 160):  # as Twilio bots send it: 20 ms a message
         events += c.on_message(media(ulaw[i : i + 160], c.stream_sid))
     got = frames(events)
-    assert 48 <= len(got) <= 50
+    assert len(got) == 50  # a frame per 20 ms message, at once
     assert all(len(f.pcm) == 1920 for f in got)
     pcm = b"".join(f.pcm for f in got)[9600:]
     assert tone_power(pcm, 600, 48000) > 0.02
@@ -183,7 +182,9 @@ def test_bot_media_becomes_48khz_frames_with_its_tone() -> None:
 def test_a_mark_is_echoed_once_the_audio_before_it_has_played() -> None:
     c = codec()
     c.opening()
-    queued = c.on_message(media(ulaw_encode(tone(600, 8000, 0.2)), c.stream_sid))
+    pcm = ulaw_encode(tone(600, 8000, 0.21))
+    queued = c.on_message(media(pcm[:1600], c.stream_sid))  # a stream starts on a whole frame
+    queued += c.on_message(media(pcm[1600:], c.stream_sid))  # and 10 ms: half a frame left
     waiting = c.on_message(mark("first", c.stream_sid))
     assert echoed(waiting) == []
     queued += waiting  # the part-frame is not played yet: it waits for more audio or a drain
@@ -210,7 +211,9 @@ def test_a_mark_with_nothing_queued_is_echoed_at_once() -> None:
     c.opening()
     assert echoed(c.on_message(mark("now", c.stream_sid))) == ["now"]
     # After audio that has all been played, too.
-    played = play_all(c, c.on_message(media(ulaw_encode(tone(600, 8000, 0.04)), c.stream_sid)))
+    ulaw = ulaw_encode(tone(600, 8000, 0.05))
+    played = play_all(c, c.on_message(media(ulaw[:320], c.stream_sid)))
+    played += play_all(c, c.on_message(media(ulaw[320:], c.stream_sid)))
     assert echoed(played) == []
     after = c.on_message(mark("after", c.stream_sid))
     # Nothing was playing: the part-frame left (the resampler's output is not a whole number

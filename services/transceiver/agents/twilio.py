@@ -7,8 +7,8 @@ the same way (the messages are `twilio_events.py`'s):
 * opening: `connected`, then `start` with the call's ids and, as `customParameters` (strings),
   `call_id`, `session_id`, `region`, `traceparent` and the caller's `session` config (JSON);
 * the caller's 48 kHz frames -> 8 kHz (libswresample's filter, `resample.py`) -> μ-law
-  (`g711.py`) -> `media` messages of 20 ms (160 bytes), numbered (`chunk`, `sequenceNumber`)
-  and stamped in ms of audio sent (`timestamp`);
+  (`g711.py`) -> a `media` message per frame, 20 ms (160 bytes), numbered (`chunk`,
+  `sequenceNumber`) and stamped in ms of audio sent (`timestamp`);
 * the bot's `media` -> μ-law decoded, resampled to 48 kHz, cut into 20 ms frames tagged with
   the stream's epoch, queued to play (the bot may send ahead: the output queue keeps up to
   its bound, `session.AHEAD_FRAMES`);
@@ -59,10 +59,10 @@ class TwilioProtocol:
         self.call_sid = tw.sid("CA", call.call_id)
         self._down = Resampler(CALL_RATE, tw.RATE)
         self._up = Resampler(tw.RATE, CALL_RATE)
-        self._in = bytearray()  # 8 kHz PCM of the caller short of a whole chunk
         self._out = bytearray()  # 48 kHz PCM of the bot short of a whole frame
         self.seq = self.chunk = self.sent_samples = 0
         self.epoch = 0
+        self._up_started = False  # the bot's audio has begun since the last reset
         self.marks = tw.MarkLedger()
 
     def custom_parameters(self) -> dict[str, str]:
@@ -78,18 +78,17 @@ class TwilioProtocol:
 
     def opening(self) -> list[Message]:
         self._down.reset()
-        self._in.clear()
         self.seq = self.chunk = self.sent_samples = 0
         start = tw.start(self._next(), self.stream_sid, self.call_sid, self.custom_parameters())
         return [tw.connected(), start]
 
     def caller_audio(self, pcm: bytes) -> Message | None:
-        self._in += self._down.push(pcm)
-        whole = len(self._in) // (2 * CHUNK_SAMPLES) * 2 * CHUNK_SAMPLES
-        if not whole:
+        wire = self._down.push(pcm)
+        if not wire:
             return None
-        ulaw = ulaw_encode(bytes(self._in[:whole]))
-        del self._in[:whole]
+        if not self.chunk:  # see _aligned
+            wire = _aligned(wire, 2 * CHUNK_SAMPLES)
+        ulaw = ulaw_encode(wire)
         self.chunk += 1
         timestamp = self.sent_samples * 1000 // tw.RATE
         self.sent_samples += len(ulaw)
@@ -139,7 +138,11 @@ class TwilioProtocol:
         return (str(self.epoch), "twilio")
 
     def _media(self, ulaw: bytes) -> list[AgentEvent]:
-        self._out += self._up.push(ulaw_decode(ulaw))
+        pcm = self._up.push(ulaw_decode(ulaw))
+        if not self._up_started and pcm:  # see _aligned
+            self._up_started = True
+            pcm = _aligned(pcm, FRAME_BYTES)
+        self._out += pcm
         n = len(self._out) // FRAME_BYTES
         frames = [bytes(self._out[i * FRAME_BYTES : (i + 1) * FRAME_BYTES]) for i in range(n)]
         return self._queue(frames)
@@ -186,4 +189,15 @@ class TwilioProtocol:
     def _reset_output(self) -> None:
         self.epoch += 1
         self._up.reset()
+        self._up_started = False
         self._out.clear()
+
+
+def _aligned(pcm: bytes, unit: int) -> bytes:
+    """A stream's first output of the resampler, led by silence to a whole `unit` (a chunk
+    to the bot, a frame to the call). The filter holds a few samples back at first, so the
+    first 20 ms in gives a little under 20 ms out and every later one exactly 20 ms: padded
+    once in front, each output is whole and goes at once, where cutting the stream into
+    whole units would hold back most of one (~20 ms each way)."""
+    short = -len(pcm) % unit
+    return bytes(short) + pcm
