@@ -32,6 +32,7 @@ from tests.integration.test_transceiver import event_count, heard, hears, ingres
 from tests.support import (
     RelayProcess,
     ServiceProcess,
+    SignalingProcess,
     TransceiverProcess,
     eventually,
     free_tcp_port,
@@ -177,9 +178,9 @@ class Bot:
             await self.server.wait_closed()
 
 
-def run(main: Callable[[Bot], Any], bot: Bot | None = None) -> Any:
+def run(main: Callable[[Bot], Any], bot: Bot | None = None, port: int = 0) -> Any:
     async def outer() -> Any:
-        b = await (bot or Bot()).start()
+        b = await (bot or Bot()).start(port)
         try:
             return await main(b)
         finally:
@@ -325,6 +326,50 @@ def test_a_bot_that_hangs_up_ends_the_call_and_says_why(stack: Stack) -> None:
     assert status == 404
     assert json.loads(body) == {"error": "session ended", "reason": "agent_closed"}
     assert event_count(tx, "ended_agent_closed") >= 1
+
+
+def test_the_callers_signaling_socket_says_the_bot_hung_up(stack: Stack) -> None:
+    """Through signaling: `--agent-url bot=twilio+ws://...`, a call over its WebSocket, the
+    bot hangs up; the caller's call events end with that reason."""
+    from websockets.asyncio.client import connect
+
+    relay, tx = stack
+    port = free_tcp_port()
+    sig = SignalingProcess(
+        *["--transceiver", tx.api, "--ingress", f"{relay.listen[0]}:{relay.listen[1]}"],
+        *["--agent-url", f"bot=twilio+ws://127.0.0.1:{port}/media", "--ip-rate", "0"],
+    ).start()
+
+    async def main(bot: Bot) -> list[Event]:
+        c = Caller(ToneTrack(CALLER_TONE))
+        async with connect(sig.ws_url) as ws:
+            await ws.send(json.dumps({"type": "auth", "token": sig.API_KEY}))
+
+            async def signal(offer: str) -> str:
+                await ws.send(json.dumps({"type": "offer", "sdp": offer, "agent": "bot"}))
+                answer = json.loads(await ws.recv())
+                assert answer["type"] == "answer", answer
+                return str(answer["sdp"])
+
+            await c.start(signal)
+            await asyncio.wait_for(c.wait_connected(), 10)
+            await eventually(lambda: bot.of("start"))
+            await bot.conns[-1].close()
+            said: list[Event] = []
+            async with asyncio.timeout(15):
+                async for message in ws:
+                    said.append(json.loads(message))
+        await c.close()
+        return said
+
+    try:
+        said = run(main, Bot(), port)
+    finally:
+        sig.kill()
+    assert said[-2:] == [
+        {"type": "state", "state": "ended"},
+        {"type": "bye", "reason": "agent_closed"},
+    ]
 
 
 def test_a_bot_that_is_down_at_call_start_is_retried_as_a_native_agent_is(stack: Stack) -> None:
