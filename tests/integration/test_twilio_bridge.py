@@ -29,6 +29,7 @@ from firsthop.services.call.caller import Caller, ToneTrack, tone_power
 from firsthop.shared.wire.g711 import ulaw_decode, ulaw_encode
 from tests.integration.test_transceiver import event_count, heard, hears, ingress
 from tests.support import (
+    AgentProcess,
     RelayProcess,
     ServiceProcess,
     SignalingProcess,
@@ -109,6 +110,21 @@ def test_a_pipecat_bot_hears_the_caller_and_says_it_back(stack: Stack, pipecat_b
         await c.close()
 
     asyncio.run(main())
+
+
+def test_firsthop_agent_twilio_echo_is_a_media_streams_bot(stack: Stack) -> None:
+    """`firsthop agent --kind twilio-echo`, the echo bench's Media Streams target."""
+    bot = AgentProcess("twilio-echo").start()
+    try:
+
+        async def main() -> None:
+            c, _ = await call(stack, f"twilio+ws://127.0.0.1:{bot.port}/")
+            await eventually(lambda: hears(c, CALLER_TONE), 15)
+            await c.close()
+
+        asyncio.run(main())
+    finally:
+        bot.kill()
 
 
 # -- a scripted bot ------------------------------------------------------------------------------
