@@ -15,6 +15,7 @@ import base64
 import json
 import math
 import re
+import ssl
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from websockets.exceptions import ConnectionClosed
 
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
 from firsthop.shared.wire.g711 import ulaw_decode, ulaw_encode
+from tests.integration.test_realtime_bridge import make_cert
 from tests.integration.test_transceiver import event_count, heard, hears, ingress
 from tests.support import (
     AgentProcess,
@@ -46,10 +48,16 @@ Stack = tuple[RelayProcess, TransceiverProcess]
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
-    """A relay and a transceiver with no default agent: each call names its bot."""
+def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_cert(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def stack(cert: tuple[Path, Path]) -> Iterator[Stack]:
+    """A relay and a transceiver with no default agent (each call names its bot), trusting
+    the test bots' certificate."""
     relay = RelayProcess().start()
-    tx = TransceiverProcess().start()
+    tx = TransceiverProcess("--agent-ca-file", str(cert[0])).start()
     yield relay, tx
     tx.kill()
     relay.kill()
@@ -149,10 +157,10 @@ class Bot:
         self.server: Server | None = None
         self.url = ""
 
-    async def start(self, port: int = 0) -> Bot:
-        self.server = await serve(self._handler, "127.0.0.1", port, max_size=1 << 20)
+    async def start(self, port: int = 0, tls: ssl.SSLContext | None = None) -> Bot:
+        self.server = await serve(self._handler, "127.0.0.1", port, ssl=tls, max_size=1 << 20)
         port = next(iter(self.server.sockets)).getsockname()[1]
-        self.url = f"twilio+ws://127.0.0.1:{port}/media"
+        self.url = f"twilio+{'wss' if tls else 'ws'}://127.0.0.1:{port}/media"
         return self
 
     async def _handler(self, ws: ServerConnection) -> None:
@@ -331,6 +339,23 @@ def test_a_bot_that_hangs_up_ends_the_call_and_says_why(stack: Stack) -> None:
     run(main)
     assert tx.end_reason(ids[0]) == {"error": "session ended", "reason": "agent_closed"}
     assert event_count(tx, "ended_agent_closed") >= 1
+
+
+def test_a_wss_bot_with_a_ca_file(stack: Stack, cert: tuple[Path, Path]) -> None:
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert[0], cert[1])
+
+    async def main() -> None:
+        bot = await Bot(echo=True).start(tls=tls)
+        try:
+            assert bot.url.startswith("twilio+wss://")
+            c, _ = await call(stack, bot.url)
+            await eventually(lambda: hears(c, CALLER_TONE), 15)
+            await c.close()
+        finally:
+            await bot.close()
+
+    asyncio.run(main())
 
 
 def test_the_callers_signaling_socket_says_the_bot_hung_up(stack: Stack) -> None:
