@@ -95,7 +95,12 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         help="serve /v1/dev/secret (a client secret with no key); loopback --listen only",
     )
     add_option(
-        p, "--agent-url", action="append", help="agent=KIND query -> URL", metavar="KIND=WS_URL"
+        p,
+        "--agent-url",
+        action="append",
+        help="agent=KIND query -> URL: ws(s):// (native), realtime+ws(s):// (a Realtime "
+        "backend) or twilio+ws(s):// (a Twilio Media Streams bot)",
+        metavar="KIND=URL",
     )
     add_option(
         p,
