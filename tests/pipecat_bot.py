@@ -8,13 +8,21 @@ uvicorn; the first messages parsed by the runner's `parse_telephony_websocket`; 
 pipeline `transport.input() -> Echo -> transport.output()` that says back what it hears.
 Nothing in it knows about firsthop.
 
+A call whose `session` custom parameter (the caller's session config, as JSON) has
+`{"pipecat": "speak-then-interrupt"}` gets `Speaker` instead of `Echo`: five seconds of a
+600 Hz tone at once, then, 1.5 s in, Pipecat's own interruption (its transport drops what it
+holds and the serializer sends Twilio's `clear`).
+
 `GET /calls` answers the `start` messages' customParameters it has seen, so a test can check
 what reached the bot.
 """
 
 from __future__ import annotations
 
+import array
+import asyncio
 import json
+import math
 import sys
 from typing import Any
 
@@ -22,7 +30,7 @@ import uvicorn
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import PlainTextResponse
 from loguru import logger
-from pipecat.frames.frames import Frame, InputAudioRawFrame, OutputAudioRawFrame
+from pipecat.frames.frames import Frame, InputAudioRawFrame, OutputAudioRawFrame, StartFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.runner import PipelineRunner
 from pipecat.pipeline.task import PipelineParams, PipelineTask
@@ -50,6 +58,27 @@ class Echo(FrameProcessor):
             await self.push_frame(frame, direction)
 
 
+class Speaker(FrameProcessor):
+    """An answer, cut short by Pipecat's barge-in."""
+
+    TONE = 600.0
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        await self.push_frame(frame, direction)
+        if isinstance(frame, StartFrame):
+            self.create_task(self._speak())
+
+    async def _speak(self) -> None:
+        w = 2 * math.pi * self.TONE / 8000
+        for chunk in range(250):  # 5 s in 20 ms frames, handed to the transport at once
+            samples = (int(9000 * math.sin(w * (chunk * 160 + i))) for i in range(160))
+            pcm = array.array("h", samples).tobytes()
+            await self.push_frame(OutputAudioRawFrame(pcm, 8000, 1))
+        await asyncio.sleep(1.5)
+        await self.broadcast_interruption()  # type: ignore[no-untyped-call]
+
+
 @app.get("/calls")
 async def calls() -> PlainTextResponse:
     return PlainTextResponse(json.dumps(CALLS))
@@ -74,7 +103,9 @@ async def media_stream(websocket: WebSocket) -> None:
             audio_in_enabled=True, audio_out_enabled=True, serializer=serializer
         ),
     )
-    pipeline = Pipeline([transport.input(), Echo(), transport.output()])
+    session = json.loads(call_data.body.get("session", "{}"))
+    middle = Speaker() if session.get("pipecat") == "speak-then-interrupt" else Echo()
+    pipeline = Pipeline([transport.input(), middle, transport.output()])
     task = PipelineTask(
         pipeline, params=PipelineParams(audio_in_sample_rate=8000, audio_out_sample_rate=8000)
     )

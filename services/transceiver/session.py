@@ -342,6 +342,7 @@ class Session:
                         self._apply(agent, agent.dropped(old))
                 case ClearAudio():
                     self.rtc.output.clear()
+                    self.counters["output_cleared"] += 1  # barge-ins, mostly
                 case ToCaller(text):
                     self._to_caller(text)
                 case ToSender(text) if sideband is not None:

@@ -74,7 +74,9 @@ def pipecat_bot() -> Iterator[str]:
     bot.kill()
 
 
-async def call(stack: Stack, agent_url: str, tone: float = CALLER_TONE) -> tuple[Caller, str]:
+async def call(
+    stack: Stack, agent_url: str, tone: float = CALLER_TONE, **extra: object
+) -> tuple[Caller, str]:
     """A connected caller through the relay, its agent named per call; (caller, session id)."""
     relay, tx = stack
     c = Caller(ToneTrack(tone))
@@ -82,7 +84,12 @@ async def call(stack: Stack, agent_url: str, tone: float = CALLER_TONE) -> tuple
 
     async def signal(offer: str) -> str:
         status, body = await asyncio.to_thread(
-            tx.create_session, offer, ingress(relay), agent_url=agent_url, region="eu-test"
+            tx.create_session,
+            offer,
+            ingress(relay),
+            agent_url=agent_url,
+            region="eu-test",
+            **extra,
         )
         assert status == 201, body
         ids.append(body["session_id"])
@@ -133,6 +140,30 @@ def test_firsthop_agent_twilio_echo_is_a_media_streams_bot(stack: Stack) -> None
         asyncio.run(main())
     finally:
         bot.kill()
+
+
+def test_a_pipecat_interruption_clears_what_the_bot_queued(stack: Stack, pipecat_bot: str) -> None:
+    """The bot hands five seconds of answer to its transport at once (Pipecat sends it at
+    twice real time: the transceiver queues it), then interrupts itself 1.5 s in: Pipecat's
+    serializer sends `clear`, and the caller hears no more of it."""
+    _, tx = stack
+    url = "twilio+ws://" + pipecat_bot.removeprefix("http://") + "/ws"
+    session = {"pipecat": "speak-then-interrupt"}
+    cleared = event_count(tx, "output_cleared")
+
+    async def main() -> None:
+        c, _ = await call(stack, url, tone=CALLER_TONE, session=session)
+        await eventually(lambda: hears(c, BOT_TONE, window=9600), 20)
+        # Pipecat's `clear` reached the transceiver's output queue ...
+        await asyncio.to_thread(wait_until, lambda: event_count(tx, "output_cleared") > cleared)
+        since = len(c.result.received)
+        # ... and silence comes long before the five seconds could have played.
+        await eventually(lambda: len(c.result.received) >= since + 2 * 96000, 10)
+        assert loud_ms(c) < 3500
+        assert tone_power(heard(c, window=96000), BOT_TONE) < 0.0005  # the last second
+        await c.close()
+
+    asyncio.run(main())
 
 
 # -- a scripted bot ------------------------------------------------------------------------------
