@@ -303,11 +303,15 @@ class Session:
                 await closed.wait()
                 self._link = None
                 self._apply(agent, agent.link_lost())
-                if agent.closing_ends_call:  # Media Streams: the bot hung up
-                    self.counters["agent_hangups"] += 1
-                    log.info("session %s: the agent ended the call (%s)", self.session_id, why[0])
+                if agent.closing_ends_call:  # Media Streams: the stream is the call
+                    # The bot hung up, or the link failed (over-size message, too slow, ...).
+                    reason = "agent_closed" if link.hung_up else "agent_lost"
+                    self.counters["agent_hangups" if link.hung_up else "agent_failures"] += 1
+                    log.info(
+                        "session %s: the agent link ended the call (%s)", self.session_id, why[0]
+                    )
                     if self.on_hangup is not None:
-                        self.on_hangup(self, "agent_closed")
+                        self.on_hangup(self, reason)
                     return
                 self.counters["agent_failures"] += 1
                 log.warning("session %s: agent link lost (%s)", self.session_id, why[0])

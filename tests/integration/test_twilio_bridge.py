@@ -433,6 +433,25 @@ def test_the_callers_signaling_socket_says_the_bot_hung_up(stack: Stack) -> None
     ]
 
 
+def test_a_message_over_the_links_bound_ends_the_call_as_a_lost_bot(stack: Stack) -> None:
+    """Over 1 MiB the transceiver's link to any agent gives up (it bounds what it buffers);
+    for a Media Streams bot, whose stream is the call, that ends the call: `agent_lost`."""
+    _, tx = stack
+    ids: list[str] = []
+
+    async def main(bot: Bot) -> None:
+        c, session_id = await call(stack, bot.url)
+        ids.append(session_id)
+        await eventually(lambda: bot.of("start"))
+        payload = "A" * (1 << 20)
+        await bot.send({"event": "media", "media": {"payload": payload}})
+        await eventually(lambda: c.pc.connectionState in ("closed", "failed"), 10)
+        await c.close()
+
+    run(main)
+    assert tx.end_reason(ids[0]) == {"error": "session ended", "reason": "agent_lost"}
+
+
 def test_a_bot_that_is_down_at_call_start_is_retried_as_a_native_agent_is(stack: Stack) -> None:
     _, tx = stack
     port = free_tcp_port()
