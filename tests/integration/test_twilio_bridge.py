@@ -18,7 +18,7 @@ import re
 import ssl
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -355,7 +355,20 @@ def test_bad_input_from_the_bot_is_counted_and_the_call_goes_on(stack: Stack) ->
     run(main)
 
 
-def test_a_bot_that_hangs_up_ends_the_call_and_says_why(stack: Stack) -> None:
+async def hang_up(bot: Bot) -> None:
+    await bot.conns[-1].close()
+
+
+async def overflow(bot: Bot) -> None:
+    """Over 1 MiB the transceiver's link to any agent gives up (it bounds what it buffers)."""
+    await bot.send({"event": "media", "media": {"payload": "A" * (1 << 20)}})
+
+
+@pytest.mark.parametrize(("end", "reason"), [(hang_up, "agent_closed"), (overflow, "agent_lost")])
+def test_the_end_of_the_bots_stream_ends_the_call_and_says_why(
+    stack: Stack, end: Callable[[Bot], Awaitable[None]], reason: str
+) -> None:
+    """The bot hangs up, or its link fails: the stream is the call, so the call ends."""
     _, tx = stack
     ids: list[str] = []
 
@@ -363,13 +376,13 @@ def test_a_bot_that_hangs_up_ends_the_call_and_says_why(stack: Stack) -> None:
         c, session_id = await call(stack, bot.url)
         ids.append(session_id)
         await eventually(lambda: bot.of("start"))
-        await bot.conns[-1].close()
+        await end(bot)
         await eventually(lambda: c.pc.connectionState in ("closed", "failed"), 10)
         await c.close()
 
     run(main)
-    assert tx.end_reason(ids[0]) == {"error": "session ended", "reason": "agent_closed"}
-    assert event_count(tx, "ended_agent_closed") >= 1
+    assert tx.end_reason(ids[0]) == {"error": "session ended", "reason": reason}
+    assert event_count(tx, f"ended_{reason}") >= 1
 
 
 def test_a_wss_bot_with_a_ca_file(stack: Stack, cert: tuple[Path, Path]) -> None:
@@ -431,25 +444,6 @@ def test_the_callers_signaling_socket_says_the_bot_hung_up(stack: Stack) -> None
         {"type": "state", "state": "ended"},
         {"type": "bye", "reason": "agent_closed"},
     ]
-
-
-def test_a_message_over_the_links_bound_ends_the_call_as_a_lost_bot(stack: Stack) -> None:
-    """Over 1 MiB the transceiver's link to any agent gives up (it bounds what it buffers);
-    for a Media Streams bot, whose stream is the call, that ends the call: `agent_lost`."""
-    _, tx = stack
-    ids: list[str] = []
-
-    async def main(bot: Bot) -> None:
-        c, session_id = await call(stack, bot.url)
-        ids.append(session_id)
-        await eventually(lambda: bot.of("start"))
-        payload = "A" * (1 << 20)
-        await bot.send({"event": "media", "media": {"payload": payload}})
-        await eventually(lambda: c.pc.connectionState in ("closed", "failed"), 10)
-        await c.close()
-
-    run(main)
-    assert tx.end_reason(ids[0]) == {"error": "session ended", "reason": "agent_lost"}
 
 
 def test_a_bot_that_is_down_at_call_start_is_retried_as_a_native_agent_is(stack: Stack) -> None:
