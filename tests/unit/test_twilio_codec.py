@@ -278,6 +278,62 @@ def test_the_mark_ledger_keeps_order_and_is_bounded() -> None:
     assert ledger.clear() == [str(i) for i in range(MAX_MARKS)]
 
 
+Op = tuple[str, int]
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("media"), st.integers(1, 800)),  # bytes of μ-law: to 100 ms
+            st.tuples(st.sampled_from(["mark", "play", "drop", "clear"]), st.just(0)),
+        ),
+        max_size=60,
+    )
+)
+def test_marks_are_echoed_once_in_order_and_only_after_their_audio(ops: list[Op]) -> None:
+    """Against a FIFO output queue: whatever the bot and the queue do, every mark is echoed
+    exactly once, in the order sent, never while a frame queued before it is still queued,
+    and none is left waiting once the queue has drained."""
+    c = codec()
+    c.opening()
+    queue: list[Any] = []  # the output queue: tags of the frames in it, oldest first
+    emitted = 0  # frames the codec has queued since the start
+    sent: list[str] = []
+    echoes: list[str] = []
+    before: dict[str, int] = {}  # mark -> frames queued before it
+
+    def apply(events: list[AgentEvent]) -> None:
+        nonlocal emitted
+        for e in events:
+            if isinstance(e, PlayAudio):
+                queue.append(e.tag)
+                emitted += 1
+            elif isinstance(e, ClearAudio):
+                queue.clear()
+        for name in echoed(events):
+            gone = emitted - len(queue)
+            assert before[name] <= gone, (name, before[name], gone)
+            echoes.append(name)
+
+    ulaw = ulaw_encode(tone(600, 8000, 0.1))
+    for kind, n in ops:
+        if kind == "media":
+            apply(c.on_message(media(ulaw[:n], c.stream_sid)))
+        elif kind == "mark":
+            name = f"m{len(sent)}"
+            sent.append(name)
+            before[name] = emitted
+            apply(c.on_message(mark(name, c.stream_sid)))
+        elif kind == "clear":
+            apply(c.on_message(json.dumps({"event": "clear"})))
+        elif queue:
+            tag = queue.pop(0)
+            apply(c.played(tag) if kind == "play" else c.dropped(tag))
+    while queue:  # the queue drains
+        apply(c.played(queue.pop(0)))
+    assert echoes == sent
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 
