@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Self
 
 from firsthop.services.launch import (
@@ -355,6 +356,18 @@ class TransceiverProcess(ServiceProcess):
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")
+
+    def end_reason(self, session_id: str, timeout: float = 10.0) -> Any:
+        """Once `session_id` has ended, why: the body of the internal API's 404 for it (an
+        empty trickle PATCH, signaling's liveness probe)."""
+        import json
+
+        path = f"/internal/v1/sessions/{session_id}"
+        probe = partial(self.request, "PATCH", path, b"", "application/trickle-ice-sdpfrag")
+        wait_until(lambda: probe()[0] == 404, timeout)
+        status, body = probe()  # the reason stays readable
+        assert status == 404, status
+        return json.loads(body)
 
     def request(
         self,

@@ -1,6 +1,9 @@
-"""`firsthop agent --kind echo|parrot`: reference backends behind the agent protocol (§8).
+"""`firsthop agent --kind echo|parrot|twilio-echo`: reference agents (§8).
 
 (`--kind assistant` is another protocol, OpenAI Realtime: `services/agent/assistant/`.)
+`--kind twilio-echo` speaks Twilio Media Streams instead (the server side, a bot's): after
+`connected` and `start` it sends each `media` message's payload straight back, until `stop`;
+the transceiver dials it as `twilio+ws://` (the bench's Media Streams target).
 
 One WebSocket per session. Text frames are JSON control messages, binary frames are 20 ms of
 PCM16 mono 48 kHz audio, both ways.
@@ -18,6 +21,7 @@ import argparse
 import json
 import logging
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -47,7 +51,7 @@ async def _send_event(ws: WebSocketConnection, data: dict[str, Any]) -> None:
     await ws.send_message(json.dumps({"type": "agent.event", "data": data}))
 
 
-async def echo_session(ws: WebSocketConnection) -> None:
+async def echo_session(ws: WebSocketConnection, start: dict[str, Any]) -> None:
     while True:
         message = await ws.get_message()
         if isinstance(message, bytes):
@@ -65,7 +69,7 @@ async def echo_session(ws: WebSocketConnection) -> None:
             return
 
 
-async def parrot_session(ws: WebSocketConnection) -> None:
+async def parrot_session(ws: WebSocketConnection, start: dict[str, Any]) -> None:
     turns = TurnTaker()
     replies_send, replies_recv = trio.open_memory_channel[list[bytes]](4)
     speaking = trio.Event()  # set while the caller talks: barge-in for the player
@@ -117,7 +121,55 @@ async def parrot_session(ws: WebSocketConnection) -> None:
                             log.warning("parrot: reply queue full, dropping a reply")
 
 
-KINDS = {"echo": echo_session, "parrot": parrot_session}
+async def twilio_echo_session(ws: WebSocketConnection, start: dict[str, Any]) -> None:
+    """A Media Streams bot that says back what it hears, message by message."""
+    sid = start["stream_sid"]
+    while True:
+        message = await ws.get_message()
+        try:
+            msg = json.loads(message)
+        except ValueError:
+            continue
+        event = msg.get("event") if isinstance(msg, dict) else None
+        if event == "media":
+            STATS["frames_in"] += 1
+            body = msg.get("media")
+            payload = body.get("payload") if isinstance(body, dict) else None
+            reply = {"event": "media", "streamSid": sid, "media": {"payload": payload}}
+            await ws.send_message(json.dumps(reply))
+            STATS["frames_out"] += 1
+        elif event == "stop":
+            return
+
+
+async def native_start(ws: WebSocketConnection) -> dict[str, Any] | None:
+    """The native protocol's first message, `session.start` (None: something else came)."""
+    first = await ws.get_message()
+    start = json.loads(first) if isinstance(first, str) else {}
+    return start if isinstance(start, dict) and start.get("type") == "session.start" else None
+
+
+async def twilio_start(ws: WebSocketConnection) -> dict[str, Any] | None:
+    """Media Streams' `connected` then `start`: the call's ids from its customParameters."""
+    for expected in ("connected", "start"):
+        message = await ws.get_message()
+        msg = json.loads(message) if isinstance(message, str) else {}
+        if not isinstance(msg, dict) or msg.get("event") != expected:
+            return None
+    body = msg.get("start")
+    custom = body.get("customParameters") if isinstance(body, dict) else None
+    if not isinstance(custom, dict) or not isinstance(msg.get("streamSid"), str):
+        return None
+    return {**custom, "stream_sid": msg["streamSid"]}
+
+
+Handler = Callable[[WebSocketConnection, dict[str, Any]], Awaitable[None]]
+Opening = Callable[[WebSocketConnection], Awaitable[dict[str, Any] | None]]
+KINDS: dict[str, tuple[Opening, Handler]] = {
+    "echo": (native_start, echo_session),
+    "parrot": (native_start, parrot_session),
+    "twilio-echo": (twilio_start, twilio_echo_session),
+}
 
 
 STATS: Counter[str] = Counter()
@@ -141,7 +193,7 @@ async def serve_agent(
     *,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    handler = KINDS[kind]
+    opening, handler = KINDS[kind]
 
     async def http(method: str, path: str) -> tuple[int, str, bytes]:
         if path == "/metrics":
@@ -154,10 +206,9 @@ async def serve_agent(
         ws = await request.accept()
         STATS["active"] += 1
         try:
-            first = await ws.get_message()
-            start = json.loads(first) if isinstance(first, str) else {}
-            if start.get("type") != "session.start":
-                await ws.aclose(code=1002, reason="expected session.start")
+            start = await opening(ws)
+            if start is None:
+                await ws.aclose(code=1002, reason="expected the protocol's opening")
                 return
             log.info("%s session %s started", kind, start.get("session_id"))
             STATS["started"] += 1
@@ -171,7 +222,7 @@ async def serve_agent(
                     "firsthop.agent": kind,
                 },
             ):
-                await handler(ws)
+                await handler(ws, start)
         except (ConnectionClosed, ValueError):
             pass
         finally:
@@ -218,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
     p = sub.add_parser("agent", help=help)
     add_option(p, "--listen", default="0.0.0.0:8090", help="WebSocket address", metavar="HOST:PORT")
-    add_option(p, "--kind", default="echo", help="echo | parrot | assistant")
+    add_option(p, "--kind", default="echo", help="echo | parrot | twilio-echo | assistant")
     add_option(
         p, "--metrics", default=None, help="/metrics and /healthz (off if unset)", metavar="ADDR"
     )

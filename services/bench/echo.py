@@ -20,7 +20,10 @@ silence in 3 bytes and a tone in ~290, so the tap matches per burst the first la
 in with the first large packet out (the sizes are in the report, to check that this holds).
 Targets, one call at a time, interleaved round by round: firsthop through the relay, firsthop
 direct (`--accept-direct`), both through the tap so that their difference is the relay's
-alone, direct without the tap (what the tap itself costs), and stock aiortc (reference).
+alone, direct without the tap (what the tap itself costs), stock aiortc (reference), and
+`twilio`: through the relay like `relay`, but the call's agent is a Twilio Media Streams echo
+bot (`firsthop agent --kind twilio-echo`, dialled as `twilio+ws://`): its difference from
+`relay` is what the Media Streams bridge adds (8 kHz resampling both ways, μ-law, base64 JSON).
 
 Invariants: every process started here is stopped before `run` returns; nothing is pinned
 (this is about latency, and the scheduler places it best on a shared machine).
@@ -55,7 +58,8 @@ FREQ = 600.0
 TARGET_RESIDENCE_P50_MS = 30.0
 TARGET_M2E_MS = 120.0
 TARGET_RELAY_OVER_DIRECT_MS = 2.0
-TARGETS = ("relay", "direct", "direct-notap", "stock")
+TARGETS = ("relay", "direct", "direct-notap", "stock", "twilio")
+TAPPED = ("relay", "direct", "twilio")  # targets whose residence the tap measures
 DEFAULTS: dict[str, Any] = {"bursts": 8, "rounds": 3, "period": 0.8, "burst": 0.2}
 QUICK: dict[str, Any] = {"bursts": 4, "rounds": 1, "period": 0.6, "burst": 0.2}
 SETTLE = 1.0  # seconds between connected and the first burst
@@ -284,11 +288,13 @@ def run(*, bursts: int, rounds: int, period_s: float, burst_s: float) -> dict[st
         )
         if tap_proc.ask(f"to {stack.tx_media}") != "ok":
             raise BenchError("tap: no answer to 'to'")
+        bot = f"twilio+ws://{HOST}:{stack.spawn_agent('twilio-echo')}/"
         answers: dict[str, Callable[[str], str]] = {
             "relay": stack.offer_to_firsthop,
             "direct": lambda o: stack.offer_to_firsthop(o, ingress=f"{HOST}:{tap_direct}"),
             "direct-notap": lambda o: stack.offer_to_firsthop(o, direct=True),
             "stock": stack.offer_to_stock,
+            "twilio": lambda o: stack.offer_to_firsthop(o, agent_url=bot),
         }
         for rnd in range(1, rounds + 1):
             for target in TARGETS:
@@ -309,7 +315,7 @@ def run(*, bursts: int, rounds: int, period_s: float, burst_s: float) -> dict[st
                     "first_loud_frame_ms": m2e_frame,
                     "slips_ms": slips,
                 }
-                if target in ("relay", "direct"):
+                if target in TAPPED:
                     row.update(residence(records, period_s))
                     # Per burst, the time outside the server: mouth-to-ear less residence. It
                     # leaves out the 0-20 ms wait for the server's next output tick.
@@ -356,7 +362,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "bursts_sent": sum(r["bursts_sent"] for r in mine),
             "bursts_heard": sum(r["bursts_heard"] for r in mine),
         }
-        if target in ("relay", "direct"):
+        if target in TAPPED:
             out[target]["residence_ms"] = _stats(gather(target, "burst_residence_ms"))
             out[target]["outside_ms"] = _stats(gather(target, "outside_ms"))
     relay, direct, stock = out["relay"], out["direct"], out["stock"]
@@ -389,6 +395,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "tap_cost_ms": diff(
             direct["mouth_to_ear_ms"]["p50"], out["direct-notap"]["mouth_to_ear_ms"]["p50"]
         ),
+        # What a Media Streams bot costs next to a native agent, same relay path, same run.
+        "twilio_over_native_ms": {
+            "mouth_to_ear_p50": diff(
+                out["twilio"]["mouth_to_ear_ms"]["p50"], relay["mouth_to_ear_ms"]["p50"]
+            ),
+            "residence_p50": diff(out["twilio"]["residence_ms"]["p50"], res_p50),
+        },
     }
     return out
 
@@ -447,6 +460,9 @@ def render(result: dict[str, Any]) -> str:
         f"0-20 ms output tick phase) (target <= {over['target']:.0f}): {verdict[over['met']]}",
         f"the tap itself: direct through it - direct without it = "
         f"{_fmt(t['tap_cost_ms'], '.1f')} ms (mouth-to-ear p50)",
+        f"Media Streams bot (twilio+ws://) over the native agent, both via the relay: "
+        f"{_fmt(t['twilio_over_native_ms']['mouth_to_ear_p50'])} ms mouth-to-ear p50, "
+        f"{_fmt(t['twilio_over_native_ms']['residence_p50'])} ms residence p50",
     ]
     return "\n".join(lines)
 
@@ -467,7 +483,10 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("echo", help="server residence and mouth-to-ear vs stock aiortc")
+    p = sub.add_parser(
+        "echo",
+        help="server residence and mouth-to-ear vs stock aiortc; a Media Streams bot vs native",
+    )
     p.add_argument("--bursts", type=int, help="tone bursts per call")
     p.add_argument("--rounds", type=int, help="interleaved rounds of the paths")
     p.add_argument("--period", type=float, help="seconds from one burst to the next")

@@ -84,6 +84,11 @@ class Stack:
             self.stock_port, _ = self.spawn_stock()
         return self
 
+    def spawn_agent(self, kind: str) -> int:
+        """Start another agent (`firsthop agent --kind KIND`); returns its port."""
+        spec = Spec(f"agent-{kind}", agent_command(kind, 0), announces=True)
+        return int(self._start(spec).bound["listen"][1])
+
     def spawn_stock(self, *args: str) -> tuple[int, int]:
         """Start a stock aiortc answerer (`services/bench/stock.py` with `args`, e.g.
         "--mono"); returns its (port, pid). The one `start(stock=True)` starts is the first."""
@@ -122,10 +127,11 @@ class Stack:
         direct: bool = False,
         ingress: str | None = None,
         session: dict[str, Any] | None = None,
+        agent_url: str | None = None,
     ) -> str:
         """Answer from the transceiver, advertising the relay (or, `direct`, the media
         socket itself; or any `ingress` HOST:PORT given); `session` is a Realtime session
-        config for a Realtime agent."""
+        config for a Realtime agent; `agent_url` another agent than the stack's, this call."""
         if ingress is None:
             ingress = f"127.0.0.1:{self.tx_media if direct else self.relay_port}"
         fields: dict[str, Any] = {
@@ -135,6 +141,8 @@ class Stack:
         }
         if session is not None:
             fields["session"] = session
+        if agent_url is not None:
+            fields["agent_url"] = agent_url
         body = json.dumps(fields).encode()
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.tx_api}/internal/v1/sessions",

@@ -4,8 +4,9 @@ Repeatable flags take one item per use, or a comma-separated list from the envir
 ``--ingress REGION=HOST:PORT`` (a bare ``HOST:PORT`` means the own region),
 ``--transceiver [REGION=]URL``, ``--region-cidr CIDR=REGION``, ``--agent-url KIND=URL``,
 ``--cors-origin ORIGIN``. ``--dev`` is refused unless ``--listen`` is a loopback address.
-An agent URL is ``ws://``/``wss://`` (our agent protocol) or ``realtime+ws://``/
-``realtime+wss://`` (a Realtime backend: the transceiver bridges to it).
+An agent URL is ``ws://``/``wss://`` (our agent protocol), ``realtime+ws://``/
+``realtime+wss://`` (a Realtime backend: the transceiver bridges to it) or ``twilio+ws://``/
+``twilio+wss://`` (a Twilio Media Streams bot: the transceiver dials it as Twilio would).
 ``--default-agent NAME`` (a configured ``--agent-url`` NAME) serves /v1/realtime calls whose
 model names no agent.
 """
@@ -24,7 +25,14 @@ from firsthop.shared.address import Address, format_hostport, is_loopback, parse
 from firsthop.shared.config import add_option, hostport_arg
 from firsthop.shared.redis_store import TransceiverInfo
 
-AGENT_SCHEMES = ("ws://", "wss://", "realtime+ws://", "realtime+wss://")
+AGENT_SCHEMES = (
+    "ws://",
+    "wss://",
+    "realtime+ws://",
+    "realtime+wss://",
+    "twilio+ws://",
+    "twilio+wss://",
+)
 
 
 @dataclass
@@ -87,7 +95,12 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         help="serve /v1/dev/secret (a client secret with no key); loopback --listen only",
     )
     add_option(
-        p, "--agent-url", action="append", help="agent=KIND query -> URL", metavar="KIND=WS_URL"
+        p,
+        "--agent-url",
+        action="append",
+        help="agent=KIND query -> URL: ws(s):// (native), realtime+ws(s):// (a Realtime "
+        "backend) or twilio+ws(s):// (a Twilio Media Streams bot)",
+        metavar="KIND=URL",
     )
     add_option(
         p,
@@ -204,8 +217,8 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         for kind, url in agents.items():
             if not url.startswith(AGENT_SCHEMES):
                 raise ValueError(
-                    f"--agent-url {kind}={url!r} is not a ws://, wss://, realtime+ws:// or "
-                    "realtime+wss:// URL"
+                    f"--agent-url {kind}={url!r} does not start with one of "
+                    + ", ".join(AGENT_SCHEMES)
                 )
         default_agent = (args.default_agent or "").strip() or None
         if default_agent is not None and default_agent not in agents:

@@ -19,6 +19,7 @@ from firsthop.shared.http import bound_address, hypercorn_config
 from firsthop.shared.lifecycle import announce, setup_logging
 from firsthop.shared.redis_store import TransceiverInfo
 from firsthop.shared.telemetry import setup_tracing, shutdown_tracing
+from firsthop.shared.wire import g711
 from firsthop.shared.wire.route_token import parse_route_keys
 
 log = logging.getLogger("firsthop.transceiver")
@@ -32,6 +33,7 @@ async def serve_transceiver(
     """Media socket, internal API and registry heartbeat; SIGTERM drains, then exits."""
     from hypercorn.trio import serve
 
+    g711.prepare()  # the agent bridges' telephony codecs, built before any call needs them
     tx = Transceiver(config)
     if not config.internal_token:
         log.warning("--dev: no internal token, /internal/ is open to anything on loopback")
@@ -121,7 +123,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
         p,
         "--agent-url",
         default=None,
-        help="the default agent: ws://host:port (native) or realtime+ws(s)://host:port/path",
+        help="the default agent: ws://host:port (native), realtime+ws(s)://host:port/path (a "
+        "Realtime backend) or twilio+ws(s)://host:port/path (a Media Streams bot)",
     )
     add_option(
         p,

@@ -25,6 +25,7 @@ import trio
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
+from firsthop.services.transceiver.agents import TLS_SCHEMES
 from firsthop.services.transceiver.ice_lite import Credentials
 from firsthop.services.transceiver.rtc import Milestone, watch_readable
 from firsthop.services.transceiver.session import Session
@@ -236,6 +237,10 @@ class Transceiver:
         elif state in ("failed", "closed"):
             self.end_session(session.session_id, f"connection_{state}")
 
+    def _on_hangup(self, session: Session, reason: str) -> None:
+        """The agent ended `session`'s call (a Media Streams bot closed its socket)."""
+        self.end_session(session.session_id, reason)
+
     # -- sessions ---------------------------------------------------------------------------
 
     def mint_ufrag(self) -> str:
@@ -303,7 +308,8 @@ class Transceiver:
             span=span,
             session_config=session_config,
             agent_headers=self._agent_headers(),
-            agent_tls=self.agent_tls() if url.startswith(("wss://", "realtime+wss://")) else None,
+            agent_tls=self.agent_tls() if url.startswith(TLS_SCHEMES) else None,
+            on_hangup=self._on_hangup,
         )
         span.set_attribute("firsthop.session_id", session_id)
         try:

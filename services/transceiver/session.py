@@ -86,6 +86,7 @@ class Session:
     session_config: dict[str, Any] | None = None  # the caller's Realtime session config
     agent_headers: list[tuple[str, str]] = field(default_factory=list)  # Realtime backends
     agent_tls: ssl.SSLContext | None = None  # for wss:// agents
+    on_hangup: Callable[[Session, str], None] | None = None  # the agent ended the call
     created: float = field(default_factory=time.monotonic)
     milestones: dict[Milestone, float] = field(default_factory=dict)
     state: str = "new"
@@ -251,7 +252,9 @@ class Session:
             log.error("session %s: %s; the call goes on without an agent", self.session_id, exc)
             return
         traceparent = traceparent_of(self.span) if self.span else self.traceparent
-        call = CallInfo(self.session_id, self.call_id, traceparent, self.session_config)
+        call = CallInfo(
+            self.session_id, self.call_id, traceparent, self.session_config, self.region
+        )
         agent = kind.protocol(call)
         self._agent = agent
         self._hold, self._call_state_events = agent.hold_events, agent.call_state_events
@@ -298,10 +301,20 @@ class Session:
             delay = RECONNECT_MIN
             try:
                 await closed.wait()
-                self.counters["agent_failures"] += 1
-                log.warning("session %s: agent link lost (%s)", self.session_id, why[0])
                 self._link = None
                 self._apply(agent, agent.link_lost())
+                if agent.closing_ends_call:  # Media Streams: the stream is the call
+                    # The bot hung up, or the link failed (over-size message, too slow, ...).
+                    reason = "agent_closed" if link.hung_up else "agent_lost"
+                    self.counters["agent_hangups" if link.hung_up else "agent_failures"] += 1
+                    log.info(
+                        "session %s: the agent link ended the call (%s)", self.session_id, why[0]
+                    )
+                    if self.on_hangup is not None:
+                        self.on_hangup(self, reason)
+                    return
+                self.counters["agent_failures"] += 1
+                log.warning("session %s: agent link lost (%s)", self.session_id, why[0])
             finally:
                 self._link = None
                 if link.open:  # the session is ending: say so, then hang up
@@ -333,6 +346,7 @@ class Session:
                         self._apply(agent, agent.dropped(old))
                 case ClearAudio():
                     self.rtc.output.clear()
+                    self.counters["output_cleared"] += 1  # barge-ins, mostly
                 case ToCaller(text):
                     self._to_caller(text)
                 case ToSender(text) if sideband is not None:

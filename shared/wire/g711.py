@@ -7,6 +7,8 @@ implementation), decoding one lookup per byte.
 
 * `ulaw_encode`/`ulaw_decode`, `alaw_encode`/`alaw_decode`: PCM16 little-endian <-> codes;
   an odd trailing byte of PCM is dropped.
+* `prepare()`: build the tables now (some 20 ms each, in Python), so that no call's audio
+  waits for it (a service calls it as it starts).
 """
 
 from __future__ import annotations
@@ -92,6 +94,12 @@ def _encode(pcm: bytes, law: str) -> bytes:
 def _decode(data: bytes, law: str) -> bytes:
     table = _decode_table(law)
     return _pcm(array.array("h", map(table.__getitem__, data)))
+
+
+def prepare() -> None:
+    for law in ("ulaw", "alaw"):
+        _encode_table(law)
+        _decode_table(law)
 
 
 def ulaw_encode(pcm: bytes) -> bytes:

@@ -62,7 +62,7 @@ def test_quick_sessions_bench_measures_firsthop_and_stock() -> None:
 def test_quick_echo_bench_measures_residence_and_mouth_to_ear() -> None:
     result = bench("echo")
     rows = result["rows"]
-    assert {r["target"] for r in rows} == {"relay", "direct", "direct-notap", "stock"}
+    assert {r["target"] for r in rows} == {"relay", "direct", "direct-notap", "stock", "twilio"}
     heard = sent = 0
     for row in rows:
         assert row["bursts_sent"] == result["config"]["bursts"]
@@ -70,7 +70,7 @@ def test_quick_echo_bench_measures_residence_and_mouth_to_ear() -> None:
         heard, sent = heard + row["bursts_heard"], sent + row["bursts_sent"]
         values = [v for v in row["mouth_to_ear_ms"] if v is not None]
         assert values and all(v > 0 for v in values), row
-        if row["target"] in ("relay", "direct"):
+        if row["target"] in ("relay", "direct", "twilio"):
             residence = [v for v in row["burst_residence_ms"] if v is not None]
             assert residence and all(v > 0 for v in residence), row
             sizes = row["packet_bytes_median"]
@@ -85,6 +85,9 @@ def test_quick_echo_bench_measures_residence_and_mouth_to_ear() -> None:
     }
     assert summary["relay"]["residence_ms"]["p50"] > 0
     assert summary["stock"]["mouth_to_ear_ms"]["p50"] > 0
+    # The Media Streams bot's echo is heard, and its cost next to the native agent is given.
+    assert summary["twilio"]["bursts_heard"] > 0
+    assert summary["targets"]["twilio_over_native_ms"]["mouth_to_ear_p50"] is not None
 
 
 @pytest.mark.timeout(240)

@@ -19,12 +19,14 @@ from typing import Protocol
 from firsthop.services.transceiver.agents.events import AgentEvent, CallInfo, Message, Tag
 from firsthop.services.transceiver.agents.native import NativeProtocol
 from firsthop.services.transceiver.agents.realtime import RealtimeProtocol
+from firsthop.services.transceiver.agents.twilio import TwilioProtocol
 
 
 class AgentProtocol(Protocol):
     hold_events: bool  # events for the caller wait (bounded) until its data channel opens
     call_state_events: bool  # the caller's data channel hears `call.state` from the bridge
     sends_ahead: bool  # the agent sends audio faster than real time: queue it all, longer
+    closing_ends_call: bool  # the agent closing its socket hangs up (else: reconnect)
 
     def opening(self) -> list[Message]:
         """What to send as soon as the WebSocket is open (again, after a reconnect)."""
@@ -71,7 +73,10 @@ SCHEMES: dict[str, tuple[str, str, Callable[[CallInfo], AgentProtocol]]] = {
     "wss://": ("native", "wss://", NativeProtocol),
     "realtime+ws://": ("realtime", "ws://", RealtimeProtocol),
     "realtime+wss://": ("realtime", "wss://", RealtimeProtocol),
+    "twilio+ws://": ("twilio", "ws://", TwilioProtocol),
+    "twilio+wss://": ("twilio", "wss://", TwilioProtocol),
 }
+TLS_SCHEMES = ("wss://", "realtime+wss://", "twilio+wss://")  # agents reached over TLS
 
 
 def agent_kind(url: str) -> AgentKind:
@@ -83,4 +88,12 @@ def agent_kind(url: str) -> AgentKind:
     raise AgentUrlError(f"agent URL {url[:80]!r} does not start with one of: {schemes}")
 
 
-__all__ = ["AgentEvent", "AgentKind", "AgentProtocol", "AgentUrlError", "CallInfo", "agent_kind"]
+__all__ = [
+    "TLS_SCHEMES",
+    "AgentEvent",
+    "AgentKind",
+    "AgentProtocol",
+    "AgentUrlError",
+    "CallInfo",
+    "agent_kind",
+]

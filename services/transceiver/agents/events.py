@@ -15,6 +15,7 @@ class CallInfo:
     call_id: str
     traceparent: str | None
     session: dict[str, Any] | None = None  # the caller's Realtime session config, if any
+    region: str = ""  # the transceiver's region the call is placed in
 
 
 @dataclass(frozen=True, slots=True)

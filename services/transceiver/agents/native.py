@@ -38,6 +38,7 @@ class NativeProtocol:
     hold_events = False  # an event for a caller with no open data channel is dropped
     call_state_events = True  # the caller's channel hears the call's state
     sends_ahead = False  # frames come at real time: the output queue drains a backlog
+    closing_ends_call = False  # a lost link is reconnected; the call goes on
 
     def __init__(self, call: CallInfo) -> None:
         self.call = call

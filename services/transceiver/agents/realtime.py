@@ -74,6 +74,7 @@ class RealtimeProtocol:
     hold_events = True  # session.created must be the first thing the caller sees
     call_state_events = False  # the caller's channel carries Realtime events only
     sends_ahead = True  # backends send answers faster than real time
+    closing_ends_call = False  # a lost link is reconnected; the call goes on
 
     def __init__(self, call: CallInfo, new_id: Callable[[], str] = new_event_id) -> None:
         self.call = call

@@ -76,6 +76,7 @@ class AgentLink:
         self._tls_in = ssl.MemoryBIO()
         self._tls_out = ssl.MemoryBIO()
         self.open = False
+        self.hung_up = False  # it closed because the agent closed it (not a failure)
         self._out = bytearray()
         self._partial: list[bytes | str] = []
         self._partial_size = 0
@@ -234,6 +235,7 @@ class AgentLink:
             self._fail(f"receive failed: {exc}")
             return
         if not data:
+            self.hung_up = True
             self._fail("agent closed the connection")
             return
         try:
@@ -272,6 +274,7 @@ class AgentLink:
             elif isinstance(event, CloseConnection):
                 if self.ws.state is ConnectionState.REMOTE_CLOSING:
                     self._send(self.ws.send(event.response()))
+                self.hung_up = True
                 self._fail(f"agent closed the WebSocket ({event.code})")
                 return
 
