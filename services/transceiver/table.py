@@ -208,7 +208,7 @@ class SessionTable(Generic[H]):
         if d is None:
             return ()
         if type(d) is Unrouted:
-            return self._notice(now, d.ufrag, d.client, d.relay, d.ingress)
+            return self._notice(now, d.ufrag, d.client, d.relay, d.ingress, d.stream)
         assert isinstance(d, Delivery)
         if d.payload[0] > STUN_LAST:  # DTLS, SRTP, RTCP: from a validated client only
             return (ToMedia(d.session.handle, d.payload, d.client),)
@@ -266,6 +266,7 @@ class SessionTable(Generic[H]):
         client: Address,
         relay: Address | None,
         ingress: Address | None,
+        stream: bool = False,
     ) -> Sequence[Command[H]]:
         """TOKEN_REVOKED to `relay` (at most once per `NOTICE_INTERVAL` per token and relay;
         a direct client is told nothing)."""
@@ -279,7 +280,8 @@ class SessionTable(Generic[H]):
             self._noticed.clear()
         self._noticed[key] = now
         self.counters["revocations_sent"] += 1
-        return (Send(build_proxy_v2(ingress, client, revocation_tlv(token)), relay),)
+        notice = build_proxy_v2(ingress, client, revocation_tlv(token), stream=stream)
+        return (Send(notice, relay),)
 
     # -- what the session's connection says ------------------------------------------------------
 
@@ -328,7 +330,8 @@ class SessionTable(Generic[H]):
                 continue
             for ufrag in entry.ufrags:
                 tlv = revocation_tlv(ufrag.encode())
-                notices.append(Send(build_proxy_v2(route.ingress, client, tlv), route.relay))
+                notice = build_proxy_v2(route.ingress, client, tlv, stream=route.stream)
+                notices.append(Send(notice, route.relay))
         self.counters["revocations_sent"] += len(notices)
         return notices
 

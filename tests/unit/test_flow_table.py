@@ -632,3 +632,89 @@ def test_the_fast_paths_decide_and_record_what_the_core_does(ops: list[Datagram]
         now = T0 + i * 0.01
         assert fast_then_full(fast, op, now) == full(core, op, now)
         assert snapshot(fast) == snapshot(core)
+
+
+# -- ICE-TCP clients (RFC 6544): a table of their own, marked STREAM ----------------------
+
+
+def ret_tcp(payload: bytes, client: tuple[str, int] = C1) -> bytes:
+    return build_proxy_v2(INGRESS, client, stream=True) + payload
+
+
+def test_a_tcp_client_is_routed_like_udp_and_marked_stream_both_ways() -> None:
+    t = table()
+    token = mint(*TX1, issued_at=T0)
+    d = t.on_tcp_client(C1, binding_request(token), T0)
+    assert isinstance(d, Forward) and d.dest == TX1
+    assert parse_proxy_v2(d.header).stream and (parse_proxy_v2(d.header).src == C1)
+    # a reply marked DGRAM names a UDP client of that address, which has no flow
+    assert t.on_return(TX1, ret(OK), T0) == Drop("return_no_flow")
+    assert t.on_return(TX1, ret_tcp(OK), T0) == Deliver(C1, 28, stream=True)
+    flow = t.known_tcp_client(C1, 100, 0x80, T0 + 1)
+    assert flow is not None and flow.dest == TX1
+    assert t.known_return(ret_tcp(b"")[:28], TX1, 100, T0 + 1) is flow
+    assert t.established_count == 1 and t.size == 1
+
+
+def test_a_udp_client_of_the_same_address_never_reaches_a_tcp_flow() -> None:
+    t = table()
+    token = mint(*TX1, issued_at=T0)
+    t.on_tcp_client(C1, binding_request(token), T0)
+    t.on_return(TX1, ret_tcp(OK), T0)
+    assert t.known_client(C1, 100, 0x80, T0) is None
+    assert t.on_client(C1, rtp(), T0) == Drop("no_flow")
+
+
+def test_a_tcp_flow_ends_with_its_connection_and_is_never_cached_or_recovered() -> None:
+    t = FlowTable(
+        cluster=1,
+        keys=KEYS,
+        ingress=INGRESS,
+        ingress_tcp=(INGRESS[0], 443),
+        allow_dest=DestinationFilter(["10.0.0.0/16"]),
+        recovery=True,
+        now=T0,
+    )
+    token = mint(*TX1, issued_at=T0)
+    d = t.on_tcp_client(C1, binding_request(token), T0)
+    assert isinstance(d, Forward) and parse_proxy_v2(d.header).dst == (INGRESS[0], 443)
+    reply = build_proxy_v2((INGRESS[0], 443), C1, stream=True) + OK
+    assert isinstance(t.on_return(TX1, reply, T0), Deliver)
+    assert t.due_for_store(T0) == []  # a connection cannot be recovered: not written
+    t.forget_tcp(C1)
+    assert t.size == 0 and not t.ledger.flows_of(token)
+    # after the connection: nothing but a new check opens a flow, and no cache lookup
+    assert t.on_tcp_client(C1, rtp(), T0 + 1) == Drop("no_flow")
+
+
+def test_tcp_flows_share_the_per_token_caps_and_revocation() -> None:
+    t = table(RelayLimits(max_pending_per_token=2))
+    token = mint(*TX1, issued_at=T0)
+    assert isinstance(t.on_client(C1, binding_request(token), T0), Forward)
+    assert isinstance(t.on_tcp_client(C2, binding_request(token), T0), Forward)
+    assert t.on_tcp_client(("203.0.113.7", 1), binding_request(token), T0) == Drop(
+        "pending_per_token"
+    )
+    notice = build_proxy_v2(INGRESS, C2, revocation_tlv(token), stream=True)
+    assert t.on_return(TX1, notice, T0) is CONSUMED
+    assert t.size == 0
+
+
+def test_a_second_hop_keeps_the_stream_mark() -> None:
+    first = table()
+    token = mint("10.1.0.1", 5004, cluster=2, issued_at=T0)
+    d = first.on_tcp_client(C1, binding_request(token), T0)
+    assert isinstance(d, Forward) and d.dest == PEER_B
+    second = FlowTable(
+        cluster=2,
+        keys=KEYS,
+        ingress=("198.51.100.2", 3478),
+        allow_dest=DestinationFilter(["10.0.0.0/8"]),
+        now=T0,
+    )
+    framed = d.header + binding_request(token)
+    hop = second.on_peer(("10.0.0.9", 3479), framed, T0)
+    assert isinstance(hop, Forward) and hop.header == b""  # as it is: still marked STREAM
+    back = build_proxy_v2(INGRESS, C1, stream=True) + OK
+    assert second.on_return(("10.1.0.1", 5004), back, T0) == ReturnToPeer(("10.0.0.9", 3479))
+    assert first.on_return(PEER_B, back, T0) == Deliver(C1, 28, stream=True)
