@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from firsthop.services.relay.config import RelayConfig
+from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.worker import CONFIG_ENV, udp_socket
 from firsthop.shared.address import Address
 from firsthop.shared.http import serve_simple
@@ -114,17 +115,21 @@ class RelayHandle:
         out: dict[str, float] = {}
         drops: Counter[str] = Counter()
         evictions: Counter[str] = Counter()
+        tcp_closed: Counter[str] = Counter()
         for w in self.workers:
             for key, value in w.stats.items():
                 if key == "drops":
                     drops.update(value)
                 elif key == "evictions":
                     evictions.update(value)
+                elif key == "tcp_closed":
+                    tcp_closed.update(value)
                 elif isinstance(value, int | float):
                     out[key] = out.get(key, 0) + value
         result: dict[str, Any] = dict(out)
         result["drops"] = dict(drops)
         result["evictions"] = dict(evictions)
+        result["tcp_closed"] = dict(tcp_closed)
         result["workers_ready"] = sum(1 for w in self.workers if w.ready)
         result["worker_restarts"] = sum(w.restarts for w in self.workers)
         return result
@@ -147,6 +152,13 @@ def relay_metrics(totals: dict[str, Any], workers: int) -> str:
     )
     for cap, n in sorted(totals.get("evictions", {}).items()):
         evictions.add(n, cap=cap)
+    tcp_closed = MetricFamily(
+        "firsthop_relay_tcp_closed_total",
+        "counter",
+        "ICE-TCP connections closed or refused, by reason",
+    )
+    for reason, n in sorted(totals.get("tcp_closed", {}).items()):
+        tcp_closed.add(n, reason=reason)
     families = [
         packets,
         octets,
@@ -187,6 +199,13 @@ def relay_metrics(totals: dict[str, Any], workers: int) -> str:
         MetricFamily(
             "firsthop_relay_redis_pending_writes", "gauge", "Flow writes waiting for Redis"
         ).add(g("redis_pending_writes", 0)),
+        MetricFamily("firsthop_relay_tcp_connections", "gauge", "Open ICE-TCP connections").add(
+            g("tcp_connections", 0)
+        ),
+        MetricFamily(
+            "firsthop_relay_tcp_accepted_total", "counter", "ICE-TCP connections accepted"
+        ).add(g("tcp_accepted", 0)),
+        tcp_closed,
         MetricFamily("firsthop_relay_workers", "gauge", "Worker processes ready").add(
             g("workers_ready", 0)
         ),
@@ -211,6 +230,10 @@ async def serve_relay(
     if config.internal[1] == 0:
         probes.append(udp_socket(config.internal, reuseport=True))
         config = replace(config, internal=(config.internal[0], probes[-1].getsockname()[1]))
+    tcp_probe = None
+    if config.listen_tcp is not None and config.listen_tcp[1] == 0:
+        tcp_probe = tcp_listener(config.listen_tcp, reuseport=True, listen=False)
+        config = replace(config, listen_tcp=(config.listen_tcp[0], tcp_probe.getsockname()[1]))
     workers = [WorkerProcess(config, i) for i in range(config.workers)]
 
     async def http(method: str, path: str) -> tuple[int, str, bytes]:
@@ -230,6 +253,8 @@ async def serve_relay(
         finally:
             for probe in probes:
                 probe.close()
+            if tcp_probe is not None:
+                tcp_probe.close()
         metrics = await nursery.start(serve_simple, http, config.metrics)
         log.info(
             "relay cluster %d ready: %d worker(s) on %s:%d, internal %s:%d, metrics %s:%d",
@@ -239,5 +264,6 @@ async def serve_relay(
             *config.internal,
             *metrics,
         )
-        announce(listen=config.listen, internal=config.internal, metrics=metrics)
+        tcp = {"listen_tcp": config.listen_tcp} if config.listen_tcp else {}
+        announce(listen=config.listen, internal=config.internal, metrics=metrics, **tcp)
         task_status.started(RelayHandle(workers, metrics))
