@@ -168,9 +168,23 @@ def test_a_real_transceiver_answers_a_check_over_tcp() -> None:
             + "\r\na=setup:actpass\r\na=sendrecv\r\na=rtcp-mux\r\na=rtpmap:111 opus/48000/2\r\n"
         )
         ingress = listen_tcp(relay)
-        status, body = tx.create_session(offer, [f"{relay.listen[0]}:{relay.listen[1]}"])
+        status, body = tx.create_session(
+            offer,
+            [f"{relay.listen[0]}:{relay.listen[1]}"],
+            ingress_tcp=[f"{ingress[0]}:{ingress[1]}"],
+        )
         assert status == 201, body
         answer = str(body["answer_sdp"])
+        # the answer offers the ICE-TCP ingress too, passive, ranked below UDP (RFC 6544)
+        cands = [line.split() for line in answer.splitlines() if line.startswith("a=candidate:")]
+        (udp,) = [c for c in cands if c[2].lower() == "udp"]
+        (tcp,) = [c for c in cands if c[2].lower() == "tcp"]
+        assert (tcp[4], int(tcp[5]), tcp[6:]) == (
+            ingress[0],
+            ingress[1],
+            ["typ", "host", "tcptype", "passive"],
+        )
+        assert int(tcp[3]) < int(udp[3])
         attrs = dict(
             line[2:].split(":", 1)
             for line in answer.splitlines()
@@ -320,3 +334,13 @@ def test_a_slow_reader_costs_a_bounded_buffer_and_counted_drops(
         assert got >= 3
     finally:
         caller.close()
+
+
+def test_the_transceiver_refuses_a_bad_ingress_tcp() -> None:
+    tx = TransceiverProcess().start()
+    try:
+        for bad in (["nowhere"], "127.0.0.1:443", ["127.0.0.1:443"] * 9):
+            status, body = tx.create_session("v=0\r\n", ["127.0.0.1:3478"], ingress_tcp=bad)
+            assert status == 400 and "ingress_tcp" in str(body), body
+    finally:
+        tx.kill()
