@@ -160,3 +160,17 @@ def test_a_udp_blocked_browser_connects_over_ice_tcp_and_hears_the_echo(
     print(f"ICE-TCP call timeline (ms from start): {timeline}")
     page.click("#stop")
     page.wait_for_function("document.getElementById('state').textContent === 'idle'")
+
+
+def test_with_udp_open_the_same_browser_takes_the_udp_candidate(edge: Edge, page: Page) -> None:
+    # The TCP candidate ranks below UDP (RFC 6544 §4.2): a caller that can use UDP does.
+    edge.ns.block_udp(False)
+    try:
+        timeline = call_and_hear_the_echo(edge, page)
+        local, remote, port = page.evaluate(SELECTED_PAIR_JS)
+        assert (local, remote, port) == ("udp", "udp", edge.udp[1])
+        print(f"UDP call timeline (ms from start): {timeline}")
+        page.click("#stop")
+        page.wait_for_function("document.getElementById('state').textContent === 'idle'")
+    finally:
+        edge.ns.block_udp(True)
