@@ -445,6 +445,7 @@ class UpStack:
         self.port, self.metrics = free_tcp_port(), free_tcp_port()
         argv = [sys.executable, "-m", "firsthop.services.cli", "up"]
         argv += ["--port", str(self.port), "--relay-port", str(free_udp_port())]
+        argv += ["--relay-tcp-port", str(free_tcp_port())]
         argv += ["--relay-metrics-port", str(self.metrics)]
         self.proc = subprocess.Popen(
             argv,
