@@ -606,7 +606,7 @@ def network_namespace() -> Iterator[Namespace]:
             )
     tag = os.urandom(3).hex()
     name, veth_host, veth_inside = f"fh-{tag}", f"fh{tag}h", f"fh{tag}n"
-    subnet = f"10.77.{int(tag[:2], 16)}"
+    subnet = f"10.199.{int(tag[:2], 16)}"  # (compose.yaml uses 10.77.0.0/24)
     ns = Namespace(name, f"{subnet}.1", f"{subnet}.2")
     try:
         _ip("netns", "add", name)
