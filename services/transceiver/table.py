@@ -242,6 +242,8 @@ class SessionTable(Generic[H]):
         ice.forgotten.clear()
         if verdict.selects:
             self.mux.validated(entry, client)
+            if d.stream:  # the caller reached the relay over ICE-TCP (PROXY v2 STREAM)
+                self.counters["ice_tcp_path_selected"] += 1
         commands.append(ToIce(entry.handle, payload, client))  # aioice answers it
         if verdict.probe is not None:
             self.mux.expect(entry, client)

@@ -22,6 +22,7 @@ from playwright.sync_api import Page, sync_playwright
 
 from firsthop.services.bench.setup import CHROMIUM
 from tests.e2e.test_browser import CHROMIUM_ARGS
+from tests.integration.test_transceiver import event_count
 from tests.support import (
     AgentProcess,
     Namespace,
@@ -157,6 +158,8 @@ def test_a_udp_blocked_browser_connects_over_ice_tcp_and_hears_the_echo(
     assert relay.metric("firsthop_relay_tcp_accepted_total") >= accepted + 1
     assert relay.metric("firsthop_relay_tcp_connections") >= 1
     relay.wait_metric("firsthop_relay_packets_total", downstream + 50, direction="downstream")
+    # and the transceiver can tell: the relay marked the caller's transport TCP
+    assert event_count(edge.tx, "ice_tcp_path_selected") >= 1
     print(f"ICE-TCP call timeline (ms from start): {timeline}")
     page.click("#stop")
     page.wait_for_function("document.getElementById('state').textContent === 'idle'")
