@@ -14,6 +14,14 @@ from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
 from firsthop.shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys
 
 DEFAULT_ALLOW_DEST = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7,127.0.0.0/8,::1/128"
+# ICE-TCP bounds (RelayLimits fields), each a flag of its own: --tcp-max-connections, ...
+TCP_LIMITS = {
+    "tcp_max_connections": "ICE-TCP connections per worker",
+    "tcp_max_per_ip": "ICE-TCP connections per source IP, per worker",
+    "tcp_first_frame_timeout": "seconds an ICE-TCP connection gets to send a valid first check",
+    "tcp_idle_timeout": "seconds without a frame before an ICE-TCP connection is closed",
+    "tcp_write_buffer": "bytes queued toward a slow ICE-TCP reader before frames are dropped",
+}
 
 
 @dataclass
@@ -127,41 +135,10 @@ def register(
         help="oldest accepted route token, seconds",
     )
     limits = RelayLimits()
-    add_option(
-        p,
-        "--tcp-max-connections",
-        default=limits.tcp_max_connections,
-        type=int,
-        help="ICE-TCP connections per worker",
-    )
-    add_option(
-        p,
-        "--tcp-max-per-ip",
-        default=limits.tcp_max_per_ip,
-        type=int,
-        help="ICE-TCP connections per source IP, per worker",
-    )
-    add_option(
-        p,
-        "--tcp-first-frame-timeout",
-        default=limits.tcp_first_frame_timeout,
-        type=float,
-        help="seconds an ICE-TCP connection gets to send a valid first check",
-    )
-    add_option(
-        p,
-        "--tcp-idle-timeout",
-        default=limits.tcp_idle_timeout,
-        type=float,
-        help="seconds without a frame before an ICE-TCP connection is closed",
-    )
-    add_option(
-        p,
-        "--tcp-write-buffer",
-        default=limits.tcp_write_buffer,
-        type=int,
-        help="bytes queued toward a slow ICE-TCP reader before frames are dropped",
-    )
+    for name, help_ in TCP_LIMITS.items():
+        default = getattr(limits, name)
+        flag = "--" + name.replace("_", "-")
+        add_option(p, flag, default=default, type=type(default), help=help_)
     add_option(p, "--no-pin", action="store_true", help="do not pin workers to CPUs")
     return p
 
@@ -193,11 +170,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             limits=RelayLimits(
                 max_flows=args.max_flows,
                 token_max_age=args.token_max_age,
-                tcp_max_connections=args.tcp_max_connections,
-                tcp_max_per_ip=args.tcp_max_per_ip,
-                tcp_first_frame_timeout=args.tcp_first_frame_timeout,
-                tcp_idle_timeout=args.tcp_idle_timeout,
-                tcp_write_buffer=args.tcp_write_buffer,
+                **{name: getattr(args, name) for name in TCP_LIMITS},
             ),
         )
     except (ValueError, argparse.ArgumentTypeError) as exc:

@@ -21,7 +21,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from firsthop.services.bench.setup import CHROMIUM
-from tests.e2e.test_browser import CHROMIUM_ARGS
+from tests.e2e.test_browser import CHROMIUM_ARGS, demo_call
 from tests.integration.test_transceiver import event_count
 from tests.support import (
     AgentProcess,
@@ -111,19 +111,7 @@ def page(edge: Edge) -> Iterator[Page]:
 
 def call_and_hear_the_echo(edge: Edge, page: Page) -> dict[str, float]:
     """One demo-page call to the echo agent; returns the page's timeline (ms)."""
-    page.goto(edge.page_url)
-    page.fill("#key", SignalingProcess.API_KEY)
-    page.check("input[name=agent][value=echo]")
-    page.click("#start")
-    page.wait_for_function(
-        "document.getElementById('state').textContent === 'connected'", timeout=20_000
-    )
-    page.wait_for_function("document.getElementById('t-audio').textContent !== '–'", timeout=15_000)
-    page.wait_for_function(
-        "parseFloat(document.getElementById('meter-out').style.width || '0') > 0",
-        timeout=15_000,
-    )
-    timeline = {k: page.inner_text(f"#t-{k}") for k in ("answer", "ice", "dtls", "audio")}
+    timeline = demo_call(page, edge.page_url, SignalingProcess.API_KEY)
     return {k: float(v.split()[0]) for k, v in timeline.items()}
 
 
