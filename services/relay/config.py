@@ -21,6 +21,7 @@ TCP_LIMITS = {
     "tcp_first_frame_timeout": "seconds an ICE-TCP connection gets to send a valid first check",
     "tcp_idle_timeout": "seconds without a frame before an ICE-TCP connection is closed",
     "tcp_write_buffer": "bytes queued toward a slow ICE-TCP reader before frames are dropped",
+    "tcp_write_budget": "bytes queued toward all ICE-TCP readers of a worker, at most",
 }
 
 

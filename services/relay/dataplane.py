@@ -467,6 +467,7 @@ class DataPlane:
             "drops": dict(t.drops),
             "evictions": dict(t.evictions),
             "tcp_connections": self.tcp.connections if self.tcp else 0,
+            "tcp_queued_bytes": self.tcp.queued if self.tcp else 0,
             "tcp_accepted": self.tcp.accepted if self.tcp else 0,
             "tcp_closed": dict(self.tcp.closed) if self.tcp else {},
         }

@@ -32,10 +32,11 @@ class RelayLimits:
     new_flow_burst: float = 40.0
     # ICE-TCP (RFC 6544) connections, per worker (`tcp_ingress.py`)
     tcp_max_connections: int = 10_000
-    tcp_max_per_ip: int = 16
+    tcp_max_per_ip: int = 64  # (callers behind one NAT share an IP: a UDP-blocking office)
     tcp_first_frame_timeout: float = 5.0  # a valid first check within this, or closed
     tcp_idle_timeout: float = 30.0  # no complete frame for this long: closed
-    tcp_write_buffer: int = 64 * 1024  # bytes queued toward a slow reader; beyond, dropped
+    tcp_write_buffer: int = 16 * 1024  # bytes queued toward a slow reader; beyond, dropped
+    tcp_write_budget: int = 16 * 1024 * 1024  # bytes queued toward all of a worker's readers
     token_max_age: float = DEFAULT_MAX_AGE
     store_refresh: float = 10.0  # rewrite a live flow to the cache at most this often
     lookup_rate: float = 2000.0  # Redis recovery lookups per second, whole worker

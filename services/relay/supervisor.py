@@ -205,6 +205,9 @@ def relay_metrics(totals: dict[str, Any], workers: int) -> str:
         MetricFamily(
             "firsthop_relay_tcp_accepted_total", "counter", "ICE-TCP connections accepted"
         ).add(g("tcp_accepted", 0)),
+        MetricFamily(
+            "firsthop_relay_tcp_queued_bytes", "gauge", "Bytes waiting for slow ICE-TCP readers"
+        ).add(g("tcp_queued_bytes", 0)),
         tcp_closed,
         MetricFamily("firsthop_relay_workers", "gauge", "Worker processes ready").add(
             g("workers_ready", 0)

@@ -19,8 +19,11 @@ Bounds (`RelayLimits.tcp_*`, counted in `closed` by reason, or as drops):
   next frame;
 * frame size: a LENGTH above `MAX_DATAGRAM` (no WebRTC packet is larger) resets the
   connection; the read side never holds more than one partial frame;
-* write side: bytes queued toward a slow reader are capped at `tcp_write_buffer`; a frame
-  that does not fit is dropped and counted (`tcp_write_buffer_full`), like a full UDP queue.
+* write side: bytes queued toward a slow reader are capped at `tcp_write_buffer` per
+  connection and `tcp_write_budget` for all of a worker's connections; a frame that does not
+  fit is dropped and counted (`tcp_write_buffer_full`, `tcp_write_budget_full`), as a full
+  UDP path would lose it. (The tail of a frame the kernel took only in part is always kept:
+  dropping it would corrupt the stream; that is at most one frame per connection.)
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class TcpIngress:
         self.by_client: dict[Address, Connection] = {}
         self.per_ip: Counter[str] = Counter()
         self.accepted = 0
+        self.queued = 0  # bytes waiting in every connection's `out`
         self.closed: Counter[str] = Counter()  # by reason
         self._ep: select.epoll | None = None
         self._buf = bytearray(READ_SIZE)
@@ -203,8 +207,12 @@ class TcpIngress:
             if len(conn.out) + 2 + n > self.limits.tcp_write_buffer:
                 self.count_drop("tcp_write_buffer_full")
                 return False
+            if self.queued + 2 + n > self.limits.tcp_write_budget:
+                self.count_drop("tcp_write_budget_full")
+                return False
             conn.out += prefix
             conn.out += payload
+            self.queued += 2 + n
             return True
         try:
             sent = conn.sock.sendmsg((prefix, payload))
@@ -217,6 +225,7 @@ class TcpIngress:
         if sent < 2 + n:
             rest = (prefix + bytes(payload))[sent:]
             conn.out += rest
+            self.queued += len(rest)
             self._want_write(conn, True)
         return True
 
@@ -230,6 +239,7 @@ class TcpIngress:
             self.close(conn, "reset")
             return False
         del conn.out[:sent]
+        self.queued -= sent
         if not conn.out:
             self._want_write(conn, False)
         return True
@@ -258,6 +268,7 @@ class TcpIngress:
         if self.by_fd.get(fd) is not conn:
             return
         del self.by_fd[fd]
+        self.queued -= len(conn.out)
         if self.by_client.get(conn.client) is conn:
             del self.by_client[conn.client]
         left = self.per_ip[conn.client[0]] - 1

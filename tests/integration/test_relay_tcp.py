@@ -301,31 +301,68 @@ def test_an_idle_connection_is_closed_and_its_flow_goes_with_it(
         caller.close()
 
 
+def flood_slow_readers(
+    relay: RelayProcess, tx: FakeTransceiver, readers: int, reason: str, bound: int
+) -> None:
+    """Send ~3.6 MB toward each of `readers` callers that read nothing: frames are dropped
+    and counted as `reason`, the relay queues no more than `bound` bytes (plus the tail of
+    one frame per connection), and a caller that reads again gets its frames."""
+    callers = [TcpCaller(listen_tcp(relay), rcvbuf=4096) for _ in range(readers)]
+    try:
+        vias = [open_tcp_call(relay, caller, tx) for caller in callers]
+        before = relay.metric("firsthop_relay_drops_total", reason=reason)
+        for caller, via in zip(callers, vias, strict=True):
+            reply = build_proxy_v2(listen_tcp(relay), caller.addr, stream=True) + rtp(size=1200)
+            for i in range(3000):
+                tx.send(reply, via)
+                if i % 200 == 0:
+                    caller.send(rtp(i))  # keeps the connection from going idle
+        relay.wait_metric("firsthop_relay_drops_total", before + 1, reason=reason)
+        queued = relay.metric("firsthop_relay_tcp_queued_bytes")
+        assert 0 < queued <= bound + readers * 1202
+        for caller in callers:  # each connection still works once its caller reads again
+            for _ in range(3):
+                caller.recv(timeout=5.0)
+    finally:
+        for caller in callers:
+            caller.close()
+
+
 def test_a_slow_reader_costs_a_bounded_buffer_and_counted_drops(
     relay: RelayProcess, tx: FakeTransceiver
 ) -> None:
-    caller = TcpCaller(listen_tcp(relay), rcvbuf=4096)
+    flood_slow_readers(relay, tx, 1, "tcp_write_buffer_full", 4096)
+
+
+def test_slow_readers_together_cost_a_bounded_budget(tx: FakeTransceiver) -> None:
+    relay = tcp_relay("--tcp-write-buffer", "1000000", "--tcp-write-budget", "20000")
     try:
-        via = open_tcp_call(relay, caller, tx)
-        before = relay.metric("firsthop_relay_drops_total", reason="tcp_write_buffer_full")
-        reply = build_proxy_v2(listen_tcp(relay), caller.addr, stream=True) + rtp(size=1200)
-        for i in range(3000):  # ~3.6 MB toward a caller that reads nothing
-            tx.send(reply, via)
-            if i % 200 == 0:
-                caller.send(rtp(i))  # keeps the connection from going idle
-        relay.wait_metric("firsthop_relay_drops_total", before + 1, reason="tcp_write_buffer_full")
-        # the connection still works once the caller reads again
-        got = 0
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and got < 3:
-            try:
-                caller.recv(timeout=0.5)
-                got += 1
-            except TimeoutError:
-                break
-        assert got >= 3
+        flood_slow_readers(relay, tx, 3, "tcp_write_budget_full", 20000)
     finally:
-        caller.close()
+        relay.kill()
+
+
+def test_every_worker_serves_its_own_connections() -> None:
+    # SO_REUSEPORT spreads connections over the workers; each frame's reply comes back to
+    # the worker that forwarded it, which holds the connection.
+    relay = RelayProcess("--listen-tcp", "127.0.0.1:0", workers=2).start()
+    fake = FakeTransceiver()
+    callers = [TcpCaller(listen_tcp(relay)) for _ in range(16)]
+    try:
+        vias = {open_tcp_call(relay, caller, fake) for caller in callers}
+        for seq, caller in enumerate(callers):
+            caller.send(rtp(seq))
+            data, via = fake.recv()
+            hdr = parse_proxy_v2(data)
+            assert hdr.src == caller.addr
+            fake.send(build_proxy_v2(listen_tcp(relay), caller.addr, stream=True) + rtp(seq), via)
+            assert caller.recv() == rtp(seq)
+        assert len(vias) == 2  # (16 connections all land on one worker 1 time in 32,768)
+    finally:
+        for caller in callers:
+            caller.close()
+        fake.close()
+        relay.kill()
 
 
 def test_the_transceiver_refuses_a_bad_ingress_tcp() -> None:
