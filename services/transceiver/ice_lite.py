@@ -210,6 +210,25 @@ class LiteIce:
         self._probe = None
         return Refused("path_validation_timeout")
 
+    # -- after the call -------------------------------------------------------------------------
+
+    def call_ended(self, request: bytes) -> bytes:
+        """The answer to an authenticated check (`on_request` accepted it) once the call has
+        ended: a Binding error response 403 (RFC 8489 §14.8), signed with our password. A
+        libwebrtc caller drops a pair on any error but 401/420/487/500, so its connection
+        leaves "connected" at this check instead of after ~5 s of unanswered ones. Smaller
+        than the check it answers (that carries our ufrag, a route token)."""
+        msg = stun.parse_stun(request)
+        reason = b"call ended"
+        return stun.build_stun(
+            stun.BINDING,
+            stun.ERROR,
+            msg.transaction_id,
+            [(stun.ERROR_CODE, struct.pack("!HBB", 0, 4, 3) + reason)],
+            integrity_key=stun.short_term_key(self.creds.local_pwd),
+            fingerprint=True,
+        )
+
     # -- ICE restart ------------------------------------------------------------------------------
 
     def restart(self, creds: Credentials) -> None:

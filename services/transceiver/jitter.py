@@ -9,7 +9,11 @@ Policy (one Opus frame per RTP packet, as WebRTC sends audio):
 
 * in-order packets are released at once;
 * when a gap opens, newer packets are held until the missing one arrives or `depth` newer
-  packets have queued up, then the gap is skipped (the decoder conceals it);
+  packets have queued up, then the gap is given up on: a *lost* frame takes its slot, which
+  the decoder fills (`opus.py`: from the in-band FEC of the packet after it, carried in the
+  lost frame's `data` when that packet is here, else by concealment), so the agent hears
+  a repaired frame, not a hole. At most `MAX_CONCEALED` in a row: past that a long outage is
+  silence, as it was;
 * `depth` adapts: it grows by one (up to `MAX_DEPTH`) each time a packet that was given up on
   arrives late, i.e. when the link reorders more than the window allows, and shrinks by one
   after `CALM` consecutive in-order packets. A clean link runs at depth 0: zero added delay.
@@ -27,19 +31,25 @@ from collections.abc import Callable
 from typing import Any
 
 MAX_DEPTH = 4  # packets (80 ms at 20 ms ptime)
+MAX_CONCEALED = 5  # lost frames repaired in a row (100 ms); past that, silence
 CALM = 250  # in-order packets (5 s) before the window shrinks by one
 _HALF = 1 << 15
 
 
 class Frame:
-    """What the decoder takes: the encoded bytes and the RTP timestamp."""
+    """What the decoder takes: the encoded bytes and the RTP timestamp. A `lost` frame
+    stands for a packet given up on: its `data` is the next packet's (whose in-band FEC may
+    carry it), or empty."""
 
-    __slots__ = ("data", "timestamp", "payload_type")
+    __slots__ = ("data", "timestamp", "payload_type", "lost")
 
-    def __init__(self, data: bytes, timestamp: int, payload_type: int = 0) -> None:
+    def __init__(
+        self, data: bytes, timestamp: int, payload_type: int = 0, lost: bool = False
+    ) -> None:
         self.data = data
         self.timestamp = timestamp
         self.payload_type = payload_type
+        self.lost = lost
 
 
 def _newer(a: int, b: int) -> int:
@@ -58,7 +68,10 @@ class LowLatencyJitterBuffer:
         self.calm = 0
         self.late = 0
         self.skipped = 0
+        self.concealed = 0  # lost frames released for the decoder to repair
         self.released: list[Frame] = []  # frames ready beyond the one `add` returns
+        self._last: Frame | None = None  # the last frame released from a packet
+        self._lost_run = 0
 
     def add(self, packet: Any) -> tuple[bool, Frame | None]:
         seq = packet.sequence_number
@@ -89,14 +102,31 @@ class LowLatencyJitterBuffer:
         while True:
             packet = self.held.pop(self.next_seq, None)
             if packet is not None:
-                self.released.append(Frame(packet._data, packet.timestamp, packet.payload_type))
+                frame = Frame(packet._data, packet.timestamp, packet.payload_type)
+                self.released.append(frame)
+                self._last = frame
+                self._lost_run = 0
                 self.next_seq = (self.next_seq + 1) & 0xFFFF
                 continue
             if len(self.held) > self.depth:  # waited long enough for the missing one
                 self.skipped += 1
+                self._lose()
                 self.next_seq = (self.next_seq + 1) & 0xFFFF
                 continue
             return
+
+    def _lose(self) -> None:
+        """Release a lost frame in the missing packet's slot (see `Frame`)."""
+        last = self._last
+        if last is None or self._lost_run >= MAX_CONCEALED:
+            return
+        assert self.next_seq is not None
+        self._lost_run += 1
+        after = self.held.get((self.next_seq + 1) & 0xFFFF)
+        timestamp = (last.timestamp + 960 * self._lost_run) & 0xFFFFFFFF  # 20 ms frames
+        data = after._data if after is not None else b""
+        self.released.append(Frame(data, timestamp, last.payload_type, lost=True))
+        self.concealed += 1
 
     def _pop_released(self) -> Frame | None:
         if not self.released:

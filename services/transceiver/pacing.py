@@ -3,9 +3,11 @@
 The agent's 20 ms frames are played at real time from a bounded queue. Two rules keep the
 delay the agent's audio sees at its floor:
 
-* When the call is idle (the last frame played was silence) and the agent's audio starts,
-  the first frame goes out at once and the output clock re-phases to it, instead of waiting
-  up to 20 ms for the next tick of a clock that started when DTLS did.
+* When the call is idle (the agent sent nothing for the last `IDLE_AFTER` ticks) and the
+  agent's audio starts, the first frame goes out at once and the output clock re-phases to
+  it, instead of waiting up to 20 ms for the next tick of a clock that started when DTLS
+  did. One missing frame mid-speech (a packet lost on the way in, a late frame) is a gap,
+  not a pause: the clock keeps its phase.
 * A queue that has grown (a stall in the agent, the network or this loop) drains through the
   agent's silence: a quiet frame arriving while 2 or more frames wait is dropped. Without it,
   audio arriving exactly as fast as it leaves keeps any backlog, and its delay, for the rest
@@ -31,6 +33,7 @@ FRAME_BYTES = FRAME_SAMPLES * 2
 MAX_FRAMES = 50  # 1 s of agent audio waiting to be played
 BACKLOG = 2  # frames queued beyond which quiet frames are dropped
 QUIET_PEAK = 64  # |sample| at or below this is silence (about -54 dBFS)
+IDLE_AFTER = 3  # ticks with nothing from the agent before the call counts as idle
 
 
 def is_quiet(pcm: bytes) -> bool:
@@ -50,7 +53,8 @@ class OutputQueue(Generic[Tag]):
         self.dropped_quiet = 0  # quiet frames dropped to drain a backlog
         self.start: float | None = None  # clock origin: frame n plays at start + n * 20 ms
         self.pts = 0
-        self.idle = True  # the last frame played was silence
+        self.idle = True  # nothing from the agent for the last IDLE_AFTER ticks
+        self._empty = IDLE_AFTER  # ticks in a row with nothing to play
 
     def push(self, pcm: bytes, tag: Tag | None = None) -> list[Tag]:
         """Queue whole 20 ms frames of `pcm`; the tags of the frames dropped doing so."""
@@ -95,5 +99,6 @@ class OutputQueue(Generic[Tag]):
     def pop(self) -> bytes | None:
         frame = self.frames.popleft() if self.frames else None
         self.played_tag = self.tags.popleft() if frame is not None else None
-        self.idle = frame is None
+        self._empty = self._empty + 1 if frame is None else 0
+        self.idle = self._empty >= IDLE_AFTER
         return frame

@@ -216,8 +216,11 @@ class Transceiver:
                 await self._timer_moved.wait()
                 self._timer_moved = trio.Event()
             if wait.cancelled_caught:
-                for ended in self.table.on_deadline(time.monotonic()):
-                    ended.handle.end(ended.reason)
+                for due in self.table.on_deadline(time.monotonic()):
+                    if isinstance(due, Send):
+                        self._send(due.data, due.dest)  # a lingering session's revocation
+                    else:
+                        due.handle.end(due.reason)
 
     def _on_state(self, session: Session, state: str) -> None:
         """aiortc's connection state for `session` (called on the loop thread)."""
@@ -325,8 +328,9 @@ class Transceiver:
         try:
             await session.run()
         finally:
-            for notice in self.table.remove(session.session_id):
+            for notice in self.table.remove(session.session_id, time.monotonic()):
                 self._send(notice.data, notice.dest)  # its relays stop routing its tokens
+            self._timers_may_have_moved()  # it lingers: its revocations are due later
             self._session_removed.set()
             setup = session.milestones.get(Milestone.DTLS_CONNECTED)
             if setup is not None:

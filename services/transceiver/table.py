@@ -20,7 +20,11 @@ What it owns:
 * **one source of truth for credentials**: a session's current ufrag and password are its
   `LiteIce.creds`; ICE restart (`restart_ice`) replaces them there and routes the new ufrag;
 * **revocation**: a check for a ufrag no session holds, and every ufrag of a session that
-  ends, produce TOKEN_REVOKED notices to the relays that carried them (`proxy_v2`);
+  ends, produce TOKEN_REVOKED notices to the relays that carried them (`proxy_v2`). A
+  session that had connected lingers `LINGER` seconds first: its caller's authenticated
+  checks get a signed 403 "call ended" (`LiteIce.call_ended`), so the caller's ICE agent
+  learns at its next check that the call is over (a browser's connection leaves
+  "connected" then, not after ~5 s of checks nobody answers); no media reaches it;
 * **why sessions ended**, remembered for signaling (bounded), and which drained sessions'
   reasons nobody has read yet.
 
@@ -55,6 +59,10 @@ CONSENT_TIMEOUT = 30.0  # RFC 7675 §5.1: no authenticated check for this long e
 ENDED_REMEMBERED = 10_000
 NOTICE_INTERVAL = 1.0  # one TOKEN_REVOKED per (relay, token) per second, at most
 MAX_NOTICES_REMEMBERED = 10_000
+# An ended call's ufrags answer its caller's checks with 403 this long: a browser checks a
+# stable pair every 2.5 s (libwebrtc's STABLE_WRITABLE_CONNECTION_PING_INTERVAL).
+LINGER = 3.0
+MAX_LINGERING = 10_000
 
 
 # -- commands (the I/O side carries them out) ----------------------------------------------
@@ -135,6 +143,7 @@ class Entry(Generic[H]):
     connected_at: float | None = None
     ended: str | None = None  # why, once it has ended
     old_ufrags: list[str] = field(default_factory=list)
+    notices: list[Send] = field(default_factory=list)  # held while it lingers
 
     @property
     def ufrags(self) -> list[str]:
@@ -168,6 +177,7 @@ class SessionTable(Generic[H]):
         self._timers: list[tuple[float, int, str, str]] = []
         self._seq = itertools.count()
         self._noticed: dict[tuple[Address, bytes], float] = {}
+        self._lingering: dict[str, Entry[H]] = {}  # ended, answering checks with 403
 
     # -- admission --------------------------------------------------------------------------
 
@@ -210,6 +220,8 @@ class SessionTable(Generic[H]):
         if type(d) is Unrouted:
             return self._notice(now, d.ufrag, d.client, d.relay, d.ingress, d.stream)
         assert isinstance(d, Delivery)
+        if d.session.session_id in self._lingering:
+            return self._on_ended_check(now, d)
         if d.payload[0] > STUN_LAST:  # DTLS, SRTP, RTCP: from a validated client only
             return (ToMedia(d.session.handle, d.payload, d.client),)
         return self._on_stun(now, d)
@@ -255,6 +267,23 @@ class SessionTable(Generic[H]):
             if expires is not None:
                 self._arm(expires, entry.session_id, "probe")
         return commands
+
+    def _on_ended_check(self, now: float, d: Delivery[Entry[H]]) -> Sequence[Command[H]]:
+        """A STUN message for a lingering session: an authenticated check is told the call
+        ended (403, signed); anything else is dropped."""
+        payload = d.payload
+        if len(payload) < 2 or payload[0] & 0x01 or payload[1] & 0x10:
+            self.counters["stun_unexpected"] += 1
+            return ()
+        verdict = d.session.ice.on_request(now, d.client, payload)
+        if isinstance(verdict, Refused):
+            self.counters[verdict.reason] += 1
+            return ()
+        answer = d.session.ice.call_ended(payload)
+        self.counters["ended_checks_answered"] += 1
+        if d.relay is None or d.ingress is None:
+            return (Send(answer, d.client),)
+        return (Send(build_proxy_v2(d.ingress, d.client) + answer, d.relay),)
 
     def frame_for(self, client: Address, payload: bytes) -> Send | None:
         """The datagram that carries `payload` to `client` (None: no route known)."""
@@ -313,13 +342,16 @@ class SessionTable(Generic[H]):
         self.mux.add_ufrag(creds.local_ufrag, entry)
         return creds
 
-    def remove(self, session_id: str) -> Sequence[Send]:
-        """Forget a session the I/O side has torn down; returns TOKEN_REVOKED notices for
-        the relays that carried it, so they stop routing its tokens at once."""
+    def remove(self, session_id: str, now: float | None = None) -> Sequence[Send]:
+        """Forget a session the I/O side has torn down. Returns TOKEN_REVOKED notices for the
+        relays that carried it, so they stop routing its tokens; given `now`, a session that
+        had connected lingers first (`LINGER`; not while draining), and its notices come
+        from `on_deadline` when that is over."""
         entry = self.entries.pop(session_id, None)
         if entry is None:
             return ()
         reason = entry.ended or "ended"
+        entry.ended = reason
         self.ended[session_id] = reason
         while len(self.ended) > ENDED_REMEMBERED:
             oldest = next(iter(self.ended))
@@ -334,7 +366,28 @@ class SessionTable(Generic[H]):
                 tlv = revocation_tlv(ufrag.encode())
                 notice = build_proxy_v2(route.ingress, client, tlv, stream=route.stream)
                 notices.append(Send(notice, route.relay))
-        self.counters["revocations_sent"] += len(notices)
+        if now is None or entry.connected_at is None or self.draining:
+            self.counters["revocations_sent"] += len(notices)
+            return notices
+        entry.notices = notices
+        for ufrag in entry.ufrags:  # its checks still come here; its media no longer does
+            self.mux.add_ufrag(ufrag, entry)
+        self._lingering[session_id] = entry
+        self._arm(now + LINGER, session_id, "linger")
+        if len(self._lingering) > MAX_LINGERING:
+            return self._unlinger(next(iter(self._lingering)))
+        return ()
+
+    def _unlinger(self, session_id: str) -> list[Send]:
+        """A lingering session is over: its ufrags route nowhere, its relays are told."""
+        entry = self._lingering.pop(session_id, None)
+        if entry is None:
+            return []
+        for ufrag in entry.ufrags:
+            if self.mux.by_ufrag.get(ufrag.encode()) is entry:
+                self.mux.remove_ufrag(ufrag)
+        self.counters["revocations_sent"] += len(entry.notices)
+        notices, entry.notices = entry.notices, []
         return notices
 
     # -- drain ----------------------------------------------------------------------------------
@@ -363,13 +416,17 @@ class SessionTable(Generic[H]):
     def next_deadline(self) -> float | None:
         return self._timers[0][0] if self._timers else None
 
-    def on_deadline(self, now: float) -> list[Ended[H]]:
-        """Everything due by `now`: what ended, in order."""
-        out: list[Ended[H]] = []
+    def on_deadline(self, now: float) -> list[Ended[H] | Send]:
+        """Everything due by `now`: what ended, in order, and the revocations of sessions
+        that have lingered their time."""
+        out: list[Ended[H] | Send] = []
         while self._timers and self._timers[0][0] <= now:
             _, _, session_id, kind = heapq.heappop(self._timers)
             if kind == "drain":
                 out.extend(self._drain_due(now))
+                continue
+            if kind == "linger":
+                out.extend(self._unlinger(session_id))
                 continue
             entry = self.entries.get(session_id)
             if entry is None or entry.ended is not None:

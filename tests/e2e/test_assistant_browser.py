@@ -168,17 +168,27 @@ def test_openai_browser_flow_hears_a_spoken_answer(up: UpStack, page: Page) -> N
         assert _events(page, kind), kind
     assert all(isinstance(e.get("event_id"), str) for e in page.evaluate("window.events"))
     # hang up as an app's server would, with the call id from Location
+    page.evaluate(
+        """() => { window.left = null; window.pc.addEventListener('connectionstatechange', () => {
+             if (window.left === null && window.pc.connectionState !== 'connected')
+               window.left = [window.pc.connectionState, performance.now()]; }); }"""
+    )
+    hung_up = page.evaluate("performance.now()")
     status = page.evaluate(
         """async () => (await fetch(window.location_ + "/hangup", {
              method: "POST", headers: { Authorization: `Bearer ${window.key}` } })).status"""
     )
     assert status == 200
     # The transceiver closed the call: SCTP and DTLS say so at once, and the channel closes.
-    # Chromium counts a DTLS transport closed by its peer as still "connected" (W3C
-    # aggregate state); the connection leaves "connected" when its next consent check goes
-    # unanswered (measured: 6.8 s). aiortc callers leave it at once (the SDK test).
     page.wait_for_function("window.dc.readyState === 'closed'", timeout=2_000)
-    page.wait_for_function("window.pc.connectionState !== 'connected'", timeout=20_000)
+    # Chromium counts a DTLS transport closed by its peer as still "connected" (W3C
+    # aggregate state). Its next consent check (every 2.5 s on a stable pair) gets a signed
+    # 403 "call ended", and it drops the pair: the connection fails then. Unanswered, it
+    # took 6.8 s.
+    page.wait_for_function("window.left !== null", timeout=10_000)
+    state, at = page.evaluate("window.left")
+    assert state == "failed"
+    print(f"left connected {at - hung_up:.0f} ms after the hangup")
 
 
 def test_demo_page_assistant_shows_both_sides_of_the_conversation(up: UpStack, page: Page) -> None:

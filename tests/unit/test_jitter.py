@@ -2,7 +2,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from firsthop.services.transceiver.jitter import CALM, MAX_DEPTH, Frame, LowLatencyJitterBuffer
+from firsthop.services.transceiver.jitter import (
+    CALM,
+    MAX_CONCEALED,
+    MAX_DEPTH,
+    Frame,
+    LowLatencyJitterBuffer,
+)
 
 
 @dataclass
@@ -13,12 +19,18 @@ class Pkt:
     _data: bytes = b""
 
 
-def feed(buf: LowLatencyJitterBuffer, seqs: list[int]) -> list[int]:
+def feed(buf: LowLatencyJitterBuffer, seqs: list[int], lost: bool = False) -> list[int]:
+    """The packets released, in order (with `lost`, a lost frame as -1 - the packet whose
+    FEC it carries, or -1 - 0 if none)."""
     out: list[Frame] = []
     buf.sink = out.append
     for s in seqs:
         buf.add(Pkt(s & 0xFFFF, (s * 960) & 0xFFFFFFFF, _data=s.to_bytes(4, "big", signed=True)))
-    return [int.from_bytes(f.data, "big", signed=True) for f in out]
+    return [
+        -1 - int.from_bytes(f.data or bytes(4), "big") if f.lost else int.from_bytes(f.data, "big")
+        for f in out
+        if lost or not f.lost
+    ]
 
 
 def test_in_order_packets_are_released_at_once() -> None:
@@ -61,3 +73,23 @@ def test_without_sink_returns_one_frame_per_packet() -> None:
     buf = LowLatencyJitterBuffer()
     _, frame = buf.add(Pkt(10, 0, _data=b"a"))
     assert frame is not None and frame.data == b"a"
+
+
+def test_a_lost_packet_leaves_a_lost_frame_carrying_the_next_packet_for_its_fec() -> None:
+    buf = LowLatencyJitterBuffer()
+    assert feed(buf, [1, 2, 4, 5], lost=True) == [1, 2, -1 - 4, 4, 5]
+    frames: list[Frame] = []
+    buf.sink = frames.append
+    buf.add(Pkt(7, 7 * 960, _data=b"seven"))  # 6 lost, 7 here: its FEC may carry 6
+    lost = frames[0]
+    assert lost.lost and lost.data == b"seven" and lost.timestamp == 6 * 960
+    assert lost.payload_type == 111 and buf.concealed == 2
+
+
+def test_a_burst_is_concealed_only_up_to_a_bound_and_not_before_the_first_packet() -> None:
+    buf = LowLatencyJitterBuffer()
+    out = feed(buf, [10, 30], lost=True)  # 19 lost: the first few repaired, then silence
+    assert out[0] == 10 and out[-1] == 30
+    assert len(out) == 2 + MAX_CONCEALED and buf.concealed == MAX_CONCEALED
+    assert all(v == -1 - 0 for v in out[1:-1])  # no packet after them: plain concealment
+    assert feed(LowLatencyJitterBuffer(), [5, 6], lost=True) == [5, 6]

@@ -6,6 +6,7 @@ import math
 from firsthop.services.transceiver.pacing import (
     BACKLOG,
     FRAME_BYTES,
+    IDLE_AFTER,
     MAX_FRAMES,
     OutputQueue,
     is_quiet,
@@ -35,6 +36,19 @@ def test_clock_ticks_every_20_ms_and_rephases_when_idle() -> None:
     assert abs(q.next_deadline(100.015) - 100.035) < 1e-9  # the clock follows the new phase
     q.push(LOUD)
     assert not q.may_start_early()  # mid-speech: keep the clock
+
+
+def test_one_missing_frame_mid_speech_keeps_the_clock_a_pause_does_not() -> None:
+    q: OutputQueue[None] = OutputQueue()
+    q.push(LOUD)
+    q.next_deadline(100.0)
+    assert q.pop() == LOUD
+    for tick in range(1, IDLE_AFTER):
+        q.next_deadline(100.0)
+        assert q.pop() is None and not q.idle  # a gap: no re-phasing on the next frame
+        assert not q.may_start_early(), tick
+    q.next_deadline(100.0)
+    assert q.pop() is None and q.idle and q.may_start_early()  # a pause: it may
 
 
 def test_backlog_drains_through_silence_never_through_speech() -> None:

@@ -10,6 +10,8 @@ import pytest
 
 from firsthop.services.transceiver.ice_lite import Credentials
 from firsthop.services.transceiver.table import (
+    LINGER,
+    MAX_LINGERING,
     Command,
     Ended,
     PathChanged,
@@ -232,3 +234,68 @@ def test_an_ice_tcp_caller_is_counted_and_told_apart_in_every_frame_back() -> No
     (notice,) = t.on_datagram(T0, RELAY, tcp + binding_request(gone))
     assert isinstance(notice, Send)
     assert notice.data == build_proxy_v2(INGRESS, CALLER, revocation_tlv(gone), stream=True)
+
+
+def test_an_ended_calls_checks_are_told_so_signed_then_its_relays_are_told() -> None:
+    """After a connected call ends, its caller's authenticated checks get a 403 signed with
+    our password (a browser drops the pair at once), its media reaches nothing, forged
+    checks get nothing; after `LINGER` the relays get TOKEN_REVOKED."""
+    t = table()
+    creds = opened(t)
+    t.on_datagram(T0, RELAY, framed(check(creds)))
+    t.connected(T0 + 0.1, "s1")
+    t.end("s1", "hangup")
+    assert t.remove("s1", T0 + 1) == ()  # it lingers: nothing revoked yet
+    assert t.on_datagram(T0 + 1.1, RELAY, framed(rtp())) == ()  # no media to anyone
+    request = check(creds)
+    (answer,) = t.on_datagram(T0 + 1.2, RELAY, framed(request))
+    assert isinstance(answer, Send) and answer.dest == RELAY
+    header = parse_proxy_v2(answer.data)
+    assert (header.src, header.dst) == (INGRESS, CALLER)
+    body = answer.data[header.payload_offset :]
+    msg = stun.parse_stun(body)
+    assert (msg.method, msg.cls) == (stun.BINDING, stun.ERROR)
+    assert msg.transaction_id == stun.parse_stun(request).transaction_id
+    error = msg.get(stun.ERROR_CODE)
+    assert error is not None and error[2:4] == bytes([4, 3]) and error[4:] == b"call ended"
+    stun.verify_message_integrity(body, msg, creds.local_pwd.encode())
+    stun.verify_fingerprint(body, msg)
+    assert len(body) < len(request)  # never an answer bigger than the question
+    forged = binding_request(creds.local_ufrag.encode(), b"cLnt", b"w" * 22)
+    assert t.on_datagram(T0 + 1.3, RELAY, framed(forged)) == ()
+    assert t.counters["ended_checks_answered"] == 1 and t.counters["stun_auth_fail"] == 1
+    assert t.next_deadline() == T0 + 1 + LINGER
+    notices = t.on_deadline(T0 + 1 + LINGER)
+    assert [n.data for n in notices if isinstance(n, Send)] == [
+        build_proxy_v2(INGRESS, CALLER, revocation_tlv(creds.local_ufrag.encode()))
+    ]
+    # after that, a check is a ufrag nobody holds: its relay is told again, not answered
+    (again,) = t.on_datagram(T0 + 10, RELAY, framed(check(creds)))
+    assert isinstance(again, Send) and parse_tlvs(again.data, parse_proxy_v2(again.data))
+
+
+def test_a_call_that_never_connected_or_ends_in_a_drain_is_revoked_at_once() -> None:
+    t = table()
+    opened(t, "never")
+    t.end("never", "setup_timeout")
+    assert not t.remove("never", T0 + 30)  # no relay ever carried it: nothing to tell
+    assert not t.mux.by_ufrag
+    creds = opened(t, "drained")
+    t.on_datagram(T0, RELAY, framed(check(creds)))
+    t.connected(T0, "drained")
+    t.drain(T0, grace=0)
+    t.on_deadline(T0)
+    assert len(t.remove("drained", T0 + 1)) == 1 and not t.mux.by_ufrag
+
+
+def test_lingering_calls_are_bounded() -> None:
+    t = table(capacity=20_000)
+    revoked = 0
+    for i in range(MAX_LINGERING + 3):
+        creds = opened(t, f"s{i}")
+        t.on_datagram(T0, RELAY, framed(check(creds)))
+        t.connected(T0, f"s{i}")
+        t.end(f"s{i}", "hangup")
+        revoked += len(t.remove(f"s{i}", T0 + 1))
+    assert revoked == 3  # the oldest three, told at once
+    assert len(t.mux.by_ufrag) == MAX_LINGERING

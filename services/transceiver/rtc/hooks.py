@@ -43,7 +43,7 @@ import pylibsrtp
 from aioice.candidate import candidate_foundation, candidate_priority
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from firsthop.services.transceiver.jitter import LowLatencyJitterBuffer
+from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.shared.address import Address
 
 PINNED = {"aiortc": "1.16.", "aioice": "0.13."}
@@ -253,15 +253,22 @@ def receive_backlog(protocol: aioice.ice.StunProtocol) -> int:
 # -- RTP and DTLS -------------------------------------------------------------------------------
 
 
-def low_latency_receiver(receiver: Any) -> LowLatencyJitterBuffer:
-    """Replace the receiver's jitter buffer with ours, releasing frames straight to its
-    decoder thread, as aiortc's own receive path does with the one frame its buffer returns."""
+def low_latency_receiver(
+    receiver: Any, opus: Callable[[Frame], None] | None = None
+) -> LowLatencyJitterBuffer:
+    """Replace the receiver's jitter buffer with ours. Opus frames (lost ones too) go to
+    `opus`, decoded in-line by the session (`opus.py`: it repairs losses, which aiortc's
+    decoder cannot); other codecs go to the receiver's decoder thread, as aiortc's own
+    receive path sends the one frame its buffer returns (a lost frame is skipped there)."""
 
-    def sink(frame: Any) -> None:
-        if receiver._RTCRtpReceiver__decoder_thread is None:
-            return
+    def sink(frame: Frame) -> None:
         codec = receiver._RTCRtpReceiver__codecs.get(frame.payload_type)
         if codec is None:
+            return
+        if opus is not None and codec.name.lower() == "opus":
+            opus(frame)
+            return
+        if receiver._RTCRtpReceiver__decoder_thread is None or frame.lost:
             return
         frame.timestamp = receiver._RTCRtpReceiver__timestamp_mapper.map(frame.timestamp)
         receiver._RTCRtpReceiver__decoder_queue.put((codec, frame))

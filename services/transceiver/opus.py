@@ -1,0 +1,111 @@
+"""An Opus decoder with loss concealment, on libopus itself (ctypes).
+
+aiortc decodes through FFmpeg's libopus wrapper, which cannot conceal: FFmpeg takes an empty
+packet as end of stream and always decodes with `decode_fec=0`. A lost packet then leaves a
+hole in what the agent hears. Called directly, libopus does both repairs (RFC 6716 §4.4):
+
+* `recover(next_payload)`: the lost frame from the in-band FEC (LBRR) the *next* packet
+  carries when the sender encodes with `useinbandfec` (browsers do under loss); libopus falls
+  back to concealment when that packet carries none;
+* `conceal()`: packet-loss concealment, extrapolated from what came before.
+
+It decodes straight to mono (libopus downmixes), which is what the agent takes. The library
+is the one PyAV ships (so it is the same build aiortc's encoder uses), else the system's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+
+import av
+
+SAMPLE_RATE = 48000
+FRAME_SAMPLES = 960  # 20 ms: what is concealed when the lost frame's length is unknown
+MAX_SAMPLES = 5760  # 120 ms, the longest Opus packet (RFC 6716 §3.2.5)
+
+
+class OpusError(Exception):
+    pass
+
+
+def _load() -> ctypes.CDLL:
+    bundled = sorted(glob.glob(os.path.join(os.path.dirname(av.__file__) + ".libs", "libopus*")))
+    path = bundled[0] if bundled else ctypes.util.find_library("opus")
+    if path is None:
+        raise OpusError("libopus not found (PyAV's bundled copy nor the system's)")
+    lib = ctypes.CDLL(path)
+    lib.opus_decoder_create.argtypes = [ctypes.c_int32, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.opus_decoder_create.restype = ctypes.c_void_p
+    lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
+    lib.opus_decoder_destroy.restype = None
+    lib.opus_decode.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    lib.opus_decode.restype = ctypes.c_int
+    return lib
+
+
+_lib: ctypes.CDLL | None = None
+
+
+def _library() -> ctypes.CDLL:
+    global _lib
+    if _lib is None:
+        _lib = _load()
+    return _lib
+
+
+class OpusDecoder:
+    """One stream's decoder state (48 kHz mono out). Not thread-safe: one caller."""
+
+    def __init__(self) -> None:
+        self._lib = _library()
+        error = ctypes.c_int(0)
+        self._state = self._lib.opus_decoder_create(SAMPLE_RATE, 1, ctypes.byref(error))
+        if not self._state or error.value != 0:
+            raise OpusError(f"opus_decoder_create failed ({error.value})")
+        self._pcm = ctypes.create_string_buffer(MAX_SAMPLES * 2)
+        self.last_samples = FRAME_SAMPLES  # the length of the last frame, what a loss lasts
+
+    def decode(self, payload: bytes) -> bytes:
+        """PCM16 mono of one packet; `OpusError` if it is not valid Opus."""
+        if not payload:
+            raise OpusError("empty packet")
+        return self._run(payload, MAX_SAMPLES, 0)
+
+    def conceal(self) -> bytes:
+        """One lost frame's worth of concealment."""
+        return self._run(None, self.last_samples, 0)
+
+    def recover(self, next_payload: bytes) -> bytes:
+        """The lost frame before `next_payload`, from its in-band FEC if it has any (else
+        concealment); `next_payload` itself is still to be decoded after."""
+        if not next_payload:
+            return self.conceal()
+        return self._run(next_payload, self.last_samples, 1)
+
+    def _run(self, payload: bytes | None, frame_size: int, fec: int) -> bytes:
+        n = self._lib.opus_decode(
+            self._state, payload, len(payload or b""), self._pcm, frame_size, fec
+        )
+        if n < 0:
+            raise OpusError(f"opus_decode failed ({n})")
+        if payload is not None and not fec:
+            self.last_samples = n
+        return self._pcm.raw[: n * 2]
+
+    def close(self) -> None:
+        if self._state:
+            self._lib.opus_decoder_destroy(self._state)
+            self._state = None
+
+    def __del__(self) -> None:
+        self.close()

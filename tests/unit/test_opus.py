@@ -1,0 +1,102 @@
+"""The transceiver's Opus decoder (libopus through ctypes): decoding, concealment, in-band FEC."""
+
+from __future__ import annotations
+
+import fractions
+import math
+
+import numpy as np
+import pytest
+from av import AudioFrame, CodecContext
+
+from firsthop.services.transceiver.opus import FRAME_SAMPLES, OpusDecoder, OpusError
+
+RATE = 48000
+
+
+def tone(n: int, freq: float = 440.0) -> np.ndarray:
+    t = np.arange(n * FRAME_SAMPLES) / RATE
+    return (8000 * np.sin(2 * math.pi * freq * t)).astype(np.int16)
+
+
+def encode(pcm: np.ndarray, fec: bool) -> list[bytes]:
+    codec = CodecContext.create("libopus", "w")
+    codec.bit_rate = 32000
+    codec.format = "s16"
+    codec.layout = "mono"
+    codec.sample_rate = RATE
+    codec.time_base = fractions.Fraction(1, RATE)
+    options = {"application": "voip", "frame_duration": "20"}
+    if fec:
+        options |= {"fec": "1", "packet_loss": "20"}
+    codec.options = options
+    packets: list[bytes] = []
+    for i in range(len(pcm) // FRAME_SAMPLES):
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(pcm[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES].tobytes())
+        frame.pts = i * FRAME_SAMPLES
+        frame.sample_rate = RATE
+        frame.time_base = fractions.Fraction(1, RATE)
+        packets += [bytes(p) for p in codec.encode(frame)]
+    return packets
+
+
+def samples(pcm: bytes) -> np.ndarray:
+    return np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(x**2)))
+
+
+def test_decodes_a_tone_to_20_ms_of_mono_at_its_level() -> None:
+    packets = encode(tone(20), fec=False)
+    decoder = OpusDecoder()
+    out = [decoder.decode(p) for p in packets]
+    assert all(len(pcm) == FRAME_SAMPLES * 2 for pcm in out)
+    level = rms(samples(b"".join(out[5:])))
+    assert 0.8 < level / (8000 / math.sqrt(2)) < 1.2
+
+
+def test_a_lost_frame_is_concealed_not_a_hole() -> None:
+    packets = encode(tone(20), fec=False)
+    decoder = OpusDecoder()
+    for p in packets[:10]:
+        decoder.decode(p)
+    concealed = samples(decoder.conceal())
+    assert len(concealed) == FRAME_SAMPLES
+    assert rms(concealed) > 0.3 * 8000 / math.sqrt(2)  # the tone carries on, if fading
+    decoder.decode(packets[11])  # and decoding goes on after it
+
+
+def test_in_band_fec_of_the_next_packet_recovers_the_lost_frame_better_than_concealment() -> None:
+    pcm = tone(40, freq=300.0) + tone(40, freq=1700.0) // 2  # something to get wrong
+    packets = encode(pcm, fec=True)
+    lost = 25
+
+    def run(repair: str) -> np.ndarray:
+        decoder = OpusDecoder()
+        out: list[bytes] = []
+        for i, p in enumerate(packets):
+            if i == lost:
+                out.append(
+                    decoder.recover(packets[i + 1]) if repair == "fec" else decoder.conceal()
+                )
+            else:
+                out.append(decoder.decode(p))
+        return samples(out[lost])
+
+    reference = samples(b"".join(OpusDecoder().decode(p) for p in packets))
+    want = reference[lost * FRAME_SAMPLES : (lost + 1) * FRAME_SAMPLES]
+    fec_error = rms(run("fec") - want)
+    plc_error = rms(run("plc") - want)
+    assert fec_error < 0.5 * plc_error, (fec_error, plc_error)
+
+
+def test_bad_input_is_an_error_not_a_crash() -> None:
+    decoder = OpusDecoder()
+    with pytest.raises(OpusError):
+        decoder.decode(b"")
+    with pytest.raises(OpusError):
+        decoder.decode(b"\xff" * 3)  # code 3 with a frame count of 0: invalid
+    assert len(decoder.decode(encode(tone(1), fec=False)[0])) == FRAME_SAMPLES * 2
