@@ -373,3 +373,34 @@ def test_the_transceiver_refuses_a_bad_ingress_tcp() -> None:
             assert status == 400 and "ingress_tcp" in str(body), body
     finally:
         tx.kill()
+
+
+def test_a_global_relay_hop_carries_an_ice_tcp_caller_both_ways() -> None:
+    # The first relay takes the TCP connection; the STREAM marking survives the hop to the
+    # second relay and the transceiver, and the reply comes back on the connection.
+    b = RelayProcess(cluster=2).start()
+    a = tcp_relay("--peer", f"2={b.internal[0]}:{b.internal[1]}")
+    fake = FakeTransceiver()  # a transceiver of cluster 2
+    caller = TcpCaller(listen_tcp(a))
+    try:
+        req = binding_request(mint(*fake.addr, cluster=2))
+        caller.send(req)
+        data, via = fake.recv()
+        hdr = parse_proxy_v2(data)
+        assert (hdr.src, hdr.dst, hdr.stream) == (caller.addr, listen_tcp(a), True)
+        assert data[hdr.payload_offset :] == req
+        back = build_proxy_v2(listen_tcp(a), caller.addr, stream=True)
+        fake.send(back + binding_success(), via)
+        assert stun.parse_stun(caller.recv()).cls == stun.SUCCESS
+        for seq in range(5):
+            caller.send(rtp(seq))
+            data, _ = fake.recv()
+            assert data[parse_proxy_v2(data).payload_offset :] == rtp(seq)
+            fake.send(back + rtp(500 + seq), via)
+            assert caller.recv() == rtp(500 + seq)
+        assert b.wait_metric("firsthop_relay_flows", 1) == 1
+    finally:
+        caller.close()
+        fake.close()
+        a.kill()
+        b.kill()
