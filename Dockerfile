@@ -49,6 +49,6 @@ WORKDIR /tmp
 USER 10001:10001
 # relay: 3478/udp public, 3479/udp internal, 9478 metrics; transceiver: 5004/udp media,
 # 8081 internal API; signaling: 8080; agent: 8090.
-EXPOSE 3478/udp 3479/udp 9478 5004/udp 8081 8080 8090
+EXPOSE 3478/udp 3478/tcp 3479/udp 9478 5004/udp 8081 8080 8090
 ENTRYPOINT ["firsthop"]
 CMD ["--help"]

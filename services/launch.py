@@ -164,6 +164,7 @@ class Child:
             ready_file = os.path.join(tempfile.mkdtemp(prefix="firsthop-"), "ready.json")
             self.spec.env[READY_FILE_ENV] = ready_file
         # Quiet: its output is kept aside, and its tail told if it does not come up.
+        self._close_log()  # (a restart's previous one)
         self._log = tempfile.TemporaryFile() if self.quiet else None
         self.proc = subprocess.Popen(
             self.spec.argv,
@@ -179,10 +180,9 @@ class Child:
                     f"{self.spec.name} exited with {self.proc.returncode}{self._log_tail()}"
                 )
             if time.monotonic() > deadline:
+                tail = self._log_tail()
                 self.kill()
-                raise RuntimeError(
-                    f"{self.spec.name} was not ready within {timeout:.0f} s{self._log_tail()}"
-                )
+                raise RuntimeError(f"{self.spec.name} was not ready within {timeout:.0f} s{tail}")
             time.sleep(0.05)
         self._log_tail()  # it is up: the file stays the child's alone
         if ready_file is not None:
@@ -213,9 +213,18 @@ class Child:
         except subprocess.TimeoutExpired:
             self.kill()
             raise
+        self._close_log()
         return time.monotonic() - t0
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._close_log()
+
+    def _close_log(self) -> None:
+        # Closed once the child is gone: left to the garbage collector, the open file is a
+        # ResourceWarning in whichever test happens to run then (an error under pytest).
+        if self._log is not None:
+            self._log.close()
+            self._log = None

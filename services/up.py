@@ -1,7 +1,8 @@
 """`firsthop up`: the whole local stack on loopback, in one Trio nursery.
 
 It runs: a Redis (when a `redis-server` binary is found and `--redis` is not given;
-otherwise in-memory), one relay, two transceivers, the agents (echo, parrot, and the offline
+otherwise in-memory), one relay (UDP, and ICE-TCP for callers whose UDP is blocked: the
+answers offer both), two transceivers, the agents (echo, parrot, and the offline
 assistant behind the Realtime bridge, the default for Realtime calls) and signaling with the
 demo page (in --dev mode: it hands the page client secrets on loopback). Each
 service is the real `firsthop <service>` process with its log lines prefixed; Ctrl-C (or
@@ -92,11 +93,13 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
         port = free_port(socket.SOCK_STREAM)
         redis_url = f"redis://127.0.0.1:{port}/0"
         services.append(Spec("redis", redis_command(port), ready_tcp=port))
+    relay_tcp_port = args.relay_port if args.relay_tcp_port is None else args.relay_tcp_port
     relay = relay_command(
         listen=args.relay_port,
         internal=0,  # only peer relays use it: any port
         metrics=args.relay_metrics_port,
         redis=redis_url,
+        extra=("--listen-tcp", f"127.0.0.1:{relay_tcp_port}"),
     )
     relay_ready = f"http://127.0.0.1:{args.relay_metrics_port}/healthz"
     services.append(Spec("relay", relay, env, ready_http=relay_ready))
@@ -129,6 +132,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
     sig_args = [
         *("--region", "local"),
         *("--ingress", f"local=127.0.0.1:{args.relay_port}"),
+        *("--ingress-tcp", f"local=127.0.0.1:{relay_tcp_port}"),
         *("--api-keys", api_key),
         "--dev",
         *(arg for kind, url in agents.items() for arg in ("--agent-url", f"{kind}={url}")),
@@ -152,6 +156,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
         "dev API key": api_key,
         "try": f"firsthop call http://127.0.0.1:{args.port} --api-key {api_key}",
         "relay ingress": f"udp://127.0.0.1:{args.relay_port}",
+        "relay ICE-TCP": f"tcp://127.0.0.1:{relay_tcp_port}",
         "relay metrics": f"http://127.0.0.1:{args.relay_metrics_port}/metrics",
         "transceivers": " ".join(transceivers),
         "agents": " ".join(f"{k}={v}" for k, v in agents.items()),
@@ -185,5 +190,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     add_option(p, "--redis", default=None, help="use this Redis instead of starting one")
     add_option(p, "--port", default=8080, type=int, help="signaling HTTP port (the demo page)")
     add_option(p, "--relay-port", default=3478, type=int, help="relay ingress UDP port")
+    add_option(
+        p,
+        "--relay-tcp-port",
+        default=None,
+        type=int,
+        help="relay ICE-TCP ingress port (default: the --relay-port number, on TCP)",
+    )
     add_option(p, "--relay-metrics-port", default=9478, type=int, help="relay /metrics port")
     p.set_defaults(func=run)

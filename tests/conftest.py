@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 import pytest_timeout
 
-from tests.support import SignalingProcess, TransceiverProcess, start_all
+from tests.support import FakeTransceiver, SignalingProcess, TransceiverProcess, start_all
 
 TRIO_TIMER = pytest.StashKey[threading.Timer]()
 
@@ -55,6 +55,15 @@ def pytest_timeout_cancel_timer(item: pytest.Item) -> bool | None:
     timer.cancel()
     timer.join()
     return True
+
+
+@pytest.fixture
+def tx() -> Iterator[FakeTransceiver]:
+    """A transceiver's relay-facing socket on loopback, for the relay's tests (a module that
+    runs a real transceiver names its own `tx`)."""
+    t = FakeTransceiver()
+    yield t
+    t.close()
 
 
 @pytest.fixture(scope="module")

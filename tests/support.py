@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -472,6 +474,7 @@ class UpStack:
         self.port, self.metrics = free_tcp_port(), free_tcp_port()
         argv = [sys.executable, "-m", "firsthop.services.cli", "up"]
         argv += ["--port", str(self.port), "--relay-port", str(free_udp_port())]
+        argv += ["--relay-tcp-port", str(free_tcp_port())]
         argv += ["--relay-metrics-port", str(self.metrics)]
         self.proc = subprocess.Popen(
             argv,
@@ -589,3 +592,85 @@ def rsa_certificate(ciphers: str = RSA_ONLY_CIPHERS) -> Any:
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return DtlsCertificate(key, generate_certificate(key), ciphers)  # type: ignore[arg-type]
+
+
+# -- network namespaces (tests across real network boundaries) ---------------------------
+
+
+@dataclass
+class Namespace:
+    """A network namespace joined to this host by a veth pair: `host` is the host side's
+    address, `inside` the namespace's (a /24 of their own)."""
+
+    name: str
+    host: str
+    inside: str
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run `argv` inside the namespace."""
+        return _ip("netns", "exec", self.name, *argv, check=check)
+
+    def block_udp(self, blocked: bool = True) -> None:
+        """nftables in the namespace drop every UDP datagram in and out (or stop doing so)."""
+        self.run("nft", "flush", "ruleset")
+        if blocked:
+            rules = (
+                "table inet firsthop_test {\n"
+                "  chain out { type filter hook output priority 0; meta l4proto udp drop; }\n"
+                "  chain in { type filter hook input priority 0; meta l4proto udp drop; }\n"
+                "}\n"
+            )
+            _ip("netns", "exec", self.name, "nft", "-f", "-", stdin=rules)
+
+
+def _ip(
+    *argv: str, check: bool = True, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    program = "ip"
+    result = subprocess.run(
+        [program, *argv], input=stdin, capture_output=True, text=True, timeout=20
+    )
+    if check and result.returncode != 0:
+        raise NamespaceUnavailable(
+            f"`{program} {' '.join(argv)}` failed ({result.returncode}): {result.stderr.strip()}"
+        )
+    return result
+
+
+class NamespaceUnavailable(RuntimeError):
+    pass
+
+
+@contextmanager
+def network_namespace() -> Iterator[Namespace]:
+    """A fresh namespace with a veth pair to this host (unique names, removed on exit).
+    Fails — does not skip — with what is missing where namespaces cannot be created: the
+    tests need root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and nftables."""
+    for program in ("ip", "nft"):
+        if shutil.which(program) is None:
+            raise NamespaceUnavailable(
+                f"{program} is not installed: run scripts/ensure-system-deps iproute2 nftables"
+            )
+    tag = os.urandom(3).hex()
+    name, veth_host, veth_inside = f"fh-{tag}", f"fh{tag}h", f"fh{tag}n"
+    subnet = f"10.199.{int(tag[:2], 16)}"  # (compose.yaml uses 10.77.0.0/24)
+    ns = Namespace(name, f"{subnet}.1", f"{subnet}.2")
+    try:
+        _ip("netns", "add", name)
+    except NamespaceUnavailable as exc:
+        raise NamespaceUnavailable(
+            f"cannot create a network namespace here ({exc}); the tests across namespaces "
+            "need root with CAP_NET_ADMIN and CAP_SYS_ADMIN (e.g. a privileged container)"
+        ) from None
+    try:
+        _ip("link", "add", veth_host, "type", "veth", "peer", "name", veth_inside)
+        _ip("link", "set", veth_inside, "netns", name)
+        _ip("addr", "add", f"{ns.host}/24", "dev", veth_host)
+        _ip("link", "set", veth_host, "up")
+        ns.run("ip", "addr", "add", f"{ns.inside}/24", "dev", veth_inside)
+        ns.run("ip", "link", "set", veth_inside, "up")
+        ns.run("ip", "link", "set", "lo", "up")
+        yield ns
+    finally:
+        _ip("netns", "del", name, check=False)  # takes the veth pair with it
+        _ip("link", "del", veth_host, check=False)

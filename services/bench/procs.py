@@ -47,6 +47,7 @@ class Stack:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(16))  # internal API
     children: list[Child] = field(default_factory=list)
     relay_port: int = 0
+    relay_tcp_port: int = 0  # its ICE-TCP ingress
     tx_media: int = 0
     tx_api: int = 0
     agent_port: int = 0
@@ -67,9 +68,10 @@ class Stack:
     def start(self, *, stock: bool = False, tx_args: tuple[str, ...] = ()) -> Stack:
         # Every service binds port 0 and says what it got (no port picked here can be
         # taken by someone else before the service binds it).
-        relay = relay_command(listen=0, internal=0, metrics=0)
+        relay = relay_command(listen=0, internal=0, metrics=0, extra=("--listen-tcp", f"{HOST}:0"))
         bound = self._start(Spec("relay", relay, announces=True)).bound
         self.relay_port, self.relay_metrics = bound["listen"][1], bound["metrics"][1]
+        self.relay_tcp_port = bound["listen_tcp"][1]
         agent = agent_command(self.agent_kind, 0)
         self.agent_port = self._start(Spec("agent", agent, announces=True)).bound["listen"][1]
         tx = transceiver_command(
@@ -128,10 +130,13 @@ class Stack:
         ingress: str | None = None,
         session: dict[str, Any] | None = None,
         agent_url: str | None = None,
+        tcp_only: bool = False,
     ) -> str:
         """Answer from the transceiver, advertising the relay (or, `direct`, the media
         socket itself; or any `ingress` HOST:PORT given); `session` is a Realtime session
-        config for a Realtime agent; `agent_url` another agent than the stack's, this call."""
+        config for a Realtime agent; `agent_url` another agent than the stack's, this call;
+        `tcp_only`: the caller is given the relay's ICE-TCP ingress alone (its UDP candidate
+        is taken out of the answer), as if its network dropped UDP."""
         if ingress is None:
             ingress = f"127.0.0.1:{self.tx_media if direct else self.relay_port}"
         fields: dict[str, Any] = {
@@ -143,6 +148,8 @@ class Stack:
             fields["session"] = session
         if agent_url is not None:
             fields["agent_url"] = agent_url
+        if tcp_only:
+            fields["ingress_tcp"] = [f"127.0.0.1:{self.relay_tcp_port}"]
         body = json.dumps(fields).encode()
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.tx_api}/internal/v1/sessions",
@@ -151,7 +158,13 @@ class Stack:
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return str(json.loads(resp.read())["answer_sdp"])
+            answer = str(json.loads(resp.read())["answer_sdp"])
+        if tcp_only:
+            lines = answer.split("\r\n")
+            answer = "\r\n".join(
+                line for line in lines if not (line.startswith("a=candidate:") and " udp " in line)
+            )
+        return answer
 
     def offer_to_stock(self, offer: str, *, port: int | None = None) -> str:
         """Answer from the stock answerer (or the one `spawn_stock` started on `port`)."""

@@ -4,13 +4,16 @@ firsthop: caller -> relay -> transceiver (ICE-lite, shared socket) with the offe
 transceiver's internal API. Reference: a stock aiortc answerer (one socket per call, full ICE)
 in its own process. Callers are a stock aiortc peer and headless Chromium (fake microphone),
 each timing from "createOffer" to connectionState "connected" on the caller side. Calls run
-one after another, the two targets interleaved, so machine noise hits both alike.
+one after another, the targets interleaved, so machine noise hits all alike. Chromium also
+calls firsthop over ICE-TCP (`firsthop-tcp`: the answer offers only the relay's TCP
+ingress, as a UDP-blocked network leaves it), reported against the same calls over UDP.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import threading
@@ -122,14 +125,18 @@ def run(calls: int, *, chromium: bool = True, verbose: bool = False) -> dict[str
         if chromium:
             from playwright.sync_api import sync_playwright
 
-            server = _serve_page(targets)
+            browser_targets: dict[str, Callable[[str], str]] = {
+                **targets,
+                "firsthop-tcp": functools.partial(stack.offer_to_firsthop, tcp_only=True),
+            }
+            server = _serve_page(browser_targets)
             try:
                 with sync_playwright() as pw:
                     browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                     page = browser.new_page()
                     page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
                     for _ in range(calls):
-                        for name in targets:
+                        for name in browser_targets:
                             ms = page.evaluate(f"call('{name}')")
                             if verbose:
                                 print(name, page.evaluate("window.marks"))
@@ -151,6 +158,10 @@ def run(calls: int, *, chromium: bool = True, verbose: bool = False) -> dict[str
         ours, ref = out.get(f"{caller}->firsthop"), out.get(f"{caller}->stock")
         if ours and ref:
             out[f"{caller}_delta_p50_ms"] = round(ours["p50_ms"] - ref["p50_ms"], 1)
+    tcp, udp = out.get("chromium->firsthop-tcp"), out.get("chromium->firsthop")
+    if tcp and udp:
+        out["chromium_tcp_minus_udp_p50_ms"] = round(tcp["p50_ms"] - udp["p50_ms"], 1)
+        out["chromium_tcp_over_udp_p50"] = round(tcp["p50_ms"] / udp["p50_ms"], 2)
     return out
 
 
@@ -167,6 +178,11 @@ def _main(args: argparse.Namespace) -> int:
     for caller in ("aiortc", "chromium"):
         if f"{caller}_delta_p50_ms" in result:
             print(f"  {caller}: firsthop - stock = {result[caller + '_delta_p50_ms']} ms (p50)")
+    if "chromium_tcp_minus_udp_p50_ms" in result:
+        print(
+            f"  chromium: ICE-TCP - UDP = {result['chromium_tcp_minus_udp_p50_ms']} ms (p50), "
+            f"x{result['chromium_tcp_over_udp_p50']}"
+        )
     return 0
 
 

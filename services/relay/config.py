@@ -14,11 +14,21 @@ from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
 from firsthop.shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys
 
 DEFAULT_ALLOW_DEST = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7,127.0.0.0/8,::1/128"
+# ICE-TCP bounds (RelayLimits fields), each a flag of its own: --tcp-max-connections, ...
+TCP_LIMITS = {
+    "tcp_max_connections": "ICE-TCP connections per worker",
+    "tcp_max_per_ip": "ICE-TCP connections per source IP, per worker",
+    "tcp_first_frame_timeout": "seconds an ICE-TCP connection gets to send a valid first check",
+    "tcp_idle_timeout": "seconds without a frame before an ICE-TCP connection is closed",
+    "tcp_write_buffer": "bytes queued toward a slow ICE-TCP reader before frames are dropped",
+    "tcp_write_budget": "bytes queued toward all ICE-TCP readers of a worker, at most",
+}
 
 
 @dataclass
 class RelayConfig:
     listen: Address = ("0.0.0.0", 3478)
+    listen_tcp: Address | None = None  # ICE-TCP (RFC 6544 passive), e.g. 0.0.0.0:443
     internal: Address = ("0.0.0.0", 3479)
     public: Address | None = None  # the ingress address written into frames
     metrics: Address = ("0.0.0.0", 9478)
@@ -37,6 +47,17 @@ class RelayConfig:
             return self.public
         return self.listen
 
+    @property
+    def ingress_tcp(self) -> Address | None:
+        """The ICE-TCP address clients connect to, written into their frames: --public's
+        host (or --listen-tcp's) with the --listen-tcp port."""
+        if self.listen_tcp is None:
+            return None
+        return (
+            self.ingress[0] if self.public is not None else self.listen_tcp[0],
+            self.listen_tcp[1],
+        )
+
     def to_json(self) -> str:
         data = asdict(self)
         data["keys"] = {str(k): v.hex() for k, v in self.keys.items()}
@@ -48,7 +69,7 @@ class RelayConfig:
         data: dict[str, Any] = json.loads(text)
         data["keys"] = {int(k): bytes.fromhex(v) for k, v in data["keys"].items()}
         data["peers"] = {int(k): tuple(v) for k, v in data["peers"].items()}
-        for name in ("listen", "internal", "metrics", "public"):
+        for name in ("listen", "listen_tcp", "internal", "metrics", "public"):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
         data["limits"] = RelayLimits(**data["limits"])
@@ -61,11 +82,20 @@ def register(
     p = sub.add_parser(
         "relay",
         help=help,
-        description="The public face of a region: one UDP port, first-packet routing by the "
-        "signed server ICE ufrag, PROXY v2 framed forwarding to transceivers and peer relays.",
+        description="The public face of a region: one UDP port (and optionally one ICE-TCP "
+        "port), first-packet routing by the signed server ICE ufrag, PROXY v2 framed "
+        "forwarding to transceivers and peer relays.",
     )
     add_option(
         p, "--listen", default="0.0.0.0:3478", help="public UDP address", metavar="HOST:PORT"
+    )
+    add_option(
+        p,
+        "--listen-tcp",
+        default=None,
+        help="public ICE-TCP address (RFC 6544 passive, RFC 4571 framing; 443 in production; "
+        "default: none)",
+        metavar="HOST:PORT",
     )
     add_option(
         p,
@@ -105,6 +135,11 @@ def register(
         type=float,
         help="oldest accepted route token, seconds",
     )
+    limits = RelayLimits()
+    for name, help_ in TCP_LIMITS.items():
+        default = getattr(limits, name)
+        flag = "--" + name.replace("_", "-")
+        add_option(p, flag, default=default, type=type(default), help=help_)
     add_option(p, "--no-pin", action="store_true", help="do not pin workers to CPUs")
     return p
 
@@ -122,6 +157,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             peers[int(cluster)] = parse_hostport(addr)
         config = RelayConfig(
             listen=hostport_arg(args.listen),
+            listen_tcp=hostport_arg(args.listen_tcp) if args.listen_tcp else None,
             internal=hostport_arg(args.internal),
             public=hostport_arg(args.public) if args.public else None,
             metrics=hostport_arg(args.metrics),
@@ -132,7 +168,11 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             redis=args.redis or None,
             workers=max(1, args.workers),
             pin_cpus=not args.no_pin,
-            limits=RelayLimits(max_flows=args.max_flows, token_max_age=args.token_max_age),
+            limits=RelayLimits(
+                max_flows=args.max_flows,
+                token_max_age=args.token_max_age,
+                **{name: getattr(args, name) for name in TCP_LIMITS},
+            ),
         )
     except (ValueError, argparse.ArgumentTypeError) as exc:
         raise SystemExit(f"firsthop relay: {exc}") from exc

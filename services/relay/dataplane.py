@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from firsthop.services.relay.flow_table import FlowTable
-from firsthop.services.relay.flows import Deliver, Flow, Forward, Recover, ReturnToPeer
+from firsthop.services.relay.flows import Deliver, Drop, Flow, Forward, Recover, ReturnToPeer
+from firsthop.services.relay.tcp_ingress import Connection, TcpIngress
 
 log = logging.getLogger("firsthop.relay")
 
@@ -100,8 +101,21 @@ class DataPlane:
         peer: socket.socket,
         notify: Callable[[], None] = lambda: None,
         cpu: int | None = None,
+        tcp: socket.socket | None = None,
     ) -> None:
         self.table = table
+        # ICE-TCP callers (optional): their connections join this thread's epoll set
+        self.tcp = (
+            TcpIngress(
+                tcp,
+                table.limits,
+                on_frame=self._tcp_frame,
+                on_close=table.forget_tcp,
+                count_drop=table.count_drop,
+            )
+            if tcp is not None
+            else None
+        )
         self.public = public
         self.own = own
         self.peer = peer
@@ -147,8 +161,12 @@ class DataPlane:
             sock.setblocking(False)
         self._ep = ep = select.epoll()
         pub_fd, own_fd, peer_fd = self.public.fileno(), self.own.fileno(), self.peer.fileno()
-        for fd in (pub_fd, own_fd, peer_fd, self._wake_fd):
+        wake_fd = self._wake_fd
+        for fd in (pub_fd, own_fd, peer_fd, wake_fd):
             ep.register(fd, select.EPOLLIN)
+        tcp = self.tcp
+        if tcp is not None:
+            tcp.attach(ep)
         buf = self._buf
         view = memoryview(buf)
         next_tick = 0.0
@@ -162,7 +180,7 @@ class DataPlane:
                     table = self.table
                     table.sweep(now, budget=max(SWEEP_MIN, table.size // 4 + 1))
                     self._housekeeping(now)
-                for fd, _ in ep.poll(TICK):
+                for fd, events in ep.poll(TICK):
                     now = time.time()
                     if fd == pub_fd:
                         self._drain_public(buf, view, now)
@@ -172,10 +190,14 @@ class DataPlane:
                         self._drain_peer(buf, view, now)
                     elif fd == own_fd:
                         self._drain_own(buf, view, now)
-                    else:
-                        os.eventfd_read(self._wake_fd)
+                    elif fd == wake_fd:
+                        os.eventfd_read(wake_fd)
                         self._run_commands(time.time())
+                    elif tcp is not None:
+                        tcp.on_event(fd, events, now)
         finally:
+            if tcp is not None:
+                tcp.close_all()
             ep.close()
             for sock in self.upstreams.values():
                 sock.close()
@@ -264,7 +286,10 @@ class DataPlane:
             flow = known(bytes(view[:HEADROOM]), peer, n - HEADROOM, now) if n >= HEADROOM else None
             if flow is not None:
                 try:
-                    if flow.via is None:
+                    if flow.stream and flow.via is None:
+                        if not self._tcp_send(flow.client, view[HEADROOM:n]):
+                            continue
+                    elif flow.via is None:
                         send(view[HEADROOM:n], flow.client)
                     else:  # second hop: the frame goes back to the first relay as it is
                         self.peer.sendto(view[:n], flow.via)
@@ -338,7 +363,11 @@ class DataPlane:
                 self.upstream += 1
                 self.upstream_bytes += n
             elif type(decision) is Deliver:
-                self.public.sendto(data[decision.offset :], decision.client)
+                if decision.stream:
+                    if not self._tcp_send(decision.client, memoryview(data)[decision.offset :]):
+                        return
+                else:
+                    self.public.sendto(data[decision.offset :], decision.client)
                 self.downstream += 1
                 self.downstream_bytes += n - decision.offset
             elif type(decision) is ReturnToPeer:
@@ -351,9 +380,45 @@ class DataPlane:
         except OSError:
             self.table.count_drop("send_error")
 
+    # -- ICE-TCP ---------------------------------------------------------------------------
+
+    def _tcp_frame(self, conn: Connection, data: bytes, now: float) -> str | None:
+        """One RFC 4571 frame from an ICE-TCP connection: a datagram of its flow. Returns
+        why the connection must close, if it must."""
+        client = conn.client
+        flow = self.table.known_tcp_client(client, len(data), data[0], now)
+        if flow is not None:
+            sock = self.upstreams.get(flow.dest)
+            if sock is not None:
+                try:
+                    sock.sendmsg((flow.header, data))
+                except OSError:
+                    self.table.count_drop("send_error")
+                    return None
+                self.upstream += 1
+                self.upstream_bytes += len(data)
+                return None
+        decision = self.table.on_tcp_client(client, data, now)
+        if type(decision) is Drop:
+            if not conn.routed:
+                return "first_frame_rejected"
+            if client not in self.table.tcp_flows:
+                return "flow_ended"
+            return None
+        self._carry_out(decision, data, len(data))
+        return None
+
+    def _tcp_send(self, client: tuple[str, int], payload: bytes | memoryview) -> bool:
+        if self.tcp is None:
+            self.table.count_drop("tcp_no_connection")
+            return False
+        return self.tcp.send(client, payload)
+
     # -- housekeeping and commands --------------------------------------------------------
 
     def _housekeeping(self, now: float) -> None:
+        if self.tcp is not None:
+            self.tcp.sweep(now)
         if self.want_pins:
             new = [f for f in self.table.events.established if f.established_at >= f.created]
             if new:
@@ -401,6 +466,10 @@ class DataPlane:
             "revoked": len(t.revoked),
             "drops": dict(t.drops),
             "evictions": dict(t.evictions),
+            "tcp_connections": self.tcp.connections if self.tcp else 0,
+            "tcp_queued_bytes": self.tcp.queued if self.tcp else 0,
+            "tcp_accepted": self.tcp.accepted if self.tcp else 0,
+            "tcp_closed": dict(self.tcp.closed) if self.tcp else {},
         }
 
     def close(self) -> None:

@@ -9,6 +9,12 @@ A relay worker has three sockets and this table decides for each datagram (docs/
   cluster (the flow goes there) or another cluster (the flow goes to that cluster's relay,
   a Global Relay hop). Anything else from an unknown client is recovered from the Redis
   flow cache (`Recover`) or dropped.
+* `on_tcp_client`: a frame from an ICE-TCP connection (RFC 6544, `tcp_ingress.py`): the
+  same rules as `on_client`, in a table of its own keyed by the connection's remote address
+  (unique per live connection), so a flow is pinned to its connection and a UDP client can
+  never reach it. Its frames say STREAM (`proxy_v2`), so replies name it apart from a UDP
+  client of the same address; it is never written to nor recovered from the flow cache (the
+  connection dies with the worker).
 * `on_peer`: a framed datagram from a peer cluster's relay (we are the second hop). Same
   rules, keyed by the client address in the PROXY header; forwarded unchanged.
 * `on_return`: a framed datagram from a destination. Its PROXY header names the client; the
@@ -97,10 +103,12 @@ class FlowTable:
         limits: RelayLimits | None = None,
         recovery: bool = False,
         now: float = 0.0,
+        ingress_tcp: Address | None = None,
     ) -> None:
         self.cluster = cluster
         self.keys = Keyring(keys)
         self.ingress = ingress
+        self.ingress_tcp = ingress_tcp or ingress
         self.allow_dest = allow_dest
         self.peers = dict(peers or {})
         self.peer_hosts = frozenset(host for host, _ in self.peers.values())
@@ -108,6 +116,8 @@ class FlowTable:
         self.recovery = recovery
         # client address -> flow, for clients on our public socket
         self.flows: dict[Address, Flow] = {}
+        # ICE-TCP connection's remote address -> flow
+        self.tcp_flows: dict[Address, Flow] = {}
         # first-hop relay's header bytes (src = client, dst = its ingress) -> second-hop flow
         self.hop_flows: dict[bytes, Flow] = {}
         # exact return header bytes -> flow (both kinds)
@@ -148,6 +158,14 @@ class FlowTable:
         flow.last_seen = now
         return flow
 
+    def known_tcp_client(self, client: Address, n: int, first: int, now: float) -> Flow | None:
+        """`known_client` for a frame from an ICE-TCP connection."""
+        flow = self.tcp_flows.get(client)
+        if flow is None or first <= STUN_LAST or not 0 < n <= MAX_DATAGRAM:
+            return None
+        flow.last_seen = now
+        return flow
+
     def known_return(self, header: bytes, src: Address, payload: int, now: float) -> Flow | None:
         """A datagram from `src` whose exact PROXY header (no TLVs) is an established flow's
         return key, carrying `payload` bytes: it goes to `flow.client` (or, on a second hop,
@@ -180,6 +198,22 @@ class FlowTable:
             return self._known(flow, data, 0, now)
         return self._unknown(client, data, 0, None, self.ingress, now)
 
+    # -- frames from ICE-TCP connections ---------------------------------------------------
+
+    def on_tcp_client(self, client: Address, data: bytes, now: float) -> Decision:
+        if len(data) > MAX_DATAGRAM:
+            return self._drop("oversize")
+        flow = self.tcp_flows.get(client)
+        if flow is not None:
+            return self._known(flow, data, 0, now)
+        return self._unknown(client, data, 0, None, self.ingress_tcp, now, stream=True)
+
+    def forget_tcp(self, client: Address) -> None:
+        """The connection from `client` closed: its flow goes with it."""
+        flow = self.tcp_flows.get(client)
+        if flow is not None:
+            self._remove(flow)
+
     # -- datagrams from peer relays (we are the second hop) --------------------------------
 
     def on_peer(self, src: Address, data: bytes, now: float) -> Decision:
@@ -195,7 +229,7 @@ class FlowTable:
             assert hdr is not None
             if len(data) - hlen > MAX_DATAGRAM:
                 return self._drop("oversize")
-            return self._unknown(hdr.src, data, hlen, src, hdr.dst, now)
+            return self._unknown(hdr.src, data, hlen, src, hdr.dst, now, stream=hdr.stream)
         if len(data) - hlen > MAX_DATAGRAM:
             return self._drop("oversize")
         flow.via = src
@@ -212,7 +246,7 @@ class FlowTable:
                 cand = flow.candidate
                 if cand is not None and ufrag == cand.token:
                     return Forward(cand.dest, FORWARDED_AS_IS if hop else cand.header, off)
-                route = self._route(ufrag, flow.client, flow.via, flow.ingress, now)
+                route = self._route(ufrag, flow.client, flow.via, flow.ingress, now, flow.stream)
                 if isinstance(route, Drop):
                     return route
                 dest, header = route
@@ -238,15 +272,19 @@ class FlowTable:
         via: Address | None,
         ingress: Address,
         now: float,
+        *,
+        stream: bool = False,
     ) -> Decision:
         payload = data[off:] if off else data
         ufrag = binding_request_server_ufrag(payload)
         if ufrag is None:
+            if stream:  # an ICE-TCP flow lives and dies with its connection
+                return self._drop("no_flow")
             return self._recover_or_drop(client, data, via, now)
         lim = self.limits
         if not self._new_flow_limiter.take(client[0], now):
             return self._drop("rate_limited")
-        if len(self.flows) + len(self.hop_flows) >= lim.max_flows:
+        if self.size >= lim.max_flows:
             return self._drop("table_full")
         if self.pending_per_ip[client[0]] >= lim.max_pending_per_ip:
             return self._drop("pending_per_ip")
@@ -257,14 +295,16 @@ class FlowTable:
             victim = self.ledger.victim(ufrag)
             if victim is None:
                 return self._drop("pending_full")
-        route = self._route(ufrag, client, via, ingress, now)
+        route = self._route(ufrag, client, via, ingress, now, stream)
         if isinstance(route, Drop):
             return route
         if victim is not None:  # only a verified token may take another's slot
             self._remove(victim)
             self.evictions["pending_fair_share"] += 1
         dest, header = route
-        flow = self._add(client, dest, ufrag, header, via, ingress, now, established=False)
+        flow = self._add(
+            client, dest, ufrag, header, via, ingress, now, established=False, stream=stream
+        )
         return Forward(flow.dest, FORWARDED_AS_IS if via else flow.header, off)
 
     def _route(
@@ -274,6 +314,7 @@ class FlowTable:
         via: Address | None,
         ingress: Address,
         now: float,
+        stream: bool = False,
     ) -> tuple[Address, bytes] | Drop:
         """Verify a token and say where its flow goes, with the frame toward there."""
         if ufrag in self.revoked:
@@ -287,7 +328,7 @@ class FlowTable:
         dest = self._destination(token, via)
         if isinstance(dest, Drop):
             return dest
-        return dest, build_proxy_v2(client, ingress)
+        return dest, build_proxy_v2(client, ingress, stream=stream)
 
     def _destination(self, token: RouteToken, via: Address | None) -> Address | Drop:
         if token.cluster == self.cluster:
@@ -313,24 +354,27 @@ class FlowTable:
         now: float,
         *,
         established: bool,
+        stream: bool = False,
     ) -> Flow:
         flow = Flow(
             client=client,
             dest=dest,
             token=token,
             header=header,
-            return_key=build_proxy_v2(ingress, client),
+            return_key=build_proxy_v2(ingress, client, stream=stream),
             via=via,
             ingress=ingress,
             established=established,
             created=now,
             last_seen=now,
+            stream=stream,
         )
-        old = self.hop_flows.get(header) if via is not None else self.flows.get(client)
+        clients = self.tcp_flows if stream else self.flows
+        old = self.hop_flows.get(header) if via is not None else clients.get(client)
         if old is not None:
             self._remove(old)
         if via is None:
-            self.flows[client] = flow
+            clients[client] = flow
         else:
             self.hop_flows[header] = flow
         self.by_return[flow.return_key] = flow
@@ -344,8 +388,9 @@ class FlowTable:
 
     def _remove(self, flow: Flow) -> None:
         if flow.via is None:
-            if self.flows.get(flow.client) is flow:
-                del self.flows[flow.client]
+            clients = self.tcp_flows if flow.stream else self.flows
+            if clients.get(flow.client) is flow:
+                del clients[flow.client]
         elif self.hop_flows.get(flow.header) is flow:
             del self.hop_flows[flow.header]
         if self.by_return.get(flow.return_key) is flow:
@@ -416,7 +461,7 @@ class FlowTable:
         flow.last_seen = now
         if flow.via is not None:
             return ReturnToPeer(flow.via)
-        return Deliver(flow.client, hlen)
+        return Deliver(flow.client, hlen, flow.stream)
 
     def _framed(
         self, index: dict[bytes, Flow], data: bytes
@@ -432,7 +477,8 @@ class FlowTable:
             hdr = parse_proxy_v2(data)
         except ProxyError as exc:
             return self._drop(exc.reason)
-        return index.get(build_proxy_v2(hdr.src, hdr.dst)), hdr.payload_offset, hdr
+        canonical = build_proxy_v2(hdr.src, hdr.dst, stream=hdr.stream)
+        return index.get(canonical), hdr.payload_offset, hdr
 
     def _establish(self, flow: Flow) -> None:
         self._unpend(flow)
@@ -564,7 +610,11 @@ class FlowTable:
         a whole pass. Returns how many flows expired."""
         lim = self.limits
         if self._sweep is None:
-            self._sweep = [*self.flows.values(), *self.hop_flows.values()]
+            self._sweep = [
+                *self.flows.values(),
+                *self.tcp_flows.values(),
+                *self.hop_flows.values(),
+            ]
             self._sweep_pos = 0
             for client in [c for c, t in self._negative.items() if t <= now]:
                 del self._negative[client]
@@ -600,7 +650,7 @@ class FlowTable:
 
     def _is_live(self, flow: Flow) -> bool:
         if flow.via is None:
-            return self.flows.get(flow.client) is flow
+            return (self.tcp_flows if flow.stream else self.flows).get(flow.client) is flow
         return self.hop_flows.get(flow.header) is flow
 
     def due_for_store(self, now: float) -> list[Flow]:
@@ -608,7 +658,12 @@ class FlowTable:
         sweep found due (every `store_refresh` seconds while they carry traffic)."""
         due: list[Flow] = []
         for flow in (*self.events.established, *self._refresh_due):
-            if flow.established and flow.stored_at != now and self._is_live(flow):
+            if (
+                flow.established
+                and not flow.stream  # a connection cannot be recovered; its flow is not kept
+                and flow.stored_at != now
+                and self._is_live(flow)
+            ):
                 flow.stored_at = now
                 due.append(flow)
         self.events.established.clear()
@@ -624,8 +679,8 @@ class FlowTable:
 
     @property
     def size(self) -> int:
-        return len(self.flows) + len(self.hop_flows)
+        return len(self.flows) + len(self.tcp_flows) + len(self.hop_flows)
 
     @property
     def established_count(self) -> int:
-        return len(self.flows) + len(self.hop_flows) - self.pending
+        return self.size - self.pending

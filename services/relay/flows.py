@@ -30,6 +30,13 @@ class RelayLimits:
     max_revoked: int = 100_000  # tokens remembered as revoked (oldest forgotten first)
     new_flow_rate: float = 20.0  # per source IP, per second
     new_flow_burst: float = 40.0
+    # ICE-TCP (RFC 6544) connections, per worker (`tcp_ingress.py`)
+    tcp_max_connections: int = 10_000
+    tcp_max_per_ip: int = 64  # (callers behind one NAT share an IP: a UDP-blocking office)
+    tcp_first_frame_timeout: float = 5.0  # a valid first check within this, or closed
+    tcp_idle_timeout: float = 30.0  # no complete frame for this long: closed
+    tcp_write_buffer: int = 16 * 1024  # bytes queued toward a slow reader; beyond, dropped
+    tcp_write_budget: int = 16 * 1024 * 1024  # bytes queued toward all of a worker's readers
     token_max_age: float = DEFAULT_MAX_AGE
     store_refresh: float = 10.0  # rewrite a live flow to the cache at most this often
     lookup_rate: float = 2000.0  # Redis recovery lookups per second, whole worker
@@ -60,6 +67,7 @@ class Flow:
     candidate: Candidate | None = None
     stored_at: float = float("-inf")  # last write to the flow cache
     established_at: float = 0.0
+    stream: bool = False  # the client came over ICE-TCP: frames say so, no cache entry
 
 
 # Decisions. The I/O layer sends; these say what.
@@ -74,10 +82,12 @@ class Forward:
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
-    """Send the datagram from `offset` to `client` from the public socket."""
+    """Send the datagram from `offset` to `client` from the public socket (`stream`: on
+    the client's ICE-TCP connection, RFC 4571 framed)."""
 
     client: Address
     offset: int
+    stream: bool = False
 
 
 @dataclass(frozen=True, slots=True)

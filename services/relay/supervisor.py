@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from firsthop.services.relay.config import RelayConfig
+from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.worker import CONFIG_ENV, udp_socket
 from firsthop.shared.address import Address
 from firsthop.shared.http import serve_simple
@@ -114,20 +115,96 @@ class RelayHandle:
         out: dict[str, float] = {}
         drops: Counter[str] = Counter()
         evictions: Counter[str] = Counter()
+        tcp_closed: Counter[str] = Counter()
         for w in self.workers:
             for key, value in w.stats.items():
                 if key == "drops":
                     drops.update(value)
                 elif key == "evictions":
                     evictions.update(value)
+                elif key == "tcp_closed":
+                    tcp_closed.update(value)
                 elif isinstance(value, int | float):
                     out[key] = out.get(key, 0) + value
         result: dict[str, Any] = dict(out)
         result["drops"] = dict(drops)
         result["evictions"] = dict(evictions)
+        result["tcp_closed"] = dict(tcp_closed)
         result["workers_ready"] = sum(1 for w in self.workers if w.ready)
         result["worker_restarts"] = sum(w.restarts for w in self.workers)
         return result
+
+
+# One-number families: (name, type, help, key in the workers' summed stats).
+SCALARS = [
+    (
+        "firsthop_relay_revocations_total",
+        "counter",
+        "Route tokens revoked by their transceiver (session gone)",
+        "revocations",
+    ),
+    ("firsthop_relay_revoked_tokens", "gauge", "Revoked route tokens remembered", "revoked"),
+    ("firsthop_relay_flows", "gauge", "Established flows", "flows"),
+    ("firsthop_relay_pending_flows", "gauge", "Flows awaiting their first answer", "pending"),
+    (
+        "firsthop_relay_recoveries_total",
+        "counter",
+        "Flows rebuilt from the Redis cache",
+        "recoveries",
+    ),
+    ("firsthop_relay_redis_errors_total", "counter", "Failed Redis calls", "redis_errors"),
+    ("firsthop_relay_redis_writes_total", "counter", "Flows written to Redis", "redis_writes"),
+    (
+        "firsthop_relay_redis_lookups_total",
+        "counter",
+        "Unknown clients looked up in Redis",
+        "redis_lookups",
+    ),
+    (
+        "firsthop_relay_redis_hits_total",
+        "counter",
+        "Lookups the flow cache answered",
+        "redis_hits",
+    ),
+    (
+        "firsthop_relay_redis_dropped_writes_total",
+        "counter",
+        "Flow writes dropped: too many waiting while Redis was down",
+        "redis_dropped_writes",
+    ),
+    (
+        "firsthop_relay_redis_pending_writes",
+        "gauge",
+        "Flow writes waiting for Redis",
+        "redis_pending_writes",
+    ),
+    ("firsthop_relay_tcp_connections", "gauge", "Open ICE-TCP connections", "tcp_connections"),
+    (
+        "firsthop_relay_tcp_accepted_total",
+        "counter",
+        "ICE-TCP connections accepted",
+        "tcp_accepted",
+    ),
+    (
+        "firsthop_relay_tcp_queued_bytes",
+        "gauge",
+        "Bytes waiting for slow ICE-TCP readers",
+        "tcp_queued_bytes",
+    ),
+    ("firsthop_relay_workers", "gauge", "Worker processes ready", "workers_ready"),
+    ("firsthop_relay_worker_restarts_total", "counter", "Worker restarts", "worker_restarts"),
+]
+# Families by one label: (name, help, key of a reason -> count dict, label).
+BY_LABEL = [
+    ("firsthop_relay_drops_total", "Datagrams dropped, by reason", "drops", "reason"),
+    ("firsthop_relay_evictions_total", "Flows that yielded their slot, by cap", "evictions", "cap"),
+    (
+        "firsthop_relay_tcp_closed_total",
+        "ICE-TCP connections closed or refused, by reason",
+        "tcp_closed",
+        "reason",
+    ),
+]
 
 
 def relay_metrics(totals: dict[str, Any], workers: int) -> str:
@@ -139,60 +216,14 @@ def relay_metrics(totals: dict[str, Any], workers: int) -> str:
     octets = MetricFamily("firsthop_relay_bytes_total", "counter", "Payload bytes forwarded")
     octets.add(g("upstream_bytes", 0), direction="upstream")
     octets.add(g("downstream_bytes", 0), direction="downstream")
-    drops = MetricFamily("firsthop_relay_drops_total", "counter", "Datagrams dropped, by reason")
-    for reason, n in sorted(totals.get("drops", {}).items()):
-        drops.add(n, reason=reason)
-    evictions = MetricFamily(
-        "firsthop_relay_evictions_total", "counter", "Flows that yielded their slot, by cap"
-    )
-    for cap, n in sorted(totals.get("evictions", {}).items()):
-        evictions.add(n, cap=cap)
-    families = [
-        packets,
-        octets,
-        drops,
-        evictions,
-        MetricFamily(
-            "firsthop_relay_revocations_total",
-            "counter",
-            "Route tokens revoked by their transceiver (session gone)",
-        ).add(g("revocations", 0)),
-        MetricFamily(
-            "firsthop_relay_revoked_tokens", "gauge", "Revoked route tokens remembered"
-        ).add(g("revoked", 0)),
-        MetricFamily("firsthop_relay_flows", "gauge", "Established flows").add(g("flows", 0)),
-        MetricFamily(
-            "firsthop_relay_pending_flows", "gauge", "Flows awaiting their first answer"
-        ).add(g("pending", 0)),
-        MetricFamily(
-            "firsthop_relay_recoveries_total", "counter", "Flows rebuilt from the Redis cache"
-        ).add(g("recoveries", 0)),
-        MetricFamily("firsthop_relay_redis_errors_total", "counter", "Failed Redis calls").add(
-            g("redis_errors", 0)
-        ),
-        MetricFamily("firsthop_relay_redis_writes_total", "counter", "Flows written to Redis").add(
-            g("redis_writes", 0)
-        ),
-        MetricFamily(
-            "firsthop_relay_redis_lookups_total", "counter", "Unknown clients looked up in Redis"
-        ).add(g("redis_lookups", 0)),
-        MetricFamily(
-            "firsthop_relay_redis_hits_total", "counter", "Lookups the flow cache answered"
-        ).add(g("redis_hits", 0)),
-        MetricFamily(
-            "firsthop_relay_redis_dropped_writes_total",
-            "counter",
-            "Flow writes dropped: too many waiting while Redis was down",
-        ).add(g("redis_dropped_writes", 0)),
-        MetricFamily(
-            "firsthop_relay_redis_pending_writes", "gauge", "Flow writes waiting for Redis"
-        ).add(g("redis_pending_writes", 0)),
-        MetricFamily("firsthop_relay_workers", "gauge", "Worker processes ready").add(
-            g("workers_ready", 0)
-        ),
-        MetricFamily("firsthop_relay_worker_restarts_total", "counter", "Worker restarts").add(
-            g("worker_restarts", 0)
-        ),
+    families = [packets, octets]
+    for name, help_, key, label in BY_LABEL:
+        family = MetricFamily(name, "counter", help_)
+        for value, n in sorted(g(key, {}).items()):
+            family.add(n, **{label: value})
+        families.append(family)
+    families += [
+        MetricFamily(name, kind, help_).add(g(key, 0)) for name, kind, help_, key in SCALARS
     ]
     return render(families)
 
@@ -211,6 +242,10 @@ async def serve_relay(
     if config.internal[1] == 0:
         probes.append(udp_socket(config.internal, reuseport=True))
         config = replace(config, internal=(config.internal[0], probes[-1].getsockname()[1]))
+    tcp_probe = None
+    if config.listen_tcp is not None and config.listen_tcp[1] == 0:
+        tcp_probe = tcp_listener(config.listen_tcp, reuseport=True, listen=False)
+        config = replace(config, listen_tcp=(config.listen_tcp[0], tcp_probe.getsockname()[1]))
     workers = [WorkerProcess(config, i) for i in range(config.workers)]
 
     async def http(method: str, path: str) -> tuple[int, str, bytes]:
@@ -230,6 +265,8 @@ async def serve_relay(
         finally:
             for probe in probes:
                 probe.close()
+            if tcp_probe is not None:
+                tcp_probe.close()
         metrics = await nursery.start(serve_simple, http, config.metrics)
         log.info(
             "relay cluster %d ready: %d worker(s) on %s:%d, internal %s:%d, metrics %s:%d",
@@ -239,5 +276,6 @@ async def serve_relay(
             *config.internal,
             *metrics,
         )
-        announce(listen=config.listen, internal=config.internal, metrics=metrics)
+        tcp = {"listen_tcp": config.listen_tcp} if config.listen_tcp else {}
+        announce(listen=config.listen, internal=config.internal, metrics=metrics, **tcp)
         task_status.started(RelayHandle(workers, metrics))

@@ -1,9 +1,11 @@
 """One relay worker: three sockets, a data-plane thread, and the Trio tasks around it.
 
 Sockets: `public` (the region's ingress, SO_REUSEPORT so N workers share it and the kernel
-keeps each client on one worker), `peer` (the internal address peer relays send to, also
-SO_REUSEPORT) and `own` (this worker's private internal socket: frames to transceivers and
-peer relays leave from it, so their replies come back to the worker that holds the flow).
+keeps each client on one worker; with --listen-tcp also an ICE-TCP listener, SO_REUSEPORT
+too, whose connections the data-plane thread serves, see `tcp_ingress.py`), `peer` (the
+internal address peer relays send to, also SO_REUSEPORT) and `own` (this worker's private
+internal socket: frames to transceivers and peer relays leave from it, so their replies
+come back to the worker that holds the flow).
 
 Trio owns the lifecycle: `serve_worker` binds, starts the data-plane thread, runs the cache
 tasks, and on cancellation stops the thread, then flushes pending cache writes (bounded).
@@ -38,6 +40,7 @@ from firsthop.services.relay.dataplane import (
 )
 from firsthop.services.relay.flow_cache import CacheUnavailable, FlowCache
 from firsthop.services.relay.flow_table import FlowTable
+from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.write_behind import WriteBehind
 from firsthop.shared.address import Address
 from firsthop.shared.telemetry import (
@@ -85,6 +88,7 @@ class WorkerHandle:
     own: Address
     dataplane: DataPlane
     cache: FlowCache | None
+    tcp: Address | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def stats(self) -> dict[str, Any]:
@@ -108,6 +112,7 @@ async def serve_worker(
     public = udp_socket(config.listen, reuseport=True)
     peer = udp_socket(config.internal, reuseport=True)
     own = udp_socket((config.internal[0], 0), reuseport=False)
+    tcp = tcp_listener(config.listen_tcp, reuseport=True) if config.listen_tcp else None
     table = FlowTable(
         cluster=config.cluster,
         keys=config.keys,
@@ -117,6 +122,7 @@ async def serve_worker(
         limits=config.limits,
         recovery=config.redis is not None,
         now=time.time(),
+        ingress_tcp=config.ingress_tcp,
     )
     trio_token = trio.lowlevel.current_trio_token()
     wakeup = trio.Event()
@@ -134,7 +140,7 @@ async def serve_worker(
     if config.pin_cpus:
         cpus = sorted(os.sched_getaffinity(0))
         cpu = cpus[index % len(cpus)]
-    dp = DataPlane(table, public=public, own=own, peer=peer, notify=notify, cpu=cpu)
+    dp = DataPlane(table, public=public, own=own, peer=peer, notify=notify, cpu=cpu, tcp=tcp)
     cache = FlowCache(config.redis) if config.redis else None
     handle = WorkerHandle(
         index=index,
@@ -143,6 +149,7 @@ async def serve_worker(
         own=own.getsockname(),
         dataplane=dp,
         cache=cache,
+        tcp=tcp.getsockname() if tcp is not None else None,
     )
     dp.want_pins = cache is not None and tracing_enabled()
     pins_send, pins_recv = trio.open_memory_channel[Pinned](100)
@@ -279,8 +286,9 @@ async def serve_worker(
                     if len(queued):
                         await flush_writes()
                 cache.close()
-            for sock in (public, peer, own):
-                sock.close()
+            for sock in (public, peer, own, tcp):
+                if sock is not None:
+                    sock.close()
             dp.close()
 
 
@@ -319,6 +327,7 @@ async def _worker_process(config: RelayConfig, index: int) -> None:
                     "public": handle.public,
                     "peer": handle.peer,
                     "own": handle.own,
+                    "tcp": handle.tcp,
                 }
             )
 

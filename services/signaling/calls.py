@@ -135,9 +135,11 @@ class Calls:
         stats: Stats,
         trickle_policy: TricklePolicy | None = None,
         rng: random.Random | None = None,
+        ingress_tcp: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.own_region = own_region
         self.ingress = ingress
+        self.ingress_tcp = ingress_tcp or {}
         self.regions = regions
         self.agents = agents
         self.directory = directory
@@ -215,6 +217,7 @@ class Calls:
                     region=tx.region,
                     traceparent=traceparent,
                     session=req.session,
+                    ingress_tcp=ingress_for(self.ingress_tcp, region, tx.region),
                 )
             except TransceiverRejected as exc:
                 self.stats.placement_failures["offer_rejected"] += 1

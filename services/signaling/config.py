@@ -1,7 +1,8 @@
 """`firsthop signaling` flags (each with its FIRSTHOP_* twin) -> SignalingConfig.
 
 Repeatable flags take one item per use, or a comma-separated list from the environment:
-``--ingress REGION=HOST:PORT`` (a bare ``HOST:PORT`` means the own region),
+``--ingress REGION=HOST:PORT`` (a bare ``HOST:PORT`` means the own region; likewise
+``--ingress-tcp``, a relay's ICE-TCP port, advertised as a ``tcptype passive`` candidate),
 ``--transceiver [REGION=]URL``, ``--region-cidr CIDR=REGION``, ``--agent-url KIND=URL``,
 ``--cors-origin ORIGIN``. ``--dev`` is refused unless ``--listen`` is a loopback address.
 An agent URL is ``ws://``/``wss://`` (our agent protocol), ``realtime+ws://``/
@@ -42,6 +43,7 @@ class SignalingConfig:
     redis: str | None = None
     transceivers: list[TransceiverInfo] = field(default_factory=list)
     ingress: dict[str, list[str]] = field(default_factory=dict)
+    ingress_tcp: dict[str, list[str]] = field(default_factory=dict)  # ICE-TCP (RFC 6544)
     region_cidrs: list[tuple[str, str]] = field(default_factory=list)
     api_keys: list[str] = field(default_factory=list)
     cors_origins: list[str] = field(default_factory=list)
@@ -78,6 +80,14 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         "--ingress",
         action="append",
         help="relay ingress a region advertises (repeat for several)",
+        metavar="REGION=HOST:PORT",
+    )
+    add_option(
+        p,
+        "--ingress-tcp",
+        action="append",
+        help="relay ICE-TCP ingress a region advertises as a 'tcptype passive' candidate, "
+        "below the UDP one (for callers whose UDP is blocked; repeat for several)",
         metavar="REGION=HOST:PORT",
     )
     add_option(
@@ -237,6 +247,7 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             redis=args.redis or None,
             transceivers=parse_transceivers(args.transceiver, region),
             ingress=parse_ingress(args.ingress, region),
+            ingress_tcp=parse_ingress(args.ingress_tcp, region),
             region_cidrs=cidrs,
             api_keys=read_api_keys(args.api_keys or "", args.api_keys_file),
             cors_origins=origins,

@@ -65,6 +65,7 @@ def build_context(
     calls = Calls(
         own_region=config.region,
         ingress=config.ingress,
+        ingress_tcp=config.ingress_tcp,
         regions=RegionTable(config.region_cidrs),
         agents=config.agents,
         directory=Directory(config.transceivers, link),

@@ -112,6 +112,7 @@ class TransceiverClient:
         region: str,
         traceparent: str,
         session: dict[str, Any] | None = None,
+        ingress_tcp: list[str] | None = None,
     ) -> tuple[str, str]:
         """(session_id, answer_sdp). `session`: the caller's OpenAI session config (calls
         placed through /v1/realtime), which the transceiver gives a Realtime backend."""
@@ -124,6 +125,8 @@ class TransceiverClient:
         }
         if session is not None:
             fields["session"] = session
+        if ingress_tcp:
+            fields["ingress_tcp"] = ingress_tcp
         body = json.dumps(fields).encode()
         resp = await self._request(
             "POST",

@@ -27,6 +27,7 @@ from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 from firsthop.shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
 
 MAX_SESSION_CONFIG = 16 * 1024  # the caller's Realtime session config, as JSON
+MAX_TCP_INGRESS = 8  # ICE-TCP ingress addresses one answer advertises
 MAX_BODY = MAX_SDP_BYTES + MAX_SESSION_CONFIG + 4096
 BODY_TIMEOUT = 10.0  # bodies come from signaling, whole: seconds is generous
 
@@ -92,6 +93,17 @@ def create_app(tx: Transceiver) -> QuartTrio:
             ingress = [parse_hostport(i) for i in ingress_raw]
         except ValueError as exc:
             return _error(400, f"bad ingress: {exc}")
+        tcp_raw = body.get("ingress_tcp", [])
+        if (
+            not isinstance(tcp_raw, list)
+            or len(tcp_raw) > MAX_TCP_INGRESS
+            or not all(isinstance(i, str) for i in tcp_raw)
+        ):
+            return _error(400, f"ingress_tcp must be a list of at most {MAX_TCP_INGRESS} HOST:PORT")
+        try:
+            ingress_tcp = [parse_hostport(i) for i in tcp_raw]
+        except ValueError as exc:
+            return _error(400, f"bad ingress_tcp: {exc}")
         agent_url = body.get("agent_url")
         region = body.get("region")
         if agent_url is not None and not isinstance(agent_url, str):
@@ -111,6 +123,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
                 call_id=call_id,
                 offer_sdp=offer,
                 ingress=ingress,
+                ingress_tcp=ingress_tcp,
                 agent_url=agent_url,
                 region=region if isinstance(region, str) else None,
                 traceparent=request.headers.get("traceparent"),

@@ -10,7 +10,9 @@ ingress it used), or unframed straight from clients with `--accept-direct`. Rule
 * anything else goes to a session only from a client address ICE has validated, so no
   unauthenticated DTLS or SRTP ever reaches aiortc;
 * the route back to a client is the relay that most recently delivered its traffic, framed
-  with (src = ingress, dst = client); direct clients are answered unframed.
+  with (src = ingress, dst = client) and the client's transport as the relay marked it
+  (STREAM for an ICE-TCP client: the relay finds its connection by that header); direct
+  clients are answered unframed. A TCP client is only ever reached through its relay.
 
 Nothing is remembered about a client until it has authenticated: the route back is noted by
 `note_route` once its check passed, and the parsed-header cache only learns the headers of
@@ -50,6 +52,7 @@ class Route:
     relay: Address | None  # None: a direct client
     ingress: Address | None
     header: bytes  # PROXY v2 toward the client (src = ingress, dst = client); b"" if direct
+    stream: bool = False  # the client reached the relay over ICE-TCP
 
 
 @dataclass(slots=True)
@@ -59,6 +62,7 @@ class Delivery(Generic[S]):
     payload: bytes
     relay: Address | None = None  # where it came from (None: a direct client)
     ingress: Address | None = None
+    stream: bool = False  # the relay marked the client's transport TCP (PROXY v2 STREAM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,7 @@ class Unrouted:
     client: Address
     relay: Address | None
     ingress: Address | None
+    stream: bool = False
 
 
 @dataclass
@@ -82,7 +87,7 @@ class SessionMux(Generic[S]):
     clients_of: dict[int, set[Address]] = field(default_factory=dict)  # id(session) -> clients
     drops: Counter[str] = field(default_factory=Counter)
     received: int = 0
-    headers: dict[bytes, tuple[Address, Address]] = field(default_factory=dict)
+    headers: dict[bytes, tuple[Address, Address, bool]] = field(default_factory=dict)
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -151,15 +156,15 @@ class SessionMux(Generic[S]):
                 except ProxyError as exc:
                     self.drops[exc.reason] += 1
                     return None
-                known = (hdr.src, hdr.dst)
+                known = (hdr.src, hdr.dst, hdr.stream)
                 hlen = hdr.payload_offset
                 if hlen in (V4_HEADER, V6_HEADER):
                     cache_as = data[:hlen]
-            client, ingress = known
+            client, ingress, stream = known
             payload = data[hlen:]
             relay: Address | None = src
         elif self.accept_direct:
-            client, ingress, payload, relay = src, None, data, None
+            client, ingress, payload, relay, stream = src, None, data, None, False
         else:
             self.drops["unframed"] += 1
             return None
@@ -175,11 +180,11 @@ class SessionMux(Generic[S]):
                 session = self.by_ufrag.get(ufrag)
                 if session is None:
                     self.drops["unknown_ufrag"] += 1
-                    return Unrouted(ufrag, client, relay, ingress)
-                return Delivery(session, client, payload, relay, ingress)
+                    return Unrouted(ufrag, client, relay, ingress, stream)
+                return Delivery(session, client, payload, relay, ingress, stream)
             session = self.probing.get(client)
             if session is not None:
-                return Delivery(session, client, payload, relay, ingress)
+                return Delivery(session, client, payload, relay, ingress, stream)
         session = self.by_client.get(client)
         if session is None:
             self.drops["unvalidated"] += 1
@@ -187,20 +192,27 @@ class SessionMux(Generic[S]):
         if cache_as:
             if len(self.headers) >= MAX_CACHED_HEADERS:
                 self.headers.clear()
-            self.headers[cache_as] = (client, ingress)  # type: ignore[assignment]
-        self._note_route(client, relay, ingress)
-        return Delivery(session, client, payload, relay, ingress)
+            self.headers[cache_as] = (client, ingress, stream)  # type: ignore[assignment]
+        self._note_route(client, relay, ingress, stream)
+        return Delivery(session, client, payload, relay, ingress, stream)
 
     def note_route(self, session: S, delivery: Delivery[S]) -> None:
         """`delivery`'s client authenticated: answers to it go back the way it came."""
         self.clients_of.setdefault(id(session), set()).add(delivery.client)
-        self._note_route(delivery.client, delivery.relay, delivery.ingress)
+        self._note_route(delivery.client, delivery.relay, delivery.ingress, delivery.stream)
 
-    def _note_route(self, client: Address, relay: Address | None, ingress: Address | None) -> None:
+    def _note_route(
+        self, client: Address, relay: Address | None, ingress: Address | None, stream: bool
+    ) -> None:
         route = self.routes.get(client)
-        if route is None or route.relay != relay or route.ingress != ingress:
-            header = build_proxy_v2(ingress, client) if ingress is not None else b""
-            self.routes[client] = Route(relay, ingress, header)
+        if (
+            route is None
+            or route.relay != relay
+            or route.ingress != ingress
+            or route.stream != stream
+        ):
+            header = build_proxy_v2(ingress, client, stream=stream) if ingress is not None else b""
+            self.routes[client] = Route(relay, ingress, header, stream)
 
     def frame_for(self, client: Address, payload: bytes) -> tuple[bytes, Address] | None:
         """The datagram to send and where, to reach `client` (None: no route known)."""

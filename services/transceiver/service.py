@@ -265,6 +265,7 @@ class Transceiver:
         region: str | None,
         traceparent: str | None = None,
         session_config: dict[str, Any] | None = None,
+        ingress_tcp: list[Address] | None = None,
     ) -> tuple[str, str]:
         self.table.check_admission()
         if not ingress:
@@ -299,6 +300,7 @@ class Transceiver:
             agent_url=url or None,
             region=region or self.config.region,
             ingress=ingress,
+            ingress_tcp=ingress_tcp or [],
             creds=creds,
             send=self.send_to_client,
             selected=lambda: self.table.selected(session_id),

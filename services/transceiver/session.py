@@ -82,6 +82,7 @@ class Session:
     on_state: Callable[[Session, str], None]  # aiortc's connection state, as it changes
     counters: Counter[str]
     traceparent: str | None = None
+    ingress_tcp: list[Address] = field(default_factory=list)  # ICE-TCP, advertised passive
     span: Span | None = None
     session_config: dict[str, Any] | None = None  # the caller's Realtime session config
     agent_headers: list[tuple[str, str]] = field(default_factory=list)  # Realtime backends
@@ -104,6 +105,7 @@ class Session:
         self.sidebands: list[trio.MemorySendChannel[str]] = []
         self.rtc = RtcSession(
             candidates=self.ingress,
+            tcp_candidates=self.ingress_tcp,
             send=self.send,
             callbacks=SessionCallbacks(
                 audio=self._audio_in,

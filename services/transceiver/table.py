@@ -218,7 +218,7 @@ class SessionTable(Generic[H]):
         if d is None:
             return ()
         if type(d) is Unrouted:
-            return self._notice(now, d.ufrag, d.client, d.relay, d.ingress)
+            return self._notice(now, d.ufrag, d.client, d.relay, d.ingress, d.stream)
         assert isinstance(d, Delivery)
         if d.session.session_id in self._lingering:
             return self._on_ended_check(now, d)
@@ -254,6 +254,8 @@ class SessionTable(Generic[H]):
         ice.forgotten.clear()
         if verdict.selects:
             self.mux.validated(entry, client)
+            if d.stream:  # the caller reached the relay over ICE-TCP (PROXY v2 STREAM)
+                self.counters["ice_tcp_path_selected"] += 1
         commands.append(ToIce(entry.handle, payload, client))  # aioice answers it
         if verdict.probe is not None:
             self.mux.expect(entry, client)
@@ -295,6 +297,7 @@ class SessionTable(Generic[H]):
         client: Address,
         relay: Address | None,
         ingress: Address | None,
+        stream: bool = False,
     ) -> Sequence[Command[H]]:
         """TOKEN_REVOKED to `relay` (at most once per `NOTICE_INTERVAL` per token and relay;
         a direct client is told nothing)."""
@@ -308,7 +311,8 @@ class SessionTable(Generic[H]):
             self._noticed.clear()
         self._noticed[key] = now
         self.counters["revocations_sent"] += 1
-        return (Send(build_proxy_v2(ingress, client, revocation_tlv(token)), relay),)
+        notice = build_proxy_v2(ingress, client, revocation_tlv(token), stream=stream)
+        return (Send(notice, relay),)
 
     # -- what the session's connection says ------------------------------------------------------
 
@@ -360,7 +364,8 @@ class SessionTable(Generic[H]):
                 continue
             for ufrag in entry.ufrags:
                 tlv = revocation_tlv(ufrag.encode())
-                notices.append(Send(build_proxy_v2(route.ingress, client, tlv), route.relay))
+                notice = build_proxy_v2(route.ingress, client, tlv, stream=route.stream)
+                notices.append(Send(notice, route.relay))
         if now is None or entry.connected_at is None or self.draining:
             self.counters["revocations_sent"] += len(notices)
             return notices

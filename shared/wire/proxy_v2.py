@@ -1,8 +1,12 @@
-"""PROXY protocol v2 framing, DGRAM transport, one header per datagram (docs/architecture.md §3).
+"""PROXY protocol v2 framing, one header per datagram (docs/architecture.md §3).
 
 Every datagram between a relay and a transceiver (and between two relays on a Global Relay
 hop) starts with a PROXY v2 header (HAProxy's proxy-protocol.txt §2.2) carrying the original
-client address, followed by the untouched client payload.
+client address, followed by the untouched client payload. The transport half of the family
+byte (§2.2, 14th byte) says how the *client* reached the relay: DGRAM (0x12, 0x22) for UDP,
+STREAM (0x11, 0x21) for an ICE-TCP connection (RFC 6544; the relay unframes its RFC 4571
+frames, so every frame still travels as one datagram). A reply names the client with the
+same transport, which is how the relay finds the connection it goes back on.
 
 Strategy: a header is a pure function of (src, dst), which are constant for the life of a
 flow, so the I/O layers build it once per flow and send it with the payload by scatter-gather.
@@ -34,6 +38,8 @@ VERSION_COMMAND_PROXY = 0x21  # version 2, command PROXY
 VERSION_COMMAND_LOCAL = 0x20  # version 2, command LOCAL (health checks; carries no addresses)
 FAMILY_INET_DGRAM = 0x12  # AF_INET, SOCK_DGRAM
 FAMILY_INET6_DGRAM = 0x22  # AF_INET6, SOCK_DGRAM
+FAMILY_INET_STREAM = 0x11  # AF_INET, SOCK_STREAM: the client came over TCP (ICE-TCP)
+FAMILY_INET6_STREAM = 0x21  # AF_INET6, SOCK_STREAM
 PP2_TYPE_FIRSTHOP = 0xE0  # §2.2.7: 0xE0..0xEF are for application-specific data
 FIRSTHOP_TOKEN_REVOKED = 0x01  # first value byte of our TLV: a route token follows
 MAX_TOKEN_TLV = 64  # a route token is 40 (IPv4) or 56 (IPv6) characters
@@ -62,11 +68,13 @@ class ProxyHeader:
     dst: Address
     payload_offset: int
     tlv_offset: int = 0  # where the TLVs start (== payload_offset when there are none)
+    stream: bool = False  # the client's transport is TCP (family byte 0x11 or 0x21)
 
 
-def build_proxy_v2(src: Address, dst: Address, tlvs: bytes = b"") -> bytes:
+def build_proxy_v2(src: Address, dst: Address, tlvs: bytes = b"", *, stream: bool = False) -> bytes:
     """The header for a datagram from `src` to `dst` (both of one family), with `tlvs`
-    (already encoded, see `encode_tlv`) after the address block."""
+    (already encoded, see `encode_tlv`) after the address block; `stream` marks the client's
+    transport as TCP."""
     try:
         s4 = socket.inet_pton(socket.AF_INET, src[0])
         d4 = socket.inet_pton(socket.AF_INET, dst[0])
@@ -77,7 +85,7 @@ def build_proxy_v2(src: Address, dst: Address, tlvs: bytes = b"") -> bytes:
             _V4.pack(
                 SIGNATURE,
                 VERSION_COMMAND_PROXY,
-                FAMILY_INET_DGRAM,
+                FAMILY_INET_STREAM if stream else FAMILY_INET_DGRAM,
                 V4_BLOCK + len(tlvs),
                 s4,
                 d4,
@@ -92,7 +100,7 @@ def build_proxy_v2(src: Address, dst: Address, tlvs: bytes = b"") -> bytes:
         _V6.pack(
             SIGNATURE,
             VERSION_COMMAND_PROXY,
-            FAMILY_INET6_DGRAM,
+            FAMILY_INET6_STREAM if stream else FAMILY_INET6_DGRAM,
             V6_BLOCK + len(tlvs),
             s6,
             d6,
@@ -109,7 +117,7 @@ def plain_header_length(data: bytes | bytearray | memoryview) -> int:
     caller that looks the header's exact bytes up uses this; nothing here validates it."""
     if len(data) < V4_HEADER:
         return 0
-    if data[13] == FAMILY_INET6_DGRAM:
+    if data[13] in (FAMILY_INET6_DGRAM, FAMILY_INET6_STREAM):
         return V6_HEADER if len(data) >= V6_HEADER else 0
     return V4_HEADER
 
@@ -175,13 +183,13 @@ def parse_proxy_v2(data: bytes | bytearray | memoryview) -> ProxyHeader:
     end = HEADER_PREFIX + block
     if end > len(data):
         raise MalformedProxy("address block overruns the datagram")
-    if fam == FAMILY_INET_DGRAM:
+    if fam in (FAMILY_INET_DGRAM, FAMILY_INET_STREAM):
         if block < V4_BLOCK:
             raise MalformedProxy("IPv4 address block too short")
         _, _, _, _, s, d, sp, dp = _V4.unpack_from(data)
         af = socket.AF_INET
         tlv_offset = V4_HEADER
-    elif fam == FAMILY_INET6_DGRAM:
+    elif fam in (FAMILY_INET6_DGRAM, FAMILY_INET6_STREAM):
         if block < V6_BLOCK:
             raise MalformedProxy("IPv6 address block too short")
         _, _, _, _, s, d, sp, dp = _V6.unpack_from(data)
@@ -190,4 +198,5 @@ def parse_proxy_v2(data: bytes | bytearray | memoryview) -> ProxyHeader:
     else:
         raise MalformedProxy(f"unsupported family/transport 0x{fam:02x}")
     src = (socket.inet_ntop(af, s), sp)
-    return ProxyHeader(src, (socket.inet_ntop(af, d), dp), end, tlv_offset)
+    stream = fam in (FAMILY_INET_STREAM, FAMILY_INET6_STREAM)
+    return ProxyHeader(src, (socket.inet_ntop(af, d), dp), end, tlv_offset, stream)

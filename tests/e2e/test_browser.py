@@ -69,16 +69,16 @@ def page() -> Iterator[Page]:
     shutil.rmtree(profile, ignore_errors=True)
 
 
-def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
-    stack: Stack, page: Page
-) -> None:
-    relay, tx, sig = stack
-    before = relay.metric("firsthop_relay_packets_total", direction="downstream")
-    page.goto(sig.url + "/")
+def demo_call(page: Page, url: str, key: str | None = None) -> dict[str, str]:
+    """Call the echo agent from the demo page at `url` (with an API `key`, or a --dev
+    server's secret) until its audio comes back; returns the page's timeline."""
+    page.goto(url)
+    if key is not None:
+        page.fill("#key", key)
     page.check("input[name=agent][value=echo]")
     page.click("#start")
     page.wait_for_function(
-        "document.getElementById('state').textContent === 'connected'", timeout=15_000
+        "document.getElementById('state').textContent === 'connected'", timeout=20_000
     )
     # the echo agent's audio reaches the browser: inbound audio energy grows
     page.wait_for_function("document.getElementById('t-audio').textContent !== '–'", timeout=15_000)
@@ -90,6 +90,15 @@ def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
     )
     timeline = {k: page.inner_text(f"#t-{k}") for k in ("answer", "ice", "dtls", "audio")}
     assert all(v != "–" for v in timeline.values()), timeline
+    return timeline
+
+
+def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
+    stack: Stack, page: Page
+) -> None:
+    relay, tx, sig = stack
+    before = relay.metric("firsthop_relay_packets_total", direction="downstream")
+    demo_call(page, sig.url + "/")
     ingress = page.inner_text("#s-ingress")
     assert ingress == f"127.0.0.1:{relay.listen[1]}"
     assert page.inner_text("#s-tx") == tx.api  # a static --transceiver list names them by URL

@@ -55,13 +55,6 @@ def relay() -> Iterator[RelayProcess]:
 
 
 @pytest.fixture
-def tx() -> Iterator[FakeTransceiver]:
-    t = FakeTransceiver()
-    yield t
-    t.close()
-
-
-@pytest.fixture
 def client() -> Iterator[Endpoint]:
     c = Endpoint()
     yield c

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -45,6 +46,11 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
         key = up.said("dev API key")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
             assert r.status == 200 and b"firsthop" in r.read()
+        # the relay takes ICE-TCP callers too, and the answers offer it (below UDP)
+        tcp_port = int(up.said("relay ICE-TCP").rsplit(":", 1)[1])
+        socket.create_connection(("127.0.0.1", tcp_port), timeout=5).close()
+
+        answers: list[str] = []
 
         async def call() -> float:
             c = Caller(ToneTrack(550))
@@ -58,7 +64,8 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
                 )
                 with urllib.request.urlopen(req, timeout=10) as resp:
                     assert resp.status == 201
-                    return str(resp.read().decode())
+                    answers.append(resp.read().decode())
+                    return answers[-1]
 
             async def signal_(offer: str) -> str:
                 return await asyncio.to_thread(post, offer)
@@ -71,6 +78,7 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
             return loudest
 
         assert asyncio.run(call()) == 550.0
+        assert " tcp " in answers[0] and f" {tcp_port} typ host tcptype passive" in answers[0]
         # up generated an internal token: the call went through, and without it a
         # transceiver's internal API refuses
         tx_url = next(line.split()[1] for line in lines if line.strip().startswith("transceivers"))

@@ -54,6 +54,10 @@ def ret(dest_payload: bytes, client: tuple[str, int] = C1) -> bytes:
     return build_proxy_v2(INGRESS, client) + dest_payload
 
 
+def ret_tcp(payload: bytes, client: tuple[str, int] = C1) -> bytes:
+    return build_proxy_v2(INGRESS, client, stream=True) + payload
+
+
 def forwarded_to(d: Decision) -> Address:
     """Where a decision forwards to (and that it is a `Forward`)."""
     assert isinstance(d, Forward), d
@@ -441,11 +445,13 @@ SOURCES = [spoofed(i) for i in range(8)]  # few, so that answers meet their flow
 
 @dataclass(frozen=True)
 class FromClient:
-    """A datagram from `src` to the ingress: a check carrying `token`, RTP or DTLS."""
+    """A datagram from `src` to the ingress: a check carrying `token`, RTP or DTLS (`tcp`:
+    a frame on an ICE-TCP connection from `src`)."""
 
     src: Address
     token: bytes
     kind: Literal["check", "rtp", "dtls"]
+    tcp: bool = False
 
     def data(self) -> bytes:
         if self.kind == "check":
@@ -455,16 +461,26 @@ class FromClient:
 
 @dataclass(frozen=True)
 class FromDest:
-    """A framed datagram from `dest` on the return path, for `client`."""
+    """A framed datagram from `dest` on the return path, for `client` (`tcp`: marked
+    STREAM, an ICE-TCP client)."""
 
     dest: Address
     client: Address
     payload: bytes
+    tcp: bool = False
 
 
 @dataclass(frozen=True)
 class Answer:
     """The flow's own destination (or candidate) answers the client's check."""
+
+    client: Address
+    tcp: bool = False
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The ICE-TCP connection from `client` closed."""
 
     client: Address
 
@@ -474,24 +490,31 @@ class Tick:
     seconds: float
 
 
-Op = FromClient | FromDest | Answer | Tick
+Op = FromClient | FromDest | Answer | Closed | Tick
 
 client_datagram = st.builds(
     FromClient,
     st.sampled_from(SOURCES),
     st.sampled_from([TOKENS[0], TOKENS[0], *TOKENS, TOKENS[0][:-4] + b"AAAA"]),
     st.sampled_from(["check", "check", "check", "rtp", "dtls"]),
+    st.booleans(),
 )
 unconfirmed_return = st.builds(
     FromDest,
     st.sampled_from([TX1, TX2, ("10.0.0.3", 5004)]),
     st.sampled_from(SOURCES),
     st.sampled_from([b"x", rtp(), OK[:19], bytes([0x01, 0x11]) + OK[2:], binding_request(b"a")]),
+    st.booleans(),
 )
 any_return = st.builds(
-    FromDest, st.sampled_from([TX1, TX2]), st.sampled_from(SOURCES), st.sampled_from([b"x", OK])
+    FromDest,
+    st.sampled_from([TX1, TX2]),
+    st.sampled_from(SOURCES),
+    st.sampled_from([b"x", OK]),
+    st.booleans(),
 )
-answer = st.builds(Answer, st.sampled_from(SOURCES))  # the right place answers
+answer = st.builds(Answer, st.sampled_from(SOURCES), st.booleans())  # the right place answers
+closed = st.builds(Closed, st.sampled_from(SOURCES))
 tick = st.builds(Tick, st.floats(0.0, 15.0))
 
 
@@ -501,14 +524,19 @@ def play(t: FlowTable, ops: list[Op]) -> list[Decision]:
     for op in ops:
         match op:
             case FromClient():
-                decisions.append(t.on_client(op.src, op.data(), now))
-            case Answer(client):
-                flow = t.flows.get(client)
+                on = t.on_tcp_client if op.tcp else t.on_client
+                decisions.append(on(op.src, op.data(), now))
+            case Answer(client, tcp):
+                flow = (t.tcp_flows if tcp else t.flows).get(client)
                 if flow is not None:
                     dest = flow.candidate.dest if flow.candidate else flow.dest
-                    decisions.append(t.on_return(dest, ret(OK, flow.client), now))
-            case FromDest(dest, client, payload):
-                decisions.append(t.on_return(dest, ret(payload, client), now))
+                    back = ret_tcp(OK, flow.client) if tcp else ret(OK, flow.client)
+                    decisions.append(t.on_return(dest, back, now))
+            case FromDest(dest, client, payload, tcp):
+                back = ret_tcp(payload, client) if tcp else ret(payload, client)
+                decisions.append(t.on_return(dest, back, now))
+            case Closed(client):
+                t.forget_tcp(client)
             case Tick(seconds):
                 now += seconds
                 t.sweep(now, budget=7)
@@ -518,7 +546,9 @@ def play(t: FlowTable, ops: list[Op]) -> list[Decision]:
 
 def check_invariants(t: FlowTable) -> None:
     lim = t.limits
-    live = [*t.flows.values(), *t.hop_flows.values()]
+    live = [*t.flows.values(), *t.tcp_flows.values(), *t.hop_flows.values()]
+    assert all(f.stream for f in t.tcp_flows.values())
+    assert not any(f.stream for f in t.flows.values())
     assert t.pending == sum(not f.established for f in live)
     assert sum(t.pending_per_ip.values()) == t.pending
     assert all(t.by_return[f.return_key] is f for f in live)
@@ -535,7 +565,7 @@ def check_invariants(t: FlowTable) -> None:
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.one_of(client_datagram, client_datagram, unconfirmed_return, tick),
+        st.one_of(client_datagram, client_datagram, unconfirmed_return, closed, tick),
         min_size=20,
         max_size=120,
     )
@@ -552,7 +582,7 @@ def test_no_unauthenticated_sequence_establishes_a_flow_or_reaches_a_client(
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.one_of(client_datagram, client_datagram, answer, any_return, tick),
+        st.one_of(client_datagram, client_datagram, answer, any_return, closed, tick),
         min_size=20,
         max_size=150,
     )
@@ -575,9 +605,10 @@ def test_no_sequence_breaks_the_per_token_caps_or_the_books(ops: list[Op]) -> No
 
 @dataclass(frozen=True)
 class Datagram:
-    """What a data-plane socket reads: from a client, or framed on the return path."""
+    """What a data-plane socket reads: from a client (UDP, or a frame of an ICE-TCP
+    connection), or framed on the return path."""
 
-    direction: Literal["client", "return"]
+    direction: Literal["client", "tcp", "return"]
     src: Address
     data: bytes
 
@@ -590,28 +621,38 @@ def fast_then_full(t: FlowTable, op: Datagram, now: float) -> Decision:
         if flow is not None:
             return Forward(flow.dest, flow.header)
         return t.on_client(src, data, now)
+    if op.direction == "tcp":
+        flow = t.known_tcp_client(src, len(data), data[0] if data else 0, now)
+        if flow is not None:
+            return Forward(flow.dest, flow.header)
+        return t.on_tcp_client(src, data, now)
     flow = t.known_return(data[:28], src, len(data) - 28, now) if len(data) >= 28 else None
     if flow is not None:
-        return Deliver(flow.client, 28) if flow.via is None else ReturnToPeer(flow.via)
+        if flow.via is not None:
+            return ReturnToPeer(flow.via)
+        return Deliver(flow.client, 28, flow.stream)
     return t.on_return(src, data, now)
 
 
 def full(t: FlowTable, op: Datagram, now: float) -> Decision:
     if op.direction == "client":
         return t.on_client(op.src, op.data, now)
+    if op.direction == "tcp":
+        return t.on_tcp_client(op.src, op.data, now)
     return t.on_return(op.src, op.data, now)
 
 
 def snapshot(t: FlowTable) -> object:
     flows = sorted(
-        (f.client, f.dest, f.token, f.established, f.last_seen) for f in t.flows.values()
+        (f.client, f.stream, f.dest, f.token, f.established, f.last_seen)
+        for f in (*t.flows.values(), *t.tcp_flows.values())
     )
     return flows, t.pending, dict(t.drops)
 
 
 client_op = st.builds(
     Datagram,
-    st.just("client"),
+    st.sampled_from(["client", "tcp"]),
     st.sampled_from(SOURCES),
     st.sampled_from([binding_request(TOKENS[0]), binding_request(TOKENS[2]), rtp(), DTLS, b""]),
 )
@@ -619,7 +660,10 @@ return_op = st.builds(
     Datagram,
     st.just("return"),
     st.sampled_from([TX1, TX2]),
-    st.builds(ret, st.sampled_from([OK, rtp(), b"x"]), st.sampled_from(SOURCES)),
+    st.one_of(
+        st.builds(ret, st.sampled_from([OK, rtp(), b"x"]), st.sampled_from(SOURCES)),
+        st.builds(ret_tcp, st.sampled_from([OK, rtp(), b"x"]), st.sampled_from(SOURCES)),
+    ),
 )
 
 
@@ -632,3 +676,85 @@ def test_the_fast_paths_decide_and_record_what_the_core_does(ops: list[Datagram]
         now = T0 + i * 0.01
         assert fast_then_full(fast, op, now) == full(core, op, now)
         assert snapshot(fast) == snapshot(core)
+
+
+# -- ICE-TCP clients (RFC 6544): a table of their own, marked STREAM ----------------------
+
+
+def test_a_tcp_client_is_routed_like_udp_and_marked_stream_both_ways() -> None:
+    t = table()
+    token = mint(*TX1, issued_at=T0)
+    d = t.on_tcp_client(C1, binding_request(token), T0)
+    assert isinstance(d, Forward) and d.dest == TX1
+    assert parse_proxy_v2(d.header).stream and (parse_proxy_v2(d.header).src == C1)
+    # a reply marked DGRAM names a UDP client of that address, which has no flow
+    assert t.on_return(TX1, ret(OK), T0) == Drop("return_no_flow")
+    assert t.on_return(TX1, ret_tcp(OK), T0) == Deliver(C1, 28, stream=True)
+    flow = t.known_tcp_client(C1, 100, 0x80, T0 + 1)
+    assert flow is not None and flow.dest == TX1
+    assert t.known_return(ret_tcp(b"")[:28], TX1, 100, T0 + 1) is flow
+    assert t.established_count == 1 and t.size == 1
+
+
+def test_a_udp_client_of_the_same_address_never_reaches_a_tcp_flow() -> None:
+    t = table()
+    token = mint(*TX1, issued_at=T0)
+    t.on_tcp_client(C1, binding_request(token), T0)
+    t.on_return(TX1, ret_tcp(OK), T0)
+    assert t.known_client(C1, 100, 0x80, T0) is None
+    assert t.on_client(C1, rtp(), T0) == Drop("no_flow")
+
+
+def test_a_tcp_flow_ends_with_its_connection_and_is_never_cached_or_recovered() -> None:
+    t = FlowTable(
+        cluster=1,
+        keys=KEYS,
+        ingress=INGRESS,
+        ingress_tcp=(INGRESS[0], 443),
+        allow_dest=DestinationFilter(["10.0.0.0/16"]),
+        recovery=True,
+        now=T0,
+    )
+    token = mint(*TX1, issued_at=T0)
+    d = t.on_tcp_client(C1, binding_request(token), T0)
+    assert isinstance(d, Forward) and parse_proxy_v2(d.header).dst == (INGRESS[0], 443)
+    reply = build_proxy_v2((INGRESS[0], 443), C1, stream=True) + OK
+    assert isinstance(t.on_return(TX1, reply, T0), Deliver)
+    assert t.due_for_store(T0) == []  # a connection cannot be recovered: not written
+    t.forget_tcp(C1)
+    assert t.size == 0 and not t.ledger.flows_of(token)
+    # after the connection: nothing but a new check opens a flow, and no cache lookup
+    assert t.on_tcp_client(C1, rtp(), T0 + 1) == Drop("no_flow")
+
+
+def test_tcp_flows_share_the_per_token_caps_and_revocation() -> None:
+    t = table(RelayLimits(max_pending_per_token=2))
+    token = mint(*TX1, issued_at=T0)
+    assert isinstance(t.on_client(C1, binding_request(token), T0), Forward)
+    assert isinstance(t.on_tcp_client(C2, binding_request(token), T0), Forward)
+    assert t.on_tcp_client(("203.0.113.7", 1), binding_request(token), T0) == Drop(
+        "pending_per_token"
+    )
+    notice = build_proxy_v2(INGRESS, C2, revocation_tlv(token), stream=True)
+    assert t.on_return(TX1, notice, T0) is CONSUMED
+    assert t.size == 0
+
+
+def test_a_second_hop_keeps_the_stream_mark() -> None:
+    first = table()
+    token = mint("10.1.0.1", 5004, cluster=2, issued_at=T0)
+    d = first.on_tcp_client(C1, binding_request(token), T0)
+    assert isinstance(d, Forward) and d.dest == PEER_B
+    second = FlowTable(
+        cluster=2,
+        keys=KEYS,
+        ingress=("198.51.100.2", 3478),
+        allow_dest=DestinationFilter(["10.0.0.0/8"]),
+        now=T0,
+    )
+    framed = d.header + binding_request(token)
+    hop = second.on_peer(("10.0.0.9", 3479), framed, T0)
+    assert isinstance(hop, Forward) and hop.header == b""  # as it is: still marked STREAM
+    back = build_proxy_v2(INGRESS, C1, stream=True) + OK
+    assert second.on_return(("10.1.0.1", 5004), back, T0) == ReturnToPeer(("10.0.0.9", 3479))
+    assert first.on_return(PEER_B, back, T0) == Deliver(C1, 28, stream=True)

@@ -120,7 +120,7 @@ def test_a_flows_header_is_parsed_once() -> None:
     second = mux.on_datagram(RELAY, framed(rtp(2)))
     assert isinstance(first, Delivery) and isinstance(second, Delivery)
     assert (second.client, second.payload) == (CLIENT, rtp(2))
-    assert list(mux.headers.values()) == [(CLIENT, INGRESS)]
+    assert list(mux.headers.values()) == [(CLIENT, INGRESS, False)]
     # a header with TLVs is not cached, and still delivers
     hdr = bytearray(build_proxy_v2(CLIENT, INGRESS))
     hdr[14:16] = (12 + 4).to_bytes(2, "big")
@@ -166,3 +166,28 @@ def test_forgetting_a_path_drops_its_route_and_validation() -> None:
     mux.forget(s, CLIENT)
     assert not mux.by_client and not mux.routes
     assert mux.on_datagram(RELAY, framed(rtp())) is None
+
+
+def test_a_tcp_client_is_answered_marked_tcp_through_its_relay() -> None:
+    # ICE-TCP: the relay marks the client's transport STREAM; replies and revocation notices
+    # name the client the same way, which is how the relay finds its connection.
+    mux: SessionMux[S] = SessionMux(accept_direct=True)
+    s = S()
+    token = mint("10.0.0.1", 5004)
+    mux.add_ufrag(token.decode(), s)
+    d = mux.on_datagram(
+        RELAY, build_proxy_v2(CLIENT, INGRESS, stream=True) + binding_request(token)
+    )
+    assert isinstance(d, Delivery) and d.stream and d.relay == RELAY
+    mux.note_route(s, d)
+    mux.validated(s, CLIENT)
+    out = mux.frame_for(CLIENT, b"resp")
+    assert out is not None and out[1] == RELAY
+    assert parse_proxy_v2(out[0]).stream
+    media = mux.on_datagram(RELAY, build_proxy_v2(CLIENT, INGRESS, stream=True) + rtp())
+    assert isinstance(media, Delivery) and media.stream
+    assert list(mux.headers.values()) == [(CLIENT, INGRESS, True)]
+    gone = mux.on_datagram(
+        RELAY, build_proxy_v2(CLIENT, INGRESS, stream=True) + binding_request(mint())
+    )
+    assert isinstance(gone, Unrouted) and gone.stream

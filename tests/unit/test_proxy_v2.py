@@ -31,6 +31,26 @@ def test_ipv6_layout() -> None:
     assert parsed == pv.ProxyHeader(("2001:db8::1", 1), ("2001:db8::2", 2), 52, 52)
 
 
+@pytest.mark.parametrize(
+    ("src", "dst", "family", "length"),
+    [
+        (("203.0.113.7", 50000), ("198.51.100.1", 443), 0x11, 28),
+        (("2001:db8::1", 1), ("2001:db8::2", 443), 0x21, 52),
+    ],
+)
+def test_stream_marks_a_tcp_client(src: Address, dst: Address, family: int, length: int) -> None:
+    hdr = pv.build_proxy_v2(src, dst, stream=True)
+    assert hdr[13] == family  # 0x11 TCP over IPv4, 0x21 TCP over IPv6 (§2.2)
+    assert hdr[:13] + bytes([family + 1]) + hdr[14:] == pv.build_proxy_v2(src, dst)
+    assert pv.plain_header_length(hdr) == length
+    parsed = pv.parse_proxy_v2(hdr + b"x")
+    assert parsed == pv.ProxyHeader(src, dst, length, length, stream=True)
+    assert not pv.parse_proxy_v2(pv.build_proxy_v2(src, dst)).stream
+    tlv = pv.revocation_tlv(b"t" * 40)
+    with_tlv = pv.parse_proxy_v2(pv.build_proxy_v2(src, dst, tlv, stream=True))
+    assert with_tlv.stream and with_tlv.payload_offset == length + len(tlv)
+
+
 def test_mixed_family_uses_mapped_v6() -> None:
     parsed = pv.parse_proxy_v2(pv.build_proxy_v2(("10.0.0.1", 1), ("2001:db8::2", 2)))
     assert parsed.src == ("::ffff:10.0.0.1", 1)
@@ -51,7 +71,7 @@ def test_tlvs_are_skipped() -> None:
         b"\r\n\r\n\x00\r\nQUIT",
         b"\r\n\r\n\x00\r\nQUIT\n\x20\x12\x00\x0c" + bytes(12),  # LOCAL command
         b"\r\n\r\n\x00\r\nQUIT\n\x11\x12\x00\x0c" + bytes(12),  # version 1
-        b"\r\n\r\n\x00\r\nQUIT\n\x21\x11\x00\x0c" + bytes(12),  # STREAM
+        b"\r\n\r\n\x00\r\nQUIT\n\x21\x13\x00\x0c" + bytes(12),  # AF_INET, SOCK_SEQPACKET
         b"\r\n\r\n\x00\r\nQUIT\n\x21\x12\x00\x0c" + bytes(11),  # truncated
         b"\r\n\r\n\x00\r\nQUIT\n\x21\x12\x00\x08" + bytes(8),  # block too short
         b"\r\n\r\n\x00\r\nQUIT\n\x21\x22\x00\x0c" + bytes(12),  # v6 block too short

@@ -219,6 +219,23 @@ def caller_answers(request: bytes, creds: Credentials) -> bytes:
     )
 
 
+def test_an_ice_tcp_caller_is_counted_and_told_apart_in_every_frame_back() -> None:
+    # The relay marks a caller that came over ICE-TCP (PROXY v2 STREAM): the session's first
+    # path selected over it is counted, and revocation notices name the caller the same way.
+    t = table()
+    creds = opened(t)
+    tcp = build_proxy_v2(CALLER, INGRESS, stream=True)
+    commands = t.on_datagram(T0, RELAY, tcp + check(creds))
+    assert any(isinstance(c, ToIce) for c in commands)
+    assert t.counters["ice_tcp_path_selected"] == 1
+    framed_back = t.frame_for(CALLER, b"answer")
+    assert framed_back is not None and parse_proxy_v2(framed_back.data).stream
+    gone = b"AQEAAQQKAAABE4xrSdIAZOFZ9HR8rmRJPUejIrUM"
+    (notice,) = t.on_datagram(T0, RELAY, tcp + binding_request(gone))
+    assert isinstance(notice, Send)
+    assert notice.data == build_proxy_v2(INGRESS, CALLER, revocation_tlv(gone), stream=True)
+
+
 def test_an_ended_calls_checks_are_told_so_signed_then_its_relays_are_told() -> None:
     """After a connected call ends, its caller's authenticated checks get a 403 signed with
     our password (a browser drops the pair at once), its media reaches nothing, forged

@@ -250,6 +250,10 @@ def test_flags() -> None:
         "b=[::1]:3478",
         "--ingress",
         "127.0.0.2:3478",
+        "--ingress-tcp",
+        "a=127.0.0.1:443",
+        "--ingress-tcp",
+        "b=127.0.0.9:443",
         "--transceiver",
         "http://127.0.0.1:8081/",
         "--transceiver",
@@ -265,6 +269,7 @@ def test_flags() -> None:
         "--dev",
     )
     assert config.ingress == {"a": ["127.0.0.1:3478", "127.0.0.2:3478"], "b": ["[::1]:3478"]}
+    assert config.ingress_tcp == {"a": ["127.0.0.1:443"], "b": ["127.0.0.9:443"]}
     assert [(t.region, t.api_url) for t in config.transceivers] == [
         ("a", "http://127.0.0.1:8081"),
         ("b", "http://127.0.0.1:8082"),
@@ -279,6 +284,7 @@ def test_flags() -> None:
     [
         ["--dev", "--listen", "0.0.0.0:8080"],
         ["--ingress", "a=nowhere"],
+        ["--ingress-tcp", "a=nowhere"],
         ["--transceiver", "b=ftp://x"],
         ["--region-cidr", "not-a-cidr=a"],
         ["--agent-url", "echo=http://x"],

@@ -12,7 +12,10 @@ The bends, per ICE connection (`make_lite`):
   and password after the offer is applied and before the answer is made (and on ICE restart);
 * `get_component_candidates` creates no socket: it gives aioice a `StunProtocol` on a
   `VirtualTransport` whose `sendto` frames the datagram onto the process's ONE shared UDP
-  socket, and returns the relay ingress address(es) as host candidates;
+  socket, and returns the relay ingress address(es) as host candidates (and its ICE-TCP
+  ingress, if any, as `tcptype passive` host candidates of lower priority, RFC 6544 §4.2:
+  the caller connects to the relay, whose frames reach this same socket as datagrams, so
+  aioice never pairs them; they are only written into the answer);
 * `check_start` and `connect` become ICE-lite: aioice sends no connectivity check. Every check
   it sees has been authenticated by the session table, which also says which path is
   selected: a pair to the selected address succeeds and is nominated when its check arrives
@@ -126,10 +129,17 @@ def set_credentials(
         conn.remote_username, conn.remote_password = remote
 
 
+# RFC 6544 §4.2: local preference = 2^13 * direction-pref + other-pref, with passive's
+# direction-pref of 4 (below active's 6; we are never active), which ranks them under the
+# UDP host candidate's 65535: a caller that can use UDP does.
+TCP_PASSIVE_LOCAL_PREF = (1 << 13) * 4 + 8191
+
+
 def make_lite(
     conn: aioice.Connection,
     *,
     candidates: list[Address],
+    tcp_candidates: list[Address] | None = None,
     send: Callable[[bytes, Address], None],
     selected: Callable[[], Address | None],
 ) -> Callable[[], aioice.ice.StunProtocol | None]:
@@ -158,10 +168,23 @@ def make_lite(
             )
             for host, port in candidates
         ]
+        passive = [
+            aioice.Candidate(
+                foundation=candidate_foundation("host", "tcp", host),
+                component=component,
+                transport="tcp",
+                priority=candidate_priority(component, "host", TCP_PASSIVE_LOCAL_PREF),
+                host=host,
+                port=port,
+                type="host",
+                tcptype="passive",
+            )
+            for host, port in tcp_candidates or ()
+        ]
         protocol.local_candidate = local[0]
         conn._protocols.append(protocol)
         state["protocol"] = protocol
-        return local
+        return local + passive
 
     async def lite_check_start(pair: aioice.ice.CandidatePair) -> None:
         # RFC 8445 §2.5 / §7.3.1.4: a lite agent sends no check; the caller's authenticated

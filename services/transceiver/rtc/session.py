@@ -58,6 +58,7 @@ class RtcSession:
     candidates: list[Address]  # the relay ingress address(es) advertised in the answer
     send: Callable[[bytes, Address], None]  # frames and sends one datagram to a client
     callbacks: SessionCallbacks
+    tcp_candidates: list[Address] = field(default_factory=list)  # ICE-TCP ingress, passive
     pc: RTCPeerConnection = field(init=False)
     output: AgentAudioTrack = field(init=False)
     channel: Any = field(init=False, default=None)
@@ -94,6 +95,7 @@ class RtcSession:
                 hooks.make_lite(
                     conn,
                     candidates=self.candidates,
+                    tcp_candidates=self.tcp_candidates,
                     send=self.send,
                     selected=self.callbacks.selected,
                 )

@@ -82,7 +82,7 @@ def test_compose_publishes_only_the_public_ports() -> None:
     services = compose()["services"]
     ports = {name: published(s) for name, s in services.items() if published(s)}
     assert ports == {
-        "relay": [(3478, "udp")],
+        "relay": [(3478, "udp"), (3478, "tcp")],
         "signaling": [(8080, "tcp")],
         "jaeger": [(16686, "tcp")],
     }
@@ -102,6 +102,10 @@ def test_compose_services_get_only_what_their_cli_accepts(monkeypatch: pytest.Mo
     (ingress,) = signaling.ingress[signaling.region]
     assert ingress == "127.0.0.1:3478" and hostport_arg(ingress) == relay.ingress
     assert relay.ingress[1] == published(services["relay"])[0][0]
+    # ICE-TCP: the relay listens, compose publishes it, signaling advertises it
+    (ingress_tcp,) = signaling.ingress_tcp[signaling.region]
+    assert relay.ingress_tcp == hostport_arg(ingress_tcp) == ("127.0.0.1", 3478)
+    assert (relay.listen_tcp[1], "tcp") in published(services["relay"])
     assert set(signaling.agents) == {"echo", "parrot", "assistant"}
     assert signaling.default_agent == "assistant"
     assert signaling.agents["assistant"] == "realtime+ws://agent-assistant:8090/v1/realtime"

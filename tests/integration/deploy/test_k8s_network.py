@@ -81,6 +81,8 @@ def test_network_policies_fence_the_transceivers(target: str) -> None:
     assert pod_peer_targets(objects, redis) == {"relay", "transceiver", "signaling"}
     public = allowed_peers(objects, "relay", "UDP", 3478)
     assert public is not None and {"ipBlock": {"cidr": "0.0.0.0/0"}} in public
+    ice_tcp = allowed_peers(objects, "relay", "TCP", 3478)
+    assert ice_tcp is not None and {"ipBlock": {"cidr": "0.0.0.0/0"}} in ice_tcp
     # Every pod-selector peer anywhere selects something (a typo would silently admit nobody).
     for policy in policies:
         for rule in policy["spec"].get("ingress", []):

@@ -43,7 +43,7 @@ def test_containers_get_only_flags_and_env_their_cli_accepts(
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_relay_is_a_udp_load_balancer_that_keeps_client_addresses(
+def test_relay_is_a_udp_and_ice_tcp_load_balancer_that_keeps_client_addresses(
     target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     objects = objs(target)
@@ -51,10 +51,20 @@ def test_relay_is_a_udp_load_balancer_that_keeps_client_addresses(
     service = find(objects, "Service", "relay")["spec"]
     assert service["type"] == "LoadBalancer"
     assert service["externalTrafficPolicy"] == "Local"
-    (port,) = service["ports"]
+    port, tcp = service["ports"]
     assert (port["protocol"], port["port"]) == ("UDP", 3478)
     target_port = container_port(container, port["targetPort"])
     assert (target_port["containerPort"], target_port["protocol"]) == (config.listen[1], "UDP")
+    # ICE-TCP (RFC 6544) on 443 of the same VIP, to the relay's unprivileged TCP listener,
+    # which signaling advertises
+    assert (tcp["protocol"], tcp["port"]) == ("TCP", 443)
+    target_port = container_port(container, tcp["targetPort"])
+    assert config.listen_tcp is not None
+    assert (target_port["containerPort"], target_port["protocol"]) == (config.listen_tcp[1], "TCP")
+    _, _, signaling = k8s_config(objects, "signaling", monkeypatch)
+    ingress_tcp = find(objects, "ConfigMap", "firsthop-config")["data"]["ingress-tcp-address"]
+    assert signaling.ingress_tcp == {signaling.region: [ingress_tcp]}
+    assert hostport_arg(ingress_tcp)[1] == 443
     assert selected(objects, {"matchLabels": service["selector"]}) == {"relay"}
     # /healthz lives on the metrics port (9478), not on the UDP one.
     for probe in ("readinessProbe", "livenessProbe"):

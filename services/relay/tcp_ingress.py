@@ -1,0 +1,304 @@
+"""ICE-TCP ingress (RFC 6544, passive side): callers whose UDP is blocked reach the relay on
+TCP (443 in production) and speak RFC 4571 frames; each frame is one datagram of the flow.
+
+Runs in the data-plane thread (`dataplane.py`), in its epoll set: the flow table belongs to
+that thread, and a frame takes the same path as a UDP datagram from there on. A connection
+is keyed by its remote (ip, port) — unique per live connection to one listener — and the
+flow table keeps its flows apart from UDP ones (`FlowTable.on_tcp_client`), so a flow is
+pinned to the connection that opened it and ends when it closes.
+
+Bounds (`RelayLimits.tcp_*`, counted in `closed` by reason, or as drops):
+
+* connections per source IP and in total: beyond, a new connection is reset at accept;
+* slow-loris: the first frame, a STUN Binding request with a valid route token, must arrive
+  within `tcp_first_frame_timeout` of accept; after that, a connection with no complete
+  frame for `tcp_idle_timeout` is closed (a peer trickling a frame byte by byte gets no
+  more time than one that sends nothing);
+* the first frame must open a flow (anything the table refuses closes the connection), and
+  a connection whose flow the table let go of (expired, revoked, displaced) is closed at its
+  next frame;
+* frame size: a LENGTH above `MAX_DATAGRAM` (no WebRTC packet is larger) resets the
+  connection; the read side never holds more than one partial frame;
+* write side: bytes queued toward a slow reader are capped at `tcp_write_buffer` per
+  connection and `tcp_write_budget` for all of a worker's connections; a frame that does not
+  fit is dropped and counted (`tcp_write_buffer_full`, `tcp_write_budget_full`), as a full
+  UDP path would lose it. (The tail of a frame the kernel took only in part is always kept:
+  dropping it would corrupt the stream; that is at most one frame per connection.)
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from firsthop.services.relay.flows import MAX_DATAGRAM, RelayLimits
+from firsthop.shared.address import Address
+from firsthop.shared.wire.rfc4571 import Deframer, FramingError
+
+ACCEPT_BATCH = 64  # connections accepted per wake-up
+READ_BATCH = 4  # reads per connection per wake-up (level-triggered: the rest comes next turn)
+READ_SIZE = 16 * 1024
+BACKLOG = 1024
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER {on, 0 s}: close() sends RST
+
+
+@dataclass(eq=False, slots=True)
+class Connection:
+    sock: socket.socket
+    client: Address
+    accepted: float
+    last_frame: float
+    deframer: Deframer = field(default_factory=lambda: Deframer(MAX_DATAGRAM))
+    out: bytearray = field(default_factory=bytearray)
+    routed: bool = False  # its first frame opened a flow
+    writing: bool = False  # EPOLLOUT is armed (`out` is not empty)
+
+
+# What the data plane does with a frame: None, or why the connection must close.
+FrameHandler = Callable[[Connection, bytes, float], str | None]
+
+
+def tcp_listener(addr: Address, *, reuseport: bool, listen: bool = True) -> socket.socket:
+    """A TCP socket for `addr` (SO_REUSEPORT: every worker process accepts on the same port
+    and the kernel spreads connections between them)."""
+    if ":" in addr[0]:
+        raise ValueError(f"relay sockets are IPv4 for now; got {addr[0]}")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuseport:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(addr)
+        if listen:
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class TcpIngress:
+    def __init__(
+        self,
+        listener: socket.socket,
+        limits: RelayLimits,
+        *,
+        on_frame: FrameHandler,
+        on_close: Callable[[Address], None],
+        count_drop: Callable[[str], None],
+    ) -> None:
+        self.listener = listener
+        self.limits = limits
+        self.on_frame = on_frame
+        self.on_close = on_close
+        self.count_drop = count_drop
+        self.by_fd: dict[int, Connection] = {}
+        self.by_client: dict[Address, Connection] = {}
+        self.per_ip: Counter[str] = Counter()
+        self.accepted = 0
+        self.queued = 0  # bytes waiting in every connection's `out`
+        self.closed: Counter[str] = Counter()  # by reason
+        self._ep: select.epoll | None = None
+        self._buf = bytearray(READ_SIZE)
+
+    @property
+    def listen_fd(self) -> int:
+        return self.listener.fileno()
+
+    def attach(self, ep: select.epoll) -> None:
+        self._ep = ep
+        ep.register(self.listen_fd, select.EPOLLIN)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def on_event(self, fd: int, events: int, now: float) -> None:
+        if fd == self.listen_fd:
+            self._accept(now)
+            return
+        conn = self.by_fd.get(fd)
+        if conn is None:
+            return
+        if events & select.EPOLLOUT and not self._flush(conn):
+            return
+        if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+            self._read(conn, now)
+
+    def _accept(self, now: float) -> None:
+        lim = self.limits
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, addr = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError:  # ECONNABORTED, EMFILE...: the listener itself is fine
+                self.closed["accept_error"] += 1
+                return
+            client: Address = (addr[0], addr[1])
+            if len(self.by_fd) >= lim.tcp_max_connections:
+                self._refuse(sock, "connection_limit")
+                continue
+            if self.per_ip[client[0]] >= lim.tcp_max_per_ip:
+                self._refuse(sock, "connections_per_ip")
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(sock, client, now, now)
+            self.by_fd[sock.fileno()] = conn
+            self.by_client[client] = conn
+            self.per_ip[client[0]] += 1
+            self.accepted += 1
+            if self._ep is not None:
+                self._ep.register(sock.fileno(), select.EPOLLIN)
+
+    def _refuse(self, sock: socket.socket, reason: str) -> None:
+        self.closed[reason] += 1
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        finally:
+            sock.close()
+
+    def _read(self, conn: Connection, now: float) -> None:
+        buf = self._buf
+        for _ in range(READ_BATCH):
+            try:
+                n = conn.sock.recv_into(buf)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.close(conn, "reset")
+                return
+            if n == 0:
+                self.close(conn, "eof")
+                return
+            try:
+                frames = conn.deframer.feed(memoryview(buf)[:n])
+            except FramingError:
+                self.close(conn, "oversize_frame", reset=True)
+                return
+            for data in frames:
+                if not data:
+                    continue  # an empty frame carries nothing (RFC 4571 allows it)
+                conn.last_frame = now
+                reason = self.on_frame(conn, data, now)
+                if reason is not None:
+                    self.close(conn, reason, reset=True)
+                    return
+                conn.routed = True
+            if n < READ_SIZE:
+                return
+
+    # -- the reply path ------------------------------------------------------------------------
+
+    def send(self, client: Address, payload: bytes | memoryview) -> bool:
+        """Frame `payload` onto `client`'s connection; False (counted) if it is gone or
+        its write buffer is full."""
+        conn = self.by_client.get(client)
+        if conn is None:
+            self.count_drop("tcp_no_connection")
+            return False
+        n = len(payload)
+        prefix = n.to_bytes(2, "big")
+        if conn.out:
+            if len(conn.out) + 2 + n > self.limits.tcp_write_buffer:
+                self.count_drop("tcp_write_buffer_full")
+                return False
+            if self.queued + 2 + n > self.limits.tcp_write_budget:
+                self.count_drop("tcp_write_budget_full")
+                return False
+            conn.out += prefix
+            conn.out += payload
+            self.queued += 2 + n
+            return True
+        try:
+            sent = conn.sock.sendmsg((prefix, payload))
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.close(conn, "reset")
+            self.count_drop("send_error")
+            return False
+        if sent < 2 + n:
+            rest = (prefix + bytes(payload))[sent:]
+            conn.out += rest
+            self.queued += len(rest)
+            self._want_write(conn, True)
+        return True
+
+    def _flush(self, conn: Connection) -> bool:
+        """Write what is queued; False if the connection closed."""
+        try:
+            sent = conn.sock.send(conn.out)
+        except BlockingIOError:
+            return True
+        except OSError:
+            self.close(conn, "reset")
+            return False
+        del conn.out[:sent]
+        self.queued -= sent
+        if not conn.out:
+            self._want_write(conn, False)
+        return True
+
+    def _want_write(self, conn: Connection, on: bool) -> None:
+        if conn.writing == on or self._ep is None:
+            return
+        conn.writing = on
+        mask = select.EPOLLIN | (select.EPOLLOUT if on else 0)
+        self._ep.modify(conn.sock.fileno(), mask)
+
+    # -- housekeeping ----------------------------------------------------------------------------
+
+    def sweep(self, now: float) -> None:
+        """Close connections past their first-frame deadline or idle too long."""
+        lim = self.limits
+        for conn in list(self.by_fd.values()):
+            if not conn.routed:
+                if now - conn.accepted > lim.tcp_first_frame_timeout:
+                    self.close(conn, "first_frame_timeout", reset=True)
+            elif now - conn.last_frame > lim.tcp_idle_timeout:
+                self.close(conn, "idle")
+
+    def close(self, conn: Connection, reason: str, *, reset: bool = False) -> None:
+        fd = conn.sock.fileno()
+        if self.by_fd.get(fd) is not conn:
+            return
+        del self.by_fd[fd]
+        self.queued -= len(conn.out)
+        if self.by_client.get(conn.client) is conn:
+            del self.by_client[conn.client]
+        left = self.per_ip[conn.client[0]] - 1
+        if left > 0:
+            self.per_ip[conn.client[0]] = left
+        else:
+            del self.per_ip[conn.client[0]]
+        if self._ep is not None:
+            try:
+                self._ep.unregister(fd)
+            except OSError:
+                pass
+        self.closed[reason] += 1
+        try:
+            if reset:
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except OSError:
+            pass
+        conn.sock.close()
+        self.on_close(conn.client)
+
+    def close_all(self) -> None:
+        for conn in list(self.by_fd.values()):
+            self.close(conn, "shutdown")
+        if self._ep is not None:
+            try:
+                self._ep.unregister(self.listen_fd)
+            except OSError:
+                pass
+
+    @property
+    def connections(self) -> int:
+        return len(self.by_fd)
