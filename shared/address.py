@@ -53,3 +53,40 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def ip_family(host: str) -> int:
+    """4 or 6: the IP family of an address literal (IPv6 literals are the ones with a colon)."""
+    return 6 if ":" in host else 4
+
+
+def normalize_host(host: str) -> str:
+    """An IP literal as Python's `ipaddress` writes it (IPv6 compressed, lower case), with
+    an IPv4-mapped IPv6 address (``::ffff:192.0.2.1``, RFC 4291 §2.5.5.2) as its plain
+    IPv4 form: a v4 client must look the same whichever socket it came in on. A name or
+    anything unparsable is returned unchanged."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+V6_SOURCE_PREFIX = 64  # one host (or one home) owns a whole /64 (RFC 4291 §2.5.1, RFC 7934)
+
+
+def source_key(host: str) -> str:
+    """What per-source-IP bounds count by: the IPv4 address itself, or the /64 an IPv6
+    address is in (``2001:db8:1:2::/64``), since one IPv6 host can pick any address of
+    its /64 and would otherwise get 2^64 budgets."""
+    if ":" not in host:
+        return host
+    try:
+        ip = ipaddress.IPv6Address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if ip.ipv4_mapped is not None:  # a v4 client seen through a v6 socket: its own key
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((ip, V6_SOURCE_PREFIX), strict=False))

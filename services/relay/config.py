@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from firsthop.services.relay.flows import RelayLimits
-from firsthop.shared.address import Address, parse_hostport
+from firsthop.shared.address import Address, format_hostport, ip_family, parse_hostport
 from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
 from firsthop.shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys
 
@@ -27,6 +27,9 @@ TCP_LIMITS = {
 
 @dataclass
 class RelayConfig:
+    # Public addresses come one per IP family: `listen` is the first --listen, `listen_other`
+    # a second one of the other family (e.g. 0.0.0.0:3478 and [::]:3478), each its own
+    # socket (IPv6 ones IPV6_V6ONLY); likewise --listen-tcp and --public.
     listen: Address = ("0.0.0.0", 3478)
     listen_tcp: Address | None = None  # ICE-TCP (RFC 6544 passive), e.g. 0.0.0.0:443
     internal: Address = ("0.0.0.0", 3479)
@@ -40,23 +43,49 @@ class RelayConfig:
     workers: int = 1
     pin_cpus: bool = True
     limits: RelayLimits = field(default_factory=RelayLimits)
+    listen_other: Address | None = None
+    listen_tcp_other: Address | None = None
+    public_other: Address | None = None
 
     @property
     def ingress(self) -> Address:
-        if self.public is not None:
-            return self.public
-        return self.listen
+        return self.ingresses[0]
+
+    @property
+    def listens(self) -> list[Address]:
+        return [a for a in (self.listen, self.listen_other) if a is not None]
+
+    @property
+    def listens_tcp(self) -> list[Address]:
+        return [a for a in (self.listen_tcp, self.listen_tcp_other) if a is not None]
+
+    def _public_of(self, family: int) -> Address | None:
+        for addr in (self.public, self.public_other):
+            if addr is not None and ip_family(addr[0]) == family:
+                return addr
+        return None
+
+    @property
+    def ingresses(self) -> list[Address]:
+        """The UDP ingress of each --listen, written into its clients' frames: --public of
+        the same family if given, else the --listen address itself."""
+        return [self._public_of(ip_family(a[0])) or a for a in self.listens]
+
+    @property
+    def ingresses_tcp(self) -> list[Address]:
+        """The ICE-TCP ingress of each --listen-tcp: --public's host of the same family (or
+        --listen-tcp's) with the --listen-tcp port."""
+        out = []
+        for host, port in self.listens_tcp:
+            public = self._public_of(ip_family(host))
+            out.append((public[0] if public is not None else host, port))
+        return out
 
     @property
     def ingress_tcp(self) -> Address | None:
-        """The ICE-TCP address clients connect to, written into their frames: --public's
-        host (or --listen-tcp's) with the --listen-tcp port."""
-        if self.listen_tcp is None:
-            return None
-        return (
-            self.ingress[0] if self.public is not None else self.listen_tcp[0],
-            self.listen_tcp[1],
-        )
+        """The (first) ICE-TCP address clients connect to, written into their frames."""
+        tcp = self.ingresses_tcp
+        return tcp[0] if tcp else None
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -69,7 +98,16 @@ class RelayConfig:
         data: dict[str, Any] = json.loads(text)
         data["keys"] = {int(k): bytes.fromhex(v) for k, v in data["keys"].items()}
         data["peers"] = {int(k): tuple(v) for k, v in data["peers"].items()}
-        for name in ("listen", "listen_tcp", "internal", "metrics", "public"):
+        for name in (
+            "listen",
+            "listen_tcp",
+            "internal",
+            "metrics",
+            "public",
+            "listen_other",
+            "listen_tcp_other",
+            "public_other",
+        ):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
         data["limits"] = RelayLimits(**data["limits"])
@@ -87,14 +125,21 @@ def register(
         "forwarding to transceivers and peer relays.",
     )
     add_option(
-        p, "--listen", default="0.0.0.0:3478", help="public UDP address", metavar="HOST:PORT"
+        p,
+        "--listen",
+        action="append",
+        default=["0.0.0.0:3478"],
+        help="public UDP address; one per IP family, repeat (or comma-list) for dual stack: "
+        "0.0.0.0:3478,[::]:3478",
+        metavar="HOST:PORT",
     )
     add_option(
         p,
         "--listen-tcp",
-        default=None,
+        action="append",
+        default=[],
         help="public ICE-TCP address (RFC 6544 passive, RFC 4571 framing; 443 in production; "
-        "default: none)",
+        "one per IP family, like --listen; default: none)",
         metavar="HOST:PORT",
     )
     add_option(
@@ -108,8 +153,10 @@ def register(
     add_option(
         p,
         "--public",
-        default=None,
-        help="ingress address clients send to, written into frames (default: --listen)",
+        action="append",
+        default=[],
+        help="ingress address clients send to, written into frames (default: --listen); "
+        "one per IP family, like --listen",
         metavar="HOST:PORT",
     )
     add_option(
@@ -144,6 +191,21 @@ def register(
     return p
 
 
+def per_family(items: list[str], flag: str) -> list[Address]:
+    """HOST:PORT items (each may be a comma list), at most one per IP family."""
+    out: list[Address] = []
+    for item in items:
+        for text in item.split(","):
+            if text.strip():
+                out.append(hostport_arg(text))
+    if len({ip_family(host) for host, _ in out}) != len(out):
+        raise ValueError(
+            f"{flag} takes one address per IP family (a wildcard covers every address of its "
+            f"family); got {', '.join(format_hostport(a) for a in out)}"
+        )
+    return out
+
+
 def config_from_args(args: argparse.Namespace) -> RelayConfig:
     if not args.route_keys:
         raise SystemExit("firsthop relay: --route-keys (or FIRSTHOP_ROUTE_KEYS) is required")
@@ -155,11 +217,23 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             if not sep:
                 raise ValueError(f"--peer {item!r} is not CLUSTER=HOST:PORT")
             peers[int(cluster)] = parse_hostport(addr)
+        listen = per_family(args.listen, "--listen")
+        if not listen:
+            raise ValueError("--listen needs an address")
+        listen_tcp = per_family(args.listen_tcp, "--listen-tcp")
+        public = per_family(args.public, "--public")
+        families = {ip_family(a[0]) for a in listen}
+        for addr in public:
+            if ip_family(addr[0]) not in families:
+                raise ValueError(f"--public {addr[0]} has no --listen of its IP family")
         config = RelayConfig(
-            listen=hostport_arg(args.listen),
-            listen_tcp=hostport_arg(args.listen_tcp) if args.listen_tcp else None,
+            listen=listen[0],
+            listen_other=listen[1] if len(listen) > 1 else None,
+            listen_tcp=listen_tcp[0] if listen_tcp else None,
+            listen_tcp_other=listen_tcp[1] if len(listen_tcp) > 1 else None,
             internal=hostport_arg(args.internal),
-            public=hostport_arg(args.public) if args.public else None,
+            public=public[0] if public else None,
+            public_other=public[1] if len(public) > 1 else None,
             metrics=hostport_arg(args.metrics),
             cluster=args.cluster,
             keys=keys,

@@ -12,6 +12,12 @@ run inline here: one dict lookup, one send, no allocation beyond the kernel's. E
 else goes to `FlowTable` (the sans-IO core), whose decision this loop carries out. The
 table is touched only by this thread; Trio talks to it through `commands` (a queue plus an
 eventfd that wakes the epoll wait) and gets events back through `outbox`.
+
+IPv6: a worker may have two public sockets, one per IP family (IPv6 ones IPV6_V6ONLY, so no
+v4-mapped address ever shows up); a reply leaves from the one of its client's family. An
+IPv6 socket's addresses come as (host, port, flowinfo, scope_id) and are cut to (host, port)
+as they arrive, so every table is keyed alike. A datagram is received past `HEADROOM` bytes,
+room for the longer (IPv6) PROXY v2 header; an IPv4 flow's 28 bytes go right in front of it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from typing import Any
 from firsthop.services.relay.flow_table import FlowTable
 from firsthop.services.relay.flows import Deliver, Drop, Flow, Forward, Recover, ReturnToPeer
 from firsthop.services.relay.tcp_ingress import Connection, TcpIngress
+from firsthop.shared.address import ip_family
+from firsthop.shared.wire.proxy_v2 import FAMILY_INET6_STREAM, V4_HEADER, V6_HEADER
 
 log = logging.getLogger("firsthop.relay")
 
@@ -39,7 +47,7 @@ BATCH = 256  # datagrams drained from one socket before the others get a turn
 TICK = 0.25  # housekeeping period, seconds
 SWEEP_MIN = 1000  # flows looked at per tick, at least
 SOCKET_BUFFER = 4 * 1024 * 1024
-HEADROOM = 28  # an IPv4 PROXY v2 header (the relay's sockets are IPv4)
+HEADROOM = V6_HEADER  # room for a PROXY v2 header in front of a received datagram
 MAX_UPSTREAM = 4096  # connected upstream sockets per worker; beyond, the shared `own` one
 
 
@@ -101,7 +109,8 @@ class DataPlane:
         peer: socket.socket,
         notify: Callable[[], None] = lambda: None,
         cpu: int | None = None,
-        tcp: socket.socket | None = None,
+        tcp: list[socket.socket] | None = None,
+        public_other: socket.socket | None = None,
     ) -> None:
         self.table = table
         # ICE-TCP callers (optional): their connections join this thread's epoll set
@@ -113,10 +122,14 @@ class DataPlane:
                 on_close=table.forget_tcp,
                 count_drop=table.count_drop,
             )
-            if tcp is not None
+            if tcp
             else None
         )
         self.public = public
+        self.public_other = public_other  # a second public socket, of the other IP family
+        publics = [sock for sock in (public, public_other) if sock is not None]
+        self._public6 = next((s for s in publics if s.family == socket.AF_INET6), public)
+        self._public4 = next((s for s in publics if s.family == socket.AF_INET), public)
         self.own = own
         self.peer = peer
         self.notify = notify  # wakes the Trio side; must be thread-safe
@@ -157,13 +170,18 @@ class DataPlane:
                 os.sched_setaffinity(0, {self.cpu})  # this thread only (pid 0 = caller)
             except OSError as exc:
                 log.info("cpu pinning unavailable: %s", exc)
-        for sock in (self.public, self.own, self.peer):
-            sock.setblocking(False)
+        other = self.public_other
+        for sock in (self.public, self.own, self.peer, other):
+            if sock is not None:
+                sock.setblocking(False)
         self._ep = ep = select.epoll()
         pub_fd, own_fd, peer_fd = self.public.fileno(), self.own.fileno(), self.peer.fileno()
+        other_fd = other.fileno() if other is not None else -1
         wake_fd = self._wake_fd
-        for fd in (pub_fd, own_fd, peer_fd, wake_fd):
-            ep.register(fd, select.EPOLLIN)
+        for fd in (pub_fd, own_fd, peer_fd, wake_fd, other_fd):
+            if fd >= 0:
+                ep.register(fd, select.EPOLLIN)
+        public = self.public
         tcp = self.tcp
         if tcp is not None:
             tcp.attach(ep)
@@ -183,13 +201,16 @@ class DataPlane:
                 for fd, events in ep.poll(TICK):
                     now = time.time()
                     if fd == pub_fd:
-                        self._drain_public(buf, view, now)
+                        self._drain_public(public, buf, view, now)
                     elif fd in upstream_by_fd:
                         self._drain_upstream(upstream_by_fd[fd], buf, view, now)
                     elif fd == peer_fd:
                         self._drain_peer(buf, view, now)
                     elif fd == own_fd:
                         self._drain_own(buf, view, now)
+                    elif fd == other_fd:
+                        assert other is not None
+                        self._drain_public(other, buf, view, now)
                     elif fd == wake_fd:
                         os.eventfd_read(wake_fd)
                         self._run_commands(time.time())
@@ -212,11 +233,20 @@ class DataPlane:
         sock = self.upstreams.get(dest)
         if sock is not None or len(self.upstreams) >= MAX_UPSTREAM:
             return sock
-        sock = socket.socket(self.own.family, socket.SOCK_DGRAM)
+        # A destination of the internal socket's family is reached from the internal host;
+        # one of the other family (an IPv6 transceiver, token family 6, behind an IPv4
+        # --internal) from that family's wildcard: the kernel picks the source by route.
+        v6 = ip_family(dest[0]) == 6
+        family = socket.AF_INET6 if v6 else socket.AF_INET
+        if family == self.own.family:
+            local = self.own.getsockname()[0]
+        else:
+            local = "::" if v6 else "0.0.0.0"
+        sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-            sock.bind((self.own.getsockname()[0], 0))
+            sock.bind((local, 0))
             sock.connect(dest)
             sock.setblocking(False)
         except OSError:
@@ -229,10 +259,13 @@ class DataPlane:
             self._ep.register(sock.fileno(), select.EPOLLIN)
         return sock
 
-    def _drain_public(self, buf: bytearray, view: memoryview, now: float) -> None:
+    def _drain_public(
+        self, public: socket.socket, buf: bytearray, view: memoryview, now: float
+    ) -> None:
         # Receive past room for the frame, then write the flow's header in front: the frame
         # leaves as one buffer, built without copying the payload.
-        recv = self.public.recvfrom_into
+        recv = public.recvfrom_into
+        v6 = public.family == socket.AF_INET6
         payload_view = self._payload_view
         upstreams = self.upstreams
         known = self.table.known_client
@@ -245,13 +278,16 @@ class DataPlane:
             except OSError:
                 self.table.count_drop("recv_error")
                 continue
+            if v6:
+                addr = (addr[0], addr[1])
             flow = known(addr, n, buf[HEADROOM] if n else 0, now)
             if flow is not None:
                 sock = upstreams.get(flow.dest)
                 if sock is not None:
-                    buf[:HEADROOM] = flow.header
+                    start = HEADROOM - len(flow.header)
+                    buf[start:HEADROOM] = flow.header
                     try:
-                        sock.send(view[: HEADROOM + n])
+                        sock.send(view[start : HEADROOM + n])
                     except OSError:
                         self.table.count_drop("send_error")
                         continue
@@ -272,7 +308,7 @@ class DataPlane:
     ) -> None:
         sock, peer = entry
         recv = sock.recv_into
-        send = self.public.sendto
+        send4, send6 = self._public4.sendto, self._public6.sendto
         known = self.table.known_return
         out = out_bytes = 0
         for _ in range(BATCH):
@@ -283,21 +319,26 @@ class DataPlane:
             except OSError:  # e.g. ECONNREFUSED: ICMP port unreachable from the peer
                 self.table.count_drop("upstream_error")
                 continue
-            flow = known(bytes(view[:HEADROOM]), peer, n - HEADROOM, now) if n >= HEADROOM else None
+            # A frame's header is 28 bytes (IPv4) or 52 (IPv6), by its family byte (§2.2).
+            hlen = V6_HEADER if n >= V6_HEADER and buf[13] >= FAMILY_INET6_STREAM else V4_HEADER
+            flow = known(bytes(view[:hlen]), peer, n - hlen, now) if n >= hlen else None
             if flow is not None:
                 try:
                     if flow.stream and flow.via is None:
-                        if not self._tcp_send(flow.client, view[HEADROOM:n]):
+                        if not self._tcp_send(flow.client, view[hlen:n]):
                             continue
                     elif flow.via is None:
-                        send(view[HEADROOM:n], flow.client)
+                        if hlen == V4_HEADER:
+                            send4(view[hlen:n], flow.client)
+                        else:
+                            send6(view[hlen:n], flow.client)
                     else:  # second hop: the frame goes back to the first relay as it is
                         self.peer.sendto(view[:n], flow.via)
                 except OSError:
                     self.table.count_drop("send_error")
                     continue
                 out += 1
-                out_bytes += n - HEADROOM
+                out_bytes += n - hlen
             else:
                 data = bytes(view[:n])
                 self._carry_out(self.table.on_return(peer, data, now), data, n)
@@ -314,11 +355,13 @@ class DataPlane:
             except OSError:
                 self.table.count_drop("recv_error")
                 continue
+            addr = (addr[0], addr[1])
             data = bytes(view[:n])
             self._carry_out(self.table.on_return(addr, data, now), data, n)
 
     def _drain_peer(self, buf: bytearray, view: memoryview, now: float) -> None:
         recv = self.peer.recvfrom_into
+        v6 = self.peer.family == socket.AF_INET6
         upstreams = self.upstreams
         known = self.table.known_peer
         fwd = fwd_bytes = 0
@@ -330,11 +373,10 @@ class DataPlane:
             except OSError:
                 self.table.count_drop("recv_error")
                 continue
-            flow = (
-                known(bytes(view[:HEADROOM]), addr, buf[HEADROOM], n - HEADROOM, now)
-                if n > HEADROOM
-                else None
-            )
+            if v6:
+                addr = (addr[0], addr[1])
+            hlen = V6_HEADER if n > V6_HEADER and buf[13] >= FAMILY_INET6_STREAM else V4_HEADER
+            flow = known(bytes(view[:hlen]), addr, buf[hlen], n - hlen, now) if n > hlen else None
             if flow is not None:
                 sock = upstreams.get(flow.dest)
                 if sock is not None:
@@ -344,7 +386,7 @@ class DataPlane:
                         self.table.count_drop("send_error")
                         continue
                     fwd += 1
-                    fwd_bytes += n - HEADROOM
+                    fwd_bytes += n - hlen
                     continue
             data = bytes(view[:n])
             self._carry_out(self.table.on_peer(addr, data, now), data, n)
@@ -367,7 +409,9 @@ class DataPlane:
                     if not self._tcp_send(decision.client, memoryview(data)[decision.offset :]):
                         return
                 else:
-                    self.public.sendto(data[decision.offset :], decision.client)
+                    client = decision.client
+                    public = self._public6 if ip_family(client[0]) == 6 else self._public4
+                    public.sendto(data[decision.offset :], client)
                 self.downstream += 1
                 self.downstream_bytes += n - decision.offset
             elif type(decision) is ReturnToPeer:

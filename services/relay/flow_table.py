@@ -25,8 +25,9 @@ Flow safety: a new flow is *pending* until its destination answers the client's 
 STUN Binding *success* response — the one thing on the return path the relay reads, since a
 transceiver answers only checks that authenticate (RFC 8445 §7.3); anything else coming back
 for a pending flow is dropped, so no amount of unauthenticated traffic establishes a flow.
-Pending flows expire after `pending_ttl` and are capped per source IP, per route token and
-globally, with the global pool shared fairly between tokens (`token_ledger.py`); established
+Pending flows expire after `pending_ttl` and are capped per source IP (an IPv6 source counts
+by its /64, `address.source_key`), per route token and globally, with the global pool shared
+fairly between tokens (`token_ledger.py`); established
 flows are capped per token (the least recently used yields) and expire after `idle_ttl`
 without traffic. A Binding request from an established client with a different valid token
 (ICE restart, or a spoofed source) becomes a *candidate*: its STUN goes to the new
@@ -68,7 +69,7 @@ from firsthop.services.relay.flows import (
     is_binding_success,
 )
 from firsthop.services.relay.token_ledger import TokenLedger
-from firsthop.shared.address import Address
+from firsthop.shared.address import Address, ip_family, source_key
 from firsthop.shared.ratelimit import KeyedLimiter, TokenBucket
 from firsthop.shared.wire.demux import STUN_LAST
 from firsthop.shared.wire.proxy_v2 import (
@@ -91,6 +92,14 @@ from firsthop.shared.wire.stun import binding_request_server_ufrag
 MAX_RECOVERY_BUFFER = 8  # datagrams held per client while its flow is looked up
 
 
+def _by_family(*addrs: Address | None) -> dict[int, Address]:
+    out: dict[int, Address] = {}
+    for addr in addrs:
+        if addr is not None:
+            out.setdefault(ip_family(addr[0]), addr)
+    return out
+
+
 class FlowTable:
     def __init__(
         self,
@@ -104,11 +113,17 @@ class FlowTable:
         recovery: bool = False,
         now: float = 0.0,
         ingress_tcp: Address | None = None,
+        ingress_other: Address | None = None,
+        ingress_tcp_other: Address | None = None,
     ) -> None:
         self.cluster = cluster
         self.keys = Keyring(keys)
         self.ingress = ingress
         self.ingress_tcp = ingress_tcp or ingress
+        # The ingress a new flow's frames name, by the client's IP family (PROXY v2 writes
+        # src and dst in one family, §2.2): a relay listening on both has one of each.
+        self.ingress_by_family = _by_family(ingress, ingress_other)
+        self.ingress_tcp_by_family = _by_family(self.ingress_tcp, ingress_tcp_other)
         self.allow_dest = allow_dest
         self.peers = dict(peers or {})
         self.peer_hosts = frozenset(host for host, _ in self.peers.values())
@@ -123,7 +138,7 @@ class FlowTable:
         # exact return header bytes -> flow (both kinds)
         self.by_return: dict[bytes, Flow] = {}
         self.pending = 0
-        self.pending_per_ip: Counter[str] = Counter()
+        self.pending_per_ip: Counter[str] = Counter()  # by `source_key` (an IPv6 /64)
         self.ledger: TokenLedger[Flow] = TokenLedger(
             self.limits.max_pending_per_token, self.limits.max_flows_per_token
         )
@@ -196,7 +211,10 @@ class FlowTable:
         flow = self.flows.get(client)
         if flow is not None:
             return self._known(flow, data, 0, now)
-        return self._unknown(client, data, 0, None, self.ingress, now)
+        ingress = self.ingress_by_family.get(ip_family(client[0]))
+        if ingress is None:  # (no socket of that family feeds this table)
+            return self._drop("ingress_family")
+        return self._unknown(client, data, 0, None, ingress, now)
 
     # -- frames from ICE-TCP connections ---------------------------------------------------
 
@@ -206,7 +224,10 @@ class FlowTable:
         flow = self.tcp_flows.get(client)
         if flow is not None:
             return self._known(flow, data, 0, now)
-        return self._unknown(client, data, 0, None, self.ingress_tcp, now, stream=True)
+        ingress = self.ingress_tcp_by_family.get(ip_family(client[0]))
+        if ingress is None:
+            return self._drop("ingress_family")
+        return self._unknown(client, data, 0, None, ingress, now, stream=True)
 
     def forget_tcp(self, client: Address) -> None:
         """The connection from `client` closed: its flow goes with it."""
@@ -282,11 +303,12 @@ class FlowTable:
                 return self._drop("no_flow")
             return self._recover_or_drop(client, data, via, now)
         lim = self.limits
-        if not self._new_flow_limiter.take(client[0], now):
+        source = source_key(client[0])
+        if not self._new_flow_limiter.take(source, now):
             return self._drop("rate_limited")
         if self.size >= lim.max_flows:
             return self._drop("table_full")
-        if self.pending_per_ip[client[0]] >= lim.max_pending_per_ip:
+        if self.pending_per_ip[source] >= lim.max_pending_per_ip:
             return self._drop("pending_per_ip")
         if self.ledger.pending_count(ufrag) >= lim.max_pending_per_token:
             return self._drop("pending_per_token")
@@ -382,7 +404,7 @@ class FlowTable:
             self._admit_established(flow)
         else:
             self.pending += 1
-            self.pending_per_ip[client[0]] += 1
+            self.pending_per_ip[source_key(client[0])] += 1
             self.ledger.add_pending(token, flow)
         return flow
 
@@ -423,7 +445,7 @@ class FlowTable:
     def _unpend(self, flow: Flow) -> None:
         self.ledger.remove_pending(flow.token, flow)
         self.pending -= 1
-        ip = flow.client[0]
+        ip = source_key(flow.client[0])
         left = self.pending_per_ip[ip] - 1
         if left > 0:
             self.pending_per_ip[ip] = left
@@ -578,7 +600,7 @@ class FlowTable:
         if not held:
             return []
         first, via = held[0]
-        ingress = self.ingress
+        ingress = self.ingress_by_family.get(ip_family(client[0]), self.ingress)
         if via is not None:
             try:
                 ingress = parse_proxy_v2(first).dst

@@ -236,16 +236,22 @@ async def serve_relay(
     # A port 0 for the public or peer socket is chosen here, once, and held by a probe
     # socket in the SO_REUSEPORT group until every worker has bound the same port.
     probes = []
-    if config.listen[1] == 0:
-        probes.append(udp_socket(config.listen, reuseport=True))
-        config = replace(config, listen=(config.listen[0], probes[-1].getsockname()[1]))
+    for name in ("listen", "listen_other"):
+        addr = getattr(config, name)
+        if addr is not None and addr[1] == 0:
+            probes.append(udp_socket(addr, reuseport=True))
+            bound: Any = (addr[0], probes[-1].getsockname()[1])
+            config = replace(config, **{name: bound})
     if config.internal[1] == 0:
         probes.append(udp_socket(config.internal, reuseport=True))
         config = replace(config, internal=(config.internal[0], probes[-1].getsockname()[1]))
-    tcp_probe = None
-    if config.listen_tcp is not None and config.listen_tcp[1] == 0:
-        tcp_probe = tcp_listener(config.listen_tcp, reuseport=True, listen=False)
-        config = replace(config, listen_tcp=(config.listen_tcp[0], tcp_probe.getsockname()[1]))
+    tcp_probes = []
+    for name in ("listen_tcp", "listen_tcp_other"):
+        addr = getattr(config, name)
+        if addr is not None and addr[1] == 0:
+            tcp_probes.append(tcp_listener(addr, reuseport=True, listen=False))
+            bound = (addr[0], tcp_probes[-1].getsockname()[1])
+            config = replace(config, **{name: bound})
     workers = [WorkerProcess(config, i) for i in range(config.workers)]
 
     async def http(method: str, path: str) -> tuple[int, str, bytes]:
@@ -265,7 +271,7 @@ async def serve_relay(
         finally:
             for probe in probes:
                 probe.close()
-            if tcp_probe is not None:
+            for tcp_probe in tcp_probes:
                 tcp_probe.close()
         metrics = await nursery.start(serve_simple, http, config.metrics)
         log.info(
@@ -276,6 +282,10 @@ async def serve_relay(
             *config.internal,
             *metrics,
         )
-        tcp = {"listen_tcp": config.listen_tcp} if config.listen_tcp else {}
-        announce(listen=config.listen, internal=config.internal, metrics=metrics, **tcp)
+        more = {
+            name: getattr(config, name)
+            for name in ("listen_tcp", "listen_other", "listen_tcp_other")
+            if getattr(config, name) is not None
+        }
+        announce(listen=config.listen, internal=config.internal, metrics=metrics, **more)
         task_status.started(RelayHandle(workers, metrics))

@@ -9,7 +9,8 @@ pinned to the connection that opened it and ends when it closes.
 
 Bounds (`RelayLimits.tcp_*`, counted in `closed` by reason, or as drops):
 
-* connections per source IP and in total: beyond, a new connection is reset at accept;
+* connections per source IP (an IPv6 source by its /64) and in total: beyond, a new
+  connection is reset at accept;
 * slow-loris: the first frame, a STUN Binding request with a valid route token, must arrive
   within `tcp_first_frame_timeout` of accept; after that, a connection with no complete
   frame for `tcp_idle_timeout` is closed (a peer trickling a frame byte by byte gets no
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from firsthop.services.relay.flows import MAX_DATAGRAM, RelayLimits
-from firsthop.shared.address import Address
+from firsthop.shared.address import Address, ip_family, source_key
 from firsthop.shared.wire.rfc4571 import Deframer, FramingError
 
 ACCEPT_BATCH = 64  # connections accepted per wake-up
@@ -64,11 +65,13 @@ FrameHandler = Callable[[Connection, bytes, float], str | None]
 
 def tcp_listener(addr: Address, *, reuseport: bool, listen: bool = True) -> socket.socket:
     """A TCP socket for `addr` (SO_REUSEPORT: every worker process accepts on the same port
-    and the kernel spreads connections between them)."""
-    if ":" in addr[0]:
-        raise ValueError(f"relay sockets are IPv4 for now; got {addr[0]}")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    and the kernel spreads connections between them). An IPv6 one is IPV6_V6ONLY, so
+    `[::]` and `0.0.0.0` on one port are two listeners and no v4-mapped peer appears."""
+    v6 = ip_family(addr[0]) == 6
+    sock = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_STREAM)
     try:
+        if v6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if reuseport:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -85,40 +88,39 @@ def tcp_listener(addr: Address, *, reuseport: bool, listen: bool = True) -> sock
 class TcpIngress:
     def __init__(
         self,
-        listener: socket.socket,
+        listeners: list[socket.socket],
         limits: RelayLimits,
         *,
         on_frame: FrameHandler,
         on_close: Callable[[Address], None],
         count_drop: Callable[[str], None],
     ) -> None:
-        self.listener = listener
+        # one listener per IP family (--listen-tcp 0.0.0.0:443,[::]:443)
+        self.listen_fds = {sock.fileno(): sock for sock in listeners}
         self.limits = limits
         self.on_frame = on_frame
         self.on_close = on_close
         self.count_drop = count_drop
         self.by_fd: dict[int, Connection] = {}
         self.by_client: dict[Address, Connection] = {}
-        self.per_ip: Counter[str] = Counter()
+        self.per_ip: Counter[str] = Counter()  # by `source_key`
         self.accepted = 0
         self.queued = 0  # bytes waiting in every connection's `out`
         self.closed: Counter[str] = Counter()  # by reason
         self._ep: select.epoll | None = None
         self._buf = bytearray(READ_SIZE)
 
-    @property
-    def listen_fd(self) -> int:
-        return self.listener.fileno()
-
     def attach(self, ep: select.epoll) -> None:
         self._ep = ep
-        ep.register(self.listen_fd, select.EPOLLIN)
+        for fd in self.listen_fds:
+            ep.register(fd, select.EPOLLIN)
 
     # -- events ------------------------------------------------------------------------------
 
     def on_event(self, fd: int, events: int, now: float) -> None:
-        if fd == self.listen_fd:
-            self._accept(now)
+        listener = self.listen_fds.get(fd)
+        if listener is not None:
+            self._accept(listener, now)
             return
         conn = self.by_fd.get(fd)
         if conn is None:
@@ -128,21 +130,22 @@ class TcpIngress:
         if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
             self._read(conn, now)
 
-    def _accept(self, now: float) -> None:
+    def _accept(self, listener: socket.socket, now: float) -> None:
         lim = self.limits
         for _ in range(ACCEPT_BATCH):
             try:
-                sock, addr = self.listener.accept()
+                sock, addr = listener.accept()
             except BlockingIOError:
                 return
             except OSError:  # ECONNABORTED, EMFILE...: the listener itself is fine
                 self.closed["accept_error"] += 1
                 return
-            client: Address = (addr[0], addr[1])
+            client: Address = (addr[0], addr[1])  # (an IPv6 peer's flowinfo, scope dropped)
+            source = source_key(client[0])
             if len(self.by_fd) >= lim.tcp_max_connections:
                 self._refuse(sock, "connection_limit")
                 continue
-            if self.per_ip[client[0]] >= lim.tcp_max_per_ip:
+            if self.per_ip[source] >= lim.tcp_max_per_ip:
                 self._refuse(sock, "connections_per_ip")
                 continue
             sock.setblocking(False)
@@ -150,7 +153,7 @@ class TcpIngress:
             conn = Connection(sock, client, now, now)
             self.by_fd[sock.fileno()] = conn
             self.by_client[client] = conn
-            self.per_ip[client[0]] += 1
+            self.per_ip[source] += 1
             self.accepted += 1
             if self._ep is not None:
                 self._ep.register(sock.fileno(), select.EPOLLIN)
@@ -271,11 +274,12 @@ class TcpIngress:
         self.queued -= len(conn.out)
         if self.by_client.get(conn.client) is conn:
             del self.by_client[conn.client]
-        left = self.per_ip[conn.client[0]] - 1
+        source = source_key(conn.client[0])
+        left = self.per_ip[source] - 1
         if left > 0:
-            self.per_ip[conn.client[0]] = left
+            self.per_ip[source] = left
         else:
-            del self.per_ip[conn.client[0]]
+            del self.per_ip[source]
         if self._ep is not None:
             try:
                 self._ep.unregister(fd)
@@ -294,10 +298,11 @@ class TcpIngress:
         for conn in list(self.by_fd.values()):
             self.close(conn, "shutdown")
         if self._ep is not None:
-            try:
-                self._ep.unregister(self.listen_fd)
-            except OSError:
-                pass
+            for fd in self.listen_fds:
+                try:
+                    self._ep.unregister(fd)
+                except OSError:
+                    pass
 
     @property
     def connections(self) -> int:

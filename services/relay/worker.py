@@ -1,8 +1,9 @@
 """One relay worker: three sockets, a data-plane thread, and the Trio tasks around it.
 
 Sockets: `public` (the region's ingress, SO_REUSEPORT so N workers share it and the kernel
-keeps each client on one worker; with --listen-tcp also an ICE-TCP listener, SO_REUSEPORT
-too, whose connections the data-plane thread serves, see `tcp_ingress.py`), `peer` (the
+keeps each client on one worker; a second one with a --listen of the other IP family; with
+--listen-tcp also an ICE-TCP listener per family, SO_REUSEPORT too, whose connections the
+data-plane thread serves, see `tcp_ingress.py`), `peer` (the
 internal address peer relays send to, also SO_REUSEPORT) and `own` (this worker's private
 internal socket: frames to transceivers and peer relays leave from it, so their replies
 come back to the worker that holds the flow).
@@ -42,7 +43,7 @@ from firsthop.services.relay.flow_cache import CacheUnavailable, FlowCache
 from firsthop.services.relay.flow_table import FlowTable
 from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.write_behind import WriteBehind
-from firsthop.shared.address import Address
+from firsthop.shared.address import Address, ip_family
 from firsthop.shared.telemetry import (
     context_from_traceparent,
     setup_tracing,
@@ -61,11 +62,14 @@ TRACER = tracer("firsthop.relay")
 
 
 def udp_socket(addr: Address, *, reuseport: bool) -> socket.socket:
-    family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-    if family == socket.AF_INET6:
-        raise ValueError(f"relay sockets are IPv4 for now; got {addr[0]}")
-    sock = socket.socket(family, socket.SOCK_DGRAM)
+    """A UDP socket bound to `addr`, IPv4 or IPv6 by its host. An IPv6 one is IPV6_V6ONLY:
+    `[::]:3478` and `0.0.0.0:3478` are then two sockets side by side (one per --listen), and
+    a v4 client is only ever seen as itself, never as a v4-mapped ::ffff:a.b.c.d."""
+    v6 = ip_family(addr[0]) == 6
+    sock = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
     try:
+        if v6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         if reuseport:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # *BUFFORCE
@@ -89,6 +93,8 @@ class WorkerHandle:
     dataplane: DataPlane
     cache: FlowCache | None
     tcp: Address | None = None
+    public_other: Address | None = None
+    tcp_other: Address | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def stats(self) -> dict[str, Any]:
@@ -110,9 +116,11 @@ async def serve_worker(
     task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     public = udp_socket(config.listen, reuseport=True)
+    public_other = udp_socket(config.listen_other, reuseport=True) if config.listen_other else None
     peer = udp_socket(config.internal, reuseport=True)
     own = udp_socket((config.internal[0], 0), reuseport=False)
-    tcp = tcp_listener(config.listen_tcp, reuseport=True) if config.listen_tcp else None
+    tcp = [tcp_listener(addr, reuseport=True) for addr in config.listens_tcp]
+    ingress_tcp = config.ingresses_tcp
     table = FlowTable(
         cluster=config.cluster,
         keys=config.keys,
@@ -122,7 +130,9 @@ async def serve_worker(
         limits=config.limits,
         recovery=config.redis is not None,
         now=time.time(),
-        ingress_tcp=config.ingress_tcp,
+        ingress_tcp=ingress_tcp[0] if ingress_tcp else None,
+        ingress_other=config.ingresses[1] if config.listen_other else None,
+        ingress_tcp_other=ingress_tcp[1] if len(ingress_tcp) > 1 else None,
     )
     trio_token = trio.lowlevel.current_trio_token()
     wakeup = trio.Event()
@@ -140,16 +150,27 @@ async def serve_worker(
     if config.pin_cpus:
         cpus = sorted(os.sched_getaffinity(0))
         cpu = cpus[index % len(cpus)]
-    dp = DataPlane(table, public=public, own=own, peer=peer, notify=notify, cpu=cpu, tcp=tcp)
+    dp = DataPlane(
+        table,
+        public=public,
+        own=own,
+        peer=peer,
+        notify=notify,
+        cpu=cpu,
+        tcp=tcp,
+        public_other=public_other,
+    )
     cache = FlowCache(config.redis) if config.redis else None
     handle = WorkerHandle(
         index=index,
-        public=public.getsockname(),
-        peer=peer.getsockname(),
-        own=own.getsockname(),
+        public=public.getsockname()[:2],
+        peer=peer.getsockname()[:2],
+        own=own.getsockname()[:2],
         dataplane=dp,
         cache=cache,
-        tcp=tcp.getsockname() if tcp is not None else None,
+        tcp=tcp[0].getsockname()[:2] if tcp else None,
+        public_other=public_other.getsockname()[:2] if public_other else None,
+        tcp_other=tcp[1].getsockname()[:2] if len(tcp) > 1 else None,
     )
     dp.want_pins = cache is not None and tracing_enabled()
     pins_send, pins_recv = trio.open_memory_channel[Pinned](100)
@@ -286,7 +307,7 @@ async def serve_worker(
                     if len(queued):
                         await flush_writes()
                 cache.close()
-            for sock in (public, peer, own, tcp):
+            for sock in (public, public_other, peer, own, *tcp):
                 if sock is not None:
                     sock.close()
             dp.close()
@@ -328,6 +349,8 @@ async def _worker_process(config: RelayConfig, index: int) -> None:
                     "peer": handle.peer,
                     "own": handle.own,
                     "tcp": handle.tcp,
+                    "public_other": handle.public_other,
+                    "tcp_other": handle.tcp_other,
                 }
             )
 

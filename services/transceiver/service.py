@@ -162,6 +162,7 @@ class Transceiver:
         """
         buf = bytearray(RECV_BUFFER)
         view = memoryview(buf)
+        v6 = sock.family == socket.AF_INET6
 
         def drain() -> None:
             for _ in range(DRAIN_BATCH):
@@ -172,6 +173,8 @@ class Transceiver:
                 except OSError:
                     self.counters["recv_error"] += 1
                     continue
+                if v6:  # (host, port, flowinfo, scope_id): keyed as (host, port) throughout
+                    src = (src[0], src[1])
                 self._on_datagram(src, bytes(view[:n]))
 
         stop = watch_readable(sock, drain)
