@@ -131,10 +131,11 @@ class Endpoint:
     """A UDP endpoint on loopback for relay tests: a client, or a transceiver's socket."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, timeout: float = 2.0) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # (::1: an IPv6 one)
+        self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.bind((host, port))
         self.sock.settimeout(timeout)
-        self.addr: tuple[str, int] = self.sock.getsockname()
+        self.addr: tuple[str, int] = self.sock.getsockname()[:2]
 
     def send(self, data: bytes, to: tuple[str, int]) -> None:
         self.sock.sendto(data, to)
@@ -143,7 +144,7 @@ class Endpoint:
         if timeout is not None:
             self.sock.settimeout(timeout)
         data, addr = self.sock.recvfrom(4096)
-        return data, addr
+        return data, (addr[0], addr[1])
 
     def recv_none(self, wait: float = 0.3) -> bool:
         """True if nothing arrives within `wait` seconds."""

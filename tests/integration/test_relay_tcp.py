@@ -35,13 +35,14 @@ class TcpCaller:
     """The caller's side of an ICE-TCP connection (RFC 6544 active), from `host`."""
 
     def __init__(self, relay: tuple[str, int], host: str = "127.0.0.1", rcvbuf: int = 0) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
         if rcvbuf:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.bind((host, 0))
         self.sock.settimeout(3.0)
         self.sock.connect(relay)
-        self.addr: tuple[str, int] = self.sock.getsockname()
+        self.addr: tuple[str, int] = self.sock.getsockname()[:2]
         self.deframer = Deframer()
         self.frames: list[bytes] = []
 

@@ -1,0 +1,213 @@
+"""IPv6 dual stack through the real `firsthop relay` on loopback (issue #12 item 4): one relay
+listening on 127.0.0.1 and ::1 (UDP and ICE-TCP), PROXY v2 frames in the client's family,
+IPv6 transceivers (route tokens of family 6) behind an IPv4 internal socket, and real aiortc
+callers over each family at once hearing their tones back through one relay."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from functools import partial
+
+import pytest
+
+from firsthop.services.call.caller import Caller, ToneTrack
+from firsthop.shared.address import format_hostport
+from firsthop.shared.wire import stun
+from firsthop.shared.wire.proxy_v2 import (
+    FAMILY_INET6_DGRAM,
+    FAMILY_INET_DGRAM,
+    build_proxy_v2,
+    parse_proxy_v2,
+)
+from tests.integration.test_relay_tcp import TcpCaller
+from tests.integration.test_transceiver import hears, signal_via
+from tests.support import (
+    AgentProcess,
+    Endpoint,
+    FakeTransceiver,
+    RelayProcess,
+    TransceiverProcess,
+    binding_request,
+    binding_success,
+    eventually,
+    mint,
+    rtp,
+    wait_until,
+)
+
+V6 = "::1"
+Address = tuple[str, int]
+
+
+def dual_relay() -> RelayProcess:
+    """A relay on 127.0.0.1 and ::1, UDP and ICE-TCP (the v6 ports are its own choice)."""
+    return RelayProcess(
+        *("--listen", f"[{V6}]:0"),
+        *("--listen-tcp", "127.0.0.1:0", "--listen-tcp", f"[{V6}]:0"),
+        *("--allow-dest", "127.0.0.0/8,::1/128"),
+    ).start()
+
+
+def addr(relay: RelayProcess, name: str) -> Address:
+    host, port = relay.bound[name]
+    return (str(host), int(port))
+
+
+@pytest.fixture(scope="module")
+def relay() -> Iterator[RelayProcess]:
+    proc = dual_relay()
+    yield proc
+    proc.kill()
+
+
+def open_udp_flow(
+    relay: RelayProcess, client: Endpoint, tx: FakeTransceiver, ingress: Address
+) -> Address:
+    """A check from `client` to `ingress`, framed to `tx`, answered; returns the relay's
+    socket that framed it."""
+    req = binding_request(mint(*tx.addr))
+    client.send(req, ingress)
+    data, via = tx.recv()
+    hdr = parse_proxy_v2(data)
+    assert (hdr.src, hdr.dst, data[hdr.payload_offset :]) == (client.addr, ingress, req)
+    assert data[13] == (FAMILY_INET6_DGRAM if ":" in client.addr[0] else FAMILY_INET_DGRAM)
+    tx.send(build_proxy_v2(ingress, client.addr) + binding_success(), via)
+    assert stun.parse_stun(client.recv()[0]).cls == stun.SUCCESS
+    return via
+
+
+@pytest.mark.parametrize("tx_host", ["127.0.0.1", V6], ids=["tx-v4", "tx-v6"])
+def test_v4_and_v6_clients_at_once_each_framed_in_its_family(
+    relay: RelayProcess, tx_host: str
+) -> None:
+    tx = FakeTransceiver(tx_host)
+    c4, c6 = Endpoint("127.0.0.1"), Endpoint(V6)
+    ingress4, ingress6 = addr(relay, "listen"), addr(relay, "listen_other")
+    try:
+        via4 = open_udp_flow(relay, c4, tx, ingress4)
+        via6 = open_udp_flow(relay, c6, tx, ingress6)
+        # media both ways on each (the data plane's fast paths), interleaved
+        for seq in range(10):
+            for client, ingress, via in ((c4, ingress4, via4), (c6, ingress6, via6)):
+                client.send(rtp(seq), ingress)
+                data, frm = tx.recv()
+                hdr = parse_proxy_v2(data)
+                assert (hdr.src, data[hdr.payload_offset :], frm) == (client.addr, rtp(seq), via)
+                tx.send(build_proxy_v2(ingress, client.addr) + rtp(500 + seq), via)
+                data, src = client.recv()
+                assert (data, src) == (rtp(500 + seq), ingress)  # from the socket it sent to
+    finally:
+        for e in (tx, c4, c6):
+            e.close()
+
+
+def test_a_v6_client_cannot_speak_for_a_v4_one(relay: RelayProcess) -> None:
+    """A reply naming a client in the other family's frame is for nobody."""
+    tx = FakeTransceiver()
+    c4 = Endpoint("127.0.0.1")
+    ingress4 = addr(relay, "listen")
+    try:
+        via = open_udp_flow(relay, c4, tx, ingress4)
+        before = relay.metric("firsthop_relay_drops_total", reason="return_no_flow")
+        mapped = ("::ffff:127.0.0.1", c4.addr[1])
+        tx.send(build_proxy_v2(addr(relay, "listen_other"), mapped) + rtp(1), via)
+        relay.wait_metric("firsthop_relay_drops_total", before + 1, reason="return_no_flow")
+        assert c4.recv_none()
+    finally:
+        tx.close()
+        c4.close()
+
+
+OFFER = (
+    "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\n"
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\n"
+    "a=ice-ufrag:abcd\r\na=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"
+    "a=fingerprint:sha-256 "
+    + ":".join(["AB"] * 32)
+    + "\r\na=setup:actpass\r\na=sendrecv\r\na=rtcp-mux\r\na=rtpmap:111 opus/48000/2\r\n"
+)
+
+
+@pytest.fixture(scope="module")
+def stack(relay: RelayProcess) -> Iterator[tuple[RelayProcess, TransceiverProcess]]:
+    agent = AgentProcess("echo").start()
+    tx = TransceiverProcess("--media", f"[{V6}]:0", agent_url=agent.url).start()
+    yield relay, tx
+    tx.kill()
+    agent.kill()
+
+
+def candidates(answer: str) -> list[list[str]]:
+    return [line.split() for line in answer.splitlines() if line.startswith("a=candidate:")]
+
+
+def test_the_answer_has_both_families_and_a_v6_check_over_ice_tcp_is_answered(
+    stack: tuple[RelayProcess, TransceiverProcess],
+) -> None:
+    relay, tx = stack
+    udp = [addr(relay, "listen"), addr(relay, "listen_other")]
+    tcp = [addr(relay, "listen_tcp"), addr(relay, "listen_tcp_other")]
+    status, body = tx.create_session(
+        OFFER,
+        [format_hostport(a) for a in udp],
+        ingress_tcp=[format_hostport(a) for a in tcp],
+    )
+    assert status == 201, body
+    answer = str(body["answer_sdp"])
+    cands = candidates(answer)
+    # RFC 8839 §5.1: the connection-address is the bare IPv6 literal, no brackets
+    assert sorted((c[2].lower(), c[4], int(c[5])) for c in cands) == sorted(
+        [("udp", h, p) for h, p in udp] + [("tcp", h, p) for h, p in tcp]
+    )
+    attrs = dict(
+        line[2:].split(":", 1)
+        for line in answer.splitlines()
+        if line.startswith(("a=ice-ufrag:", "a=ice-pwd:"))
+    )
+    assert len(attrs["ice-ufrag"]) == 56  # an IPv6 route token: the transceiver is on ::1
+    caller = TcpCaller(tcp[1], host=V6)
+    try:
+        request = binding_request(attrs["ice-ufrag"].encode(), b"abcd", attrs["ice-pwd"].encode())
+        caller.send(request)
+        response = stun.parse_stun(caller.recv(timeout=5.0))
+        assert (response.method, response.cls) == (stun.BINDING, stun.SUCCESS)
+        mapped = response.get(stun.XOR_MAPPED_ADDRESS)
+        assert mapped is not None
+        # the caller is seen as itself (2001:db8::/32 style, never v4-mapped)
+        assert stun.decode_xor_address(mapped, response.transaction_id) == caller.addr
+    finally:
+        caller.close()
+
+
+def test_aiortc_callers_over_ipv6_and_ipv4_at_once_hear_their_tones(
+    stack: tuple[RelayProcess, TransceiverProcess],
+) -> None:
+    relay, tx = stack
+    # Each caller is given one family's ingress only: aioice pairs candidates of one IP
+    # version (RFC 8445 §6.1.2.2), so the v6 caller's only path is its v6 host candidate to
+    # the relay's ::1 socket, and the v4 caller's the 127.0.0.1 one.
+    where6 = [format_hostport(addr(relay, "listen_other"))]
+    where4 = [format_hostport(addr(relay, "listen"))]
+    packets = partial(relay.metric, "firsthop_relay_packets_total")
+    before = packets(direction="upstream"), packets(direction="downstream")
+
+    async def main() -> list[str]:
+        c6, c4 = Caller(ToneTrack(440.0)), Caller(ToneTrack(880.0))
+        await asyncio.gather(c6.start(signal_via(tx, where6)), c4.start(signal_via(tx, where4)))
+        await asyncio.gather(*(asyncio.wait_for(c.wait_connected(), 15) for c in (c6, c4)))
+        await eventually(lambda: hears(c6, 440.0) and hears(c4, 880.0))
+        remotes = [c.result.answer_sdp for c in (c6, c4)]
+        await asyncio.gather(c6.close(), c4.close())
+        return remotes
+
+    answers = asyncio.run(main())
+    assert [c[4] for c in candidates(answers[0])] == [V6]
+    assert [c[4] for c in candidates(answers[1])] == ["127.0.0.1"]
+    # both calls' media went through the relay (each heard half a second: 25+ packets each way)
+    wait_until(
+        lambda: (
+            packets(direction="upstream") - before[0] > 50
+            and packets(direction="downstream") - before[1] > 50
+        )
+    )
