@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Iterator
 from functools import partial
 
+import httpx
 import pytest
 
 from firsthop.services.call.caller import Caller, ToneTrack
@@ -27,6 +28,7 @@ from tests.support import (
     Endpoint,
     FakeTransceiver,
     RelayProcess,
+    SignalingProcess,
     TransceiverProcess,
     binding_request,
     binding_success,
@@ -210,4 +212,52 @@ def test_aiortc_callers_over_ipv6_and_ipv4_at_once_hear_their_tones(
             packets(direction="upstream") - before[0] > 50
             and packets(direction="downstream") - before[1] > 50
         )
+    )
+
+
+def test_signaling_advertises_a_regions_v4_and_v6_ingress_and_a_caller_connects(
+    stack: tuple[RelayProcess, TransceiverProcess],
+) -> None:
+    """`--ingress a=127.0.0.1:P --ingress a=[::1]:P6` (and the same for ICE-TCP): the answer
+    signaling returns has a candidate for each, and a dual-stack caller connects (on either
+    family, ICE picks) and hears its tone."""
+    relay, tx = stack
+    udp = [addr(relay, "listen"), addr(relay, "listen_other")]
+    tcp = [addr(relay, "listen_tcp"), addr(relay, "listen_tcp_other")]
+    flags = [
+        *("--transceiver", f"a={tx.api}"),
+        *(x for a in udp for x in ("--ingress", f"a={format_hostport(a)}")),
+        *(x for a in tcp for x in ("--ingress-tcp", f"a={format_hostport(a)}")),
+    ]
+    sig = SignalingProcess(*flags).start()
+    try:
+
+        async def call(offer: str) -> str:
+            resp = await asyncio.to_thread(
+                httpx.post,
+                f"{sig.url}/v1/calls",
+                content=offer,
+                headers={
+                    "Authorization": f"Bearer {SignalingProcess.API_KEY}",
+                    "Content-Type": "application/sdp",
+                },
+                timeout=20,
+            )
+            assert resp.status_code == 201, resp.text
+            return resp.text
+
+        async def main() -> str:
+            c = Caller(ToneTrack(660.0))
+            await c.start(call)
+            await asyncio.wait_for(c.wait_connected(), 15)
+            await eventually(lambda: hears(c, 660.0))
+            await c.close()
+            return c.result.answer_sdp
+
+        answer = asyncio.run(main())
+    finally:
+        sig.kill()
+    cands = candidates(answer)
+    assert sorted((c[2].lower(), c[4], int(c[5])) for c in cands) == sorted(
+        [("udp", h, p) for h, p in udp] + [("tcp", h, p) for h, p in tcp]
     )
