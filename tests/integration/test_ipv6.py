@@ -6,11 +6,14 @@ callers over each family at once hearing their tones back through one relay."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections.abc import Iterator
 from functools import partial
 
 import httpx
 import pytest
+import redis as redis_lib
 
 from firsthop.services.call.caller import Caller, ToneTrack
 from firsthop.shared.address import format_hostport
@@ -21,9 +24,11 @@ from firsthop.shared.wire.proxy_v2 import (
     build_proxy_v2,
     parse_proxy_v2,
 )
+from firsthop.shared.wire.route_token import verify_route_token
 from tests.integration.test_relay_tcp import TcpCaller
 from tests.integration.test_transceiver import hears, signal_via
 from tests.support import (
+    KEYS,
     AgentProcess,
     Endpoint,
     FakeTransceiver,
@@ -34,6 +39,7 @@ from tests.support import (
     binding_success,
     eventually,
     mint,
+    redis_server,
     rtp,
     wait_until,
 )
@@ -261,3 +267,46 @@ def test_signaling_advertises_a_regions_v4_and_v6_ingress_and_a_caller_connects(
     assert sorted((c[2].lower(), c[4], int(c[5])) for c in cands) == sorted(
         [("udp", h, p) for h, p in udp] + [("tcp", h, p) for h, p in tcp]
     )
+
+
+def free_v6_port() -> int:
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+        s.bind((V6, 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_v6_flow_is_cached_under_its_compressed_ip_and_recovered_after_a_restart() -> None:
+    port6 = free_v6_port()
+
+    def start(redis_url: str, listen: int = 0, internal: int | None = None) -> RelayProcess:
+        return RelayProcess(
+            *("--listen", f"[{V6}]:{port6}", "--allow-dest", "127.0.0.0/8,::1/128"),
+            redis_url=redis_url,
+            listen_port=listen or None,
+            internal_port=internal,
+        ).start()
+
+    with redis_server() as rs:
+        relay = start(rs.url)
+        tx, client = FakeTransceiver(V6), Endpoint(V6)
+        ingress6 = (V6, port6)
+        try:
+            open_udp_flow(relay, client, tx, ingress6)
+            relay.wait_metric("firsthop_relay_redis_writes_total", 1)
+            key = f"firsthop:flow:{client.addr[0]}:{client.addr[1]}"  # firsthop:flow:::1:PORT
+            stored = redis_lib.Redis.from_url(rs.url).hgetall(key)
+            assert verify_route_token(stored[b"token"], KEYS, time.time()).dest == tx.addr
+            listen, internal = relay.listen[1], relay.internal[1]
+            relay.stop()
+            relay = start(rs.url, listen, internal)
+            client.send(rtp(2), ingress6)  # media, no STUN: the flow comes back from Redis
+            data, via = tx.recv()
+            hdr = parse_proxy_v2(data)
+            assert (hdr.src, hdr.dst, data[hdr.payload_offset :]) == (client.addr, ingress6, rtp(2))
+            tx.send(build_proxy_v2(ingress6, client.addr) + rtp(3), via)
+            assert client.recv() == (rtp(3), ingress6)
+            assert relay.wait_metric("firsthop_relay_recoveries_total", 1) == 1
+        finally:
+            client.close()
+            tx.close()
+            relay.kill()
