@@ -225,6 +225,8 @@ def classify_candidate(candidate: str, deny: Sequence[str] = ()) -> str | None:
         ip = ipaddress.ip_address(host)
     except ValueError:
         return "malformed"
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1 (RFC 4291 §2.5.5.2): judged as such
     for cidr in (*ALWAYS_DENIED, *deny):
         if ip in ipaddress.ip_network(cidr):
             return "denied_range"

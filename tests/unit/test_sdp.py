@@ -70,6 +70,9 @@ def test_rejections_say_why(mutate: Callable[[str], str], reason: str) -> None:
         ("candidate:1 1 udp 1 224.0.0.1 5000 typ host", "denied_range"),
         ("candidate:1 1 udp 1 0.0.0.0 5000 typ host", "denied_range"),
         ("candidate:1 1 udp 1 fe80::1 5000 typ host", "denied_range"),
+        ("candidate:1 1 udp 1 ::1 5000 typ host", "denied_range"),
+        ("candidate:1 1 udp 1 ::ffff:127.0.0.1 5000 typ host", "denied_range"),  # v4-mapped
+        ("candidate:1 1 udp 1 2001:db8::1 5000 typ host", None),
         ("candidate:1 1 udp 1 10.0.0.1 5000 typ host", None),
         ("candidate:1 1 udp 1 x.local 5000 typ host", "mdns"),
         ("candidate:1 1 tcp 1 203.0.113.1 9 typ host tcptype active", "not_udp"),
@@ -82,6 +85,12 @@ def test_candidate_classification(candidate: str, verdict: str | None) -> None:
 
 def test_private_ranges_configurable() -> None:
     assert classify_candidate("candidate:1 1 udp 1 10.0.0.1 5 typ host", ["10.0.0.0/8"]) == (
+        "denied_range"
+    )
+    # a v4-mapped IPv6 address does not slip past an IPv4 range
+    mapped = "candidate:1 1 udp 1 ::ffff:10.0.0.1 5 typ host"
+    assert classify_candidate(mapped, ["10.0.0.0/8"]) == "denied_range"
+    assert classify_candidate("candidate:1 1 udp 1 fd00::1 5 typ host", ["fc00::/7"]) == (
         "denied_range"
     )
 
