@@ -9,7 +9,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from firsthop.services.relay.flows import RelayLimits
-from firsthop.shared.address import Address, format_hostport, ip_family, parse_hostport
+from firsthop.shared.address import (
+    Address,
+    format_hostport,
+    ip_family,
+    normalize_host,
+    parse_hostport,
+)
 from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
 from firsthop.shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys
 
@@ -197,7 +203,8 @@ def per_family(items: list[str], flag: str) -> list[Address]:
     for item in items:
         for text in item.split(","):
             if text.strip():
-                out.append(hostport_arg(text))
+                host, port = hostport_arg(text)
+                out.append((normalize_host(host), port))
     if len({ip_family(host) for host, _ in out}) != len(out):
         raise ValueError(
             f"{flag} takes one address per IP family (a wildcard covers every address of its "

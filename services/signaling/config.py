@@ -22,7 +22,13 @@ from pathlib import Path
 
 from firsthop.services.signaling.placement import REGION_NAME, RegionTable
 from firsthop.services.signaling.ratelimit import RateLimit
-from firsthop.shared.address import Address, format_hostport, is_loopback, parse_hostport
+from firsthop.shared.address import (
+    Address,
+    format_hostport,
+    is_loopback,
+    normalize_host,
+    parse_hostport,
+)
 from firsthop.shared.config import add_option, hostport_arg
 from firsthop.shared.redis_store import TransceiverInfo
 
@@ -205,7 +211,9 @@ def parse_ingress(items: list[str], own_region: str) -> dict[str, list[str]]:
     for item in items:
         region, sep, addr = item.rpartition("=")
         region = _region(region.strip()) if sep else own_region
-        out.setdefault(region, []).append(format_hostport(parse_hostport(addr)))
+        host, port = parse_hostport(addr)
+        # (an IPv6 literal as ipaddress writes it: that is how the answer's candidate says it)
+        out.setdefault(region, []).append(format_hostport((normalize_host(host), port)))
     return out
 
 

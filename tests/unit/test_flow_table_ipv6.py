@@ -205,3 +205,16 @@ def test_relay_flags_parse_dual_stack(monkeypatch: pytest.MonkeyPatch) -> None:
                 ]
             )
         )
+
+
+def test_configured_addresses_are_written_canonically() -> None:
+    from firsthop.services.signaling.config import parse_ingress
+
+    # a v4-mapped --listen is an IPv4 one (and binds an IPv4 socket)
+    assert per_family(["[2001:0DB8::0005]:3478", "[::ffff:192.0.2.1]:1"], "--listen") == [
+        ("2001:db8::5", 3478),
+        ("192.0.2.1", 1),
+    ]
+    assert parse_ingress(["a=[2001:0DB8::5]:3478", "a=192.0.2.1:3478"], "a") == {
+        "a": ["[2001:db8::5]:3478", "192.0.2.1:3478"]
+    }
