@@ -26,7 +26,7 @@ from firsthop.shared.wire.proxy_v2 import (
 )
 from firsthop.shared.wire.route_token import verify_route_token
 from tests.integration.test_relay_tcp import TcpCaller
-from tests.integration.test_transceiver import hears, signal_via
+from tests.integration.test_transceiver import AUDIO, VALID_OFFER_HEAD, hears, signal_via
 from tests.support import (
     KEYS,
     AgentProcess,
@@ -127,14 +127,7 @@ def test_a_v6_client_cannot_speak_for_a_v4_one(relay: RelayProcess) -> None:
         c4.close()
 
 
-OFFER = (
-    "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\n"
-    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\n"
-    "a=ice-ufrag:abcd\r\na=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"
-    "a=fingerprint:sha-256 "
-    + ":".join(["AB"] * 32)
-    + "\r\na=setup:actpass\r\na=sendrecv\r\na=rtcp-mux\r\na=rtpmap:111 opus/48000/2\r\n"
-)
+OFFER = VALID_OFFER_HEAD + AUDIO  # (ice-ufrag abcd, ice-pwd abcdefghijklmnopqrstuvwx)
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,15 @@ from firsthop.shared.wire.proxy_v2 import (
 )
 from firsthop.shared.wire.route_token import DestinationFilter
 from tests.support import KEYS, binding_request, binding_success, mint, rtp
+from tests.unit.test_flow_table import C1 as C4
+from tests.unit.test_flow_table import INGRESS as INGRESS4
+from tests.unit.test_flow_table import T0
+from tests.unit.test_flow_table import TX1 as TX4
 
-T0 = 1_800_000_000.0
-INGRESS4 = ("198.51.100.1", 3478)
 INGRESS6 = ("2001:db8:ffff::1", 3478)
-TCP4 = ("198.51.100.1", 443)
-TCP6 = ("2001:db8:ffff::1", 443)
-TX4 = ("10.0.0.1", 5004)
+TCP4 = (INGRESS4[0], 443)
+TCP6 = (INGRESS6[0], 443)
 TX6 = ("fd00::5", 5004)
-C4 = ("203.0.113.5", 40000)
 C6 = ("2001:db8:1:2::5", 40000)
 
 
