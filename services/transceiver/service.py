@@ -412,9 +412,14 @@ class Transceiver:
     async def serve(
         self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        sock = socket.socket(
-            socket.AF_INET6 if ":" in self.config.media[0] else socket.AF_INET, socket.SOCK_DGRAM
-        )
+        host = self.config.media[0]
+        v6 = ":" in host
+        sock = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
+        if host == "::":
+            # --media [::]:PORT is dual stack whatever net.ipv6.bindv6only says: relays of
+            # either family reach it (an IPv4 one is seen as ::ffff:a.b.c.d, and answered
+            # so; the clients in its frames are as the relay wrote them).
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.setblocking(False)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             try:

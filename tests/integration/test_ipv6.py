@@ -303,3 +303,39 @@ def test_a_v6_flow_is_cached_under_its_compressed_ip_and_recovered_after_a_resta
             client.close()
             tx.close()
             relay.kill()
+
+
+def test_a_dual_stack_transceiver_serves_callers_of_both_families(relay: RelayProcess) -> None:
+    """`--media [::]:P --advertise-media 127.0.0.1:P`: one socket for both families (its
+    tokens name the IPv4 address, so the relay reaches it over IPv4, seen as v4-mapped);
+    callers over IPv6 and IPv4 to the relay both hear their tones."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        probe.bind(("::", 0))
+        port = int(probe.getsockname()[1])
+    agent = AgentProcess("echo").start()
+    tx = TransceiverProcess(
+        *("--media", f"[::]:{port}", "--advertise-media", f"127.0.0.1:{port}"),
+        agent_url=agent.url,
+    ).start()
+    try:
+        where6 = [format_hostport(addr(relay, "listen_other"))]
+        where4 = [format_hostport(addr(relay, "listen"))]
+
+        async def main() -> None:
+            c6, c4 = Caller(ToneTrack(520.0)), Caller(ToneTrack(1040.0))
+            await asyncio.gather(c6.start(signal_via(tx, where6)), c4.start(signal_via(tx, where4)))
+            await asyncio.gather(*(asyncio.wait_for(c.wait_connected(), 15) for c in (c6, c4)))
+            await eventually(lambda: hears(c6, 520.0) and hears(c4, 1040.0))
+            ufrag = next(
+                line
+                for line in c6.result.answer_sdp.splitlines()
+                if line.startswith("a=ice-ufrag:")
+            )
+            assert len(ufrag.split(":", 1)[1]) == 40  # an IPv4 token: the advertised address
+            await asyncio.gather(c6.close(), c4.close())
+
+        asyncio.run(main())
+    finally:
+        tx.kill()
+        agent.kill()
