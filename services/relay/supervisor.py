@@ -25,7 +25,7 @@ import trio
 from firsthop.services.relay.config import RelayConfig
 from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.worker import CONFIG_ENV, udp_socket
-from firsthop.shared.address import Address
+from firsthop.shared.address import Address, format_hostport
 from firsthop.shared.http import serve_simple
 from firsthop.shared.lifecycle import announce
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
@@ -275,12 +275,12 @@ async def serve_relay(
                 tcp_probe.close()
         metrics = await nursery.start(serve_simple, http, config.metrics)
         log.info(
-            "relay cluster %d ready: %d worker(s) on %s:%d, internal %s:%d, metrics %s:%d",
+            "relay cluster %d ready: %d worker(s) on %s, internal %s, metrics %s",
             config.cluster,
             len(workers),
-            *config.listen,
-            *config.internal,
-            *metrics,
+            ", ".join(format_hostport(a) for a in (*config.listens, *config.listens_tcp)),
+            format_hostport(config.internal),
+            format_hostport(metrics),
         )
         more = {
             name: getattr(config, name)
