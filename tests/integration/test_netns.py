@@ -159,14 +159,15 @@ def caller(edge: Edge) -> Iterator[NetnsCaller]:
         c.kill()
 
 
-def longest_silence(report: dict[str, Any]) -> tuple[int, float]:
-    """(the longest run of 20 ms slots without the tone between the first and last heard,
-    the longest wait between two slots heard, seconds)."""
+def longest_silence(report: dict[str, Any]) -> tuple[int, float, float]:
+    """The caller's longest silence: (the longest run of 20 ms slots without the tone between
+    the first and last heard, the longest wait between two frames with it (seconds), when
+    that wait ended)."""
     loud = report["loud"]
     run = max((b - a - 1 for a, b in zip(loud, loud[1:], strict=False)), default=0)
     times = report["loud_times"]
-    wait = max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
-    return run, wait
+    wait, ended = max(((b - a, b) for a, b in zip(times, times[1:], strict=False)), default=(0, 0))
+    return run, wait, ended
 
 
 def udp_reaches(
@@ -236,12 +237,13 @@ def test_nat_rebinding_mid_call_resumes_at_the_callers_next_check(
     wait_until(lambda: (caller.status()["last_loud"] or 0) > rebound + 0.5, 15, every=0.1)
     caller.wait_heard(caller.status()["loud"] + 25)  # and keeps coming (0.5 s more)
     report = caller.stop()
-    slots, wait = longest_silence(report)
-    resumed = min(t for t in report["loud_times"] if t > rebound) - rebound
+    slots, wait, resumed = longest_silence(report)
     print(
         f"NAT rebinding: longest run without the tone {slots} slots ({slots * 0.02:.2f} s); "
-        f"longest wait between tone frames {wait:.2f} s; tone back {resumed:.2f} s after it"
+        f"longest wait between tone frames {wait:.2f} s, over {resumed - rebound:.2f} s "
+        "after the rebinding"
     )
+    assert resumed > rebound  # (that silence is the rebinding's)
     # The transceiver validated the new path and moved the media to it; the relay carried
     # a second flow, from the NAT's new port.
     assert event_count(tx, "path_validations") >= validations + 1
