@@ -743,8 +743,9 @@ class NatNetwork:
       caller's private address;
     * `cluster`: `host` is this host's cluster address (the relay's side), `inside` the
       transceiver's.
-    The router forwards and masquerades; it has no route to the cluster, and this host does
-    not forward: the caller reaches the relay's public address only."""
+    The router forwards and masquerades; it has no route beyond the public link, so the
+    caller reaches this host's public address only, never the cluster (whether or not this
+    host forwards)."""
 
     router: Namespace
     caller: Namespace
