@@ -59,6 +59,8 @@ def _load() -> ctypes.CDLL:
         ctypes.c_int,
     ]
     lib.opus_decode.restype = ctypes.c_int
+    lib.opus_packet_has_lbrr.argtypes = [ctypes.c_char_p, ctypes.c_int32]
+    lib.opus_packet_has_lbrr.restype = ctypes.c_int
     lib.opus_encoder_create.argtypes = [
         ctypes.c_int32,
         ctypes.c_int,
@@ -111,12 +113,12 @@ class OpusDecoder:
         """One lost frame's worth of concealment."""
         return self._run(None, self.last_samples, 0)
 
-    def recover(self, next_payload: bytes) -> bytes:
+    def recover(self, next_payload: bytes) -> tuple[bytes, bool]:
         """The lost frame before `next_payload`, from its in-band FEC if it has any (else
-        concealment); `next_payload` itself is still to be decoded after."""
-        if not next_payload:
-            return self.conceal()
-        return self._run(next_payload, self.last_samples, 1)
+        concealment), and whether it had; `next_payload` itself is decoded after."""
+        if not next_payload or self._lib.opus_packet_has_lbrr(next_payload, len(next_payload)) != 1:
+            return self.conceal(), False
+        return self._run(next_payload, self.last_samples, 1), True
 
     def _run(self, payload: bytes | None, frame_size: int, fec: int) -> bytes:
         n = self._lib.opus_decode(
