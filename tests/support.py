@@ -296,29 +296,52 @@ class RelayProcess(ServiceProcess):
 
 
 class AgentProcess(ServiceProcess):
-    def __init__(self, kind: str = "echo", port: int | None = None) -> None:
+    """A real `firsthop agent` on loopback; given `reachable_at` (an address of this host's
+    that a transceiver in a network namespace reaches), on all addresses, its `url` there."""
+
+    def __init__(
+        self, kind: str = "echo", port: int | None = None, *, reachable_at: str | None = None
+    ) -> None:
         self.port = port or free_port(socket.SOCK_STREAM)
-        super().__init__(f"agent-{kind}", agent_command(kind, self.port), ready_tcp=self.port)
+        self.host = reachable_at or "127.0.0.1"
+        extra = ("--listen", f"0.0.0.0:{self.port}") if reachable_at else ()
+        argv = agent_command(kind, self.port, extra)
+        super().__init__(f"agent-{kind}", argv, ready_tcp=self.port)
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
+        return f"ws://{self.host}:{self.port}"
 
 
 class TransceiverProcess(ServiceProcess):
+    """A real `firsthop transceiver` on loopback, or inside network namespace `netns` on
+    its address there (`netns.inside`: media and API), where only what is routed reaches
+    it (`nat_network()`'s cluster)."""
+
     def __init__(
-        self, *extra: str, agent_url: str | None = None, tx_id: str = "tx-test", cluster: int = 1
+        self,
+        *extra: str,
+        agent_url: str | None = None,
+        tx_id: str = "tx-test",
+        cluster: int = 1,
+        netns: Namespace | None = None,
     ) -> None:
         # The API port is known before the start (signaling is told it); the media port is
         # the transceiver's own choice, read back once it serves.
         self.api_port = free_port(socket.SOCK_STREAM)
+        self.api_host = "127.0.0.1" if netns is None else netns.inside
+        where: tuple[str, ...] = ()
+        if netns is not None:
+            where = ("--media", f"{netns.inside}:0", "--api", f"{netns.inside}:{self.api_port}")
         argv = transceiver_command(
             media=0,
             api=self.api_port,
             tx_id=tx_id,
             agent_url=agent_url,
-            extra=("--cluster", str(cluster), "--drain-seconds", "3", *extra),
+            extra=("--cluster", str(cluster), "--drain-seconds", "3", *where, *extra),
         )
+        if netns is not None:
+            argv = ["ip", "netns", "exec", netns.name, *argv]
         super().__init__(tx_id, argv, announces=True)
 
     @property
@@ -327,7 +350,7 @@ class TransceiverProcess(ServiceProcess):
 
     @property
     def api(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
+        return f"http://{self.api_host}:{self.api_port}"
 
     @property
     def auth(self) -> dict[str, str]:
@@ -611,6 +634,15 @@ class Namespace:
         """Run `argv` inside the namespace."""
         return _ip("netns", "exec", self.name, *argv, check=check)
 
+    def spawn(self, *argv: str) -> subprocess.Popen[str]:
+        """Start `argv` inside the namespace, its stdin and stdout pipes of text."""
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.name, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
     def block_udp(self, blocked: bool = True) -> None:
         """nftables in the namespace drop every UDP datagram in and out (or stop doing so)."""
         self.run("nft", "flush", "ruleset")
@@ -642,20 +674,16 @@ class NamespaceUnavailable(RuntimeError):
     pass
 
 
-@contextmanager
-def network_namespace() -> Iterator[Namespace]:
-    """A fresh namespace with a veth pair to this host (unique names, removed on exit).
-    Fails — does not skip — with what is missing where namespaces cannot be created: the
-    tests need root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and nftables."""
-    for program in ("ip", "nft"):
+def _require(*programs: str) -> None:
+    for program in programs:
         if shutil.which(program) is None:
             raise NamespaceUnavailable(
-                f"{program} is not installed: run scripts/ensure-system-deps iproute2 nftables"
+                f"{program} is not installed: run scripts/ensure-system-deps iproute2 nftables "
+                "conntrack"
             )
-    tag = os.urandom(3).hex()
-    name, veth_host, veth_inside = f"fh-{tag}", f"fh{tag}h", f"fh{tag}n"
-    subnet = f"10.199.{int(tag[:2], 16)}"  # (compose.yaml uses 10.77.0.0/24)
-    ns = Namespace(name, f"{subnet}.1", f"{subnet}.2")
+
+
+def _add_namespace(name: str) -> None:
     try:
         _ip("netns", "add", name)
     except NamespaceUnavailable as exc:
@@ -663,15 +691,114 @@ def network_namespace() -> Iterator[Namespace]:
             f"cannot create a network namespace here ({exc}); the tests across namespaces "
             "need root with CAP_NET_ADMIN and CAP_SYS_ADMIN (e.g. a privileged container)"
         ) from None
+
+
+def _veth(near: str | None, far: str, ifname: str, near_addr: str, far_addr: str) -> None:
+    """A veth pair `{ifname}a` (in namespace `near`, or this host's with None) <-> `{ifname}b`
+    (in `far`), each side up with its address on their /24."""
+
+    def run(ns: str | None, *argv: str) -> None:
+        if ns is None:
+            _ip(*argv)
+        else:
+            _ip("netns", "exec", ns, "ip", *argv)
+
+    a, b = f"{ifname}a", f"{ifname}b"
+    run(near, "link", "add", a, "type", "veth", "peer", "name", b)
+    run(near, "link", "set", b, "netns", far)
+    run(near, "addr", "add", f"{near_addr}/24", "dev", a)
+    run(near, "link", "set", a, "up")
+    run(far, "addr", "add", f"{far_addr}/24", "dev", b)
+    run(far, "link", "set", b, "up")
+    run(far, "link", "set", "lo", "up")
+
+
+@contextmanager
+def network_namespace() -> Iterator[Namespace]:
+    """A fresh namespace with a veth pair to this host (unique names, removed on exit).
+    Fails — does not skip — with what is missing where namespaces cannot be created: the
+    tests need root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and nftables."""
+    _require("ip", "nft")
+    tag = os.urandom(3).hex()
+    name, ifname = f"fh-{tag}", f"fh{tag}"
+    subnet = f"10.199.{int(tag[:2], 16)}"  # (compose.yaml uses 10.77.0.0/24)
+    ns = Namespace(name, f"{subnet}.1", f"{subnet}.2")
+    _add_namespace(name)
     try:
-        _ip("link", "add", veth_host, "type", "veth", "peer", "name", veth_inside)
-        _ip("link", "set", veth_inside, "netns", name)
-        _ip("addr", "add", f"{ns.host}/24", "dev", veth_host)
-        _ip("link", "set", veth_host, "up")
-        ns.run("ip", "addr", "add", f"{ns.inside}/24", "dev", veth_inside)
-        ns.run("ip", "link", "set", veth_inside, "up")
-        ns.run("ip", "link", "set", "lo", "up")
+        _veth(None, name, ifname, ns.host, ns.inside)
         yield ns
     finally:
         _ip("netns", "del", name, check=False)  # takes the veth pair with it
-        _ip("link", "del", veth_host, check=False)
+        _ip("link", "del", f"{ifname}a", check=False)
+
+
+@dataclass
+class NatNetwork:
+    """A caller behind a NAT, and a cluster only this host reaches (`nat_network()`):
+
+        caller --home link-- router (NAT) --public link-- this host --cluster link-- cluster
+
+    * `router`: `host` is this host's public address (where the relay listens), `inside` the
+      NAT's public address (what the relay sees as the client);
+    * `caller`: `host` is the router's home address (the caller's gateway), `inside` the
+      caller's private address;
+    * `cluster`: `host` is this host's cluster address (the relay's side), `inside` the
+      transceiver's.
+    The router forwards and masquerades; it has no route beyond the public link, so the
+    caller reaches this host's public address only, never the cluster (whether or not this
+    host forwards)."""
+
+    router: Namespace
+    caller: Namespace
+    cluster: Namespace
+    public_if: str  # the router's interface on the public link
+
+    def masquerade(self, ports: tuple[int, int]) -> None:
+        """The router maps its callers' flows to its public address with source ports in
+        `ports`. Mappings it already has are forgotten (conntrack flush): with other ports,
+        a flow in progress gets a new source port, as when a real NAT rebinds."""
+        rules = (
+            "table ip firsthop_nat {\n"
+            "  chain post { type nat hook postrouting priority 100;\n"
+            f'    oifname "{self.public_if}" meta l4proto {{ tcp, udp }}'
+            f" masquerade to :{ports[0]}-{ports[1]};\n"
+            f'    oifname "{self.public_if}" masquerade; }}\n'
+            "}\n"
+        )
+        self.router.run("nft", "flush", "ruleset")
+        _ip("netns", "exec", self.router.name, "nft", "-f", "-", stdin=rules)
+        self.router.run("conntrack", "--flush")
+
+
+@contextmanager
+def nat_network(ports: tuple[int, int] = (41000, 41999)) -> Iterator[NatNetwork]:
+    """Three fresh namespaces wired as `NatNetwork` says (unique names, all removed on exit),
+    the router masquerading to source ports `ports`. Fails, saying what is missing, where
+    namespaces cannot be created (root, iproute2, nftables, conntrack)."""
+    _require("ip", "nft", "conntrack", "sysctl")
+    tag = os.urandom(3).hex()
+    third = int(tag[:2], 16)
+    public, home, cluster = (f"10.{second}.{third}" for second in (196, 197, 198))
+    net = NatNetwork(
+        router=Namespace(f"fh-{tag}-nat", f"{public}.1", f"{public}.2"),
+        caller=Namespace(f"fh-{tag}-home", f"{home}.1", f"{home}.2"),
+        cluster=Namespace(f"fh-{tag}-k8s", f"{cluster}.1", f"{cluster}.2"),
+        public_if=f"fh{tag}pb",
+    )
+    made: list[str] = []
+    try:
+        for ns in (net.router, net.caller, net.cluster):
+            _add_namespace(ns.name)
+            made.append(ns.name)
+        _veth(None, net.router.name, f"fh{tag}p", net.router.host, net.router.inside)
+        _veth(net.router.name, net.caller.name, f"fh{tag}h", net.caller.host, net.caller.inside)
+        _veth(None, net.cluster.name, f"fh{tag}k", net.cluster.host, net.cluster.inside)
+        net.caller.run("ip", "route", "add", "default", "via", net.caller.host)
+        net.router.run("sysctl", "-qw", "net.ipv4.ip_forward=1")
+        net.masquerade(ports)
+        yield net
+    finally:
+        for name in made:
+            _ip("netns", "del", name, check=False)  # takes its veth pairs with it
+        for ifname in (f"fh{tag}pa", f"fh{tag}ka"):
+            _ip("link", "del", ifname, check=False)

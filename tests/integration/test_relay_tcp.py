@@ -41,8 +41,15 @@ class TcpCaller:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.bind((host, 0))
         self.sock.settimeout(3.0)
-        self.sock.connect(relay)
         self.addr: tuple[str, int] = self.sock.getsockname()[:2]
+        self.reset_at_connect = False  # the relay refused it before connect() returned
+        try:
+            self.sock.connect(relay)
+        except ConnectionResetError:
+            self.reset_at_connect = True
+        except BaseException:
+            self.sock.close()
+            raise
         self.deframer = Deframer()
         self.frames: list[bytes] = []
 
@@ -61,6 +68,8 @@ class TcpCaller:
 
     def closed_by_relay(self, within: float) -> bool:
         """True if the relay closes (FIN or RST) within `within` seconds."""
+        if self.reset_at_connect:
+            return True
         self.sock.settimeout(within)
         try:
             while self.sock.recv(65536):

@@ -79,9 +79,12 @@ def test_in_band_fec_of_the_next_packet_recovers_the_lost_frame_better_than_conc
         out: list[bytes] = []
         for i, p in enumerate(packets):
             if i == lost:
-                out.append(
-                    decoder.recover(packets[i + 1]) if repair == "fec" else decoder.conceal()
-                )
+                if repair == "fec":
+                    pcm, from_fec = decoder.recover(packets[i + 1])
+                    assert from_fec  # the packet after carries LBRR
+                    out.append(pcm)
+                else:
+                    out.append(decoder.conceal())
             else:
                 out.append(decoder.decode(p))
         return samples(out[lost])
@@ -100,3 +103,12 @@ def test_bad_input_is_an_error_not_a_crash() -> None:
     with pytest.raises(OpusError):
         decoder.decode(b"\xff" * 3)  # code 3 with a frame count of 0: invalid
     assert len(decoder.decode(encode(tone(1), fec=False)[0])) == FRAME_SAMPLES * 2
+
+
+def test_without_fec_in_the_next_packet_recovery_is_concealment() -> None:
+    packets = encode(tone(10), fec=False)
+    decoder = OpusDecoder()
+    for p in packets[:5]:
+        decoder.decode(p)
+    pcm, from_fec = decoder.recover(packets[6])
+    assert not from_fec and len(pcm) == FRAME_SAMPLES * 2

@@ -2,8 +2,9 @@
 
 * `stereo_to_mono`: aiortc's Opus decoder gives packed s16 stereo; the agent gets PCM16 mono.
 * `AgentAudioTrack`: the agent's 20 ms frames, paced at real time from a bounded queue
-  (`pacing.py`), Opus-encoded here and handed to aiortc as packets (a cached Opus silence
-  frame while the agent is quiet): no resampling, executor hop or audio-level pass per frame.
+  (`pacing.py`), Opus-encoded here (libopus, `opus.py`) and handed to aiortc as packets (a
+  cached Opus silence frame while the agent is quiet): no resampling, executor hop or
+  audio-level pass per frame.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame, CodecContext, Packet
+from av import AudioFrame, Packet
 
+from firsthop.services.transceiver.opus import OpusEncoder, OpusError
 from firsthop.services.transceiver.pacing import FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
 
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
@@ -58,13 +60,7 @@ class AgentAudioTrack(MediaStreamTrack):
         self.on_played: Callable[[object], None] | None = None  # a tagged frame went out
         self._waiter: asyncio.Future[None] | None = None
         self._silent_run = 0  # silent slots in a row
-        self._codec = CodecContext.create("libopus", "w")
-        self._codec.bit_rate = OPUS_BITRATE
-        self._codec.format = "s16"
-        self._codec.layout = "mono"
-        self._codec.sample_rate = SAMPLE_RATE
-        self._codec.time_base = TIME_BASE
-        self._codec.options = {"application": "voip", "frame_duration": "20"}
+        self._encoder = OpusEncoder(OPUS_BITRATE)
 
     @property
     def dropped(self) -> int:
@@ -135,14 +131,12 @@ class AgentAudioTrack(MediaStreamTrack):
 
     def _encode(self, pcm: bytes, pts: int) -> bytes:
         """Opus-encode one mono 20 ms frame (a mono Opus stream is valid in the negotiated
-        opus/48000/2, RFC 7587 §3.4)."""
-        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        frame.planes[0].update(pcm)
-        frame.pts = pts
-        frame.sample_rate = SAMPLE_RATE
-        frame.time_base = TIME_BASE
-        packets = self._codec.encode(frame)
-        return bytes(packets[0]) if packets else OPUS_SILENCE
+        opus/48000/2, RFC 7587 §3.4); `pts` is the frame's place in the stream (libopus
+        keeps its own)."""
+        try:
+            return self._encoder.encode(pcm)
+        except OpusError:
+            return OPUS_SILENCE
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

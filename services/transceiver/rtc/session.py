@@ -71,6 +71,7 @@ class RtcSession:
     _audio_started: bool = field(init=False, default=False)
     _decoded: int = field(init=False, default=0)
     _repaired: int = field(init=False, default=0)
+    _from_fec: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -167,8 +168,9 @@ class RtcSession:
             if frame.lost:
                 if not self._audio_started:
                     return
-                pcm = decoder.recover(frame.data)
+                pcm, from_fec = decoder.recover(frame.data)
                 self._repaired += 1
+                self._from_fec += from_fec
             else:
                 pcm = decoder.decode(frame.data)
                 self._decoded += 1
@@ -231,6 +233,7 @@ class RtcSession:
             "jitter_skipped": sum(j.skipped for j in self._jitter),
             "frames_decoded": self._decoded,
             "frames_repaired": self._repaired,
+            "frames_repaired_fec": self._from_fec,
             "agent_frames_played": self.output.frames_out,
         }
 
