@@ -339,3 +339,37 @@ def test_a_dual_stack_transceiver_serves_callers_of_both_families(relay: RelayPr
     finally:
         tx.kill()
         agent.kill()
+
+
+def test_a_global_relay_hop_carries_a_v6_client_both_ways() -> None:
+    """A v6 client of relay A whose token names cluster 2: A frames it in IPv6 (52-byte
+    header) to relay B over IPv4, B forwards the frame as it is to its transceiver, and the
+    replies come back the same way (both relays' fast paths, on headers of either length)."""
+    b = RelayProcess(cluster=2).start()
+    a = RelayProcess(
+        *("--listen", f"[{V6}]:0", "--peer", f"2={b.internal[0]}:{b.internal[1]}"),
+    ).start()
+    fake = FakeTransceiver()  # a transceiver of cluster 2
+    client = Endpoint(V6)
+    ingress6 = addr(a, "listen_other")
+    try:
+        req = binding_request(mint(*fake.addr, cluster=2))
+        client.send(req, ingress6)
+        data, via = fake.recv()
+        hdr = parse_proxy_v2(data)
+        assert (hdr.src, hdr.dst, data[hdr.payload_offset :]) == (client.addr, ingress6, req)
+        back = build_proxy_v2(ingress6, client.addr)
+        fake.send(back + binding_success(), via)
+        assert stun.parse_stun(client.recv()[0]).cls == stun.SUCCESS
+        for seq in range(5):
+            client.send(rtp(seq), ingress6)
+            data, _ = fake.recv()
+            assert data[parse_proxy_v2(data).payload_offset :] == rtp(seq)
+            fake.send(back + rtp(500 + seq), via)
+            assert client.recv() == (rtp(500 + seq), ingress6)
+        assert b.wait_metric("firsthop_relay_flows", 1) == 1
+    finally:
+        client.close()
+        fake.close()
+        a.kill()
+        b.kill()
