@@ -6,7 +6,11 @@ callers over each family at once hearing their tones back through one relay."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -32,6 +36,7 @@ from tests.support import (
     AgentProcess,
     Endpoint,
     FakeTransceiver,
+    Namespace,
     RelayProcess,
     SignalingProcess,
     TransceiverProcess,
@@ -39,6 +44,7 @@ from tests.support import (
     binding_success,
     eventually,
     mint,
+    network_namespace,
     redis_server,
     rtp,
     wait_until,
@@ -373,3 +379,61 @@ def test_a_global_relay_hop_carries_a_v6_client_both_ways() -> None:
         fake.close()
         a.kill()
         b.kill()
+
+
+CONNECT_FROM = """
+import json, socket, sys
+relay = (sys.argv[1], int(sys.argv[2]))
+socks = []
+for src in sys.argv[3:]:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.bind((src, 0))
+    s.settimeout(3.0)
+    s.connect(relay)
+    socks.append(s)
+verdicts = []
+for s in socks:
+    s.settimeout(1.0)
+    try:
+        verdicts.append("closed" if s.recv(1) == b"" else "open")
+    except ConnectionResetError:
+        verdicts.append("reset")
+    except TimeoutError:
+        verdicts.append("open")
+print(json.dumps(verdicts))
+"""
+
+
+def _ifname(address: str, inside: Namespace | None = None) -> str:
+    """The interface holding `address` on this host (or inside the namespace `inside`)."""
+    argv = ("ip", "-o", "addr", "show", "to", address)
+    if inside is not None:
+        return inside.run(*argv).stdout.split()[1]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()[1]
+
+
+def test_ice_tcp_connections_per_source_count_an_ipv6_slash_64_as_one() -> None:
+    """Three callers at three addresses of one /64 (one host can pick any of them) and one
+    in another /64, across a veth pair into a network namespace: with --tcp-max-per-ip 2,
+    the /64 gets two connections, the other /64 its own."""
+    with network_namespace() as ns:
+        tag = os.urandom(2).hex()
+        same, other = f"fd99:{tag}:0:1", f"fd99:{tag}:0:2"
+        host_if, inside_if = _ifname(ns.host), _ifname(ns.inside, inside=ns)
+        relay_host = f"{same}::1"
+        subprocess.run(
+            ["ip", "-6", "addr", "add", f"{relay_host}/64", "dev", host_if, "nodad"], check=True
+        )
+        subprocess.run(["ip", "-6", "route", "add", f"{other}::/64", "dev", host_if], check=True)
+        sources = [f"{same}::2", f"{same}::3", f"{same}::4", f"{other}::5"]
+        for src in sources:
+            ns.run("ip", "-6", "addr", "add", f"{src}/64", "dev", inside_if, "nodad")
+        relay = RelayProcess("--listen-tcp", f"[{relay_host}]:0", "--tcp-max-per-ip", "2").start()
+        try:
+            port = addr(relay, "listen_tcp")[1]
+            out = ns.run(sys.executable, "-c", CONNECT_FROM, relay_host, str(port), *sources)
+            assert json.loads(out.stdout) == ["open", "open", "reset", "open"]
+            assert relay.metric("firsthop_relay_tcp_closed_total", reason="connections_per_ip") == 1
+        finally:
+            relay.kill()
+            subprocess.run(["ip", "-6", "route", "del", f"{other}::/64", "dev", host_if])
