@@ -389,17 +389,25 @@ for src in sys.argv[3:]:
     s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
     s.bind((src, 0))
     s.settimeout(3.0)
-    s.connect(relay)
+    try:
+        s.connect(relay)
+    except ConnectionResetError:  # the relay refused it before connect() returned
+        s.close()
+        s = None
     socks.append(s)
 verdicts = []
 for s in socks:
-    s.settimeout(1.0)
+    if s is None:
+        verdicts.append("reset")
+        continue
+    s.settimeout(0.5)  # (well within the relay's 5 s for a first frame)
     try:
         verdicts.append("closed" if s.recv(1) == b"" else "open")
     except ConnectionResetError:
         verdicts.append("reset")
     except TimeoutError:
         verdicts.append("open")
+    s.close()
 print(json.dumps(verdicts))
 """
 
