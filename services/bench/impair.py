@@ -8,6 +8,8 @@ else delivered after `delay` plus a uniform random `jitter` (so packets reorder 
 jitter exceeds their spacing, as on a real jittery link). Seeded: a run is repeatable.
 
 Runs in a thread of its own (`start()` / `stop()`); counts what it forwarded and dropped.
+`rebind(client)` emulates a NAT rebinding: the client's upstream socket is replaced by a new
+one (a new source port toward `target`) and the old one closed.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class ImpairedPath:
         self._due: list[tuple[float, int, socket.socket, bytes, Address]] = []
         self._seq = itertools.count()
         self._stop = threading.Event()
+        self._rebind: list[Address] = []  # clients whose mapping changes (from other threads)
         self._thread = threading.Thread(target=self._run, name="impair", daemon=True)
 
     def start(self) -> ImpairedPath:
@@ -66,6 +69,12 @@ class ImpairedPath:
         for sock in [self._listen, *self._upstream.values()]:
             sock.close()
         self._selector.close()
+
+    def rebind(self, client: Address | None = None) -> None:
+        """Give `client` (None: every client so far) a new upstream socket, as a NAT that
+        rebinds: what it sends next leaves from a new port, and replies to the old one are
+        lost."""
+        self._rebind.extend([client] if client is not None else list(self._upstream))
 
     def _schedule(
         self,
@@ -85,6 +94,11 @@ class ImpairedPath:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            while self._rebind:
+                old = self._upstream.pop(self._rebind.pop(), None)
+                if old is not None:
+                    self._selector.unregister(old)
+                    old.close()
             now = time.monotonic()
             while self._due and self._due[0][0] <= now:
                 _, _, sock, data, dest = heapq.heappop(self._due)

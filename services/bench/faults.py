@@ -1,0 +1,251 @@
+"""`firsthop bench faults`: how long a caller goes without audio when a part fails mid-call.
+
+One aiortc caller sends a steady tone through a userspace UDP proxy (`impair.py`, no
+impairment) to firsthop's echo through the relay (with its Redis flow cache), and to a stock
+aiortc echo where the fault means something there too; one call per fault and target. The
+caller notes when each 20 ms frame that carries the tone comes back (`SlotCaller`: the
+transceiver's jitter buffer and decoder, no concealment); the audio gap of a fault is the
+longest time between two such frames from just before the fault to the end of the call,
+less the 20 ms of a frame. A call with no fault (`none`) gives the floor.
+
+Faults (firsthop; stock aiortc has no relay, Redis or agent process: '-'):
+
+* `worker_kill`: SIGKILL the relay worker that serves the call (a child of the supervisor);
+* `relay_restart`: stop the whole relay, start it again 1 s later on the same ports;
+* `redis_down_worker_kill`: stop Redis, then SIGKILL the worker (Redis comes back after);
+* `agent_restart`: stop the echo agent's process and start it again on the same port;
+* `tx_sigstop`: SIGSTOP the transceiver (stock: the answerer) for 1 s, then SIGCONT;
+* `nat_rebind`: the proxy gives the caller a new source port (a NAT rebinding on
+  loopback; `bench`-free namespace tests do it in a real NAT). The far side answers the new
+  port after the caller's next authenticated check from it (aiortc: consent every 4-6 s).
+
+Setup time over ICE-TCP against UDP is `firsthop bench setup` (Chromium callers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from firsthop.services.bench.impair import ImpairedPath
+from firsthop.services.bench.loss import CANDIDATE, SlotCaller, _strip_candidates
+from firsthop.services.bench.measure import BenchError, children_of, report
+from firsthop.services.bench.procs import Stack
+from firsthop.services.launch import Child, Spec, free_port, redis_command
+from firsthop.services.transceiver.jitter import Frame
+
+FRAME = 0.020
+TARGET_WORKER_KILL = 0.200  # seconds of audio a worker kill may cost (issue #12)
+FAULTS = [
+    "none",
+    "worker_kill",
+    "relay_restart",
+    "redis_down_worker_kill",
+    "agent_restart",
+    "tx_sigstop",
+    "nat_rebind",
+]
+STOCK_FAULTS = {"none", "tx_sigstop", "nat_rebind"}
+QUICK_FAULTS = ["none", "worker_kill", "tx_sigstop"]
+BEFORE = 2.0  # seconds of steady call before the fault
+AFTER = {"nat_rebind": 9.0, "relay_restart": 4.0, "agent_restart": 4.0}  # default: 3 s
+
+
+class GapCaller(SlotCaller):
+    """A `SlotCaller` that also notes when (monotonic) each frame with the tone arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loud_at: list[float] = []
+
+    def _on_opus(self, frame: Frame) -> None:
+        before = len(self.loud)
+        super()._on_opus(frame)
+        if len(self.loud) > before:
+            self.loud_at.append(time.monotonic())
+
+
+def audio_gap(arrivals: list[float], start: float, end: float) -> float | None:
+    """The longest time without a tone frame in [start, end], less one frame's own 20 ms
+    (None: no tone at all there)."""
+    inside = [t for t in arrivals if start <= t <= end]
+    if not inside:
+        return None
+    edges = [start, *inside, end]
+    return max(0.0, max(b - a for a, b in zip(edges, edges[1:], strict=False)) - FRAME)
+
+
+def worker_pids(relay_pid: int) -> list[int]:
+    """The relay's serving workers (its standby, if any, is left alone)."""
+    out = []
+    for pid in children_of(relay_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"firsthop.services.relay.worker" in argv and b"--standby" not in argv:
+            out.append(pid)
+    return out
+
+
+class Faults:
+    """The stack, its Redis, and how to break each part."""
+
+    def __init__(self, quiet: bool = True) -> None:
+        port = free_port(socket.SOCK_STREAM)
+        self.redis = Child(Spec("redis", redis_command(port), ready_tcp=port), quiet=True)
+        self.redis.start()
+        self.stack = Stack(quiet=quiet, relay_redis=f"redis://127.0.0.1:{port}/0")
+        try:
+            self.stack.start(stock=True)
+        except BaseException:
+            self.redis.kill()
+            raise
+
+    def close(self) -> None:
+        self.stack.stop()
+        self.redis.kill()
+
+    def break_(self, fault: str, target: str, path: ImpairedPath) -> None:
+        stack = self.stack
+        if fault == "worker_kill":
+            self._kill_worker()
+        elif fault == "relay_restart":
+            stack.restart_relay(down=1.0)
+        elif fault == "redis_down_worker_kill":
+            self.redis.kill()
+            time.sleep(0.5)  # the relay has noticed nothing: no Redis call is on the packet path
+            self._kill_worker()
+        elif fault == "agent_restart":
+            stack.restart_agent()
+        elif fault == "tx_sigstop":
+            pid = stack.tx_pid if target == "firsthop" else stack.stock_pid
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(1.0)
+            os.kill(pid, signal.SIGCONT)
+        elif fault == "nat_rebind":
+            path.rebind()
+        elif fault != "none":
+            raise ValueError(f"unknown fault {fault!r}")
+
+    def repair(self, fault: str) -> None:
+        """Undo what outlives a fault (Redis stays down until here)."""
+        if fault == "redis_down_worker_kill":
+            self.redis.start()
+
+    def _kill_worker(self) -> None:
+        pids = worker_pids(self.stack.relay_pid)
+        if not pids:
+            raise BenchError("no relay worker process found")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+
+async def one_call(faults: Faults, fault: str, target: str, after: float) -> dict[str, Any]:
+    stack = faults.stack
+    path = ImpairedPath(("127.0.0.1", 0)).start()
+    via = f"{path.listen[0]}:{path.listen[1]}"
+
+    def signal_(offer: str) -> str:
+        if target == "firsthop":
+            path.target = ("127.0.0.1", stack.relay_port)
+            return stack.offer_to_firsthop(offer, ingress=via)
+        answer = stack.offer_to_stock(_strip_candidates(offer))
+        found = CANDIDATE.search(answer)
+        if found is None:
+            raise BenchError("the stock answer has no IPv4 host candidate")
+        path.target = (found.group(1), int(found.group(2)))
+        lines = _strip_candidates(answer).splitlines()
+        first_media = next(i for i, line in enumerate(lines) if line.startswith("m="))
+        lines.insert(
+            first_media + 1, f"a=candidate:1 1 udp 2130706431 {via.replace(':', ' ')} typ host"
+        )
+        return "\r\n".join(lines) + "\r\n"
+
+    caller = GapCaller()
+    try:
+        await caller.start(lambda offer: asyncio.to_thread(signal_, offer))
+        await asyncio.wait_for(caller.wait_connected(), 15)
+        await asyncio.sleep(BEFORE)
+        at = time.monotonic()
+        await asyncio.to_thread(faults.break_, fault, target, path)
+        await asyncio.sleep(after)
+        end = time.monotonic()
+        await caller.close()
+    finally:
+        path.stop()
+        await asyncio.to_thread(faults.repair, fault)
+    gap = audio_gap(caller.loud_at, at - 0.2, end)
+    return {"fault": fault, "target": target, "gap_ms": None if gap is None else round(gap * 1e3)}
+
+
+def run(*, faults: list[str], stock: bool, after: float | None) -> dict[str, Any]:
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    rig = Faults()
+    rows: list[dict[str, Any]] = []
+    try:
+        for fault in faults:
+            wait = after if after is not None else AFTER.get(fault, 3.0)
+            targets = ["firsthop"] + (["stock"] if stock and fault in STOCK_FAULTS else [])
+            for target in targets:
+                rows.append(asyncio.run(one_call(rig, fault, target, wait)))
+    finally:
+        rig.close()
+    return {"rows": rows, "target_worker_kill_ms": TARGET_WORKER_KILL * 1e3}
+
+
+def _cell(rows: list[dict[str, Any]], fault: str, target: str) -> str:
+    for row in rows:
+        if row["fault"] == fault and row["target"] == target:
+            return "no audio" if row["gap_ms"] is None else f"{row['gap_ms']} ms"
+    return "-"
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    lines = [
+        "audio gap at the caller (longest time without the echoed tone, from the fault on)",
+        f"  {'fault':<24}{'firsthop':>10}{'stock':>10}",
+    ]
+    for fault in dict.fromkeys(r["fault"] for r in rows):
+        lines.append(
+            f"  {fault:<24}{_cell(rows, fault, 'firsthop'):>10}{_cell(rows, fault, 'stock'):>10}"
+        )
+    lines.append(
+        f"target: worker_kill <= {result['target_worker_kill_ms']:.0f} ms; nat_rebind is "
+        "bounded by the caller's consent interval (aiortc 4-6 s); setup over ICE-TCP vs UDP: "
+        "`firsthop bench setup`"
+    )
+    return "\n".join(lines)
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.faults:
+        chosen = [f.strip() for f in args.faults.split(",") if f.strip()]
+    else:
+        chosen = QUICK_FAULTS if args.quick else FAULTS
+    measure: Callable[[], dict[str, Any]] = lambda: run(  # noqa: E731
+        faults=chosen, stock=not args.no_stock and not args.quick, after=args.after
+    )
+    return report("faults", args, measure, render)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("faults", help="audio gap at the caller per fault: firsthop vs stock")
+    p.add_argument("--faults", help=f"comma-separated, of: {', '.join(FAULTS)} (default all)")
+    p.add_argument("--after", type=float, help="seconds of call after each fault")
+    p.add_argument("--no-stock", action="store_true", help="firsthop only")
+    p.add_argument(
+        "--quick", action="store_true", help="none, worker_kill, tx_sigstop; firsthop only"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_main)
