@@ -26,16 +26,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from firsthop.services.bench.impair import ImpairedPath
 from firsthop.services.bench.loss import CANDIDATE, SlotCaller, _strip_candidates
-from firsthop.services.bench.measure import BenchError, children_of, report
+from firsthop.services.bench.measure import BenchError, report
 from firsthop.services.bench.procs import Stack
 from firsthop.services.launch import Child, Spec, free_port, redis_command
 from firsthop.services.transceiver.jitter import Frame
@@ -81,18 +84,15 @@ def audio_gap(arrivals: list[float], start: float, end: float) -> float | None:
     return max(0.0, max(b - a for a, b in zip(edges, edges[1:], strict=False)) - FRAME)
 
 
-def worker_pids(relay_pid: int) -> list[int]:
-    """The relay's serving workers (its standby, if any, is left alone)."""
-    out = []
-    for pid in children_of(relay_pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"firsthop.services.relay.worker" in argv and b"--standby" not in argv:
-            out.append(pid)
-    return out
+def worker_pids(metrics_port: int) -> list[int]:
+    """The relay's serving workers (its /healthz says; the standby is left alone)."""
+    url = f"http://127.0.0.1:{metrics_port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            health = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # 503 while a worker is down: the body says the same
+        health = json.loads(exc.read())
+    return [int(pid) for pid in health["worker_pids"] if pid]
 
 
 class Faults:
@@ -141,7 +141,7 @@ class Faults:
             self.redis.start()
 
     def _kill_worker(self) -> None:
-        pids = worker_pids(self.stack.relay_pid)
+        pids = worker_pids(self.stack.relay_metrics)
         if not pids:
             raise BenchError("no relay worker process found")
         for pid in pids:
@@ -183,7 +183,13 @@ async def one_call(faults: Faults, fault: str, target: str, after: float) -> dic
         path.stop()
         await asyncio.to_thread(faults.repair, fault)
     gap = audio_gap(caller.loud_at, at - 0.2, end)
-    return {"fault": fault, "target": target, "gap_ms": None if gap is None else round(gap * 1e3)}
+    return {
+        "fault": fault,
+        "target": target,
+        "gap_ms": None if gap is None else round(gap * 1e3),
+        # the tone came back before the call ended (else the gap is only a lower bound)
+        "recovered": any(t > at for t in caller.loud_at),
+    }
 
 
 def run(*, faults: list[str], stock: bool, after: float | None) -> dict[str, Any]:
@@ -193,20 +199,22 @@ def run(*, faults: list[str], stock: bool, after: float | None) -> dict[str, Any
     rig = Faults()
     rows: list[dict[str, Any]] = []
     try:
-        for fault in faults:
+        for n, fault in enumerate(faults):
             wait = after if after is not None else AFTER.get(fault, 3.0)
             targets = ["firsthop"] + (["stock"] if stock and fault in STOCK_FAULTS else [])
             for target in targets:
-                rows.append(asyncio.run(one_call(rig, fault, target, wait)))
+                rows.append({"n": n, **asyncio.run(one_call(rig, fault, target, wait))})
     finally:
         rig.close()
     return {"rows": rows, "target_worker_kill_ms": TARGET_WORKER_KILL * 1e3}
 
 
-def _cell(rows: list[dict[str, Any]], fault: str, target: str) -> str:
+def _cell(rows: list[dict[str, Any]], n: int, target: str) -> str:
     for row in rows:
-        if row["fault"] == fault and row["target"] == target:
-            return "no audio" if row["gap_ms"] is None else f"{row['gap_ms']} ms"
+        if row["n"] == n and row["target"] == target:
+            if row["gap_ms"] is None or not row["recovered"]:
+                return "no audio"
+            return f"{row['gap_ms']} ms"
     return "-"
 
 
@@ -216,14 +224,12 @@ def render(result: dict[str, Any]) -> str:
         "audio gap at the caller (longest time without the echoed tone, from the fault on)",
         f"  {'fault':<24}{'firsthop':>10}{'stock':>10}",
     ]
-    for fault in dict.fromkeys(r["fault"] for r in rows):
-        lines.append(
-            f"  {fault:<24}{_cell(rows, fault, 'firsthop'):>10}{_cell(rows, fault, 'stock'):>10}"
-        )
+    for n, fault in dict.fromkeys((r["n"], r["fault"]) for r in rows):
+        lines.append(f"  {fault:<24}{_cell(rows, n, 'firsthop'):>10}{_cell(rows, n, 'stock'):>10}")
     lines.append(
         f"target: worker_kill <= {result['target_worker_kill_ms']:.0f} ms; nat_rebind is "
-        "bounded by the caller's consent interval (aiortc 4-6 s); setup over ICE-TCP vs UDP: "
-        "`firsthop bench setup`"
+        "bounded by the caller's consent interval (aiortc 4-6 s); 'no audio': not back by the "
+        "call's end; setup over ICE-TCP vs UDP: `firsthop bench setup`"
     )
     return "\n".join(lines)
 
