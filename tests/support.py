@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -284,6 +285,18 @@ class RelayProcess(ServiceProcess):
 
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics().get((name, frozenset(labels.items())), 0.0)
+
+    def health(self) -> dict[str, Any]:
+        """/healthz (its JSON body also when it answers 503: a worker is down)."""
+        import urllib.error
+        import urllib.request
+
+        url = f"http://{self.metrics_addr[0]}:{self.metrics_addr[1]}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return dict(json.loads(resp.read()))
+        except urllib.error.HTTPError as exc:
+            return dict(json.loads(exc.read()))
 
     def wait_metric(self, name: str, at_least: float, timeout: float = 5.0, **labels: str) -> float:
         deadline = time.monotonic() + timeout

@@ -14,7 +14,8 @@ milliseconds, where a cold start costs the 0.5 s restart delay and ~0.25 s of Py
 The dead worker's clients then reach it (or, with N > 1, the kernel rehashes them over the
 group meanwhile) and their flows come back from Redis on their first datagram, held while
 asked, or from the standby's copy when Redis is down too; a new standby starts 1 s later.
-A slot that dies within 5 s of starting is crash-looping: it is cold-started after 0.5 s.
+With no standby ready (or a worker that never came up) the slot is cold-started after 0.5 s,
+so a crash loop costs at most a process start per 0.5 s.
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 log = logging.getLogger("firsthop.relay")
 
 STOP_DEADLINE = 4.5  # seconds from SIGTERM to SIGKILL; the relay exits within 5 s
-RESTART_DELAY = 0.5  # before a cold start, or any restart of a slot that is crash-looping
-CRASH_LOOP = 5.0  # a worker that dies sooner than this after it was ready is crash-looping
+RESTART_DELAY = 0.5  # before a cold start (a worker that failed to start, or no standby)
 STANDBY_RESPAWN = 1.0  # after a takeover, the next standby starts this much later (the new
 # worker has the CPU to itself while its clients come back)
 
@@ -195,9 +195,14 @@ class WorkerProcess:
     ) -> None:
         """Run the slot, replacing its worker when it dies; `started` once first ready."""
         first = True
-        crash_looping = False
+        spawned: Spawned | None = None
         while True:
-            spawned = None if crash_looping else processes.claim(self)
+            # The standby takes over at once from a worker that served; a worker that never
+            # came up (and a slot with no standby ready) waits RESTART_DELAY, then a cold start.
+            if spawned is not None and spawned.ready.is_set():
+                spawned = processes.claim(self)
+            else:
+                spawned = None
             if spawned is not None:
                 self.takeovers += 1
                 try:
@@ -205,27 +210,18 @@ class WorkerProcess:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     spawned.proc.kill()  # it is dying anyway; waited for below
             else:
+                if self.restarts:
+                    await trio.sleep(RESTART_DELAY)
                 spawned = await processes.spawn(str(self.index), self)
             await _first(spawned.ready, spawned.exited)
-            ready_at = trio.current_time()
             if spawned.ready.is_set():
                 if first:
                     first = False
                     task_status.started()
                 await spawned.exited.wait()
             self.ready = None
-            lived = trio.current_time() - ready_at
-            crash_looping = not spawned.ready.is_set() or lived < CRASH_LOOP
-            log.error(
-                "relay worker %d exited with %s after %.1f s; %s",
-                self.index,
-                spawned.proc.returncode,
-                lived,
-                "restarting" if crash_looping else "the standby takes over",
-            )
+            log.error("relay worker %d exited with %s", self.index, spawned.proc.returncode)
             self.restarts += 1
-            if crash_looping:
-                await trio.sleep(RESTART_DELAY)
 
 
 @dataclass

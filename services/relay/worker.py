@@ -448,14 +448,14 @@ async def _worker_process(config: RelayConfig, index: int | None) -> None:
 
 
 def main() -> None:
+    arg = sys.argv[1] if len(sys.argv) > 1 else "0"
+    index = None if arg == STANDBY_ARG else int(arg)
     logging.basicConfig(
         level=os.environ.get("FIRSTHOP_LOG_LEVEL", "INFO"),
-        format=f"relay[w{sys.argv[1] if len(sys.argv) > 1 else 0}] %(levelname)s %(message)s",
+        format=f"relay[{'standby' if index is None else f'w{index}'}] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
     config = RelayConfig.from_json(os.environ[CONFIG_ENV])
-    arg = sys.argv[1] if len(sys.argv) > 1 else "0"
-    index = None if arg == STANDBY_ARG else int(arg)
     setup_tracing("relay")
     try:
         trio.run(_worker_process, config, index)
