@@ -416,9 +416,10 @@ async def serve_relay(
 
     async with trio.open_nursery() as nursery:
         processes = Processes(config, nursery)
-        try:
-            for worker in workers:
-                await nursery.start(worker.run, processes)
+        try:  # all at once: a restarted relay serves after one worker's start, not N
+            async with trio.open_nursery() as starting:
+                for worker in workers:
+                    starting.start_soon(nursery.start, worker.run, processes)
         finally:
             for probe in probes:
                 probe.close()
