@@ -57,6 +57,8 @@ class ImpairedPath:
         self._seq = itertools.count()
         self._stop = threading.Event()
         self._rebind: list[Address] = []  # clients whose mapping changes (from other threads)
+        self._rebound = threading.Event()
+        self._retired: list[socket.socket] = []  # old mappings: closed at stop()
         self._thread = threading.Thread(target=self._run, name="impair", daemon=True)
 
     def start(self) -> ImpairedPath:
@@ -66,15 +68,19 @@ class ImpairedPath:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        for sock in [self._listen, *self._upstream.values()]:
+        for sock in [self._listen, *self._upstream.values(), *self._retired]:
             sock.close()
         self._selector.close()
 
     def rebind(self, client: Address | None = None) -> None:
         """Give `client` (None: every client so far) a new upstream socket, as a NAT that
-        rebinds: what it sends next leaves from a new port, and replies to the old one are
-        lost."""
-        self._rebind.extend([client] if client is not None else list(self._upstream))
+        rebinds: what it sends from now on leaves from a new port, and replies to the old
+        one are lost. Returns once the proxy's thread has done it."""
+        clients = [client] if client is not None else list(self._upstream)
+        if clients:
+            self._rebound.clear()
+            self._rebind.extend(clients)
+            self._rebound.wait(5)
 
     def _schedule(
         self,
@@ -94,11 +100,13 @@ class ImpairedPath:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            while self._rebind:
-                old = self._upstream.pop(self._rebind.pop(), None)
-                if old is not None:
-                    self._selector.unregister(old)
-                    old.close()
+            if self._rebind:
+                while self._rebind:
+                    old = self._upstream.pop(self._rebind.pop(), None)
+                    if old is not None:  # what is queued on it still leaves from it
+                        self._selector.unregister(old)
+                        self._retired.append(old)
+                self._rebound.set()
             now = time.monotonic()
             while self._due and self._due[0][0] <= now:
                 _, _, sock, data, dest = heapq.heappop(self._due)
