@@ -9,11 +9,13 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, Self
 
 from firsthop.services.launch import (
@@ -433,6 +435,21 @@ class SignalingProcess(ServiceProcess):
     @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/v1/ws"
+
+
+def run_bench(*args: str, timeout: float = 120) -> dict[str, Any]:
+    """`firsthop bench ARGS --json` in a child process; its JSON result (fails with its
+    stderr if it could not run)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "firsthop.services.cli", "bench", *args, "--json"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, every: float = 0.05) -> None:

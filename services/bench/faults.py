@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from firsthop.services.bench.impair import ImpairedPath
-from firsthop.services.bench.loss import CANDIDATE, SlotCaller, _strip_candidates
+from firsthop.services.bench.loss import SlotCaller, signal_through
 from firsthop.services.bench.measure import BenchError, report
 from firsthop.services.bench.procs import Stack
 from firsthop.services.launch import Child, Spec, free_port, redis_command
@@ -149,26 +149,8 @@ class Faults:
 
 
 async def one_call(faults: Faults, fault: str, target: str, after: float) -> dict[str, Any]:
-    stack = faults.stack
     path = ImpairedPath(("127.0.0.1", 0)).start()
-    via = f"{path.listen[0]}:{path.listen[1]}"
-
-    def signal_(offer: str) -> str:
-        if target == "firsthop":
-            path.target = ("127.0.0.1", stack.relay_port)
-            return stack.offer_to_firsthop(offer, ingress=via)
-        answer = stack.offer_to_stock(_strip_candidates(offer))
-        found = CANDIDATE.search(answer)
-        if found is None:
-            raise BenchError("the stock answer has no IPv4 host candidate")
-        path.target = (found.group(1), int(found.group(2)))
-        lines = _strip_candidates(answer).splitlines()
-        first_media = next(i for i, line in enumerate(lines) if line.startswith("m="))
-        lines.insert(
-            first_media + 1, f"a=candidate:1 1 udp 2130706431 {via.replace(':', ' ')} typ host"
-        )
-        return "\r\n".join(lines) + "\r\n"
-
+    signal_ = signal_through(faults.stack, target, path)
     caller = GapCaller()
     try:
         await caller.start(lambda offer: asyncio.to_thread(signal_, offer))

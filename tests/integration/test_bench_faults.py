@@ -8,25 +8,13 @@ for a worker kill belongs to the bench's own report.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from firsthop.services.bench.faults import audio_gap
+from firsthop.services.bench.impair import ImpairedPath
+from tests.support import Endpoint, run_bench
 
 
 def test_quick_bench_breaks_each_part_and_the_call_recovers() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "firsthop.services.cli", "bench", "faults", "--quick", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    rows = json.loads(done.stdout)["rows"]
+    rows = run_bench("faults", "--quick", timeout=180)["rows"]
     assert [r["fault"] for r in rows] == ["none", "worker_kill", "tx_sigstop"]
     for row in rows:
         assert row["target"] == "firsthop"
@@ -37,8 +25,6 @@ def test_quick_bench_breaks_each_part_and_the_call_recovers() -> None:
 
 
 def test_audio_gap_is_the_longest_silence_less_one_frame() -> None:
-    from firsthop.services.bench.faults import audio_gap
-
     arrivals = [0.00, 0.02, 0.04, 0.54, 0.56, 0.58]
     assert abs((audio_gap(arrivals, 0.0, 0.58) or 0) - 0.48) < 1e-9
     assert abs((audio_gap(arrivals, 0.0, 2.0) or 0) - (2.0 - 0.58 - 0.02)) < 1e-9  # never back
@@ -46,9 +32,6 @@ def test_audio_gap_is_the_longest_silence_less_one_frame() -> None:
 
 
 def test_the_proxy_rebinds_a_client_to_a_new_source_port() -> None:
-    from firsthop.services.bench.impair import ImpairedPath
-    from tests.support import Endpoint
-
     target, client = Endpoint(), Endpoint()
     path = ImpairedPath(target.addr).start()
     try:
