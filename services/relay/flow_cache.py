@@ -201,5 +201,10 @@ class FlowSnapshot:
             self.hits += 1
         return token
 
+    @property
+    def taken(self) -> float:
+        """When the copy was taken (-inf: never)."""
+        return self._taken
+
     def __len__(self) -> int:
         return len(self._flows)

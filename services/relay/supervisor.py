@@ -44,8 +44,8 @@ log = logging.getLogger("firsthop.relay")
 
 STOP_DEADLINE = 4.5  # seconds from SIGTERM to SIGKILL; the relay exits within 5 s
 RESTART_DELAY = 0.5  # before a cold start (a worker that failed to start, or no standby)
-STANDBY_RESPAWN = 1.0  # after a takeover, the next standby starts this much later (the new
-# worker has the CPU to itself while its clients come back)
+STANDBY_RESPAWN = 1.0  # a standby starts this long after the workers are ready, or after a
+# takeover (the new worker has the CPU to itself while its clients come back)
 
 
 async def _first(*events: trio.Event) -> None:
@@ -71,6 +71,7 @@ class Spawned:
     ready: trio.Event = field(default_factory=trio.Event)  # it serves (bound)
     exited: trio.Event = field(default_factory=trio.Event)
     flows: int = 0  # the standby's copy of the flow cache, flows
+    copied_at: float | None = None  # and when it was taken (trio clock)
 
     async def tell(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -114,11 +115,20 @@ class Processes:
         return spare.flows if spare is not None and spare.standing_by.is_set() else 0
 
     @property
+    def standby_copy_age(self) -> float:
+        """Seconds since the standby's copy of the flow cache was taken (-1: none)."""
+        spare = self.standby
+        if spare is None or spare.copied_at is None:
+            return -1.0
+        return trio.current_time() - spare.copied_at
+
+    @property
     def standby_ready(self) -> int:
         spare = self.standby
         return int(spare is not None and spare.standing_by.is_set() and not spare.exited.is_set())
 
     async def keep_standby(self) -> None:
+        await trio.sleep(STANDBY_RESPAWN)  # the workers' clients come back first
         while True:
             spare = await self.spawn(STANDBY_ARG, None)
             self.standby = spare
@@ -156,6 +166,8 @@ class Processes:
                 kind, slot = msg.get("type"), spawned.slot
                 if kind == "standby":
                     spawned.flows = int(msg.get("flows", 0))
+                    if msg.get("age") is not None:
+                        spawned.copied_at = trio.current_time() - float(msg["age"])
                     spawned.standing_by.set()
                 elif kind == "ready":
                     if slot is not None:
@@ -255,6 +267,7 @@ class RelayHandle:
         processes = self.processes
         result["standby_ready"] = processes.standby_ready if processes else 0
         result["standby_flows"] = processes.standby_flows if processes else 0
+        result["standby_copy_age"] = processes.standby_copy_age if processes else -1.0
         return result
 
 
@@ -333,6 +346,12 @@ SCALARS = [
         "gauge",
         "Flows in the standby's copy of the flow cache",
         "standby_flows",
+    ),
+    (
+        "firsthop_relay_standby_copy_age_seconds",
+        "gauge",
+        "Age of the standby's copy of the flow cache (-1: none)",
+        "standby_copy_age",
     ),
     (
         "firsthop_relay_snapshot_hits_total",

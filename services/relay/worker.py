@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -373,11 +374,18 @@ async def _stand_by(
                     snapshot.replace(await cache.snapshot(config.limits.max_flows), started)
                 except CacheUnavailable:
                     pass  # keep the last copy (it ages out)
-                took = trio.current_time() - started
-                _emit({"type": "standby", "pid": os.getpid(), "flows": len(snapshot)})
-                await trio.sleep(max(SNAPSHOT_EVERY, took / SNAPSHOT_SHARE))
+                now = trio.current_time()
+                _emit(
+                    {
+                        "type": "standby",
+                        "pid": os.getpid(),
+                        "flows": len(snapshot),
+                        "age": now - snapshot.taken if snapshot.taken > -math.inf else None,
+                    }
+                )
+                await trio.sleep(max(SNAPSHOT_EVERY, (now - started) / SNAPSHOT_SHARE))
 
-        _emit({"type": "standby", "pid": os.getpid(), "flows": 0})
+        _emit({"type": "standby", "pid": os.getpid(), "flows": 0, "age": None})
         if cache is not None:
             nursery.start_soon(refresh)
         while (line := await control.line()) is not None:
