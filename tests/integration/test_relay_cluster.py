@@ -262,3 +262,27 @@ def test_without_standby_a_killed_worker_is_cold_started_and_recovers_from_redis
             client.close()
             tx.close()
             relay.kill()
+
+
+def test_a_dead_standby_is_replaced_and_each_of_two_kills_is_taken_over() -> None:
+    with redis_server() as rs:
+        relay = RelayProcess(redis_url=rs.url).start()
+        tx, client = FakeTransceiver(), Endpoint()
+        try:
+            assert relay.wait_metric("firsthop_relay_standby_workers", 1) == 1
+            first_standby = relay.health()["standby_pid"]
+            os.kill(first_standby, signal.SIGKILL)  # idle, it dies: another is started
+            wait_until(lambda: relay.health()["standby_pid"] not in (None, first_standby))
+            assert relay.wait_metric("firsthop_relay_takeovers_total", 0) == 0
+            open_call(relay, client, tx)
+            assert relay.wait_metric("firsthop_relay_redis_writes_total", 1) >= 1
+            for kills in (1, 2):
+                _, standby = _kill_worker(relay)
+                _media_until_forwarded(client, relay, tx)
+                serving = [standby]
+                wait_until(lambda: relay.health()["worker_pids"] == serving)  # noqa: B023
+                assert relay.wait_metric("firsthop_relay_takeovers_total", kills) == kills
+        finally:
+            client.close()
+            tx.close()
+            relay.kill()
