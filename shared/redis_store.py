@@ -65,6 +65,19 @@ def flow_key(client: Address) -> str:
     return f"{PREFIX}flow:{client[0]}:{client[1]}"
 
 
+FLOW_KEYS = f"{PREFIX}flow:*"  # SCAN pattern of every flow key
+
+
+def parse_flow_key(key: bytes | str) -> Address | None:
+    """The client address a `flow_key` names (None: not a flow key)."""
+    text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+    rest = text.removeprefix(f"{PREFIX}flow:")
+    host, sep, port = rest.rpartition(":")
+    if rest == text or not sep or not host or not port.isdigit() or int(port) > 65535:
+        return None
+    return host, int(port)
+
+
 def trace_key(ufrag: str) -> str:
     return f"{PREFIX}trace:{ufrag}"
 

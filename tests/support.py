@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, Self
 
 from firsthop.services.launch import (
@@ -286,6 +289,18 @@ class RelayProcess(ServiceProcess):
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics().get((name, frozenset(labels.items())), 0.0)
 
+    def health(self) -> dict[str, Any]:
+        """/healthz (its JSON body also when it answers 503: a worker is down)."""
+        import urllib.error
+        import urllib.request
+
+        url = f"http://{self.metrics_addr[0]}:{self.metrics_addr[1]}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return dict(json.loads(resp.read()))
+        except urllib.error.HTTPError as exc:
+            return dict(json.loads(exc.read()))
+
     def wait_metric(self, name: str, at_least: float, timeout: float = 5.0, **labels: str) -> float:
         deadline = time.monotonic() + timeout
         while True:
@@ -444,6 +459,21 @@ class SignalingProcess(ServiceProcess):
     @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/v1/ws"
+
+
+def run_bench(*args: str, timeout: float = 120) -> dict[str, Any]:
+    """`firsthop bench ARGS --json` in a child process; its JSON result (fails with its
+    stderr if it could not run)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "firsthop.services.cli", "bench", *args, "--json"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, every: float = 0.05) -> None:

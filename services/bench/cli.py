@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from firsthop.services.bench import echo, loss, relay, sessions, setup, voice, wire
+from firsthop.services.bench import echo, faults, loss, relay, sessions, setup, voice, wire
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
@@ -17,3 +17,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     echo.register(benches)
     voice.register(benches)
     loss.register(benches)
+    faults.register(benches)

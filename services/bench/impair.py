@@ -8,6 +8,8 @@ else delivered after `delay` plus a uniform random `jitter` (so packets reorder 
 jitter exceeds their spacing, as on a real jittery link). Seeded: a run is repeatable.
 
 Runs in a thread of its own (`start()` / `stop()`); counts what it forwarded and dropped.
+`rebind(client)` emulates a NAT rebinding: the client's upstream socket is replaced by a new
+one (a new source port toward `target`) and the old one closed.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class ImpairedPath:
         self._due: list[tuple[float, int, socket.socket, bytes, Address]] = []
         self._seq = itertools.count()
         self._stop = threading.Event()
+        self._rebind: list[Address] = []  # clients whose mapping changes (from other threads)
+        self._rebound = threading.Event()
+        self._retired: list[socket.socket] = []  # old mappings: closed at stop()
         self._thread = threading.Thread(target=self._run, name="impair", daemon=True)
 
     def start(self) -> ImpairedPath:
@@ -63,9 +68,19 @@ class ImpairedPath:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        for sock in [self._listen, *self._upstream.values()]:
+        for sock in [self._listen, *self._upstream.values(), *self._retired]:
             sock.close()
         self._selector.close()
+
+    def rebind(self, client: Address | None = None) -> None:
+        """Give `client` (None: every client so far) a new upstream socket, as a NAT that
+        rebinds: what it sends from now on leaves from a new port, and replies to the old
+        one are lost. Returns once the proxy's thread has done it."""
+        clients = [client] if client is not None else list(self._upstream)
+        if clients:
+            self._rebound.clear()
+            self._rebind.extend(clients)
+            self._rebound.wait(5)
 
     def _schedule(
         self,
@@ -85,6 +100,13 @@ class ImpairedPath:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._rebind:
+                while self._rebind:
+                    old = self._upstream.pop(self._rebind.pop(), None)
+                    if old is not None:  # what is queued on it still leaves from it
+                        self._selector.unregister(old)
+                        self._retired.append(old)
+                self._rebound.set()
             now = time.monotonic()
             while self._due and self._due[0][0] <= now:
                 _, _, sock, data, dest = heapq.heappop(self._due)

@@ -25,6 +25,7 @@ import asyncio
 import re
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from firsthop.services.bench.impair import ImpairedPath, Impairment
@@ -97,6 +98,37 @@ def _strip_candidates(sdp: str) -> str:
     )
 
 
+def stock_answer_via(stack: Stack, offer: str, via: str) -> tuple[str, tuple[str, int]]:
+    """The stock answerer's answer to `offer`, its candidate replaced by `via` (HOST:PORT, a
+    proxy in front of it), and the stock's own address (the proxy's target)."""
+    answer = stack.offer_to_stock(_strip_candidates(offer))  # it learns us from checks
+    found = CANDIDATE.search(answer)
+    if found is None:
+        raise RuntimeError("the stock answer has no IPv4 host candidate")
+    lines = _strip_candidates(answer).splitlines()
+    first_media = next(i for i, line in enumerate(lines) if line.startswith("m="))
+    lines.insert(
+        first_media + 1, f"a=candidate:1 1 udp 2130706431 {via.replace(':', ' ')} typ host"
+    )
+    return "\r\n".join(lines) + "\r\n", (found.group(1), int(found.group(2)))
+
+
+def signal_through(stack: Stack, target: str, path: ImpairedPath) -> Callable[[str], str]:
+    """Signaling for a call to `target` ("firsthop": through the relay; else the stock
+    answerer) whose media crosses the proxy `path`: the answer names the proxy, and the
+    proxy is pointed at the target."""
+    via = f"{path.listen[0]}:{path.listen[1]}"
+
+    def signal(offer: str) -> str:
+        if target == "firsthop":
+            path.target = ("127.0.0.1", stack.relay_port)
+            return stack.offer_to_firsthop(offer, ingress=via)
+        answer, path.target = stock_answer_via(stack, offer, via)
+        return answer
+
+    return signal
+
+
 def _events(stack: Stack) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{stack.tx_api}/metrics", timeout=5) as resp:
         text = resp.read().decode()
@@ -111,24 +143,7 @@ async def one_call(
     stack: Stack, target: str, link: Impairment, seconds: float, seed: int
 ) -> dict[str, Any]:
     path = ImpairedPath(("127.0.0.1", 0), up=link, down=link, seed=seed).start()
-    via = f"{path.listen[0]}:{path.listen[1]}"
-
-    def signal(offer: str) -> str:
-        if target == "firsthop":
-            path.target = ("127.0.0.1", stack.relay_port)
-            return stack.offer_to_firsthop(offer, ingress=via)
-        answer = stack.offer_to_stock(_strip_candidates(offer))  # it learns us from checks
-        found = CANDIDATE.search(answer)
-        if found is None:
-            raise RuntimeError("the stock answer has no IPv4 host candidate")
-        path.target = (found.group(1), int(found.group(2)))
-        lines = _strip_candidates(answer).splitlines()
-        first_media = next(i for i, line in enumerate(lines) if line.startswith("m="))
-        lines.insert(
-            first_media + 1, f"a=candidate:1 1 udp 2130706431 {via.replace(':', ' ')} typ host"
-        )
-        return "\r\n".join(lines) + "\r\n"
-
+    signal = signal_through(stack, target, path)
     before = _events(stack) if target == "firsthop" else {}
     caller = SlotCaller()
     try:

@@ -53,6 +53,9 @@ class Stack:
     agent_port: int = 0
     stock_port: int = 0
     relay_metrics: int = 0
+    relay_internal: int = 0
+    relay_redis: str | None = None  # the relay's flow cache (`bench faults`)
+    relay_extra: tuple[str, ...] = ()
 
     def _start(self, spec: Spec) -> Child:
         spec.env = {
@@ -68,10 +71,9 @@ class Stack:
     def start(self, *, stock: bool = False, tx_args: tuple[str, ...] = ()) -> Stack:
         # Every service binds port 0 and says what it got (no port picked here can be
         # taken by someone else before the service binds it).
-        relay = relay_command(listen=0, internal=0, metrics=0, extra=("--listen-tcp", f"{HOST}:0"))
-        bound = self._start(Spec("relay", relay, announces=True)).bound
+        bound = self._start(self._relay_spec()).bound
         self.relay_port, self.relay_metrics = bound["listen"][1], bound["metrics"][1]
-        self.relay_tcp_port = bound["listen_tcp"][1]
+        self.relay_tcp_port, self.relay_internal = bound["listen_tcp"][1], bound["internal"][1]
         agent = agent_command(self.agent_kind, 0)
         self.agent_port = self._start(Spec("agent", agent, announces=True)).bound["listen"][1]
         tx = transceiver_command(
@@ -85,6 +87,33 @@ class Stack:
         if stock:
             self.stock_port, _ = self.spawn_stock()
         return self
+
+    def _relay_spec(self) -> Spec:
+        relay = relay_command(
+            listen=self.relay_port,
+            internal=self.relay_internal,
+            metrics=self.relay_metrics,
+            redis=self.relay_redis,
+            extra=("--listen-tcp", f"{HOST}:{self.relay_tcp_port}", *self.relay_extra),
+        )
+        return Spec("relay", relay, announces=True)
+
+    def restart_relay(self, down: float) -> None:
+        """Stop the relay (SIGTERM), and `down` seconds after it is gone start it again on
+        the same ports."""
+        self.children[0].stop()
+        time.sleep(down)
+        child = Child(self._relay_spec(), quiet=self.quiet)
+        child.spec.env = {**self.children[0].spec.env, **child.spec.env}
+        self.children[0] = child.start()
+
+    def restart_agent(self) -> None:
+        """Stop the agent (SIGTERM) and start it again at once on the same port."""
+        old = self.children[1]
+        old.stop()
+        spec = Spec("agent", agent_command(self.agent_kind, self.agent_port), announces=True)
+        spec.env = dict(old.spec.env)
+        self.children[1] = Child(spec, quiet=self.quiet).start()
 
     def spawn_agent(self, kind: str) -> int:
         """Start another agent (`firsthop agent --kind KIND`); returns its port."""

@@ -134,6 +134,7 @@ class Relay:
         if supervised:
             env["FIRSTHOP_ROUTE_KEYS"] = format_route_keys({1: key})
             argv = [sys.executable, "-m", "firsthop.services.cli", "relay", "--workers", "1"]
+            argv += ["--no-standby"]  # one worker process, measured alone
             argv += ["--listen", _hostport(self.listen), "--internal", _hostport(internal)]
             argv += ["--metrics", _hostport(metrics), "--allow-dest", "127.0.0.0/8"]
         else:

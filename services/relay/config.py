@@ -47,6 +47,7 @@ class RelayConfig:
     peers: dict[int, Address] = field(default_factory=dict)
     redis: str | None = None
     workers: int = 1
+    standby: bool = True  # a warm spare worker process takes over a dead one's slot
     pin_cpus: bool = True
     limits: RelayLimits = field(default_factory=RelayLimits)
     listen_other: Address | None = None
@@ -194,6 +195,12 @@ def register(
         flag = "--" + name.replace("_", "-")
         add_option(p, flag, default=default, type=type(default), help=help_)
     add_option(p, "--no-pin", action="store_true", help="do not pin workers to CPUs")
+    add_option(
+        p,
+        "--no-standby",
+        action="store_true",
+        help="no warm standby worker (a dead worker is then cold-started after 0.5 s)",
+    )
     return p
 
 
@@ -248,6 +255,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             peers=peers,
             redis=args.redis or None,
             workers=max(1, args.workers),
+            standby=not args.no_standby,
             pin_cpus=not args.no_pin,
             limits=RelayLimits(
                 max_flows=args.max_flows,

@@ -6,6 +6,10 @@ look-ups for datagrams from unknown clients. Nothing here runs on the packet pat
 plane hands over batches, and every Redis call runs in a worker thread (redis-py's blocking
 client; there is no maintained Trio client) with short socket timeouts.
 
+`snapshot` reads every flow of the cluster (SCAN, bounded): the warm standby worker keeps
+one, refreshed while it waits, so a worker that takes over can answer its look-ups from it
+when Redis is down at that moment (see `worker.py`).
+
 When Redis is down: writes are kept (latest per client, bounded) and retried with backoff,
 look-ups fail at once (the data plane then drops the held datagrams without remembering a
 miss), errors are counted, and forwarding from memory never waits.
@@ -21,13 +25,22 @@ import trio
 
 from firsthop.services.relay.write_behind import Entry
 from firsthop.shared.address import Address
-from firsthop.shared.redis_store import FLOW_TTL, FlowRecord, flow_key, redis_client, trace_key
+from firsthop.shared.redis_store import (
+    FLOW_KEYS,
+    FLOW_TTL,
+    FlowRecord,
+    flow_key,
+    parse_flow_key,
+    redis_client,
+    trace_key,
+)
 
 log = logging.getLogger("firsthop.relay.cache")
 
 
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
+SCAN_BATCH = 1000  # keys per SCAN step, and tokens per pipelined read
 
 
 class CacheUnavailable(Exception):
@@ -104,6 +117,46 @@ class FlowCache:
         self.hits += sum(1 for t in tokens if t)
         return tokens
 
+    async def snapshot(self, limit: int) -> dict[Address, bytes]:
+        """Every flow in the cache (client -> route token), at most `limit` of them."""
+        if not self.available:
+            raise CacheUnavailable("backing off")
+
+        def read() -> dict[Address, bytes]:
+            out: dict[Address, bytes] = {}
+            keys: list[bytes] = []
+
+            def fetch() -> None:
+                pipe = self._client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.hget(key, "token")
+                for key, token in zip(keys, pipe.execute(), strict=True):
+                    client = parse_flow_key(key)
+                    if token and client is not None:
+                        out[client] = token
+                keys.clear()
+
+            for key in self._client.scan_iter(match=FLOW_KEYS, count=SCAN_BATCH):
+                keys.append(key)
+                if len(keys) >= SCAN_BATCH or len(out) + len(keys) >= limit:
+                    fetch()
+                    if len(out) >= limit:
+                        break
+            if keys:
+                fetch()
+            return out
+
+        try:
+            # Abandoned if cancelled: a standby told to serve does not wait for its copy.
+            flows = await trio.to_thread.run_sync(
+                read, limiter=self._limiter, abandon_on_cancel=True
+            )
+        except redis.RedisError as exc:
+            self._failed(exc)
+            raise CacheUnavailable(str(exc)) from exc
+        self._ok()
+        return flows
+
     async def trace_parents(self, tokens: list[bytes]) -> list[bytes | None]:
         """`firsthop:trace:{ufrag}` for each token: the sessions' traceparents (§9)."""
         if not self.available:
@@ -123,3 +176,35 @@ class FlowCache:
 
     def close(self) -> None:
         self._client.close()
+
+
+class FlowSnapshot:
+    """A copy of the flow cache taken while Redis was up (client -> route token), asked only
+    when Redis cannot be: a token from here is re-verified like one from Redis. Forgotten
+    `FLOW_TTL` after it was taken, as Redis would have forgotten its entries."""
+
+    def __init__(self) -> None:
+        self._flows: dict[Address, bytes] = {}
+        self._taken = float("-inf")
+        self.hits = 0
+
+    def replace(self, flows: dict[Address, bytes], now: float) -> None:
+        self._flows = flows
+        self._taken = now
+
+    def get(self, client: Address, now: float) -> bytes | None:
+        if now - self._taken > FLOW_TTL:
+            self._flows = {}
+            return None
+        token = self._flows.get(client)
+        if token is not None:
+            self.hits += 1
+        return token
+
+    @property
+    def taken(self) -> float:
+        """When the copy was taken (-inf: never)."""
+        return self._taken
+
+    def __len__(self) -> int:
+        return len(self._flows)

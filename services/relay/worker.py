@@ -11,19 +11,26 @@ come back to the worker that holds the flow).
 Trio owns the lifecycle: `serve_worker` binds, starts the data-plane thread, runs the cache
 tasks, and on cancellation stops the thread, then flushes pending cache writes (bounded).
 Run as `python -m firsthop.services.relay.worker INDEX` it is one process of `firsthop relay`,
-reporting readiness and stats snapshots as JSON lines on stdout.
+reporting readiness and stats snapshots as JSON lines on stdout. Run with `--standby` it is
+the relay's warm standby: imported, connected to Redis, holding a fresh copy of the flow
+cache (`FlowSnapshot`), but bound to nothing until the supervisor writes `serve INDEX` on
+its stdin when worker INDEX died; it then binds at once, so the dead worker's clients are
+served again within milliseconds, their flows recovered from Redis on their first datagram
+(or, when Redis is down too, from the copy).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
@@ -39,7 +46,7 @@ from firsthop.services.relay.dataplane import (
     Pinned,
     Stored,
 )
-from firsthop.services.relay.flow_cache import CacheUnavailable, FlowCache
+from firsthop.services.relay.flow_cache import CacheUnavailable, FlowCache, FlowSnapshot
 from firsthop.services.relay.flow_table import FlowTable
 from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.write_behind import WriteBehind
@@ -58,6 +65,7 @@ log = logging.getLogger("firsthop.relay")
 FLUSH_ON_EXIT = 2.0  # seconds given to the last cache writes at shutdown
 STATS_EVERY = 0.5
 CONFIG_ENV = "FIRSTHOP_RELAY_WORKER_CONFIG"
+STANDBY_ARG = "--standby"  # argv[1] of the warm standby worker (else: the slot's index)
 TRACER = tracer("firsthop.relay")
 
 
@@ -95,6 +103,7 @@ class WorkerHandle:
     tcp: Address | None = None
     public_other: Address | None = None
     tcp_other: Address | None = None
+    snapshot: FlowSnapshot | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def stats(self) -> dict[str, Any]:
@@ -106,6 +115,7 @@ class WorkerHandle:
         snap["redis_hits"] = cache.hits if cache else 0
         snap["redis_pending_writes"] = self.extra.get("pending_writes", 0)
         snap["redis_dropped_writes"] = self.extra.get("dropped_writes", 0)
+        snap["snapshot_hits"] = self.snapshot.hits if self.snapshot else 0
         return snap
 
 
@@ -113,8 +123,12 @@ async def serve_worker(
     config: RelayConfig,
     index: int = 0,
     *,
+    cache: FlowCache | None = None,
+    snapshot: FlowSnapshot | None = None,
     task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve until cancelled. A standby that takes over passes its `cache` (connected
+    already) and its `snapshot` of the flow cache, which answers look-ups Redis cannot."""
     public = udp_socket(config.listen, reuseport=True)
     public_other = udp_socket(config.listen_other, reuseport=True) if config.listen_other else None
     peer = udp_socket(config.internal, reuseport=True)
@@ -160,7 +174,8 @@ async def serve_worker(
         tcp=tcp,
         public_other=public_other,
     )
-    cache = FlowCache(config.redis) if config.redis else None
+    if cache is None and config.redis:
+        cache = FlowCache(config.redis)
     handle = WorkerHandle(
         index=index,
         public=public.getsockname()[:2],
@@ -171,6 +186,7 @@ async def serve_worker(
         tcp=tcp[0].getsockname()[:2] if tcp else None,
         public_other=public_other.getsockname()[:2] if public_other else None,
         tcp_other=tcp[1].getsockname()[:2] if len(tcp) > 1 else None,
+        snapshot=snapshot,
     )
     dp.want_pins = cache is not None and tracing_enabled()
     pins_send, pins_recv = trio.open_memory_channel[Pinned](100)
@@ -213,8 +229,13 @@ async def serve_worker(
             try:
                 tokens = await cache.lookup(batch)
             except CacheUnavailable:
+                now = trio.current_time()
                 for client in batch:
-                    dp.send_command(CacheFailed(client))
+                    token = snapshot.get(client, now) if snapshot is not None else None
+                    if token is None:
+                        dp.send_command(CacheFailed(client))
+                    else:  # Redis is down; the standby's copy of it knows this client
+                        dp.send_command(CacheAnswered(client, token))
                 continue
             for client, token in zip(batch, tokens, strict=True):
                 dp.send_command(CacheAnswered(client, token))
@@ -315,17 +336,37 @@ async def serve_worker(
 
 # -- as a process of `firsthop relay` ----------------------------------------------------
 
+SNAPSHOT_EVERY = 2.0  # seconds between a standby's copies of the flow cache, at least,
+SNAPSHOT_SHARE = 0.1  # and at most this share of its time spent copying (a big cache)
 
-async def _until_parent_gone() -> None:
-    """Return when the supervisor is gone: it holds the write end of our stdin and never
-    writes, so EOF means it exited, however it died. (PR_SET_PDEATHSIG would fire when the
-    *thread* that spawned us exits, and Trio spawns from short-lived helper threads.)"""
-    stream = trio.lowlevel.FdStream(os.dup(0))
-    try:
-        while await stream.receive_some(1024):
+
+class Control:
+    """Lines from the supervisor on our stdin. It holds the write end, so EOF means it
+    exited, however it died. (PR_SET_PDEATHSIG would fire when the *thread* that spawned us
+    exits, and Trio spawns from short-lived helper threads.)"""
+
+    MAX_LINE = 256
+
+    def __init__(self) -> None:
+        self._stream = trio.lowlevel.FdStream(os.dup(0))
+        self._buffered = b""
+
+    async def line(self) -> bytes | None:
+        """The next line (None: the supervisor is gone)."""
+        while b"\n" not in self._buffered:
+            chunk = await self._stream.receive_some(1024)
+            if not chunk:
+                return None
+            self._buffered = (self._buffered + chunk)[-self.MAX_LINE :]
+        line, _, self._buffered = self._buffered.partition(b"\n")
+        return line.strip()
+
+    async def until_gone(self) -> None:
+        while await self.line() is not None:
             pass
-    finally:
-        await stream.aclose()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 def _emit(message: dict[str, Any]) -> None:
@@ -333,58 +374,119 @@ def _emit(message: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
     except (BrokenPipeError, ValueError):
-        pass  # the supervisor is gone; PDEATHSIG is on its way
+        pass  # the supervisor is gone; our stdin's EOF is on its way
 
 
-async def _worker_process(config: RelayConfig, index: int) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            handle: WorkerHandle = await nursery.start(serve_worker, config, index)
-            _emit(
-                {
-                    "type": "ready",
-                    "index": index,
-                    "pid": os.getpid(),
-                    "public": handle.public,
-                    "peer": handle.peer,
-                    "own": handle.own,
-                    "tcp": handle.tcp,
-                    "public_other": handle.public_other,
-                    "tcp_other": handle.tcp_other,
-                }
-            )
+async def _stand_by(
+    config: RelayConfig, control: Control, cache: FlowCache | None, snapshot: FlowSnapshot
+) -> int | None:
+    """The warm standby: everything imported, Redis connected, a copy of the cluster's
+    flows kept fresh, no socket bound (bound, it would take a share of the traffic). Returns
+    the index of the dead worker the supervisor says to replace (`serve INDEX`), or None
+    when the supervisor is gone."""
+    index: int | None = None
+    async with trio.open_nursery() as nursery:
 
-            async def report() -> None:
-                while True:
-                    _emit({"type": "stats", "index": index, "stats": handle.stats()})
-                    await trio.sleep(STATS_EVERY)
+        async def refresh() -> None:
+            assert cache is not None
+            while True:
+                started = trio.current_time()
+                try:
+                    snapshot.replace(await cache.snapshot(config.limits.max_flows), started)
+                except CacheUnavailable:
+                    pass  # keep the last copy (it ages out)
+                now = trio.current_time()
+                _emit(
+                    {
+                        "type": "standby",
+                        "pid": os.getpid(),
+                        "flows": len(snapshot),
+                        "age": now - snapshot.taken if snapshot.taken > -math.inf else None,
+                    }
+                )
+                await trio.sleep(max(SNAPSHOT_EVERY, (now - started) / SNAPSHOT_SHARE))
 
-            nursery.start_soon(report)
+        _emit({"type": "standby", "pid": os.getpid(), "flows": 0, "age": None})
+        if cache is not None:
+            nursery.start_soon(refresh)
+        while (line := await control.line()) is not None:
+            word, _, arg = line.partition(b" ")
+            if word == b"serve" and arg.isdigit():
+                index = int(arg)
+                break
+        nursery.cancel_scope.cancel()
+    return index
 
-            async def stop_on_signal() -> None:
-                async for _ in signals:
-                    return
 
-            async with trio.open_nursery() as waiters:
-                for waiter in (stop_on_signal, _until_parent_gone):
+async def _worker_process(config: RelayConfig, index: int | None) -> None:
+    """One worker of `firsthop relay`, serving slot `index` (None: the warm standby until
+    told which slot to serve). Says on stdout when it is ready, and its stats."""
+    control = Control()
+    cache = FlowCache(config.redis) if config.redis else None
+    snapshot = FlowSnapshot() if index is None else None
+    handle: WorkerHandle | None = None
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
 
-                    async def first(waiter: Any = waiter) -> None:
-                        await waiter()
-                        waiters.cancel_scope.cancel()
+                async def stop_on_signal() -> None:
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        return
 
-                    waiters.start_soon(first)
-            nursery.cancel_scope.cancel()
-    _emit({"type": "stats", "index": index, "stats": handle.stats()})
+                nursery.start_soon(stop_on_signal)
+                took_over = index is None
+                if index is None:
+                    assert snapshot is not None
+                    index = await _stand_by(config, control, cache, snapshot)
+                    if index is None:
+                        nursery.cancel_scope.cancel()
+                        return
+                handle = await nursery.start(
+                    partial(serve_worker, config, index, cache=cache, snapshot=snapshot)
+                )
+                assert handle is not None
+                _emit(
+                    {
+                        "type": "ready",
+                        "index": index,
+                        "pid": os.getpid(),
+                        "took_over": took_over,
+                        "public": handle.public,
+                        "peer": handle.peer,
+                        "own": handle.own,
+                        "tcp": handle.tcp,
+                        "public_other": handle.public_other,
+                        "tcp_other": handle.tcp_other,
+                    }
+                )
+
+                async def report(handle: WorkerHandle) -> None:
+                    while True:
+                        _emit({"type": "stats", "index": index, "stats": handle.stats()})
+                        await trio.sleep(STATS_EVERY)
+
+                nursery.start_soon(report, handle)
+                await control.until_gone()
+                nursery.cancel_scope.cancel()
+    finally:
+        if handle is not None:
+            _emit({"type": "stats", "index": index, "stats": handle.stats()})
+        elif cache is not None:
+            cache.close()  # (serve_worker closes the one it was given)
+        with trio.CancelScope(shield=True):
+            await control.aclose()
 
 
 def main() -> None:
+    arg = sys.argv[1] if len(sys.argv) > 1 else "0"
+    index = None if arg == STANDBY_ARG else int(arg)
     logging.basicConfig(
         level=os.environ.get("FIRSTHOP_LOG_LEVEL", "INFO"),
-        format=f"relay[w{sys.argv[1] if len(sys.argv) > 1 else 0}] %(levelname)s %(message)s",
+        format=f"relay[{'standby' if index is None else f'w{index}'}] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
     config = RelayConfig.from_json(os.environ[CONFIG_ENV])
-    index = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     setup_tracing("relay")
     try:
         trio.run(_worker_process, config, index)

@@ -7,25 +7,11 @@ targets belong to the bench's own report.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import run_bench
 
 
 def test_quick_bench_measures_c_reference_and_relay() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "firsthop.services.cli", "bench", "relay", "--quick", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = run_bench("relay", "--quick", timeout=60)
     rows = result["rows"]
     for target in ("c", "relay"):
         mine = [r for r in rows if r["target"] == target and not r.get("worker_restarted")]

@@ -219,11 +219,12 @@ def test_workers_exit_when_the_supervisor_is_killed() -> None:
 
     proc = RelayProcess(workers=2).start()
     assert proc.proc is not None
+    assert proc.wait_metric("firsthop_relay_standby_workers", 1) == 1
     out = subprocess.run(
         ["ps", "-o", "pid=", "--ppid", str(proc.proc.pid)], capture_output=True, text=True
     ).stdout
     workers = [int(p) for p in out.split()]
-    assert len(workers) == 2
+    assert len(workers) == 3  # two serving, one warm standby: all go with the supervisor
     os.kill(proc.proc.pid, signal.SIGKILL)
     proc.proc.wait()
     wait_until(lambda: not any(os.path.exists(f"/proc/{w}") for w in workers), 5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import redis as redis_lib
@@ -167,3 +169,120 @@ def test_redis_down_mid_run_forwarding_goes_on_and_recovers() -> None:
         tx.close()
         relay.kill()
         rs.stop()
+
+
+def _kill_worker(relay: RelayProcess) -> tuple[int, int]:
+    """SIGKILL the relay's (one) serving worker once its warm standby is ready; returns
+    (the killed pid, the standby's pid)."""
+    assert relay.wait_metric("firsthop_relay_standby_workers", 1) == 1
+    health = relay.health()
+    (worker,), standby = health["worker_pids"], health["standby_pid"]
+    assert standby is not None and standby != worker
+    os.kill(worker, signal.SIGKILL)
+    return worker, standby
+
+
+def _media_until_forwarded(client: Endpoint, relay: RelayProcess, tx: FakeTransceiver) -> int:
+    """Media alone (no STUN), every 20 ms as a call sends it, until one reaches the
+    transceiver; returns how many were sent (bounded: a lost flow fails the test)."""
+    for sent in range(1, 250):  # 5 s
+        client.send(rtp(100 + sent), relay.listen)
+        try:
+            src, _, payload, _ = tx.recv_framed(timeout=0.02)
+        except TimeoutError:
+            continue
+        assert src == client.addr and payload[0] & 0xC0 == 0x80  # RTP, not a check
+        return sent
+    raise AssertionError("no media forwarded within 5 s of the worker's death")
+
+
+def test_killed_worker_standby_takes_over_and_media_resumes_without_stun() -> None:
+    with redis_server() as rs:
+        relay = RelayProcess(redis_url=rs.url).start()
+        tx, client = FakeTransceiver(), Endpoint()
+        try:
+            open_call(relay, client, tx)
+            assert relay.wait_metric("firsthop_relay_redis_writes_total", 1) >= 1
+            _, standby = _kill_worker(relay)
+            sent = _media_until_forwarded(client, relay, tx)
+            print(f"\nworker kill: media forwarded again after {sent} packets of 20 ms")
+            wait_until(lambda: relay.health()["worker_pids"] == [standby])  # it took over
+            assert relay.wait_metric("firsthop_relay_takeovers_total", 1) == 1
+            assert relay.wait_metric("firsthop_relay_recoveries_total", 1) == 1  # from Redis
+            client.send(rtp(7), relay.listen)
+            *_, via = tx.recv_framed()  # the new worker's own socket: replies go there
+            tx.reply(via, client.addr, relay.listen, rtp(8))
+            assert client.recv()[0] == rtp(8)
+            # a new standby is started for the next failure
+            assert relay.wait_metric("firsthop_relay_standby_workers", 1, timeout=10) == 1
+            assert relay.health()["standby_pid"] not in (None, standby)
+        finally:
+            client.close()
+            tx.close()
+            relay.kill()
+
+
+def test_redis_down_and_worker_killed_standby_recovers_from_its_copy() -> None:
+    rs = RedisServer()
+    rs.start()
+    relay = RelayProcess(redis_url=rs.url).start()
+    tx, client = FakeTransceiver(), Endpoint()
+    try:
+        open_call(relay, client, tx)
+        # the standby copies the flow cache every 2 s: wait until it holds this flow
+        assert relay.wait_metric("firsthop_relay_standby_flows", 1, timeout=10) >= 1
+        rs.stop()
+        _kill_worker(relay)
+        sent = _media_until_forwarded(client, relay, tx)
+        print(f"\nRedis down, worker kill: media forwarded again after {sent} packets of 20 ms")
+        assert relay.wait_metric("firsthop_relay_snapshot_hits_total", 1) >= 1
+        assert relay.metric("firsthop_relay_redis_errors_total") >= 1  # it did ask Redis first
+    finally:
+        client.close()
+        tx.close()
+        relay.kill()
+        rs.stop()
+
+
+def test_without_standby_a_killed_worker_is_cold_started_and_recovers_from_redis() -> None:
+    with redis_server() as rs:
+        relay = RelayProcess("--no-standby", redis_url=rs.url).start()
+        tx, client = FakeTransceiver(), Endpoint()
+        try:
+            open_call(relay, client, tx)
+            assert relay.wait_metric("firsthop_relay_redis_writes_total", 1) >= 1
+            assert relay.health()["standby_pid"] is None
+            (worker,) = relay.health()["worker_pids"]
+            os.kill(worker, signal.SIGKILL)
+            _media_until_forwarded(client, relay, tx)
+            assert relay.wait_metric("firsthop_relay_worker_restarts_total", 1) == 1
+            assert relay.metric("firsthop_relay_takeovers_total") == 0
+            assert relay.wait_metric("firsthop_relay_recoveries_total", 1) == 1
+        finally:
+            client.close()
+            tx.close()
+            relay.kill()
+
+
+def test_a_dead_standby_is_replaced_and_each_of_two_kills_is_taken_over() -> None:
+    with redis_server() as rs:
+        relay = RelayProcess(redis_url=rs.url).start()
+        tx, client = FakeTransceiver(), Endpoint()
+        try:
+            assert relay.wait_metric("firsthop_relay_standby_workers", 1) == 1
+            first_standby = relay.health()["standby_pid"]
+            os.kill(first_standby, signal.SIGKILL)  # idle, it dies: another is started
+            wait_until(lambda: relay.health()["standby_pid"] not in (None, first_standby))
+            assert relay.wait_metric("firsthop_relay_takeovers_total", 0) == 0
+            open_call(relay, client, tx)
+            assert relay.wait_metric("firsthop_relay_redis_writes_total", 1) >= 1
+            for kills in (1, 2):
+                _, standby = _kill_worker(relay)
+                _media_until_forwarded(client, relay, tx)
+                serving = [standby]
+                wait_until(lambda: relay.health()["worker_pids"] == serving)  # noqa: B023
+                assert relay.wait_metric("firsthop_relay_takeovers_total", kills) == kills
+        finally:
+            client.close()
+            tx.close()
+            relay.kill()

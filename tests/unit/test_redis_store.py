@@ -11,6 +11,7 @@ from firsthop.shared.redis_store import (
     TransceiverInfo,
     call_key,
     flow_key,
+    parse_flow_key,
     secret_key,
     trace_key,
     transceiver_key,
@@ -77,3 +78,31 @@ def test_a_flow_record_round_trips(token: bytes, hop: tuple[str, int] | None) ->
 def test_a_bad_flow_hash_is_refused() -> None:
     assert FlowRecord.from_hash({b"hop": b""}) is None
     assert FlowRecord.from_hash({b"token": b"t", b"hop": b"no-port"}) is None
+
+
+@given(
+    st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str),
+    st.integers(min_value=0, max_value=65535),
+)
+def test_a_flow_key_names_its_client_back(host: str, port: int) -> None:
+    key = flow_key((host, port))
+    assert parse_flow_key(key) == (host, port)
+    assert parse_flow_key(key.encode()) == (host, port)
+
+
+@given(st.one_of(st.text(max_size=40), st.binary(max_size=40)))
+def test_anything_else_is_no_flow_key(key: str | bytes) -> None:
+    client = parse_flow_key(key)  # never raises
+    assert client is None or flow_key(client) == (key.decode() if isinstance(key, bytes) else key)
+
+
+def test_flow_key_look_alikes_are_refused() -> None:
+    for key in (
+        "firsthop:flow:",
+        "firsthop:flow:1.2.3.4",
+        "firsthop:flow:1.2.3.4:x",
+        "firsthop:flow::80",
+        "firsthop:flow:1.2.3.4:65536",
+        "firsthop:call:1.2.3.4:80",
+    ):
+        assert parse_flow_key(key) is None, key
