@@ -46,7 +46,9 @@ CANDIDATE = re.compile(r"^a=candidate:\S+ 1 udp \d+ (\d+\.\d+\.\d+\.\d+) (\d+) t
 class SlotCaller(Caller):
     """Notes which 20 ms slots (by RTP timestamp) came back with the tone, which came without
     it, and which were lost on the way. It receives through the transceiver's own jitter
-    buffer and decoder, with no concealment."""
+    buffer and decoder, with no concealment, the buffer's window held at 60 ms at least (as
+    a client that plays the audio waits for reordered packets: one given up on would count
+    as lost on the link)."""
 
     def __init__(self) -> None:
         super().__init__(ToneTrack(FREQ))
@@ -56,7 +58,7 @@ class SlotCaller(Caller):
         self._first: int | None = None
         self._decoder = OpusDecoder()
         for transceiver in self.pc.getTransceivers():
-            hooks.low_latency_receiver(transceiver.receiver, self._on_opus)
+            hooks.low_latency_receiver(transceiver.receiver, self._on_opus, min_depth=3)
 
     def _on_opus(self, frame: Frame) -> None:
         if self._first is None:
@@ -68,6 +70,11 @@ class SlotCaller(Caller):
             self.loud.add(slot)
         else:
             self.quiet.add(slot)
+
+    async def track_stopped(self) -> None:
+        """Stop sending (the track ends; the call stays up)."""
+        self.track.stop()
+        await asyncio.sleep(0)
 
     @property
     def sent(self) -> int:
@@ -150,6 +157,11 @@ async def one_call(
         await caller.start(lambda offer: asyncio.to_thread(signal, offer))
         await asyncio.wait_for(caller.wait_connected(), 15)
         await asyncio.sleep(seconds)
+        await caller.track_stopped()
+        sent = caller.sent
+        if target == "firsthop":  # its hangup: a lossy link may lose the DTLS close_notify
+            await asyncio.sleep(0.2)  # what is on its way arrives
+            await asyncio.to_thread(stack.end_session, stack.last_session)
         await caller.close()
         await asyncio.sleep(0.3)  # its DTLS close_notify crosses the proxy
     finally:
@@ -174,7 +186,7 @@ async def one_call(
             await asyncio.sleep(0.2)  # the transceiver adds a call up once it is torn down
             after = _events(stack)
         got = sum(after[k] - before[k] for k in after)
-        row["agent_slots"] = round(got / caller.sent, 4)
+        row["agent_slots"] = round(got / sent, 4)
         row["repaired"] = int(after["frames_repaired"] - before["frames_repaired"])
     return row
 

@@ -48,6 +48,7 @@ class Stack:
     children: list[Child] = field(default_factory=list)
     relay_port: int = 0
     relay_tcp_port: int = 0  # its ICE-TCP ingress
+    last_session: str = ""  # the session id of the last offer_to_firsthop
     tx_media: int = 0
     tx_api: int = 0
     agent_port: int = 0
@@ -187,13 +188,25 @@ class Stack:
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
-            answer = str(json.loads(resp.read())["answer_sdp"])
+            created = json.loads(resp.read())
+        answer = str(created["answer_sdp"])
+        self.last_session = str(created["session_id"])
         if tcp_only:
             lines = answer.split("\r\n")
             answer = "\r\n".join(
                 line for line in lines if not (line.startswith("a=candidate:") and " udp " in line)
             )
         return answer
+
+    def end_session(self, session_id: str) -> None:
+        """End a call at the transceiver (DELETE), as signaling does on a hangup."""
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.tx_api}/internal/v1/sessions/{session_id}",
+            method="DELETE",
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        with urllib.request.urlopen(req, timeout=10):
+            pass
 
     def offer_to_stock(self, offer: str, *, port: int | None = None) -> str:
         """Answer from the stock answerer (or the one `spawn_stock` started on `port`)."""

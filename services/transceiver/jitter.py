@@ -60,9 +60,10 @@ def _newer(a: int, b: int) -> int:
 class LowLatencyJitterBuffer:
     capacity = 64
 
-    def __init__(self, sink: Callable[[Frame], None] | None = None) -> None:
+    def __init__(self, sink: Callable[[Frame], None] | None = None, min_depth: int = 0) -> None:
         self.sink = sink
-        self.depth = 0
+        self.min_depth = min_depth  # a floor for the window (a client that plays audio)
+        self.depth = min_depth
         self.next_seq: int | None = None
         self.held: dict[int, Any] = {}
         self.calm = 0
@@ -91,7 +92,7 @@ class LowLatencyJitterBuffer:
         self.held[seq] = packet
         if ahead == 0:
             self.calm += 1
-            if self.calm >= CALM and self.depth > 0:
+            if self.calm >= CALM and self.depth > self.min_depth:
                 self.depth -= 1
                 self.calm = 0
         self._drain()

@@ -93,3 +93,10 @@ def test_a_burst_is_concealed_only_up_to_a_bound_and_not_before_the_first_packet
     assert len(out) == 2 + MAX_CONCEALED and buf.concealed == MAX_CONCEALED
     assert all(v == -1 - 0 for v in out[1:-1])  # no packet after them: plain concealment
     assert feed(LowLatencyJitterBuffer(), [5, 6], lost=True) == [5, 6]
+
+
+def test_a_floor_keeps_the_window_open() -> None:
+    buf = LowLatencyJitterBuffer(min_depth=2)
+    assert feed(buf, [1, 3, 4, 2, 5]) == [1, 2, 3, 4, 5]  # 2 came two packets late: waited
+    feed(buf, list(range(6, 6 + CALM * 3)))
+    assert buf.depth == 2  # never below the floor

@@ -262,7 +262,7 @@ def receive_backlog(protocol: aioice.ice.StunProtocol) -> int:
 
 
 def low_latency_receiver(
-    receiver: Any, opus: Callable[[Frame], None] | None = None
+    receiver: Any, opus: Callable[[Frame], None] | None = None, min_depth: int = 0
 ) -> LowLatencyJitterBuffer:
     """Replace the receiver's jitter buffer with ours. Opus frames (lost ones too) go to
     `opus`, decoded in-line by the session (`opus.py`: it repairs losses, which aiortc's
@@ -281,7 +281,7 @@ def low_latency_receiver(
         frame.timestamp = receiver._RTCRtpReceiver__timestamp_mapper.map(frame.timestamp)
         receiver._RTCRtpReceiver__decoder_queue.put((codec, frame))
 
-    buffer = LowLatencyJitterBuffer(sink=sink)
+    buffer = LowLatencyJitterBuffer(sink=sink, min_depth=min_depth)
     receiver._RTCRtpReceiver__jitter_buffer = buffer
     return buffer
 
