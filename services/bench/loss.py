@@ -65,7 +65,8 @@ class SlotCaller(Caller):
             self._first = frame.timestamp
         slot = ((frame.timestamp - self._first) & 0xFFFFFFFF) // 960
         if frame.lost:
-            self.lost.add(slot)
+            self.lost.add(slot)  # silent here, but the decoder is told (as any client's
+            self._decoder.conceal()  # is), or the next frame decodes out of step, quiet
         elif tone_power(self._decoder.decode(frame.data), FREQ) > 0.002:
             self.loud.add(slot)
         else:
