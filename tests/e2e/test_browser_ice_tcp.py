@@ -67,7 +67,7 @@ def edge() -> Iterator[Edge]:
         raise RuntimeError("chromium is not installed: run `make test` (it installs it)")
     with network_namespace() as ns:
         ns.block_udp()
-        relay = RelayProcess("--listen", f"{ns.host}:0", "--listen-tcp", f"{ns.host}:0")
+        relay = RelayProcess("--listen-tcp", f"{ns.host}:0", listen_host=ns.host, listen_port=0)
         echo = AgentProcess("echo")
         start_all(relay, echo)
         tx = TransceiverProcess(agent_url=echo.url)
