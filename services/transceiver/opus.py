@@ -25,6 +25,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+from typing import Any
 
 import av
 
@@ -40,44 +41,41 @@ class OpusError(Exception):
     pass
 
 
+_INT = ctypes.POINTER(ctypes.c_int)
+# What each libopus call takes and gives (opus.h); opus_encoder_ctl is variadic: left bare.
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
+    "opus_decoder_create": ([ctypes.c_int32, ctypes.c_int, _INT], ctypes.c_void_p),
+    "opus_decoder_destroy": ([ctypes.c_void_p], None),
+    "opus_decode": (
+        [
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_int,
+        ],
+        ctypes.c_int,
+    ),
+    "opus_packet_has_lbrr": ([ctypes.c_char_p, ctypes.c_int32], ctypes.c_int),
+    "opus_encoder_create": ([ctypes.c_int32, ctypes.c_int, ctypes.c_int, _INT], ctypes.c_void_p),
+    "opus_encoder_destroy": ([ctypes.c_void_p], None),
+    "opus_encode": (
+        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int32],
+        ctypes.c_int32,
+    ),
+}
+
+
 def _load() -> ctypes.CDLL:
     bundled = sorted(glob.glob(os.path.join(os.path.dirname(av.__file__) + ".libs", "libopus*")))
     path = bundled[0] if bundled else ctypes.util.find_library("opus")
     if path is None:
         raise OpusError("libopus not found (PyAV's bundled copy nor the system's)")
     lib = ctypes.CDLL(path)
-    lib.opus_decoder_create.argtypes = [ctypes.c_int32, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-    lib.opus_decoder_create.restype = ctypes.c_void_p
-    lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
-    lib.opus_decoder_destroy.restype = None
-    lib.opus_decode.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_char_p,
-        ctypes.c_int32,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_int,
-    ]
-    lib.opus_decode.restype = ctypes.c_int
-    lib.opus_packet_has_lbrr.argtypes = [ctypes.c_char_p, ctypes.c_int32]
-    lib.opus_packet_has_lbrr.restype = ctypes.c_int
-    lib.opus_encoder_create.argtypes = [
-        ctypes.c_int32,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.POINTER(ctypes.c_int),
-    ]
-    lib.opus_encoder_create.restype = ctypes.c_void_p
-    lib.opus_encoder_destroy.argtypes = [ctypes.c_void_p]
-    lib.opus_encoder_destroy.restype = None
-    lib.opus_encode.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_int32,
-    ]
-    lib.opus_encode.restype = ctypes.c_int32
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, restype
     return lib
 
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +59,18 @@ def create_session(tx: TransceiverProcess, relay: RelayProcess, offer: str) -> s
     return str(body["answer_sdp"])
 
 
-def test_an_rsa_peer_connects_through_the_relay_and_hears_its_tone(stack: Stack) -> None:
-    relay, _, tx = stack
+def rsa_call(
+    tx: TransceiverProcess, relay: RelayProcess, certificate: Any, edit: Callable[[str], str]
+) -> tuple[str, bytes]:
+    """A call from an aiortc peer with `certificate` (its offer changed by `edit`) until a
+    second of its tone came back: the answer SDP and the last half second heard."""
 
     async def main() -> tuple[str, bytes]:
         c = Caller(ToneTrack(440))
-        hooks.dtls_for_any_peer(c.pc, rsa_certificate())  # RSA key, ECDHE-RSA suites only
+        hooks.dtls_for_any_peer(c.pc, certificate)
 
         async def signal(offer: str) -> str:
-            return await asyncio.to_thread(create_session, tx, relay, offer)
+            return await asyncio.to_thread(create_session, tx, relay, edit(offer))
 
         await c.start(signal)
         await asyncio.wait_for(c.wait_connected(), 15)
@@ -75,7 +78,14 @@ def test_an_rsa_peer_connects_through_the_relay_and_hears_its_tone(stack: Stack)
         await c.close()
         return c.result.answer_sdp, bytes(c.result.received[-48000:])
 
-    answer, tail = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_an_rsa_peer_connects_through_the_relay_and_hears_its_tone(stack: Stack) -> None:
+    relay, _, tx = stack
+
+    # an RSA key, ECDHE-RSA suites only
+    answer, tail = rsa_call(tx, relay, rsa_certificate(), lambda offer: offer)
     assert "a=setup:active" in answer  # we were the client; the RSA peer chose the suite
     assert tone_power(tail, 440) > 0.001  # its own tone, echoed (silence is ~1e-8)
 
@@ -86,21 +96,12 @@ def test_an_rsa_peer_that_is_the_dtls_client_connects(stack: Stack) -> None:
     certificate (an RSA CertificateVerify, which our signature algorithms must allow)."""
     relay, _, tx = stack
 
-    async def main() -> tuple[str, bytes]:
-        c = Caller(ToneTrack(440))
-        hooks.dtls_for_any_peer(c.pc, rsa_certificate(hooks.PEER_CIPHERS))
-
-        async def active(offer: str) -> str:
-            offer = offer.replace("a=setup:actpass", "a=setup:active")
-            return await asyncio.to_thread(create_session, tx, relay, offer)
-
-        await c.start(active)
-        await asyncio.wait_for(c.wait_connected(), 15)
-        await eventually(lambda: len(c.result.received) >= 96000)
-        await c.close()
-        return c.result.answer_sdp, bytes(c.result.received[-48000:])
-
-    answer, tail = asyncio.run(main())
+    answer, tail = rsa_call(
+        tx,
+        relay,
+        rsa_certificate(hooks.PEER_CIPHERS),
+        lambda offer: offer.replace("a=setup:actpass", "a=setup:active"),
+    )
     assert "a=setup:passive" in answer
     assert tone_power(tail, 440) > 0.001
 
