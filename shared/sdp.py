@@ -32,6 +32,9 @@ FINGERPRINT = re.compile(
     r"^(sha-1|sha-224|sha-256|sha-384|sha-512) [0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2})+$"
 )
 LINE = re.compile(r"^[a-z]=")
+_OPUS_RTPMAP = re.compile(r"a=rtpmap:(\d+) opus/", re.IGNORECASE)
+_FMTP = re.compile(r"a=fmtp:(\d+) (.*)")
+_PT_ATTRIBUTE = re.compile(r"a=(?:rtpmap|fmtp|rtcp-fb):(\d+)[ /]")
 
 # Candidate addresses an edge must never be made to send to (RFC 6890 special ranges).
 ALWAYS_DENIED = (
@@ -62,6 +65,7 @@ class MediaSection:
     fingerprint: str | None = None
     setup: str | None = None
     candidates: list[str] = field(default_factory=list)
+    opus: bool = False  # an a=rtpmap names opus/48000
 
 
 @dataclass
@@ -127,6 +131,8 @@ def parse_offer(sdp: str) -> Offer:
             current.setup = attr
         elif name == "candidate":
             current.candidates.append(attr)
+        elif name == "rtpmap" and _OPUS_RTPMAP.match(line):
+            current.opus = True
     if not media:
         raise SdpError("no m-line")
     for m in media:
@@ -140,6 +146,8 @@ def check_offer(sdp: str) -> Offer:
     offer = parse_offer(sdp)
     if not any(m.kind == "audio" and m.port != 0 for m in offer.media):
         raise SdpError("offer has no audio m-line")
+    if not any(m.kind == "audio" and m.port != 0 and m.opus for m in offer.media):
+        raise SdpError("the audio m-line offers no Opus (a=rtpmap:<pt> opus/48000/2)")
     for m in offer.media:
         if m.kind not in ("audio", "video", "application"):
             raise SdpError(f"unsupported media kind {m.kind!r}")
@@ -177,6 +185,36 @@ def strip_candidates(sdp: str) -> str:
     return "\r\n".join(out) + "\r\n"
 
 
+def only_opus(sdp: str) -> str:
+    """The offer with its audio m-lines down to their Opus payload types (and their
+    rtpmap/fmtp/rtcp-fb lines), so the answer has Opus alone: the transceiver sends the
+    agent's voice as Opus, and a caller whose first codec was G.711 would have got Opus
+    labelled as G.711. `check_offer` has made sure there is an Opus to keep."""
+    lines = _lines(sdp)
+    out: list[str] = []
+    dropped: set[str] = set()
+    audio = False
+    for i, line in enumerate(lines):
+        if line.startswith("m="):
+            parts = line[2:].split()
+            audio = parts[0] == "audio"
+            if audio:
+                section = lines[i + 1 :]
+                end = next((j for j, x in enumerate(section) if x.startswith("m=")), None)
+                body = section[:end]
+                opus = {m.group(1) for x in body if (m := _OPUS_RTPMAP.match(x))}
+                keep = [pt for pt in parts[3:] if pt in opus]
+                dropped = {pt for pt in parts[3:] if pt not in opus}
+                if keep:
+                    line = "m=" + " ".join([*parts[:3], *keep])
+        elif audio and dropped:
+            m = _PT_ATTRIBUTE.match(line)
+            if m and m.group(1) in dropped:
+                continue
+        out.append(line)
+    return "\r\n".join(out) + "\r\n"
+
+
 def mark_ice_lite(sdp: str) -> str:
     """Add a session-level a=ice-lite (RFC 8839 §5.3) before the first m-line."""
     lines = _lines(sdp)
@@ -185,10 +223,6 @@ def mark_ice_lite(sdp: str) -> str:
     first_media = next(i for i, line in enumerate(lines) if line.startswith("m="))
     lines.insert(first_media, "a=ice-lite")
     return "\r\n".join(lines) + "\r\n"
-
-
-_OPUS_RTPMAP = re.compile(r"a=rtpmap:(\d+) opus/", re.IGNORECASE)
-_FMTP = re.compile(r"a=fmtp:(\d+) (.*)")
 
 
 def ask_for_opus_fec(sdp: str) -> str:

@@ -19,21 +19,6 @@ import time
 from typing import Any
 
 from firsthop.services.bench.loss import SlotCaller
-from firsthop.services.transceiver.jitter import Frame
-
-
-class TimedSlotCaller(SlotCaller):
-    """`SlotCaller`, also noting when each slot with the tone arrived."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.loud_times: list[float] = []
-
-    def _on_opus(self, frame: Frame) -> None:
-        before = len(self.loud)
-        super()._on_opus(frame)
-        if len(self.loud) > before:
-            self.loud_times.append(time.monotonic())
 
 
 def say(message: dict[str, Any]) -> None:
@@ -50,7 +35,7 @@ async def read() -> dict[str, Any]:
 
 
 async def main() -> None:
-    caller = TimedSlotCaller()
+    caller = SlotCaller()
 
     async def signal(offer: str) -> str:
         say({"offer": offer})
@@ -64,13 +49,13 @@ async def main() -> None:
             command = await read()
             if command.get("stop"):
                 break
-            last = caller.loud_times[-1] if caller.loud_times else None
+            last = caller.loud_at[-1] if caller.loud_at else None
             say({"loud": len(caller.loud), "last_loud": last})
         report = {
             "loud": sorted(caller.loud),
             "lost": sorted(caller.lost),
             "quiet": sorted(caller.quiet),
-            "loud_times": caller.loud_times,
+            "loud_times": caller.loud_at,
         }
         say({"report": report})
     finally:

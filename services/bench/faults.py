@@ -45,7 +45,6 @@ from firsthop.services.bench.loss import SlotCaller, signal_through
 from firsthop.services.bench.measure import BenchError, report
 from firsthop.services.bench.procs import Stack
 from firsthop.services.launch import Child, Spec, free_port, redis_command
-from firsthop.services.transceiver.jitter import Frame
 from firsthop.shared.metrics import parse_text
 
 FRAME = 0.020
@@ -65,20 +64,6 @@ QUICK_FAULTS = ["none", "worker_kill", "tx_sigstop"]
 BEFORE = 2.0  # seconds of steady call before the fault
 COPY_MARGIN = 0.5  # s: a flow is in Redis this long after its call connected
 AFTER = {"nat_rebind": 9.0, "relay_restart": 4.0, "agent_restart": 4.0}  # default: 3 s
-
-
-class GapCaller(SlotCaller):
-    """A `SlotCaller` that also notes when (monotonic) each frame with the tone arrived."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.loud_at: list[float] = []
-
-    def _on_opus(self, frame: Frame) -> None:
-        before = len(self.loud)
-        super()._on_opus(frame)
-        if len(self.loud) > before:
-            self.loud_at.append(time.monotonic())
 
 
 def audio_gap(arrivals: list[float], start: float, end: float) -> float | None:
@@ -201,7 +186,7 @@ class Faults:
 async def one_call(faults: Faults, fault: str, target: str, after: float) -> dict[str, Any]:
     path = ImpairedPath(("127.0.0.1", 0)).start()
     signal_ = signal_through(faults.stack, "stock" if target == "stock" else "firsthop", path)
-    caller = GapCaller()
+    caller = SlotCaller()
     try:
         await caller.start(lambda offer: asyncio.to_thread(signal_, offer))
         await asyncio.wait_for(caller.wait_connected(), 15)

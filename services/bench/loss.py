@@ -44,23 +44,24 @@ CANDIDATE = re.compile(r"^a=candidate:\S+ 1 udp \d+ (\d+\.\d+\.\d+\.\d+) (\d+) t
 
 
 class SlotCaller(Caller):
-    """Notes which 20 ms slots (by RTP timestamp) came back with the tone, which came without
-    it, and which were lost on the way. It receives through the transceiver's own jitter
-    buffer and decoder, with no concealment, the buffer's window held at 60 ms at least (as
-    a client that plays the audio waits for reordered packets: one given up on would count
-    as lost on the link)."""
+    """Notes which 20 ms slots (by RTP timestamp) came back with the tone (and when), which
+    came without it, and which were lost on the way. It receives through the transceiver's
+    own jitter buffer and decoder, with no concealment, the buffer's window held at 60 ms at
+    least (as a client that plays the audio waits for reordered packets: one given up on
+    would count as lost on the link)."""
 
     def __init__(self) -> None:
         super().__init__(ToneTrack(FREQ))
         self.loud: set[int] = set()
         self.lost: set[int] = set()  # slots whose packet the downlink lost
         self.quiet: set[int] = set()  # slots that came, without the tone
+        self.loud_at: list[float] = []  # when (monotonic) each slot with the tone arrived
         self._first: int | None = None
         self._decoder = OpusDecoder()
         for transceiver in self.pc.getTransceivers():
-            hooks.low_latency_receiver(transceiver.receiver, self._on_opus, min_depth=3)
+            hooks.low_latency_receiver(transceiver.receiver, self._on_frame, min_depth=3)
 
-    def _on_opus(self, frame: Frame) -> None:
+    def _on_frame(self, frame: Frame) -> None:
         if self._first is None:
             self._first = frame.timestamp
         slot = ((frame.timestamp - self._first) & 0xFFFFFFFF) // 960
@@ -69,6 +70,7 @@ class SlotCaller(Caller):
             self._decoder.conceal()  # is), or the next frame decodes out of step, quiet
         elif tone_power(self._decoder.decode(frame.data), FREQ) > 0.002:
             self.loud.add(slot)
+            self.loud_at.append(time.monotonic())
         else:
             self.quiet.add(slot)
 

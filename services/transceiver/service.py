@@ -46,6 +46,7 @@ from firsthop.shared.sdp import (
     check_offer,
     classify_candidate,
     mark_ice_lite,
+    only_opus,
     strip_candidates,
 )
 from firsthop.shared.telemetry import context_from_traceparent, traceparent_of, tracer
@@ -320,7 +321,7 @@ class Transceiver:
         try:
             with trace.use_span(span, end_on_exit=False):
                 with TRACER.start_as_current_span("transceiver.answer"):
-                    answer = await session.answer(strip_candidates(offer_sdp))
+                    answer = await session.answer(only_opus(strip_candidates(offer_sdp)))
             self.table.open(time.monotonic(), session_id, session, creds)
         except Exception as exc:  # aiortc's own checks (AssertionError, ...); or now full
             await session.rtc.close()

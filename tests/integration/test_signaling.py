@@ -178,6 +178,8 @@ def test_bad_requests(stack: Stack) -> None:
     resp = post_call(sig, "v=0\r\nm=video 9 RTP/AVP 0\r\n")
     assert resp.status_code == 400 and "audio" in resp.json()["error"]
     resp = post_call(sig, OFFER.replace("opus/48000/2", "foo/8000"))
+    assert resp.status_code == 400 and "no opus" in resp.json()["error"].lower()
+    resp = post_call(sig, OFFER.replace("opus/48000/2", "opus/16000/2"))  # no common codec
     assert resp.status_code == 400 and "offer rejected" in resp.json()["error"]  # the tx's
     assert post_call(sig, token=None).status_code == 401
     assert post_call(sig, token="wrong").status_code == 401

@@ -226,7 +226,11 @@ AUDIO = (
         ),
         (
             VALID_OFFER_HEAD + AUDIO.replace("a=rtpmap:111 opus/48000/2", "a=rtpmap:111 foo/8000"),
-            "offer rejected",
+            "offers no opus",
+        ),
+        (
+            VALID_OFFER_HEAD + AUDIO.replace("a=rtpmap:111 opus/48000/2", "a=rtpmap:111 PCMU/8000"),
+            "offers no opus",  # the agent's voice goes out as Opus: G.711 alone cannot carry it
         ),
     ],
 )

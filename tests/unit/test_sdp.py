@@ -10,6 +10,7 @@ from firsthop.shared.sdp import (
     check_offer,
     classify_candidate,
     mark_ice_lite,
+    only_opus,
     sdpfrag_credentials,
     strip_candidates,
 )
@@ -17,7 +18,8 @@ from firsthop.shared.sdp import (
 FP = "a=fingerprint:sha-256 " + ":".join(["AB"] * 32)
 OFFER = (
     "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0 1\r\n"
-    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:0\r\na=ice-ufrag:abcd\r\n"
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\na=mid:0\r\n"
+    "a=ice-ufrag:abcd\r\n"
     "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\n" + FP + "\r\na=setup:actpass\r\n"
     "a=candidate:1 1 udp 2130706431 192.168.1.5 5000 typ host\r\na=end-of-candidates\r\n"
     "m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\na=mid:1\r\na=ice-ufrag:abcd\r\n"
@@ -119,3 +121,21 @@ def test_an_answer_asks_for_opus_in_band_fec() -> None:
     merged = ask_for_opus_fec(answer + "a=fmtp:111 minptime=10\r\n")
     assert "a=fmtp:111 minptime=10;useinbandfec=1\r\n" in merged
     assert merged.count("a=fmtp:111") == 1
+
+
+def test_only_opus_is_answered_and_an_offer_without_it_is_refused() -> None:
+    offer = OFFER.replace(
+        "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n",
+        "m=audio 9 UDP/TLS/RTP/SAVPF 0 111 8\r\na=rtpmap:0 PCMU/8000\r\n"
+        "a=rtpmap:111 opus/48000/2\r\na=fmtp:111 minptime=10;useinbandfec=1\r\n"
+        "a=rtcp-fb:111 transport-cc\r\na=rtpmap:8 PCMA/8000\r\na=rtcp-fb:8 nack\r\n",
+    )
+    check_offer(offer)
+    opus = only_opus(offer)
+    assert "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\n" in opus
+    assert "PCMU" not in opus and "PCMA" not in opus and "a=rtcp-fb:8" not in opus
+    assert "a=fmtp:111 minptime=10;useinbandfec=1" in opus and "a=rtcp-fb:111" in opus
+    assert "m=application" in opus and only_opus(opus) == opus
+    g711 = offer.replace("0 111 8", "0 8").replace("a=rtpmap:111 opus/48000/2\r\n", "")
+    with pytest.raises(SdpError, match="no Opus"):
+        check_offer(g711)

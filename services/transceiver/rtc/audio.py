@@ -1,6 +1,5 @@
-"""Audio between aiortc and the agent: decoded frames in, the agent's voice out.
+"""The agent's voice out to the caller (decoded audio in is `rtc/session.py`'s, `opus.py`).
 
-* `stereo_to_mono`: aiortc's Opus decoder gives packed s16 stereo; the agent gets PCM16 mono.
 * `AgentAudioTrack`: the agent's 20 ms frames, paced at real time from a bounded queue
   (`pacing.py`), Opus-encoded here (libopus, `opus.py`) and handed to aiortc as packets (a
   cached Opus silence frame while the agent is quiet): no resampling, executor hop or
@@ -9,7 +8,6 @@
 
 from __future__ import annotations
 
-import array
 import asyncio
 import fractions
 import time
@@ -18,7 +16,7 @@ from typing import Any
 
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame, Packet
+from av import Packet
 
 from firsthop.services.transceiver.opus import OpusEncoder, OpusError
 from firsthop.services.transceiver.pacing import FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
@@ -33,16 +31,6 @@ OPUS_SILENCE = b"\xf8\xff\xfe"  # one 20 ms CELT frame of silence (RFC 6716 §3.
 # a 440 Hz tone back to its level only at the 6th frame; encoded through, at the 2nd).
 ENCODED_SILENCE = 3
 SILENT_PCM = bytes(FRAME_SAMPLES * 2)
-
-
-def stereo_to_mono(frame: AudioFrame) -> bytes:
-    """PCM16 mono from a decoded frame (aiortc's Opus decoder gives packed s16 stereo)."""
-    data = bytes(frame.planes[0])[: frame.samples * 2 * len(frame.layout.channels)]
-    if len(frame.layout.channels) == 1:
-        return data
-    samples = array.array("h")
-    samples.frombytes(data)
-    return samples[::2].tobytes()
 
 
 class AgentAudioTrack(MediaStreamTrack):

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import aioice
@@ -48,7 +49,12 @@ import aioice.ice
 import aiortc
 import pylibsrtp
 from aioice.candidate import candidate_foundation, candidate_priority
-from aiortc import RTCCertificate, RTCConfiguration, RTCPeerConnection
+from aiortc import (
+    RTCCertificate,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCRtpReceiver,
+)
 from OpenSSL import SSL
 
 from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
@@ -264,17 +270,20 @@ def receive_backlog(protocol: aioice.ice.StunProtocol) -> int:
 def low_latency_receiver(
     receiver: Any, opus: Callable[[Frame], None] | None = None, min_depth: int = 0
 ) -> LowLatencyJitterBuffer:
-    """Replace the receiver's jitter buffer with ours. Opus frames (lost ones too) go to
-    `opus`, decoded in-line by the session (`opus.py`: it repairs losses, which aiortc's
-    decoder cannot); other codecs go to the receiver's decoder thread, as aiortc's own
-    receive path sends the one frame its buffer returns (a lost frame is skipped there)."""
+    """Replace the receiver's jitter buffer with ours. With `opus`, Opus frames (lost ones
+    too) go to it, decoded in-line by the session (`opus.py`: it repairs losses, which
+    aiortc's decoder cannot), and the receiver starts no decoder thread of its own (one per
+    call, reclaimed late); the transceiver answers Opus alone (`sdp.only_opus`), so no other
+    codec comes. Without, frames go to the receiver's decoder thread, as aiortc's own receive
+    path sends the one frame its buffer returns (a lost frame is skipped there)."""
 
     def sink(frame: Frame) -> None:
         codec = receiver._RTCRtpReceiver__codecs.get(frame.payload_type)
         if codec is None:
             return
-        if opus is not None and codec.name.lower() == "opus":
-            opus(frame)
+        if opus is not None:
+            if codec.name.lower() == "opus":
+                opus(frame)
             return
         if receiver._RTCRtpReceiver__decoder_thread is None or frame.lost:
             return
@@ -283,7 +292,23 @@ def low_latency_receiver(
 
     buffer = LowLatencyJitterBuffer(sink=sink, min_depth=min_depth)
     receiver._RTCRtpReceiver__jitter_buffer = buffer
+    if opus is not None:
+        receiver.receive = partial(_receive_without_decoder, receiver)
     return buffer
+
+
+async def _receive_without_decoder(receiver: Any, parameters: Any) -> None:
+    """`RTCRtpReceiver.receive` (aiortc 1.16) without starting its decoder thread."""
+    if receiver._RTCRtpReceiver__started:
+        return
+    for codec in parameters.codecs:
+        receiver._RTCRtpReceiver__codecs[codec.payloadType] = codec
+    for encoding in parameters.encodings:
+        if encoding.rtx:
+            receiver._RTCRtpReceiver__rtx_ssrc[encoding.rtx.ssrc] = encoding.ssrc
+    receiver._RTCRtpReceiver__transport._register_rtp_receiver(receiver, parameters)
+    receiver._RTCRtpReceiver__rtcp_task = asyncio.ensure_future(receiver._run_rtcp())
+    receiver._RTCRtpReceiver__started = True
 
 
 class CountingSrtp:
@@ -426,6 +451,15 @@ def hook_points() -> dict[str, bool]:
                 "__decoder_queue",
                 "__codecs",
                 "__timestamp_mapper",
+                "__started",
+                "__rtx_ssrc",
+                "__transport",
+                "__rtcp_task",
             )
         },
+        "RTCRtpReceiver._run_rtcp": hasattr(receiver, "_run_rtcp"),
+        "RTCRtpReceiver.receive: decoder thread": (
+            "decoder_worker" in RTCRtpReceiver.receive.__code__.co_names
+            and "_register_rtp_receiver" in RTCRtpReceiver.receive.__code__.co_names
+        ),
     }

@@ -15,14 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aioice
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.services.transceiver.opus import OpusDecoder, OpusError
 from firsthop.services.transceiver.rtc import hooks
-from firsthop.services.transceiver.rtc.audio import AgentAudioTrack, stereo_to_mono
+from firsthop.services.transceiver.rtc.audio import AgentAudioTrack
 from firsthop.shared.address import Address
 from firsthop.shared.wire.demux import STUN_LAST
 
@@ -80,7 +78,6 @@ class RtcSession:
         self.output.on_first_audio = lambda: self.callbacks.milestone(Milestone.FIRST_AUDIO_OUT)
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("iceconnectionstatechange", self._on_ice_state)
-        self.pc.on("track", self._on_track)
         self.pc.on("datachannel", self._on_datachannel)
 
     # -- setup -----------------------------------------------------------------------------
@@ -158,7 +155,7 @@ class RtcSession:
         return watch
 
     def _on_opus(self, frame: Frame) -> None:
-        """One Opus frame from the jitter buffer, decoded here on the loop (about 40 us; no
+        """One Opus frame from the jitter buffer, decoded here on the loop (about 20 us; no
         decoder thread, no queue hop): a lost one is repaired from the next packet's FEC or
         concealed, so the agent hears every 20 ms."""
         decoder = self._decoder
@@ -181,23 +178,6 @@ class RtcSession:
             self._audio_started = True
             self.callbacks.milestone(Milestone.FIRST_RTP_IN)
         self.callbacks.audio(pcm)
-
-    def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
-            self._spawn(self._read_audio(track))
-
-    async def _read_audio(self, track: MediaStreamTrack) -> None:
-        first = True
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            if first:
-                first = False
-                self.callbacks.milestone(Milestone.FIRST_RTP_IN)
-            assert isinstance(frame, AudioFrame)
-            self.callbacks.audio(stereo_to_mono(frame))
 
     def _on_datachannel(self, channel: Any) -> None:
         self.channel = channel
