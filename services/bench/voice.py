@@ -126,9 +126,11 @@ class OpusLink:
 
     @classmethod
     def downlink(cls) -> OpusLink:
-        from firsthop.services.transceiver.rtc.audio import AgentAudioTrack
+        from firsthop.services.transceiver import opus
+        from firsthop.services.transceiver.rtc.audio import OPUS_BITRATE
 
-        return cls(AgentAudioTrack()._encode)
+        encoder = opus.OpusEncoder(OPUS_BITRATE)  # the one the agent's voice goes through
+        return cls(lambda pcm, pts: encoder.encode(pcm))
 
     def frame(self, pcm: bytes) -> bytes:
         """One 20 ms frame (PCM16 mono 48 kHz) in, the decoded frame out (mono)."""

@@ -126,7 +126,7 @@ class OpusDecoder:
             raise OpusError(f"opus_decode failed ({n})")
         if payload is not None and not fec:
             self.last_samples = n
-        return self._pcm.raw[: n * 2]
+        return ctypes.string_at(self._pcm, n * 2)  # one copy (`.raw` copies all 11 KB first)
 
     def close(self) -> None:
         if self._state:
@@ -159,7 +159,7 @@ class OpusEncoder:
         n = self._lib.opus_encode(self._state, pcm, len(pcm) // 2, self._out, MAX_PACKET)
         if n < 0:
             raise OpusError(f"opus_encode failed ({n})")
-        return self._out.raw[:n]
+        return ctypes.string_at(self._out, n)
 
     def close(self) -> None:
         if self._state:

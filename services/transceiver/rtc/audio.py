@@ -89,7 +89,7 @@ class AgentAudioTrack(MediaStreamTrack):
         if pcm is None:
             self._silent_run += 1
             if self._silent_run <= ENCODED_SILENCE:
-                payload = self._encode(SILENT_PCM, out.pts)  # keep the decoder in step
+                payload = self._encode(SILENT_PCM)  # keep the decoder in step
         else:
             self._silent_run = 0
             self.frames_out += 1
@@ -97,7 +97,7 @@ class AgentAudioTrack(MediaStreamTrack):
                 self.first_audio_at = time.monotonic()
                 if self.on_first_audio is not None:
                     self.on_first_audio()
-            payload = self._encode(pcm, out.pts)
+            payload = self._encode(pcm)
             if out.played_tag is not None and self.on_played is not None:
                 self.on_played(out.played_tag)
         # Hand aiortc an encoded packet: it then only packs it (no resampling, no executor
@@ -117,10 +117,9 @@ class AgentAudioTrack(MediaStreamTrack):
             timer.cancel()
             self._waiter = None
 
-    def _encode(self, pcm: bytes, pts: int) -> bytes:
+    def _encode(self, pcm: bytes) -> bytes:
         """Opus-encode one mono 20 ms frame (a mono Opus stream is valid in the negotiated
-        opus/48000/2, RFC 7587 §3.4); `pts` is the frame's place in the stream (libopus
-        keeps its own)."""
+        opus/48000/2, RFC 7587 §3.4)."""
         try:
             return self._encoder.encode(pcm)
         except OpusError:
