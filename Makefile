@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # Tools the tests run for real: redis-server, gcc, chromium, espeak-ng (the assistant's voice
-# fallback and the tests' speaker).
+# fallback and the tests' speaker), GStreamer's webrtcbin (interop), nftables, iproute2 and
+# conntrack (network-namespace tests).
 system-deps:
 	@./scripts/ensure-system-deps
 

@@ -219,7 +219,6 @@ def test_a_caller_behind_a_nat_reaches_a_transceiver_only_the_relay_reaches(
     assert all(PORTS[0] <= port <= PORTS[1] for _, port in clients), clients
     (flow,) = edge.otlp.named("relay.flow")
     assert flow.attributes["firsthop.destination"] == f"{edge.tx.media[0]}:{edge.tx.media[1]}"
-    assert edge.tx.media[0] == net.cluster.inside
     # The cluster address: the relay's side of the host reaches it, the caller does not.
     reached = udp_reaches(net, net.cluster, {"from-caller": net.caller, "from-host": None})
     assert reached == {"from-host"}, reached
@@ -244,6 +243,9 @@ def test_nat_rebinding_mid_call_resumes_at_the_callers_next_check(
         "after the rebinding"
     )
     assert resumed > rebound  # (that silence is the rebinding's)
+    # It lasted until the caller's next consent check at most (aiortc: every 5 s x 0.8-1.2),
+    # not until consent expired (30 s) or a timer of the edge's.
+    assert wait < 6.5, wait
     # The transceiver validated the new path and moved the media to it; the relay carried
     # a second flow, from the NAT's new port.
     assert event_count(tx, "path_validations") >= validations + 1
