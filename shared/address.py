@@ -7,6 +7,7 @@ Pure: no I/O (the wire codecs use it too).
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 Address = tuple[str, int]
 
@@ -77,16 +78,20 @@ def normalize_host(host: str) -> str:
 V6_SOURCE_PREFIX = 64  # one host (or one home) owns a whole /64 (RFC 4291 §2.5.1, RFC 7934)
 
 
+_V4_MAPPED = bytes(10) + b"\xff\xff"
+
+
 def source_key(host: str) -> str:
     """What per-source-IP bounds count by: the IPv4 address itself, or the /64 an IPv6
     address is in (``2001:db8:1:2::/64``), since one IPv6 host can pick any address of
-    its /64 and would otherwise get 2^64 budgets."""
+    its /64 and would otherwise get 2^64 budgets. It runs on unauthenticated packets:
+    inet_pton/inet_ntop, under 1 us (the ipaddress module took 15)."""
     if ":" not in host:
         return host
     try:
-        ip = ipaddress.IPv6Address(host.partition("%")[0])
-    except ValueError:
+        raw = socket.inet_pton(socket.AF_INET6, host.partition("%")[0])
+    except OSError:
         return host
-    if ip.ipv4_mapped is not None:  # a v4 client seen through a v6 socket: its own key
-        return str(ip.ipv4_mapped)
-    return str(ipaddress.IPv6Network((ip, V6_SOURCE_PREFIX), strict=False))
+    if raw[:12] == _V4_MAPPED:  # a v4 client seen through a v6 socket: its own key
+        return socket.inet_ntop(socket.AF_INET, raw[12:])
+    return socket.inet_ntop(socket.AF_INET6, raw[:8] + bytes(8)) + "/64"

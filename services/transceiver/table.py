@@ -283,7 +283,8 @@ class SessionTable(Generic[H]):
         self.counters["ended_checks_answered"] += 1
         if d.relay is None or d.ingress is None:
             return (Send(answer, d.client),)
-        return (Send(build_proxy_v2(d.ingress, d.client) + answer, d.relay),)
+        header = build_proxy_v2(d.ingress, d.client, stream=d.stream)  # an ICE-TCP caller too
+        return (Send(header + answer, d.relay),)
 
     def frame_for(self, client: Address, payload: bytes) -> Send | None:
         """The datagram that carries `payload` to `client` (None: no route known)."""

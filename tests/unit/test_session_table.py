@@ -251,10 +251,14 @@ def test_an_ended_calls_checks_are_told_so_signed_then_its_relays_are_told() -> 
     (answer,) = t.on_datagram(T0 + 1.2, RELAY, framed(request))
     assert isinstance(answer, Send) and answer.dest == RELAY
     header = parse_proxy_v2(answer.data)
-    assert (header.src, header.dst) == (INGRESS, CALLER)
+    assert (header.src, header.dst, header.stream) == (INGRESS, CALLER, False)
     body = answer.data[header.payload_offset :]
     msg = stun.parse_stun(body)
     assert (msg.method, msg.cls) == (stun.BINDING, stun.ERROR)
+    # a caller that came over ICE-TCP is answered marked so (the relay finds its connection)
+    tcp = build_proxy_v2(CALLER, INGRESS, stream=True) + check(creds)
+    (over_tcp,) = t.on_datagram(T0 + 1.25, RELAY, tcp)
+    assert isinstance(over_tcp, Send) and parse_proxy_v2(over_tcp.data).stream
     assert msg.transaction_id == stun.parse_stun(request).transaction_id
     error = msg.get(stun.ERROR_CODE)
     assert error is not None and error[2:4] == bytes([4, 3]) and error[4:] == b"call ended"
@@ -263,7 +267,7 @@ def test_an_ended_calls_checks_are_told_so_signed_then_its_relays_are_told() -> 
     assert len(body) < len(request)  # never an answer bigger than the question
     forged = binding_request(creds.local_ufrag.encode(), b"cLnt", b"w" * 22)
     assert t.on_datagram(T0 + 1.3, RELAY, framed(forged)) == ()
-    assert t.counters["ended_checks_answered"] == 1 and t.counters["stun_auth_fail"] == 1
+    assert t.counters["ended_checks_answered"] == 2 and t.counters["stun_auth_fail"] == 1
     assert t.next_deadline() == T0 + 1 + LINGER
     notices = t.on_deadline(T0 + 1 + LINGER)
     assert [n.data for n in notices if isinstance(n, Send)] == [
