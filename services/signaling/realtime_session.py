@@ -105,7 +105,7 @@ def check_session(value: object, where: str = "session") -> dict[str, Any]:
 def parse_json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
         value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError) "[[[..."
         raise Problem(400, f"{what} is not valid JSON") from None
     if not isinstance(value, dict):
         raise Problem(400, f"{what} must be a JSON object")

@@ -162,6 +162,8 @@ def test_secret_request_defaults_and_bounds() -> None:
     for _ in range(40):
         deep = {"a": deep}
     assert status_of(secret_request, json.dumps({"session": deep}).encode())[0] == 400
+    # nested past the parser's own depth: json raises RecursionError, a 400 too (was a 500)
+    assert status_of(secret_request, b"[" * 16_000)[0] == 400
 
 
 def test_merge_and_describe() -> None:

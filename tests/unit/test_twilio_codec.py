@@ -350,8 +350,9 @@ def test_marks_are_echoed_once_in_order_and_only_after_their_audio(ops: list[Op]
         ('{"event": "mark", "mark": {}}', "twilio_missing_fields"),
         ('{"event": "media", "media": {"payload": "***not base64***"}}', "twilio_bad_base64"),
         ('{"event": "clear", "streamSid": "MZother"}', "twilio_wrong_stream"),
-        ('{"event": "media", "media": {"payload": "' + "A" * 600_000 + '"}}', "twilio_oversize"),
-        ("[" * 100_000, "twilio_not_json"),
+        ('{"event": "media", "media": {"payload": "' + "A" * 70_000 + '"}}', "twilio_oversize"),
+        ("[" * 60_000, "twilio_not_json"),  # under the size bound, past the parser's depth
+        ('{"event": "mark", "mark": {"name": "' + "m" * 257 + '"}}', "twilio_mark_name_too_long"),
     ],
 )
 def test_bad_input_from_the_bot_is_counted_and_ignored(message: str | bytes, reason: str) -> None:

@@ -30,7 +30,11 @@ from typing import Any
 PROTOCOL, VERSION = "Call", "1.0.0"
 ENCODING, RATE, CHANNELS = "audio/x-mulaw", 8000, 1
 TRACK = "inbound"
-MAX_MESSAGE = 512 * 1024  # characters of one message from the bot (~30 s of μ-law, base64)
+# Characters of one message from the bot: 64 KiB of base64 is 6 s of μ-law. Bots send a
+# frame or a sentence at a time; a bigger message cost the shared loop its decoding before
+# the queue (30 s) dropped most of it.
+MAX_MESSAGE = 64 * 1024
+MAX_MARK_NAME = 256  # characters: a mark's name is held until its audio plays, then echoed
 MAX_MARKS = 256  # marks waiting for their audio to be played
 ACCOUNT_SID = "AC" + "0" * 32  # no Twilio account is involved: a well-formed placeholder
 
@@ -136,6 +140,8 @@ def parse(message: str | bytes, stream_sid: str) -> BotMessage:
         name = body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str):
             return BadInput("twilio_missing_fields")
+        if len(name) > MAX_MARK_NAME:
+            return BadInput("twilio_mark_name_too_long")
         return BotMark(name)
     if kind == "clear":
         return BotClear()
