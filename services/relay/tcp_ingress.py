@@ -29,6 +29,7 @@ Bounds (`RelayLimits.tcp_*`, counted in `closed` by reason, or as drops):
 
 from __future__ import annotations
 
+import errno
 import select
 import socket
 import struct
@@ -44,6 +45,7 @@ ACCEPT_BATCH = 64  # connections accepted per wake-up
 READ_BATCH = 4  # reads per connection per wake-up (level-triggered: the rest comes next turn)
 READ_SIZE = 16 * 1024
 BACKLOG = 1024
+KERNEL_SEND_BUFFER = 64 * 1024  # SO_SNDBUF of a caller's connection (the kernel doubles it)
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER {on, 0 s}: close() sends RST
 
 
@@ -109,6 +111,7 @@ class TcpIngress:
         self.closed: Counter[str] = Counter()  # by reason
         self._ep: select.epoll | None = None
         self._buf = bytearray(READ_SIZE)
+        self._resting: list[int] = []  # listeners paused while descriptors ran out
 
     def attach(self, ep: select.epoll) -> None:
         self._ep = ep
@@ -137,8 +140,13 @@ class TcpIngress:
                 sock, addr = listener.accept()
             except BlockingIOError:
                 return
-            except OSError:  # ECONNABORTED, EMFILE...: the listener itself is fine
+            except OSError as exc:  # ECONNABORTED, EMFILE...: the listener itself is fine
                 self.closed["accept_error"] += 1
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._ep is not None:
+                    # Out of descriptors: the waiting connection keeps the (level-triggered)
+                    # listener readable, which would spin. Rest it until the next sweep.
+                    self._ep.modify(listener.fileno(), 0)
+                    self._resting.append(listener.fileno())
                 return
             client: Address = (addr[0], addr[1])  # (an IPv6 peer's flowinfo, scope dropped)
             source = source_key(client[0])
@@ -148,8 +156,14 @@ class TcpIngress:
             if self.per_ip[source] >= lim.tcp_max_per_ip:
                 self._refuse(sock, "connections_per_ip")
                 continue
+            old = self.by_client.get(client)
+            if old is not None:  # the same address again (a NAT reused it): start afresh
+                self.close(old, "replaced", reset=True)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # The kernel's own send buffer (autotuned to MBs) is bounded too, so a caller
+            # that stops reading holds little beyond `tcp_write_buffer` in the relay.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, KERNEL_SEND_BUFFER)
             conn = Connection(sock, client, now, now)
             self.by_fd[sock.fileno()] = conn
             self.by_client[client] = conn
@@ -257,8 +271,13 @@ class TcpIngress:
     # -- housekeeping ----------------------------------------------------------------------------
 
     def sweep(self, now: float) -> None:
-        """Close connections past their first-frame deadline or idle too long."""
+        """Close connections past their first-frame deadline or idle too long; listen again
+        on listeners that rested."""
         lim = self.limits
+        if self._ep is not None:
+            for fd in self._resting:
+                self._ep.modify(fd, select.EPOLLIN)
+        self._resting.clear()
         for conn in list(self.by_fd.values()):
             if not conn.routed:
                 if now - conn.accepted > lim.tcp_first_frame_timeout:
@@ -272,7 +291,8 @@ class TcpIngress:
             return
         del self.by_fd[fd]
         self.queued -= len(conn.out)
-        if self.by_client.get(conn.client) is conn:
+        owner = self.by_client.get(conn.client) is conn
+        if owner:
             del self.by_client[conn.client]
         source = source_key(conn.client[0])
         left = self.per_ip[source] - 1
@@ -292,7 +312,8 @@ class TcpIngress:
         except OSError:
             pass
         conn.sock.close()
-        self.on_close(conn.client)
+        if owner:  # (a connection replaced by a newer one from its address has no flow)
+            self.on_close(conn.client)
 
     def close_all(self) -> None:
         for conn in list(self.by_fd.values()):
