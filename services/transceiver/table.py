@@ -62,7 +62,7 @@ MAX_NOTICES_REMEMBERED = 10_000
 # An ended call's ufrags answer its caller's checks with 403 this long: a browser checks a
 # stable pair every 2.5 s (libwebrtc's STABLE_WRITABLE_CONNECTION_PING_INTERVAL).
 LINGER = 3.0
-MAX_LINGERING = 10_000
+MAX_LINGERING = 10_000  # and never more than the table's capacity
 
 
 # -- commands (the I/O side carries them out) ----------------------------------------------
@@ -375,7 +375,7 @@ class SessionTable(Generic[H]):
             self.mux.add_ufrag(ufrag, entry)
         self._lingering[session_id] = entry
         self._arm(now + LINGER, session_id, "linger")
-        if len(self._lingering) > MAX_LINGERING:
+        if len(self._lingering) > min(MAX_LINGERING, self.capacity):
             return self._unlinger(next(iter(self._lingering)))
         return ()
 

@@ -303,3 +303,15 @@ def test_lingering_calls_are_bounded() -> None:
         revoked += len(t.remove(f"s{i}", T0 + 1))
     assert revoked == 3  # the oldest three, told at once
     assert len(t.mux.by_ufrag) == MAX_LINGERING
+
+
+def test_no_more_calls_linger_than_the_table_holds() -> None:
+    t = table(capacity=5)
+    revoked = 0
+    for i in range(8):
+        creds = opened(t, f"s{i}")
+        t.on_datagram(T0, RELAY, framed(check(creds)))
+        t.connected(T0, f"s{i}")
+        t.end(f"s{i}", "hangup")
+        revoked += len(t.remove(f"s{i}", T0 + 1))
+    assert revoked == 3 and len(t.mux.by_ufrag) == 5

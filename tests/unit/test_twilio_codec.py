@@ -366,8 +366,11 @@ def test_bad_input_from_the_bot_is_counted_and_ignored(message: str | bytes, rea
 @given(st.one_of(st.binary(max_size=300), st.text(max_size=300)))
 def test_garbage_from_the_bot_never_raises(junk: str | bytes) -> None:
     c = codec()
-    for e in c.on_message(junk):
-        assert isinstance(e, (Malformed, PlayAudio, ClearAudio, ToAgent))
+    out = c.on_message(junk)
+    if isinstance(junk, bytes):
+        assert out == [Malformed("twilio_binary")]
+    else:  # one verdict: counted as bad, or (rarely) a well-formed clear or mark
+        assert len(out) == 1 or all(isinstance(e, PlayAudio) for e in out), out
 
 
 @given(

@@ -221,6 +221,7 @@ class RtcSession:
         for task in list(self._tasks):
             task.cancel()
         self.output.stop()
+        self.output.clear()  # (up to 30 s of a backend's audio: gone with the call)
         await self.pc.close()
         if self._decoder is not None:
             self._decoder.close()
