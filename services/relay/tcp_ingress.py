@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from firsthop.services.relay.flows import MAX_DATAGRAM, RelayLimits
 from firsthop.shared.address import Address, ip_family, source_key
-from firsthop.shared.wire.rfc4571 import Deframer, FramingError
+from firsthop.shared.wire.rfc4571 import Deframer, FramingError, prefix
 
 ACCEPT_BATCH = 64  # connections accepted per wake-up
 READ_BATCH = 4  # reads per connection per wake-up (level-triggered: the rest comes next turn)
@@ -194,8 +194,8 @@ class TcpIngress:
                 return
             try:
                 frames = conn.deframer.feed(memoryview(buf)[:n])
-            except FramingError:
-                self.close(conn, "oversize_frame", reset=True)
+            except FramingError as exc:
+                self.close(conn, exc.reason, reset=True)
                 return
             for data in frames:
                 if not data:
@@ -219,7 +219,7 @@ class TcpIngress:
             self.count_drop("tcp_no_connection")
             return False
         n = len(payload)
-        prefix = n.to_bytes(2, "big")
+        length = prefix(n)  # (a reply over 65,535 bytes cannot come: datagrams are < 1,500)
         if conn.out:
             if len(conn.out) + 2 + n > self.limits.tcp_write_buffer:
                 self.count_drop("tcp_write_buffer_full")
@@ -227,12 +227,12 @@ class TcpIngress:
             if self.queued + 2 + n > self.limits.tcp_write_budget:
                 self.count_drop("tcp_write_budget_full")
                 return False
-            conn.out += prefix
+            conn.out += length
             conn.out += payload
             self.queued += 2 + n
             return True
         try:
-            sent = conn.sock.sendmsg((prefix, payload))
+            sent = conn.sock.sendmsg((length, payload))
         except BlockingIOError:
             sent = 0
         except OSError:
@@ -240,7 +240,7 @@ class TcpIngress:
             self.count_drop("send_error")
             return False
         if sent < 2 + n:
-            rest = (prefix + bytes(payload))[sent:]
+            rest = (length + bytes(payload))[sent:]
             conn.out += rest
             self.queued += len(rest)
             self._want_write(conn, True)

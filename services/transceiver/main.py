@@ -9,6 +9,7 @@ import signal
 
 import trio
 
+from firsthop.services.transceiver import opus
 from firsthop.services.transceiver.api import create_app
 from firsthop.services.transceiver.registry import heartbeat, trace_handoff_writer
 from firsthop.services.transceiver.rtc import check_pinned_versions, run_trio_guest
@@ -34,6 +35,7 @@ async def serve_transceiver(
     from hypercorn.trio import serve
 
     g711.prepare()  # the agent bridges' telephony codecs, built before any call needs them
+    opus.prepare()  # libopus found and loaded now: a missing one fails the start, not calls
     tx = Transceiver(config)
     if not config.internal_token:
         log.warning("--dev: no internal token, /internal/ is open to anything on loopback")

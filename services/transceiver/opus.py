@@ -82,6 +82,11 @@ def _load() -> ctypes.CDLL:
 _lib: ctypes.CDLL | None = None
 
 
+def prepare() -> None:
+    """Load libopus now (`OpusError` if it cannot be), not at the first call."""
+    _library()
+
+
 def _library() -> ctypes.CDLL:
     global _lib
     if _lib is None:

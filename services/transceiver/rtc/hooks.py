@@ -277,13 +277,15 @@ def low_latency_receiver(
     codec comes. Without, frames go to the receiver's decoder thread, as aiortc's own receive
     path sends the one frame its buffer returns (a lost frame is skipped there)."""
 
+    codecs = receiver._RTCRtpReceiver__codecs  # payload type -> codec, once negotiated
+
     def sink(frame: Frame) -> None:
-        codec = receiver._RTCRtpReceiver__codecs.get(frame.payload_type)
-        if codec is None:
-            return
-        if opus is not None:
-            if codec.name.lower() == "opus":
+        if opus is not None:  # (the answer has Opus alone: `sdp.only_opus`)
+            if frame.payload_type in codecs:
                 opus(frame)
+            return
+        codec = codecs.get(frame.payload_type)
+        if codec is None:
             return
         if receiver._RTCRtpReceiver__decoder_thread is None or frame.lost:
             return
