@@ -112,3 +112,25 @@ def test_without_fec_in_the_next_packet_recovery_is_concealment() -> None:
         decoder.decode(p)
     pcm, from_fec = decoder.recover(packets[6])
     assert not from_fec and len(pcm) == FRAME_SAMPLES * 2
+
+
+def test_the_agents_encoder_delays_its_voice_by_2_5_ms_not_voips_6_5() -> None:
+    from firsthop.services.transceiver.opus import APPLICATION_VOIP, OpusEncoder
+    from firsthop.services.transceiver.rtc.audio import OPUS_BITRATE
+
+    encoder = OpusEncoder(OPUS_BITRATE)
+    assert encoder.lookahead == RATE * 25 // 10_000  # 2.5 ms
+    assert OpusEncoder(OPUS_BITRATE, APPLICATION_VOIP).lookahead == RATE * 65 // 10_000
+    # a tone that starts after 100 ms of silence is heard that much later, at its level
+    pcm = np.concatenate([np.zeros(5 * FRAME_SAMPLES, np.int16), tone(10)])
+    decoder = OpusDecoder()
+    out = samples(
+        b"".join(
+            decoder.decode(encoder.encode(pcm[i : i + FRAME_SAMPLES].tobytes()))
+            for i in range(0, len(pcm), FRAME_SAMPLES)
+        )
+    )
+    onset = int(np.argmax(np.abs(out) > 1000)) - 5 * FRAME_SAMPLES
+    assert encoder.lookahead <= onset <= encoder.lookahead + RATE // 2000  # + the tone's rise
+    heard = out[8 * FRAME_SAMPLES :]
+    assert abs(20 * math.log10(rms(heard) / rms(tone(7).astype(np.float64)))) < 1.0
