@@ -25,7 +25,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from firsthop.services.bench.setup import CHROMIUM
-from tests.e2e.test_browser import CHROMIUM_ARGS
+from tests.e2e.test_browser import CHROMIUM_ARGS, watch_dtls
 from tests.support import UpStack
 
 pytestmark = pytest.mark.slow
@@ -130,6 +130,18 @@ async () => {
 """
 
 
+# When the connection leaves "connected", and to what.
+WATCH_THE_LEAVING = """
+() => {
+  window.left = null;
+  window.pc.addEventListener("connectionstatechange", () => {
+    if (window.left === null && window.pc.connectionState !== "connected")
+      window.left = [window.pc.connectionState, performance.now()];
+  });
+}
+"""
+
+
 def _events(page: Page, kind: str) -> list[dict[str, object]]:
     found: list[dict[str, object]] = page.evaluate(
         "(kind) => window.events.filter((e) => e.type === kind)", kind
@@ -168,24 +180,22 @@ def test_openai_browser_flow_hears_a_spoken_answer(up: UpStack, page: Page) -> N
         assert _events(page, kind), kind
     assert all(isinstance(e.get("event_id"), str) for e in page.evaluate("window.events"))
     # hang up as an app's server would, with the call id from Location
-    page.evaluate(
-        """() => { window.left = null; window.pc.addEventListener('connectionstatechange', () => {
-             if (window.left === null && window.pc.connectionState !== 'connected')
-               window.left = [window.pc.connectionState, performance.now()]; }); }"""
-    )
+    page.evaluate(WATCH_THE_LEAVING)
+    watch_dtls(page, "window.pc")
     hung_up = page.evaluate("performance.now()")
     status = page.evaluate(
         """async () => (await fetch(window.location_ + "/hangup", {
              method: "POST", headers: { Authorization: `Bearer ${window.key}` } })).status"""
     )
     assert status == 200
-    # The transceiver closed the call: SCTP and DTLS say so at once, and the channel closes.
+    # The transceiver closed the call: SCTP at once (the channel closes), then DTLS with a
+    # renegotiation request before its close_notify. libwebrtc takes the request as a fatal
+    # DTLS error: its DTLS transport fails, and with it the connection, at once. Had only the
+    # close_notify come, the transport would be "closed", which still counts as connected,
+    # until a consent check (every 2.5 s on a stable pair) met the 403 "call ended".
     page.wait_for_function("window.dc.readyState === 'closed'", timeout=2_000)
-    # Chromium counts a DTLS transport closed by its peer as still "connected" (W3C
-    # aggregate state). Its next consent check (every 2.5 s on a stable pair) gets a signed
-    # 403 "call ended", and it drops the pair: the connection fails then. Unanswered, it
-    # took 6.8 s.
-    page.wait_for_function("window.left !== null", timeout=10_000)
+    page.wait_for_function("window.left !== null && window.dtlsStates.length > 0", timeout=10_000)
+    assert page.evaluate("window.dtlsStates")[0] == "failed"
     state, at = page.evaluate("window.left")
     assert state == "failed"
     print(f"left connected {at - hung_up:.0f} ms after the hangup")

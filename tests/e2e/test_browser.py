@@ -93,6 +93,18 @@ def demo_call(page: Page, url: str, key: str | None = None) -> dict[str, str]:
     return timeline
 
 
+def watch_dtls(page: Page, pc: str) -> None:
+    """From now on, each state the DTLS transport of `pc` (a page expression naming its peer
+    connection) goes through is pushed to `window.dtlsStates`."""
+    page.evaluate(
+        f"""() => {{
+          const dtls = ({pc}).getSenders()[0].transport;
+          window.dtlsStates = [];
+          dtls.addEventListener("statechange", () => window.dtlsStates.push(dtls.state));
+        }}"""
+    )
+
+
 def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
     stack: Stack, page: Page
 ) -> None:
@@ -108,3 +120,21 @@ def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
         relay.wait_metric("firsthop_relay_packets_total", before + 50, direction="downstream")
         >= before + 50
     )
+
+
+def test_a_deleted_call_fails_the_browsers_dtls_transport_at_once(stack: Stack, page: Page) -> None:
+    """DELETE ends the call: the transceiver sends a DTLS renegotiation request before its
+    close_notify, which libwebrtc takes as a fatal error. Its DTLS transport goes "failed"
+    (the page then hangs up itself) and never "closed", which a close_notify alone gives
+    and which still counts as connected until a consent check meets the 403 "call ended"."""
+    _, _, sig = stack
+    demo_call(page, sig.url + "/")
+    watch_dtls(page, "pc")
+    status = page.evaluate(
+        """async () => (await fetch(callUrl, {
+             method: "DELETE", headers: { Authorization: `Bearer ${callSecret}` } })).status"""
+    )
+    assert status == 204
+    page.wait_for_function("window.dtlsStates.length > 0", timeout=10_000)
+    assert page.evaluate("window.dtlsStates")[0] == "failed"
+    page.wait_for_function("document.getElementById('state').textContent === 'idle'")

@@ -1,10 +1,13 @@
-"""The DTLS hook (`hooks.dtls_for_any_peer`): a transceiver session keeps its own ECDSA P-256
-certificate and offers the ECDHE-RSA suites too, so peers with RSA certificates connect; and
-the pinned-version check still stands in front of it."""
+"""The DTLS hooks. `hooks.dtls_for_any_peer`: a transceiver session keeps its own ECDSA P-256
+certificate and offers the ECDHE-RSA suites too, so peers with RSA certificates connect.
+`hooks.closing_datagram`: an established association ends with a renegotiation request, then
+close_notify, which an OpenSSL peer (aiortc's) refuses and then reads. And the pinned-version
+check still stands in front of them. (How libwebrtc takes the request: tests/e2e.)"""
 
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import aiortc
 import pytest
@@ -102,3 +105,105 @@ def test_the_dtls_hook_points_are_where_expected() -> None:
     points = asyncio.run(main())
     dtls = {k: v for k, v in points.items() if "Certificate" in k or "certificate" in k}
     assert len(dtls) >= 5 and all(dtls.values()), dtls
+
+
+# -- the close: renegotiation request, then close_notify ---------------------------------------
+
+HANDSHAKE, ALERT = 22, 21  # DTLS record content types (RFC 6347 §4.1)
+
+
+def dtls_pair() -> tuple[SSL.Connection, SSL.Connection]:
+    """A client and a server as aiortc makes them (memory BIOs), not yet shaken hands."""
+    client = SSL.Connection(
+        hooks.DtlsCertificate.generateCertificate()._create_ssl_context(SRTP_PROFILES)
+    )
+    client.set_connect_state()
+    server = SSL.Connection(RTCCertificate.generateCertificate()._create_ssl_context(SRTP_PROFILES))
+    server.set_accept_state()
+    return client, server
+
+
+def flush(source: SSL.Connection, dest: SSL.Connection) -> bytes:
+    try:
+        data = bytes(source.bio_read(65536))
+    except SSL.WantReadError:
+        return b""
+    dest.bio_write(data)
+    return data
+
+
+def handshake(client: SSL.Connection, server: SSL.Connection) -> None:
+    done: set[int] = set()
+    for _ in range(10):
+        for i, side in enumerate((client, server)):
+            try:
+                side.do_handshake()
+                done.add(i)
+            except SSL.WantReadError:
+                pass
+        flush(client, server)
+        flush(server, client)
+        if len(done) == 2:
+            return
+    raise AssertionError("no handshake")
+
+
+def records(datagram: bytes) -> list[tuple[int, int, int]]:
+    """(content type, epoch, sequence number) of each record in a DTLS datagram."""
+    found = []
+    while datagram:
+        kind, _, epoch, seq_hi, seq_lo, length = struct.unpack("!BHHHIH", datagram[:13])
+        found.append((kind, epoch, seq_hi << 32 | seq_lo))
+        datagram = datagram[13 + length :]
+    return found
+
+
+def read_until_closed(ssl: SSL.Connection) -> None:
+    with pytest.raises(SSL.ZeroReturnError):  # the close_notify
+        ssl.recv(1500)
+
+
+@pytest.mark.parametrize("role", ["client", "server"])
+def test_the_close_is_a_renegotiation_request_then_close_notify(role: str) -> None:
+    """A client's request is a ClientHello, a server's a HelloRequest: a handshake record in
+    the new epoch, one sequence number after the close_notify that follows it in the same
+    datagram (OpenSSL sends no close_notify once a renegotiation began)."""
+    client, server = dtls_pair()
+    handshake(client, server)
+    ours, peer = (client, server) if role == "client" else (server, client)
+    datagram = hooks.closing_datagram(ours)
+    (request, close_notify) = records(datagram)
+    assert request[:2] == (HANDSHAKE, 1) and close_notify[:2] == (ALERT, 1)
+    assert request[2] == close_notify[2] + 1
+    peer.bio_write(datagram)
+    read_until_closed(peer)  # the request refused (or taken) first, then close_notify
+    reply = records(flush(peer, ours))
+    if role == "client":  # OpenSSL refuses a client's renegotiation: a warning alert
+        assert [r[0] for r in reply] == [ALERT]
+    assert hooks.closing_datagram(ours) == b""  # once
+
+
+def test_a_handshake_not_done_is_not_touched() -> None:
+    client, server = dtls_pair()
+    with pytest.raises(SSL.WantReadError):
+        client.do_handshake()
+    flush(client, server)
+    with pytest.raises(SSL.WantReadError):
+        server.do_handshake()
+    flush(server, client)  # the client has the server's flight, unread
+    assert hooks.closing_datagram(client) == b""
+    assert hooks.closing_datagram(server) == b""
+    handshake(client, server)  # and it completes as if nothing had happened
+    client.send(b"still here")
+    flush(client, server)
+    assert server.recv(1500) == b"still here"
+
+
+def test_the_close_hook_points_are_where_expected() -> None:
+    async def main() -> dict[str, bool]:
+        return hooks.hook_points()
+
+    points = asyncio.run(main())
+    close = {k: v for k, v in points.items() if k.startswith(("RTCDtlsTransport.", "RTCIce"))}
+    assert {"RTCDtlsTransport._ssl", "RTCDtlsTransport.stop: shutdown"} <= set(close)
+    assert all(close.values()), close

@@ -35,11 +35,18 @@ context offers only ECDHE-ECDSA suites, so a peer with an RSA certificate (GStre
 no shared cipher. The connection keeps its own ECDSA P-256 certificate (and fingerprint); its
 context also offers the ECDHE-RSA suites (`PEER_CIPHERS`). The suite only names how the
 *server* authenticates: a client may offer RSA suites with an ECDSA certificate of its own.
+
+And per DTLS transport, its close (`close_with_renegotiation`): before its `close_notify`,
+an established DTLS 1.2 association sends a renegotiation request (`closing_datagram`).
+libwebrtc counts a DTLS transport its peer closed with `close_notify` as still connected;
+BoringSSL takes a handshake record after the handshake as a fatal error, so the browser's
+DTLS transport, and its peer connection, fail at once instead of at its next consent check.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -398,6 +405,71 @@ def dtls_for_any_peer(
     return certificate
 
 
+def _pending(ssl: SSL.Connection) -> bytes:
+    try:
+        return bytes(ssl.bio_read(65536))
+    except SSL.WantReadError:
+        return b""
+
+
+def closing_datagram(ssl: SSL.Connection) -> bytes:
+    """The datagram that ends `ssl`, an established DTLS 1.2 association on memory BIOs:
+    a renegotiation request (our ClientHello, or HelloRequest if we are the server), then
+    `close_notify`; b"" for anything else, left untouched (a handshake not done yet, one
+    closed already).
+
+    Why (issue #11): libwebrtc maps `close_notify` to DtlsTransportState::kClosed, which
+    W3C's aggregate state still counts as connected; any other read error is kFailed, and
+    the peer connection is "failed" at once. BoringSSL refuses renegotiation in DTLS: a
+    handshake record after the handshake (other than a retransmitted Finished) is an
+    unexpected record, a fatal error (ssl/d1_pkt.cc). RFC 8827 §6.5 has a WebRTC peer
+    reject renegotiation (and implement none: none is carried out here, the request only
+    ends an association being closed); OpenSSL (aiortc, GStreamer) answers no_renegotiation
+    (a warning) and goes on to the `close_notify`.
+
+    OpenSSL sends no `close_notify` once a renegotiation has begun (SSL_shutdown: "shutdown
+    while in init"), so it is made first and put after the request: the request has the
+    later record sequence number, but records within a datagram are read in order and DTLS
+    takes an earlier number still inside its replay window (RFC 6347 §4.1.2.6)."""
+    handshake_done = ssl.get_finished() is not None and ssl.get_peer_finished() is not None
+    closing = ssl.get_shutdown() & SSL.SENT_SHUTDOWN
+    if not handshake_done or closing or ssl.get_protocol_version_name() != "DTLSv1.2":
+        return b""
+    pending = _pending(ssl)  # (aiortc flushes after every call: normally nothing)
+    try:
+        ssl.shutdown()
+    except SSL.Error:
+        return pending
+    close_notify = _pending(ssl)
+    try:
+        ssl.renegotiate()
+        ssl.do_handshake()  # a client writes its ClientHello, then wants the ServerHello
+    except SSL.WantReadError:
+        pass
+    except SSL.Error:
+        return pending + close_notify
+    ssl.set_shutdown(ssl.get_shutdown() | SSL.SENT_SHUTDOWN)  # (a server's handshake clears it)
+    return pending + _pending(ssl) + close_notify
+
+
+def close_with_renegotiation(transport: Any) -> None:
+    """Make `transport` (an RTCDtlsTransport) end with `closing_datagram` when it is stopped
+    while connected: after the peer connection has closed SCTP and stopped the senders, as
+    aiortc's stop() would send `close_notify` (it then finds it sent). With BUNDLE, the
+    transport is stopped for each transceiver and for SCTP: the first stop sends it."""
+    stop = transport.stop
+
+    async def stop_with_renegotiation() -> None:
+        if transport.state == "connected" and transport._ssl is not None:
+            data = closing_datagram(transport._ssl)
+            if data:
+                with contextlib.suppress(ConnectionError):
+                    await transport.transport._send(data)
+        await stop()
+
+    transport.stop = stop_with_renegotiation
+
+
 def dtls_certificate(pc: RTCPeerConnection) -> RTCCertificate:
     """The certificate `pc`'s next DTLS transport will use."""
     certificate: RTCCertificate = pc._RTCPeerConnection__certificates[0]  # type: ignore[attr-defined]
@@ -433,6 +505,9 @@ def hook_points() -> dict[str, bool]:
         "StunProtocol.datagram_received": hasattr(aioice.ice.StunProtocol, "datagram_received"),
         "Connection._queue": hasattr(conn, "_queue"),
         "RTCDtlsTransport._rx_srtp": "_rx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
+        "RTCDtlsTransport._ssl": "_ssl" in RTCDtlsTransport.__init__.__code__.co_names,
+        "RTCDtlsTransport.stop: shutdown": ("shutdown" in RTCDtlsTransport.stop.__code__.co_names),
+        "RTCIceTransport._send": hasattr(receiver.transport.transport, "_send"),
         "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
         "RTCPeerConnection.__certificates": hasattr(pc, "_RTCPeerConnection__certificates"),
         "RTCPeerConnection.__dtlsTransports": hasattr(pc, "_RTCPeerConnection__dtlsTransports"),

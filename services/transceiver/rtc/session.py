@@ -104,9 +104,11 @@ class RtcSession:
                 self._jitter.append(hooks.low_latency_receiver(receiver, self._on_opus))
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
-        for transceiver in self.pc.getTransceivers():
-            dtls = transceiver.receiver.transport
+        media = {t.receiver.transport for t in self.pc.getTransceivers()}
+        for dtls in media:
             dtls.on("statechange", self._make_dtls_watch(dtls))
+        for dtls in media | ({self.pc.sctp.transport} if self.pc.sctp else set()):
+            hooks.close_with_renegotiation(dtls)  # a browser's connection fails at once
         return str(self.pc.localDescription.sdp)
 
     def select_path(self, addr: Address) -> bool:
