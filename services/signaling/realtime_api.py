@@ -257,6 +257,10 @@ class Sideband:
             status = getattr(exc, "status_code", None)
             if status == 404:
                 return problem_response(Problem(404, "call has ended"))
+            if status == 429:  # the transceiver's bound on a call's sidebands
+                return problem_response(
+                    Problem(429, "too many sideband sockets for this call", retry_after=1)
+                )
             log.warning("sideband for call %s: transceiver refused: %s", self.record.call_id, exc)
             return problem_response(Problem(503, "transceiver unreachable", retry_after=1))
         except OSError as exc:

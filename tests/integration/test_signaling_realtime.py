@@ -44,6 +44,7 @@ from tests.support import (
 from tests.unit.test_signaling_app import OFFER
 
 KEY = SignalingProcess.API_KEY
+MAX_STANDIN_SIDEBANDS = 1  # sidebands the stand-in takes per session
 OTHER_KEY = "other-api-key"
 ORIGIN = "https://app.example"
 
@@ -267,6 +268,8 @@ def standin_transceiver(state: Standin) -> QuartTrio:
             return Response("", status=401)
         if session_id not in sessions:
             return Response("", status=404)
+        if state.open_sockets >= MAX_STANDIN_SIDEBANDS:  # as a transceiver's bound (4) does
+            return Response("too many sideband sockets for this session", status=429)
         await websocket.accept()
         state.open_sockets += 1
         try:
@@ -349,6 +352,11 @@ def sideband_session(sig: SignalingProcess, state: Standin, standin_port: int) -
         echoed = json.loads(conn.recv_bytes())
         assert (echoed["type"], echoed["got"]) == ("test.echo", "response.create")
         assert state.open_sockets == 1
+        # one more than the transceiver takes: its 429 is passed on, not made a 503
+        with pytest.raises(Exception) as info:
+            with client.realtime.connect(call_id=call_id):
+                pass
+        assert "429" in str(info.value)
     wait_until(lambda: state.open_sockets == 0)  # the client left: so did signaling's link
     # someone else's call, an ek, no call id, an unknown call: refused before the upgrade
     for key, query in ((OTHER_KEY, call_id), (KEY, "nope"), (KEY, "")):
