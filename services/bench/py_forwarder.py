@@ -29,8 +29,10 @@ from firsthop.shared.address import Address
 from firsthop.shared.wire.proxy_v2 import V4_HEADER, build_proxy_v2
 
 BATCH = 256  # as the relay's data plane and the C forwarder
+SOCKET_BUFFER = 4 * 1024 * 1024  # as both of them, *BUFFORCE when permitted
 MAX_DATAGRAM = 2048
 PR_SET_PDEATHSIG = 1
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # Linux <asm-generic/socket.h>
 
 
 def _die_with_parent() -> None:
@@ -42,6 +44,14 @@ def forward(host: str, dest: Address) -> None:
     public = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     internal = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     for sock in (public, internal):
+        for force, plain in (
+            (SO_RCVBUFFORCE, socket.SO_RCVBUF),
+            (SO_SNDBUFFORCE, socket.SO_SNDBUF),
+        ):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, force, SOCKET_BUFFER)
+            except OSError:
+                sock.setsockopt(socket.SOL_SOCKET, plain, SOCKET_BUFFER)
         sock.bind((host, 0))
         sock.setblocking(False)
     internal.connect(dest)  # only DEST's datagrams are received on it, too
