@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import IO, Any
 
+from firsthop.services.bench import knee
 from firsthop.services.bench.echo import HEARD, RecordingCaller, frame_power
 from firsthop.services.bench.measure import (
     BenchError,
@@ -465,6 +466,8 @@ def render(result: dict[str, Any]) -> str:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.knee:
+        return _knee_main(args)
     chosen = settings(args, QUICK if args.quick else DEFAULTS)
 
     def measure() -> dict[str, Any]:
@@ -482,6 +485,25 @@ def _main(args: argparse.Namespace) -> int:
     return report("sessions", args, measure, render)
 
 
+def _knee_main(args: argparse.Namespace) -> int:
+    chosen = settings(args, knee.KNEE_QUICK if args.quick else knee.KNEE_DEFAULTS)
+
+    def measure() -> dict[str, Any]:
+        start, top = int(chosen["calls"]), int(chosen["max_calls"])
+        if start < 1 or top < start or int(chosen["resolution"]) < 1:
+            raise ValueError("--knee needs 1 <= calls <= max-calls and resolution >= 1")
+        return knee.run(
+            start,
+            max_calls=top,
+            resolution=int(chosen["resolution"]),
+            seconds=float(chosen["seconds"]),
+            warmup=float(chosen["warmup"]),
+            workers=args.workers,
+        )
+
+    return report("sessions --knee", args, measure, knee.render)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sessions", help="server CPU per echoed call and loss vs stock aiortc")
     p.add_argument("--calls", help="concurrent calls per round; a list sweeps (10,20,30)")
@@ -489,7 +511,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rounds", type=int, help="interleaved rounds of the three targets")
     p.add_argument("--warmup", type=float, help="seconds after setup before the window")
     p.add_argument("--workers", type=int, default=2, help="caller processes per round")
-    p.add_argument("--quick", action="store_true", help="3 calls, 3 s, 1 round")
+    p.add_argument(
+        "--knee",
+        action="store_true",
+        help="find the most calls one transceiver holds on one pinned core: double --calls "
+        "(the start, default 20) until loss > 0.5 %% or residence p99 > 40 ms, then bisect; "
+        "cheap callers (pre-encoded Opus out, RTP judged after the window)",
+    )
+    p.add_argument("--max-calls", type=int, help="--knee: the sweep's ceiling (400)")
+    p.add_argument("--resolution", type=int, help="--knee: bisect down to this many calls (10)")
+    p.add_argument(
+        "--quick", action="store_true", help="3 calls, 3 s, 1 round (--knee: 2 then 4 calls)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_main)
 

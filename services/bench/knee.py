@@ -1,0 +1,508 @@
+"""`firsthop bench sessions --knee`: the most concurrent echo calls one transceiver holds on
+one pinned core.
+
+The whole call path runs (caller -> relay -> transceiver -> echo agent and back), the
+transceiver pinned alone to the first allowed CPU, everything else (relay, agent, the caller
+workers, the capture) to the last: on a 2-core machine the other core carries the bench, and
+when it saturates the figure is the bench's limit, not the transceiver's (each step says).
+
+A step: N cheap callers (`knee_caller.py`: aiortc for ICE/DTLS/SRTP/RTCP, pre-encoded tone
+bursts out, RTP recorded and judged after the window, not decoded while it runs) in worker
+processes like `bench sessions`' (`python -m firsthop.services.bench.knee worker`); after the
+warm-up, a steady window. It passes when
+
+* frame loss (frames of tone that did not come back, or came back late and were replaced by
+  silence, over all calls; a call that did not connect loses all its frames) is <= 0.5 %, and
+* the transceiver's residence p99 is <= 40 ms: per burst onset, the first tone packet into the
+  transceiver's media socket to the first tone packet out of it, stamped by the kernel
+  (`capture.py`: a passive AF_PACKET capture on `lo`; without CAP_NET_RAW the step is judged
+  on loss alone and says so). It holds the wait for the transceiver's 20 ms output tick
+  (0-20 ms, each call at its own phase).
+
+The sweep doubles N from `--calls` until a step fails (or `--max-calls`), then bisects between
+the last pass and the first failure down to `--resolution`. Per step: the transceiver's CPU (%
+of its core) and its run-queue wait, the other core's busy %, each process's CPU, and the
+transceiver's RSS at load; RSS per session = (RSS at load - RSS idle before the first step) /
+N. Before the sweep a loss check proves the judge: a step whose echo agent is stopped
+(SIGSTOP) for `STALL_S` mid-window must report the frames that stall cost.
+
+Invariants: every process started here is stopped before `run` returns; each step starts
+with no live session on the transceiver, or says how many were left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO, Any
+
+from firsthop.services.bench.echo import _pct
+from firsthop.services.bench.knee_caller import (
+    BURST_FRAMES,
+    FRAME_S,
+    PERIOD_FRAMES,
+    BurstTrack,
+    TapCaller,
+    encoded_cycle,
+    judge,
+)
+from firsthop.services.bench.measure import BenchError, LineTool, children_of, cpu_sample
+from firsthop.services.bench.procs import Stack
+
+MAX_LOSS_PCT = 0.5
+MAX_RESIDENCE_P99_MS = 40.0
+SATURATED_PCT = 90.0  # a core this busy over the window is the limit
+STALL_S = 0.5  # the loss check's agent stall
+SETUP_CONCURRENCY = 8  # offers in flight per worker (the relay limits pending flows per IP)
+PERIOD_S = PERIOD_FRAMES * FRAME_S
+KNEE_DEFAULTS: dict[str, Any] = {
+    "calls": "20",
+    "seconds": 10.0,
+    "warmup": 2.0,
+    "max_calls": 400,
+    "resolution": 10,
+}
+KNEE_QUICK: dict[str, Any] = {
+    "calls": "2",
+    "seconds": 3.0,
+    "warmup": 1.0,
+    "max_calls": 4,
+    "resolution": 2,
+}
+
+
+def frequencies(n: int) -> list[float]:
+    """n distinct tone frequencies, 300 Hz up to ~5.5 kHz (`sessions.frequencies`)."""
+    step = min(60.0, 5200.0 / max(1, n))
+    return [round(300.0 + step * i, 1) for i in range(n)]
+
+
+# -- the caller worker process ----------------------------------------------------------------
+
+
+def _emit(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
+    stack = Stack(**config["ports"])
+    freqs: list[float] = config["freqs"]
+    callers = [TapCaller(BurstTrack(encoded_cycle(f), phase=(f * 0.618034) % 1.0)) for f in freqs]
+    gate = asyncio.Semaphore(SETUP_CONCURRENCY)
+
+    async def signal_(offer: str) -> str:
+        return await asyncio.to_thread(stack.offer_to_firsthop, offer)
+
+    async def setup(caller: TapCaller) -> None:
+        async with gate:
+            await caller.start(signal_)
+            await asyncio.wait_for(caller.wait_connected(), config["connect_timeout"])
+
+    done = await asyncio.gather(*(setup(c) for c in callers), return_exceptions=True)
+    errors = [repr(e) for e in done if isinstance(e, BaseException)]
+    _emit({"type": "connected", "connected": len(callers) - len(errors), "errors": errors})
+    try:
+        await lines.readline()  # "go"
+        start = time.monotonic()
+        for caller in callers:
+            caller.recording = True
+            caller.burst_track.arm()
+        await lines.readline()  # "stop"
+        end = time.monotonic()
+        for caller in callers:
+            caller.recording = False
+        calls = []
+        for caller, freq, outcome in zip(callers, freqs, done, strict=True):
+            verdict = judge(
+                caller.packets, caller.burst_track.onsets, freq, config["all_freqs"], (start, end)
+            )
+            connected = not isinstance(outcome, BaseException)
+            if not connected:  # a call that never connected lost every frame of the window
+                bursts = int((end - start) // PERIOD_S)
+                verdict.bursts, verdict.expected = bursts, bursts * BURST_FRAMES
+                verdict.lost = verdict.expected
+            calls.append({**vars(verdict), "freq": freq, "connected": connected})
+        _emit({"type": "result", "window_s": round(end - start, 3), "calls": calls})
+    finally:
+        await asyncio.gather(*(c.close() for c in callers), return_exceptions=True)
+    _emit({"type": "closed"})
+
+
+async def _worker_main() -> None:
+    loop = asyncio.get_running_loop()
+    lines = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(lines), sys.stdin)
+    config = json.loads(await lines.readline())
+    await _worker(config, lines)
+
+
+# -- /proc: what each core and the transceiver did -------------------------------------------
+
+
+def core_ticks() -> dict[int, tuple[int, int]]:
+    """(busy, total) jiffies per CPU since boot (/proc/stat; idle and iowait are not busy)."""
+    out: dict[int, tuple[int, int]] = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            values = [int(v) for v in fields[:8]]
+            total = sum(values)
+            out[int(name[3:])] = (total - values[3] - values[4], total)
+    return out
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS KiB, threads) of a process."""
+    rss = threads = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+        elif line.startswith("Threads:"):
+            threads = int(line.split()[1])
+    return rss, threads
+
+
+def pin_threads(pid: int, cpu: int | None) -> None:
+    """Pin every thread of `pid` (threads it starts later inherit it from theirs)."""
+    if cpu is None:
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:
+            pass  # a thread that ended meanwhile
+
+
+# -- one step -----------------------------------------------------------------------------
+
+
+class Bench:
+    """The running stack, capture and pinning, and the steps measured on them."""
+
+    def __init__(self, exits: ExitStack, *, seconds: float, warmup: float, workers: int):
+        self.seconds, self.warmup, self.workers = seconds, warmup, workers
+        mask = sorted(os.sched_getaffinity(0))
+        self.tx_cpu = mask[0] if len(mask) >= 2 else None
+        self.bench_cpu = mask[-1] if len(mask) >= 2 else None
+        exits.callback(os.sched_setaffinity, 0, set(mask))
+        self.log: IO[bytes] = exits.enter_context(tempfile.TemporaryFile())
+        # Everything started from here on inherits the bench's core; the transceiver is then
+        # moved, every thread of it, to its own.
+        if self.bench_cpu is not None:
+            os.sched_setaffinity(0, {self.bench_cpu})
+        self.stack = Stack()
+        exits.callback(self.stack.stop)
+        self.stack.start()
+        pin_threads(self.stack.tx_pid, self.tx_cpu)
+        argv = [sys.executable, "-m", "firsthop.services.bench.capture"]
+        self.capture: LineTool | None = LineTool(
+            "capture", [*argv, str(self.stack.tx_media), str(PERIOD_S)], self.log
+        )
+        exits.callback(self.capture.stop)
+        ready = self.capture.line(timeout=30)
+        self.capture_error = None if ready == "ready" else ready.removeprefix("error ")
+        if self.capture_error is not None:
+            self.capture = None
+        self._wait_idle()
+        time.sleep(1.0)
+        self.idle_rss_kib, self.idle_threads = rss_kib(self.stack.tx_pid)
+
+    def _wait_idle(self, timeout: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout
+        while (left := self.stack.firsthop_sessions()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
+    def _pids(self, workers: list[LineTool]) -> dict[str, int]:
+        stack = self.stack
+        pids = {"transceiver": stack.tx_pid, "agent": stack.agent_pid, "relay": stack.relay_pid}
+        for i, child in enumerate(children_of(stack.relay_pid)):
+            pids[f"relay worker {i}"] = child
+        for i, worker in enumerate(workers):
+            pids[f"callers {i}"] = worker.pid
+        if self.capture is not None:
+            pids["capture"] = self.capture.pid
+        return pids
+
+    def step(self, calls: int, *, stall: float = 0.0) -> dict[str, Any]:
+        leftover = self._wait_idle()
+        freqs = frequencies(calls)
+        shares = [freqs[i :: self.workers] for i in range(min(self.workers, calls))]
+        stack = self.stack
+        ports = {k: getattr(stack, k) for k in ("relay_port", "tx_media", "tx_api", "token")}
+        argv = [sys.executable, "-m", "firsthop.services.bench.knee", "worker"]
+        workers = [LineTool(f"caller worker {i}", argv, self.log) for i in range(len(shares))]
+        try:
+            for worker, mine in zip(workers, shares, strict=True):
+                config = {"ports": ports, "freqs": mine, "all_freqs": freqs}
+                worker.send(json.dumps({**config, "connect_timeout": 60.0}))
+            ready = [json.loads(worker.line(timeout=60 + calls)) for worker in workers]
+            time.sleep(self.warmup)
+            if self.capture is not None:
+                self.capture.ask("dump", timeout=60)  # forget the setup and warm-up
+            pids = self._pids(workers)
+            cpu0, cores0 = cpu_sample(pids), core_ticks()
+            t0 = time.monotonic()
+            for worker in workers:
+                worker.send("go")
+            if stall:
+                time.sleep(self.seconds / 3)
+                os.kill(stack.agent_pid, signal.SIGSTOP)
+                try:
+                    time.sleep(stall)
+                finally:
+                    os.kill(stack.agent_pid, signal.SIGCONT)
+            time.sleep(max(0.0, t0 + self.seconds - time.monotonic() - 0.5))
+            rss, threads = rss_kib(stack.tx_pid)
+            time.sleep(max(0.0, t0 + self.seconds - time.monotonic()))
+            for worker in workers:
+                worker.send("stop")
+            window = time.monotonic() - t0
+            cpu1, cores1 = cpu_sample(pids), core_ticks()
+            captured = None
+            if self.capture is not None:
+                captured = json.loads(self.capture.ask("dump", timeout=120))
+            results = [json.loads(worker.line(timeout=120 + calls)) for worker in workers]
+            for worker in workers:
+                worker.line(timeout=60)  # "closed"
+        finally:
+            for worker in workers:
+                worker.stop()
+        if cpu0 is None or cpu1 is None:
+            raise BenchError(f"a process under test exited during the {calls}-call step")
+        cpu_pct = {n: 100.0 * (cpu1[n][0] - cpu0[n][0]) / 1e9 / window for n in cpu1}
+        tx_wait_ms = (cpu1["transceiver"][1] - cpu0["transceiver"][1]) / 1e6
+        busy = {
+            cpu: round(100.0 * (cores1[cpu][0] - b0) / max(1, cores1[cpu][1] - t0_), 1)
+            for cpu, (b0, t0_) in cores0.items()
+        }
+        per_call = [call for r in results for call in r["calls"]]
+        expected = sum(c["expected"] for c in per_call)
+        lost = sum(c["lost"] for c in per_call)
+        loss_pct = 100.0 * lost / expected if expected else 100.0
+        res = [ms for _, ms in captured["matched"]] if captured else []
+        p99 = _pct(res, 0.99)
+        callers_pct = sum(v for n, v in cpu_pct.items() if n.startswith("callers"))
+        row: dict[str, Any] = {
+            "calls": calls,
+            "connected": sum(r["connected"] for r in ready),
+            "setup_errors": [e for r in ready for e in r["errors"]][:5],
+            "leftover_sessions_at_start": leftover,
+            "window_s": round(window, 3),
+            "stall_s": stall,
+            "frames_expected": expected,
+            "frames_lost": lost,
+            "loss_pct": round(loss_pct, 3),
+            "worst_call_lost": max((c["lost"] for c in per_call), default=0),
+            "all_heard_own": all(c["heard_own"] for c in per_call if c["connected"]),
+            "residence_ms": {
+                "p50": _pct(res, 0.5),
+                "p95": _pct(res, 0.95),
+                "p99": p99,
+                "max": max(res, default=None),
+                "n": len(res),
+                "kernel_drops": captured["kernel_drops"] if captured else None,
+            },
+            "cpu_pct": {n: round(v, 1) for n, v in cpu_pct.items()},
+            "callers_cpu_pct": round(callers_pct, 1),
+            "callers_cpu_pct_per_call": round(callers_pct / calls, 3),
+            "transceiver_cpu_pct": round(cpu_pct["transceiver"], 1),
+            "transceiver_runqueue_wait_ms": round(tx_wait_ms, 1),
+            "core_busy_pct": busy,
+            "rss_kib": rss,
+            "threads": threads,
+            "rss_kib_per_session": round((rss - self.idle_rss_kib) / calls, 1),
+            "per_call": per_call,
+        }
+        row["passed"] = (
+            loss_pct <= MAX_LOSS_PCT
+            and row["connected"] == calls
+            and (p99 is None if self.capture is None else p99 is not None)
+            and (p99 is None or p99 <= MAX_RESIDENCE_P99_MS)
+        )
+        row["bound"] = self._bound(row)
+        return row
+
+    def _bound(self, row: dict[str, Any]) -> str:
+        """Which core was the limit over the window, if either."""
+        tx_core = row["core_busy_pct"].get(self.tx_cpu) if self.tx_cpu is not None else None
+        other = row["core_busy_pct"].get(self.bench_cpu) if self.bench_cpu is not None else None
+        if row["transceiver_cpu_pct"] >= SATURATED_PCT:
+            return "transceiver core"
+        if tx_core is not None and tx_core >= SATURATED_PCT:
+            return "transceiver core (shared with another process)"
+        if other is not None and other >= SATURATED_PCT:
+            return "bench core (callers, relay, agent)"
+        return "neither core saturated"
+
+
+# -- the sweep ----------------------------------------------------------------------------
+
+
+def sweep(bench: Bench, start: int, max_calls: int, resolution: int) -> list[dict[str, Any]]:
+    """Double from `start` until a step fails or `max_calls` passes, then bisect."""
+    rows: list[dict[str, Any]] = []
+
+    def step(n: int) -> bool:
+        rows.append(bench.step(n))
+        print(_line(rows[-1]), file=sys.stderr, flush=True)
+        return bool(rows[-1]["passed"])
+
+    passed, failed, n = 0, None, start
+    while True:
+        if step(n):
+            passed = n
+            if n >= max_calls:
+                break
+            n = min(2 * n, max_calls)
+        else:
+            failed = n
+            break
+    while failed is not None and failed - passed > resolution:
+        n = (passed + failed) // 2
+        if step(n):
+            passed = n
+        else:
+            failed = n
+    return rows
+
+
+def run(
+    start: int, *, max_calls: int, resolution: int, seconds: float, warmup: float, workers: int
+) -> dict[str, Any]:
+    with ExitStack() as exits:
+        bench = Bench(exits, seconds=seconds, warmup=warmup, workers=workers)
+        try:
+            check = bench.step(min(start, 4), stall=STALL_S)
+            rows = sweep(bench, start, max_calls, resolution)
+        except BenchError as exc:
+            bench.log.seek(0)
+            tail = "\n".join(bench.log.read().decode(errors="replace").splitlines()[-20:])
+            raise BenchError(f"{exc}\n--- the last stderr lines ---\n{tail}") from exc
+        config = {
+            "start": start,
+            "max_calls": max_calls,
+            "resolution": resolution,
+            "seconds": seconds,
+            "warmup": warmup,
+            "workers": workers,
+            "transceiver_cpu": bench.tx_cpu,
+            "bench_cpu": bench.bench_cpu,
+            "max_loss_pct": MAX_LOSS_PCT,
+            "max_residence_p99_ms": MAX_RESIDENCE_P99_MS,
+            "residence": "kernel-stamped capture" if bench.capture_error is None else None,
+            "capture_error": bench.capture_error,
+            "idle_rss_kib": bench.idle_rss_kib,
+            "idle_threads": bench.idle_threads,
+        }
+    stall_frames = int(STALL_S / FRAME_S)
+    loss_check = {
+        "calls": check["calls"],
+        "stall_s": STALL_S,
+        "frames_lost": check["frames_lost"],
+        "per_call_lost": [c["lost"] for c in check["per_call"]],
+        # the stall may fall partly into a burst's silence: at least 30 % of it is tone
+        "detected": all(c["lost"] >= stall_frames * 0.3 for c in check["per_call"]),
+    }
+    return {"config": config, "loss_check": loss_check, "rows": rows, "summary": summarize(rows)}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    passed = [r for r in rows if r["passed"]]
+    best = max(passed, key=lambda r: r["calls"]) if passed else None
+    failed = [r for r in rows if not r["passed"] and (best is None or r["calls"] > best["calls"])]
+    first_fail = min(failed, key=lambda r: r["calls"]) if failed else None
+    return {
+        "knee_calls": best["calls"] if best else 0,
+        "rss_kib_per_session": best["rss_kib_per_session"] if best else None,
+        "transceiver_cpu_pct_at_knee": best["transceiver_cpu_pct"] if best else None,
+        "first_failing_calls": first_fail["calls"] if first_fail else None,
+        "bound_by": first_fail["bound"] if first_fail else "not reached (max calls passed)",
+        "failed_on": _reasons(first_fail) if first_fail else [],
+        "rss_kib_per_session_median": (
+            statistics.median(r["rss_kib_per_session"] for r in rows) if rows else None
+        ),
+    }
+
+
+def _reasons(row: dict[str, Any]) -> list[str]:
+    out = []
+    if row["loss_pct"] > MAX_LOSS_PCT:
+        out.append(f"loss {row['loss_pct']:.2f} % > {MAX_LOSS_PCT}")
+    p99 = row["residence_ms"]["p99"]
+    if p99 is not None and p99 > MAX_RESIDENCE_P99_MS:
+        out.append(f"residence p99 {p99:.1f} ms > {MAX_RESIDENCE_P99_MS:.0f}")
+    if row["connected"] < row["calls"]:
+        out.append(f"{row['calls'] - row['connected']} calls did not connect")
+    return out or ["no residence measured"]
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _line(r: dict[str, Any]) -> str:
+    res = r["residence_ms"]
+    busy = "/".join(_fmt(v, ".0f") for v in r["core_busy_pct"].values())
+    return (
+        f"{r['calls']:>6}{r['connected']:>6}{r['loss_pct']:>8.2f}"
+        f"{_fmt(res['p50']):>7}{_fmt(res['p99']):>7}{res['n']:>6}"
+        f"{r['transceiver_cpu_pct']:>7.1f}{r['transceiver_runqueue_wait_ms']:>8.0f}"
+        f"{busy:>10}{r['callers_cpu_pct']:>9.1f}"
+        f"{r['rss_kib'] / 1024:>8.1f}{_fmt(r['rss_kib_per_session']):>8}"
+        f"  {'pass' if r['passed'] else 'FAIL'}  {'' if r['passed'] else r['bound']}"
+    )
+
+
+HEADER = (
+    f"{'calls':>6}{'conn':>6}{'loss%':>8}{'res50':>7}{'res99':>7}{'n':>6}"
+    f"{'tx%':>7}{'txwait':>8}{'cores%':>10}{'callers%':>9}{'RSS MB':>8}{'KiB/s':>8}"
+)
+
+
+def render(result: dict[str, Any]) -> str:
+    cfg, s, check = result["config"], result["summary"], result["loss_check"]
+    pinning = (
+        f"transceiver alone on cpu {cfg['transceiver_cpu']}, relay/agent/callers/capture on "
+        f"cpu {cfg['bench_cpu']}"
+        if cfg["transceiver_cpu"] is not None
+        else "not pinned (one CPU)"
+    )
+    residence = cfg["residence"] or f"NOT MEASURED ({cfg['capture_error']}): loss alone"
+    lines = [
+        f"firsthop bench sessions --knee: echo calls through relay -> transceiver -> agent; "
+        f"{cfg['seconds']} s window after {cfg['warmup']} s warm-up per step; {pinning}",
+        f"pass: loss <= {cfg['max_loss_pct']} % of tone frames and residence p99 <= "
+        f"{cfg['max_residence_p99_ms']:.0f} ms ({residence}); doubling from {cfg['start']}, "
+        f"then bisecting to {cfg['resolution']}",
+        f"loss check: agent stopped {check['stall_s']} s mid-window with {check['calls']} "
+        f"calls: lost frames per call {check['per_call_lost']} "
+        f"({'detected' if check['detected'] else 'NOT DETECTED'})",
+        "",
+        HEADER + "   (tx%: of its core; txwait: ms runnable but not running; cores%: busy per "
+        "CPU; KiB/s: RSS per session over idle)",
+    ]
+    lines += [_line(r) for r in result["rows"]]
+    lines += [
+        "",
+        f"knee: {s['knee_calls']} calls on one core (transceiver "
+        f"{_fmt(s['transceiver_cpu_pct_at_knee'])} % of it), "
+        f"RSS {_fmt(s['rss_kib_per_session'])} KiB per session over idle "
+        f"{cfg['idle_rss_kib'] / 1024:.1f} MB",
+        f"first failing step: {s['first_failing_calls'] or '-'} calls "
+        f"({', '.join(s['failed_on']) or '-'}); bound by: {s['bound_by']}",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
+    asyncio.run(_worker_main())
