@@ -24,6 +24,12 @@ Strategy:
   in time, so counting frames alone would miss loss), judged per frame by a Goertzel power on
   a 4x decimated frame; and whether the caller's own frequency dominates what it heard.
 
+`--knee` (`knee.py`) asks another question: the most concurrent calls one transceiver holds
+on one pinned core (the transceiver alone on the first CPU, relay, agent and callers on the
+last), doubling the calls from `--calls` until loss passes 0.5 % or the transceiver's
+residence p99 passes 40 ms, then bisecting; with cheaper callers (`knee_caller.py`), a
+kernel-stamped capture for residence (`capture.py`) and the transceiver's RSS per session.
+
 Invariants: every process started here is stopped before `run` returns; the server side is
 idle (no live sessions) before each round starts, or the round says how many were left.
 """
