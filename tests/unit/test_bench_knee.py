@@ -9,6 +9,7 @@ slot and the frame plays a slot later.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 
@@ -149,4 +150,8 @@ def test_the_capture_reads_the_client_and_size_of_rtp_each_way() -> None:
 
 
 def test_the_aiortc_internal_the_callers_hook_is_where_expected() -> None:
-    assert all(hook_points().values()), hook_points()
+    async def main() -> dict[str, bool]:
+        return hook_points()
+
+    points = asyncio.run(main())
+    assert points and all(points.values()), points
