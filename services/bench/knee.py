@@ -26,8 +26,10 @@ runnable for more than 10 % of the window (its schedstat run-queue wait) is run 
 at most, and every attempt is reported. Per step: the transceiver's CPU (%
 of its core) and its run-queue wait, the other core's busy %, each process's CPU, and the
 transceiver's RSS at load; RSS per session = (RSS at load - RSS idle before the first step) /
-N. Before the sweep a loss check proves the judge: a step whose echo agent is stopped
-(SIGSTOP) for `STALL_S` mid-window must report the frames that stall cost.
+N (the idle RSS before each step is reported too: what earlier steps left behind counts in
+later steps' figure, so the first steps' is the cleaner one). Before the sweep a loss check
+proves the judge: a step whose echo agent is stopped (SIGSTOP) for `STALL_S` mid-window must
+report the frames that stall cost.
 
 Invariants: every process started here is stopped before `run` returns; each step starts
 with no live session on the transceiver, or says how many were left.
@@ -240,6 +242,7 @@ class Bench:
 
     def step(self, calls: int, *, stall: float = 0.0) -> dict[str, Any]:
         leftover = self._wait_idle()
+        idle_rss, _ = rss_kib(self.stack.tx_pid)
         freqs = frequencies(calls)
         shares = [freqs[i :: self.workers] for i in range(min(self.workers, calls))]
         stack = self.stack
@@ -328,6 +331,8 @@ class Bench:
             "rss_kib": rss,
             "threads": threads,
             "rss_kib_per_session": round((rss - self.idle_rss_kib) / calls, 1),
+            # idle just before this step: what earlier steps left (freed memory Python keeps)
+            "rss_kib_idle_before": idle_rss,
             "per_call": per_call,
         }
         row["passed"] = (
