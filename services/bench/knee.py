@@ -61,6 +61,7 @@ from firsthop.services.bench.knee_caller import (
 )
 from firsthop.services.bench.measure import BenchError, LineTool, children_of, cpu_sample
 from firsthop.services.bench.procs import Stack
+from firsthop.services.bench.sessions import connect_all, emit, frequencies, worker_main
 
 MAX_LOSS_PCT = 0.5
 MAX_RESIDENCE_P99_MS = 40.0
@@ -68,7 +69,6 @@ SATURATED_PCT = 90.0  # a core this busy over the window is the limit
 CONTENDED = 0.10  # share of the window the transceiver was runnable but another process ran
 RETRIES = 2  # more attempts at a step that failed contended
 STALL_S = 0.5  # the loss check's agent stall
-SETUP_CONCURRENCY = 8  # offers in flight per worker (the relay limits pending flows per IP)
 PERIOD_S = PERIOD_FRAMES * FRAME_S
 KNEE_DEFAULTS: dict[str, Any] = {
     "calls": "20",
@@ -86,37 +86,14 @@ KNEE_QUICK: dict[str, Any] = {
 }
 
 
-def frequencies(n: int) -> list[float]:
-    """n distinct tone frequencies, 300 Hz up to ~5.5 kHz (`sessions.frequencies`)."""
-    step = min(60.0, 5200.0 / max(1, n))
-    return [round(300.0 + step * i, 1) for i in range(n)]
-
-
 # -- the caller worker process ----------------------------------------------------------------
-
-
-def _emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
 
 
 async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
     stack = Stack(**config["ports"])
     freqs: list[float] = config["freqs"]
     callers = [TapCaller(BurstTrack(encoded_cycle(f), phase=(f * 0.618034) % 1.0)) for f in freqs]
-    gate = asyncio.Semaphore(SETUP_CONCURRENCY)
-
-    async def signal_(offer: str) -> str:
-        return await asyncio.to_thread(stack.offer_to_firsthop, offer)
-
-    async def setup(caller: TapCaller) -> None:
-        async with gate:
-            await caller.start(signal_)
-            await asyncio.wait_for(caller.wait_connected(), config["connect_timeout"])
-
-    done = await asyncio.gather(*(setup(c) for c in callers), return_exceptions=True)
-    errors = [repr(e) for e in done if isinstance(e, BaseException)]
-    _emit({"type": "connected", "connected": len(callers) - len(errors), "errors": errors})
+    done = await connect_all(callers, stack.offer_to_firsthop, config["connect_timeout"])
     try:
         await lines.readline()  # "go"
         start = time.monotonic()
@@ -132,24 +109,16 @@ async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
             verdict = judge(
                 caller.packets, caller.burst_track.onsets, freq, config["all_freqs"], (start, end)
             )
-            connected = not isinstance(outcome, BaseException)
+            connected = outcome is None
             if not connected:  # a call that never connected lost every frame of the window
                 bursts = int((end - start) // PERIOD_S)
                 verdict.bursts, verdict.expected = bursts, bursts * BURST_FRAMES
                 verdict.lost = verdict.expected
             calls.append({**vars(verdict), "freq": freq, "connected": connected})
-        _emit({"type": "result", "window_s": round(end - start, 3), "calls": calls})
+        emit({"type": "result", "window_s": round(end - start, 3), "calls": calls})
     finally:
         await asyncio.gather(*(c.close() for c in callers), return_exceptions=True)
-    _emit({"type": "closed"})
-
-
-async def _worker_main() -> None:
-    loop = asyncio.get_running_loop()
-    lines = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(lines), sys.stdin)
-    config = json.loads(await lines.readline())
-    await _worker(config, lines)
+    emit({"type": "closed"})
 
 
 # -- /proc: what each core and the transceiver did -------------------------------------------
@@ -540,4 +509,4 @@ def render(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
-    asyncio.run(_worker_main())
+    asyncio.run(worker_main(_worker))

@@ -44,12 +44,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from typing import IO, Any
 
-from firsthop.services.bench import knee
 from firsthop.services.bench.echo import HEARD, RecordingCaller, frame_power
 from firsthop.services.bench.measure import (
     BenchError,
@@ -60,7 +60,7 @@ from firsthop.services.bench.measure import (
     settings,
 )
 from firsthop.services.bench.procs import Stack
-from firsthop.services.call.caller import ToneTrack
+from firsthop.services.call.caller import Caller, ToneTrack
 
 FRAME_S = 0.02
 SETUP_CONCURRENCY = 8  # offers in flight per worker (the relay limits pending flows per IP)
@@ -135,9 +135,30 @@ def analyze(
 # -- the caller worker process ----------------------------------------------------------------
 
 
-def _emit(message: dict[str, Any]) -> None:
+def emit(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
+
+
+async def connect_all(
+    callers: Sequence[Caller], answer: Callable[[str], str], connect_timeout: float
+) -> list[BaseException | None]:
+    """Set every caller up, SETUP_CONCURRENCY at a time, and tell the bench how many
+    connected; each one's outcome (what it failed with, or None)."""
+    gate = asyncio.Semaphore(SETUP_CONCURRENCY)
+
+    async def signal(offer: str) -> str:
+        return await asyncio.to_thread(answer, offer)
+
+    async def setup(caller: Caller) -> None:
+        async with gate:
+            await caller.start(signal)
+            await asyncio.wait_for(caller.wait_connected(), connect_timeout)
+
+    done = await asyncio.gather(*(setup(c) for c in callers), return_exceptions=True)
+    errors = [repr(e) for e in done if isinstance(e, BaseException)]
+    emit({"type": "connected", "connected": len(callers) - len(errors), "errors": errors})
+    return [e if isinstance(e, BaseException) else None for e in done]
 
 
 async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
@@ -151,19 +172,7 @@ async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
 
     freqs: list[float] = config["freqs"]
     callers = [RecordingCaller(ToneTrack(f)) for f in freqs]
-    gate = asyncio.Semaphore(SETUP_CONCURRENCY)
-
-    async def signal(offer: str) -> str:
-        return await asyncio.to_thread(answer, offer)
-
-    async def setup(caller: RecordingCaller) -> None:
-        async with gate:
-            await caller.start(signal)
-            await asyncio.wait_for(caller.wait_connected(), config["connect_timeout"])
-
-    done = await asyncio.gather(*(setup(c) for c in callers), return_exceptions=True)
-    errors = [repr(e) for e in done if isinstance(e, BaseException)]
-    _emit({"type": "connected", "connected": len(callers) - len(errors), "errors": errors})
+    done = await connect_all(callers, answer, config["connect_timeout"])
     try:
         await lines.readline()  # "go"
         started = time.monotonic()
@@ -177,18 +186,22 @@ async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
             {**analyze(c.frames, f, started, window, config["all_freqs"]), "connected": not e}
             for c, f, e in zip(callers, freqs, done, strict=True)
         ]
-        _emit({"type": "result", "window_s": round(window, 3), "calls": calls})
+        emit({"type": "result", "window_s": round(window, 3), "calls": calls})
     finally:
         await asyncio.gather(*(c.close() for c in callers), return_exceptions=True)
-    _emit({"type": "closed"})
+    emit({"type": "closed"})
 
 
-async def _worker_main() -> None:
+Worker = Callable[[dict[str, Any], asyncio.StreamReader], Awaitable[None]]
+
+
+async def worker_main(worker: Worker = _worker) -> None:
+    """A caller worker process: its config is the first line on stdin, then `worker` runs."""
     loop = asyncio.get_running_loop()
     lines = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(lines), sys.stdin)
     config = json.loads(await lines.readline())
-    await _worker(config, lines)
+    await worker(config, lines)
 
 
 # -- one round ----------------------------------------------------------------------------
@@ -492,6 +505,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _knee_main(args: argparse.Namespace) -> int:
+    from firsthop.services.bench import knee  # (it builds on this module)
+
     chosen = settings(args, knee.KNEE_QUICK if args.quick else knee.KNEE_DEFAULTS)
 
     def measure() -> dict[str, Any]:
@@ -534,4 +549,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
-    asyncio.run(_worker_main())
+    asyncio.run(worker_main())
