@@ -23,13 +23,16 @@ The sweep doubles N from `--calls` until a step fails (or `--max-calls`), then b
 the last pass and the first failure down to `--resolution`. On a shared machine other
 processes may hold the transceiver's core: a step that failed while the transceiver waited
 runnable for more than 10 % of the window (its schedstat run-queue wait) is run again, twice
-at most, and every attempt is reported. Per step: the transceiver's CPU (%
-of its core) and its run-queue wait, the other core's busy %, each process's CPU, and the
-transceiver's RSS at load; RSS per session = (RSS at load - RSS idle before the first step) /
-N (the idle RSS before each step is reported too: what earlier steps left behind counts in
-later steps' figure, so the first steps' is the cleaner one). Before the sweep a loss check
-proves the judge: a step whose echo agent is stopped (SIGSTOP) for `STALL_S` mid-window must
-report the frames that stall cost.
+at most, and every attempt is reported.
+
+Per step: the transceiver's own counters over the step's calls (repaired frames, late and
+skipped packets: the caller's audio came in late or lost, before the echo's way back), its
+CPU (% of its core) and run-queue wait, each core's busy %, each process's CPU, and the
+transceiver's RSS at load; RSS per session = (RSS at load - RSS idle before the first step)
+/ N (the idle RSS before each step is reported too: what earlier steps left behind counts
+in later steps' figure, so the first steps' is the cleaner one). Before the sweep a loss
+check proves the judge: a step whose echo agent is stopped (SIGSTOP) for `STALL_S`
+mid-window must report the frames that stall cost.
 
 Invariants: every process started here is stopped before `run` returns; each step starts
 with no live session on the transceiver, or says how many were left.
@@ -45,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
@@ -147,6 +151,31 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return rss, threads
 
 
+COUNTED = (
+    "frames_decoded",
+    "frames_repaired",
+    "jitter_late",
+    "jitter_skipped",
+    "agent_frames_played",
+)
+
+
+def tx_counters(api_port: int) -> dict[str, int]:
+    """The transceiver's own event counters of interest (`/metrics`; a call adds its own at its
+    end): repaired frames and late or skipped packets say the caller's audio came in late or
+    lost, before the echo's way back."""
+    url = f"http://127.0.0.1:{api_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out = dict.fromkeys(COUNTED, 0)
+    for line in text.splitlines():
+        if line.startswith('firsthop_transceiver_events_total{event="'):
+            name = line.split('"')[1]
+            if name in out:
+                out[name] = int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 def pin_threads(pid: int, cpu: int | None) -> None:
     """Pin every thread of `pid` (threads it starts later inherit it from theirs)."""
     if cpu is None:
@@ -212,6 +241,7 @@ class Bench:
     def step(self, calls: int, *, stall: float = 0.0) -> dict[str, Any]:
         leftover = self._wait_idle()
         idle_rss, _ = rss_kib(self.stack.tx_pid)
+        counted0 = tx_counters(self.stack.tx_api)
         freqs = frequencies(calls)
         shares = [freqs[i :: self.workers] for i in range(min(self.workers, calls))]
         stack = self.stack
@@ -254,6 +284,8 @@ class Bench:
         finally:
             for worker in workers:
                 worker.stop()
+        self._wait_idle()
+        counted1 = tx_counters(stack.tx_api)
         if cpu0 is None or cpu1 is None:
             raise BenchError(f"a process under test exited during the {calls}-call step")
         cpu_pct = {n: 100.0 * (cpu1[n][0] - cpu0[n][0]) / 1e9 / window for n in cpu1}
@@ -302,6 +334,8 @@ class Bench:
             "rss_kib_per_session": round((rss - self.idle_rss_kib) / calls, 1),
             # idle just before this step: what earlier steps left (freed memory Python keeps)
             "rss_kib_idle_before": idle_rss,
+            # the whole step's calls, setup to hang-up, as the transceiver counted them
+            "transceiver_counted": {k: counted1[k] - counted0[k] for k in COUNTED},
             "per_call": per_call,
         }
         row["passed"] = (

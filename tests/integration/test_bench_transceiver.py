@@ -75,6 +75,8 @@ def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> 
         assert set(row["core_busy_pct"]) >= {str(config["transceiver_cpu"])}
         assert {"transceiver", "agent", "relay", "callers 0"} <= set(row["cpu_pct"])
         assert isinstance(row["passed"], bool) and row["bound"]
+        counted = row["transceiver_counted"]  # the step's calls, as the transceiver saw them
+        assert counted["frames_decoded"] > 0 and counted["agent_frames_played"] > 0, counted
         if config["capture_error"] is None:  # CAP_NET_RAW: residence per burst onset
             assert row["residence_ms"]["n"] > 0 and row["residence_ms"]["p50"] > 0, row
     summary = result["summary"]
