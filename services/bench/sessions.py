@@ -505,7 +505,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _knee_main(args: argparse.Namespace) -> int:
-    from firsthop.services.bench import knee  # (it builds on this module)
+    from firsthop.services.bench import knee, knee_report  # (they build on this module)
 
     chosen = settings(args, knee.KNEE_QUICK if args.quick else knee.KNEE_DEFAULTS)
 
@@ -522,7 +522,7 @@ def _knee_main(args: argparse.Namespace) -> int:
             workers=args.workers,
         )
 
-    return report("sessions --knee", args, measure, knee.render)
+    return report("sessions --knee", args, measure, knee_report.render)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
