@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 MAX_LOSS_PCT = 0.5
@@ -13,7 +12,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     passed = [r for r in rows if r["passed"]]
     best = max(passed, key=lambda r: r["calls"]) if passed else None
     failed = [r for r in rows if not r["passed"] and (best is None or r["calls"] > best["calls"])]
-    first_fail = min(failed, key=lambda r: r["calls"]) if failed else None
+    # the smallest failing count, as its last attempt found it (what the sweep went by)
+    first_fail = None
+    if failed:
+        lowest = min(r["calls"] for r in failed)
+        first_fail = [r for r in failed if r["calls"] == lowest][-1]
     return {
         "knee_calls": best["calls"] if best else 0,
         "rss_kib_per_session": best["rss_kib_per_session"] if best else None,
@@ -28,9 +31,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "first_failing_calls": first_fail["calls"] if first_fail else None,
         "bound_by": first_fail["bound"] if first_fail else "not reached (max calls passed)",
         "failed_on": _reasons(first_fail) if first_fail else [],
-        "rss_kib_per_session_median": (
-            statistics.median(r["rss_kib_per_session"] for r in rows) if rows else None
-        ),
+        # the first step's: nothing before it but the loss check (later steps' carry what
+        # earlier ones left behind in the heap)
+        "rss_kib_per_session_first_step": rows[0]["rss_kib_per_session"] if rows else None,
+        "first_step_calls": rows[0]["calls"] if rows else None,
     }
 
 
@@ -97,7 +101,8 @@ def render(result: dict[str, Any]) -> str:
         f"knee: {s['knee_calls']} calls on one core (transceiver "
         f"{_fmt(s['transceiver_cpu_pct_at_knee'])} % of it), "
         f"RSS {_fmt(s['rss_kib_per_session'])} KiB per session over idle "
-        f"{cfg['idle_rss_kib'] / 1024:.1f} MB",
+        f"{cfg['idle_rss_kib'] / 1024:.1f} MB ({_fmt(s['rss_kib_per_session_first_step'])} at "
+        f"the first step, {s['first_step_calls']} calls)",
         f"first failing step: {s['first_failing_calls'] or '-'} calls "
         f"({', '.join(s['failed_on']) or '-'}); bound by: {s['bound_by']}",
         f"projected, not measured: {_fmt(s['calls_at_full_core_projected'], '.0f')} calls at "
