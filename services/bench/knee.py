@@ -351,16 +351,17 @@ class Bench:
         return row
 
     def _bound(self, row: dict[str, Any]) -> str:
-        """Which core was the limit over the window, if either."""
+        """What was the limit over the window: each that applies, the transceiver first."""
         tx_core = row["core_busy_pct"].get(self.tx_cpu) if self.tx_cpu is not None else None
         other = row["core_busy_pct"].get(self.bench_cpu) if self.bench_cpu is not None else None
+        found = []
         if row["transceiver_cpu_pct"] >= SATURATED_PCT:
-            return "transceiver core"
-        if row["contended"] or (tx_core is not None and tx_core >= SATURATED_PCT):
-            return "transceiver core, shared (other processes ran on it)"
+            found.append("transceiver core")
+        elif row["contended"] or (tx_core is not None and tx_core >= SATURATED_PCT):
+            found.append("transceiver core shared (other processes ran on it)")
         if other is not None and other >= SATURATED_PCT:
-            return "bench core (callers, relay, agent)"
-        return "neither core saturated"
+            found.append(f"bench core {other:.0f} % busy (callers, relay, agent, capture)")
+        return "; ".join(found) or "neither core saturated"
 
 
 # -- the sweep ----------------------------------------------------------------------------
