@@ -62,7 +62,8 @@ def test_quick_sessions_bench_measures_firsthop_and_stock() -> None:
 def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> None:
     result = bench("sessions", "--knee")
     config, check, rows = result["config"], result["loss_check"], result["rows"]
-    assert config["transceiver_cpu"] != config["bench_cpu"]  # pinned apart (2+ CPUs here)
+    pinned = config["transceiver_cpu"] is not None  # on 2+ CPUs: pinned apart
+    assert not pinned or config["transceiver_cpu"] != config["bench_cpu"]
     # The agent stopped 0.5 s mid-window: the judge counts the frames that cost every call.
     assert check["detected"] and check["frames_lost"] > 0, check
     assert rows[0]["calls"] == 2 and {r["calls"] for r in rows} <= {2, 3, 4}
@@ -72,7 +73,7 @@ def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> 
         assert row["all_heard_own"], row["per_call"]
         assert len(row["per_call"]) == row["calls"]
         assert row["transceiver_cpu_pct"] > 0 and row["rss_kib"] > 0
-        assert set(row["core_busy_pct"]) >= {str(config["transceiver_cpu"])}
+        assert not pinned or str(config["transceiver_cpu"]) in row["core_busy_pct"]
         assert {"transceiver", "agent", "relay", "callers 0"} <= set(row["cpu_pct"])
         assert isinstance(row["passed"], bool) and row["bound"]
         counted = row["transceiver_counted"]  # the step's calls, as the transceiver saw them
