@@ -24,6 +24,12 @@ Strategy:
   in time, so counting frames alone would miss loss), judged per frame by a Goertzel power on
   a 4x decimated frame; and whether the caller's own frequency dominates what it heard.
 
+`--knee` (`knee.py`) asks another question: the most concurrent calls one transceiver holds
+on one pinned core (the transceiver alone on the first CPU, relay, agent and callers on the
+last), doubling the calls from `--calls` until loss passes 0.5 % or the transceiver's
+residence p99 passes 40 ms, then bisecting; with cheaper callers (`knee_caller.py`), a
+kernel-stamped capture for residence (`capture.py`) and the transceiver's RSS per session.
+
 Invariants: every process started here is stopped before `run` returns; the server side is
 idle (no live sessions) before each round starts, or the round says how many were left.
 """
@@ -38,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -53,7 +60,7 @@ from firsthop.services.bench.measure import (
     settings,
 )
 from firsthop.services.bench.procs import Stack
-from firsthop.services.call.caller import ToneTrack
+from firsthop.services.call.caller import Caller, ToneTrack
 
 FRAME_S = 0.02
 SETUP_CONCURRENCY = 8  # offers in flight per worker (the relay limits pending flows per IP)
@@ -128,9 +135,30 @@ def analyze(
 # -- the caller worker process ----------------------------------------------------------------
 
 
-def _emit(message: dict[str, Any]) -> None:
+def emit(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
+
+
+async def connect_all(
+    callers: Sequence[Caller], answer: Callable[[str], str], connect_timeout: float
+) -> list[BaseException | None]:
+    """Set every caller up, SETUP_CONCURRENCY at a time, and tell the bench how many
+    connected; each one's outcome (what it failed with, or None)."""
+    gate = asyncio.Semaphore(SETUP_CONCURRENCY)
+
+    async def signal(offer: str) -> str:
+        return await asyncio.to_thread(answer, offer)
+
+    async def setup(caller: Caller) -> None:
+        async with gate:
+            await caller.start(signal)
+            await asyncio.wait_for(caller.wait_connected(), connect_timeout)
+
+    done = await asyncio.gather(*(setup(c) for c in callers), return_exceptions=True)
+    errors = [repr(e) for e in done if isinstance(e, BaseException)]
+    emit({"type": "connected", "connected": len(callers) - len(errors), "errors": errors})
+    return [e if isinstance(e, BaseException) else None for e in done]
 
 
 async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
@@ -144,19 +172,7 @@ async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
 
     freqs: list[float] = config["freqs"]
     callers = [RecordingCaller(ToneTrack(f)) for f in freqs]
-    gate = asyncio.Semaphore(SETUP_CONCURRENCY)
-
-    async def signal(offer: str) -> str:
-        return await asyncio.to_thread(answer, offer)
-
-    async def setup(caller: RecordingCaller) -> None:
-        async with gate:
-            await caller.start(signal)
-            await asyncio.wait_for(caller.wait_connected(), config["connect_timeout"])
-
-    done = await asyncio.gather(*(setup(c) for c in callers), return_exceptions=True)
-    errors = [repr(e) for e in done if isinstance(e, BaseException)]
-    _emit({"type": "connected", "connected": len(callers) - len(errors), "errors": errors})
+    done = await connect_all(callers, answer, config["connect_timeout"])
     try:
         await lines.readline()  # "go"
         started = time.monotonic()
@@ -170,18 +186,22 @@ async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
             {**analyze(c.frames, f, started, window, config["all_freqs"]), "connected": not e}
             for c, f, e in zip(callers, freqs, done, strict=True)
         ]
-        _emit({"type": "result", "window_s": round(window, 3), "calls": calls})
+        emit({"type": "result", "window_s": round(window, 3), "calls": calls})
     finally:
         await asyncio.gather(*(c.close() for c in callers), return_exceptions=True)
-    _emit({"type": "closed"})
+    emit({"type": "closed"})
 
 
-async def _worker_main() -> None:
+Worker = Callable[[dict[str, Any], asyncio.StreamReader], Awaitable[None]]
+
+
+async def worker_main(worker: Worker = _worker) -> None:
+    """A caller worker process: its config is the first line on stdin, then `worker` runs."""
     loop = asyncio.get_running_loop()
     lines = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(lines), sys.stdin)
     config = json.loads(await lines.readline())
-    await _worker(config, lines)
+    await worker(config, lines)
 
 
 # -- one round ----------------------------------------------------------------------------
@@ -465,6 +485,8 @@ def render(result: dict[str, Any]) -> str:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.knee:
+        return _knee_main(args)
     chosen = settings(args, QUICK if args.quick else DEFAULTS)
 
     def measure() -> dict[str, Any]:
@@ -482,6 +504,27 @@ def _main(args: argparse.Namespace) -> int:
     return report("sessions", args, measure, render)
 
 
+def _knee_main(args: argparse.Namespace) -> int:
+    from firsthop.services.bench import knee, knee_report  # (they build on this module)
+
+    chosen = settings(args, knee.KNEE_QUICK if args.quick else knee.KNEE_DEFAULTS)
+
+    def measure() -> dict[str, Any]:
+        start, top = int(chosen["calls"]), int(chosen["max_calls"])
+        if start < 1 or top < start or int(chosen["resolution"]) < 1:
+            raise ValueError("--knee needs 1 <= calls <= max-calls and resolution >= 1")
+        return knee.run(
+            start,
+            max_calls=top,
+            resolution=int(chosen["resolution"]),
+            seconds=float(chosen["seconds"]),
+            warmup=float(chosen["warmup"]),
+            workers=args.workers,
+        )
+
+    return report("sessions --knee", args, measure, knee_report.render)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sessions", help="server CPU per echoed call and loss vs stock aiortc")
     p.add_argument("--calls", help="concurrent calls per round; a list sweeps (10,20,30)")
@@ -489,10 +532,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rounds", type=int, help="interleaved rounds of the three targets")
     p.add_argument("--warmup", type=float, help="seconds after setup before the window")
     p.add_argument("--workers", type=int, default=2, help="caller processes per round")
-    p.add_argument("--quick", action="store_true", help="3 calls, 3 s, 1 round")
+    p.add_argument(
+        "--knee",
+        action="store_true",
+        help="find the most calls one transceiver holds on one pinned core: double --calls "
+        "(the start, default 20) until loss > 0.5 %% or residence p99 > 40 ms, then bisect; "
+        "cheap callers (pre-encoded Opus out, RTP judged after the window)",
+    )
+    p.add_argument("--max-calls", type=int, help="--knee: the sweep's ceiling (400)")
+    p.add_argument("--resolution", type=int, help="--knee: bisect down to this many calls (10)")
+    p.add_argument(
+        "--quick", action="store_true", help="3 calls, 3 s, 1 round (--knee: 2 then 4 calls)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_main)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
-    asyncio.run(_worker_main())
+    asyncio.run(worker_main())

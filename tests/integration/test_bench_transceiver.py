@@ -59,6 +59,32 @@ def test_quick_sessions_bench_measures_firsthop_and_stock() -> None:
     assert all(v is not None and v > 0 for v in summary["ratio_to"]["stock"].values())
 
 
+def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> None:
+    result = bench("sessions", "--knee")
+    config, check, rows = result["config"], result["loss_check"], result["rows"]
+    pinned = config["transceiver_cpu"] is not None  # on 2+ CPUs: pinned apart
+    assert not pinned or config["transceiver_cpu"] != config["bench_cpu"]
+    # The agent stopped 0.5 s mid-window: the judge counts the frames that cost every call.
+    assert check["detected"] and check["frames_lost"] > 0, check
+    assert rows[0]["calls"] == 2 and {r["calls"] for r in rows} <= {2, 3, 4}
+    for row in rows:
+        assert row["connected"] == row["calls"], row["setup_errors"]
+        assert row["frames_expected"] > 0 and 0 <= row["frames_lost"] <= row["frames_expected"]
+        assert row["all_heard_own"], row["per_call"]
+        assert len(row["per_call"]) == row["calls"]
+        assert row["transceiver_cpu_pct"] > 0 and row["rss_kib"] > 0
+        assert not pinned or str(config["transceiver_cpu"]) in row["core_busy_pct"]
+        assert {"transceiver", "agent", "relay", "callers 0"} <= set(row["cpu_pct"])
+        assert isinstance(row["passed"], bool) and row["bound"]
+        counted = row["transceiver_counted"]  # the step's calls, as the transceiver saw them
+        assert counted["frames_decoded"] > 0 and counted["agent_frames_played"] > 0, counted
+        if config["capture_error"] is None:  # CAP_NET_RAW: residence per burst onset
+            assert row["residence_ms"]["n"] > 0 and row["residence_ms"]["p50"] > 0, row
+    summary = result["summary"]
+    assert summary["knee_calls"] in {0, 2, 3, 4}
+    assert summary["bound_by"]
+
+
 def test_quick_echo_bench_measures_residence_and_mouth_to_ear() -> None:
     result = bench("echo")
     rows = result["rows"]

@@ -1,0 +1,157 @@
+"""`bench sessions --knee`: its judge counts every kind of lost echo, through the real codecs;
+its capture reads what the relay and the transceiver exchange; its aiortc hook is in place.
+
+The echo is made as the transceiver makes it: the caller's pre-encoded packets decoded by
+libopus and re-encoded by the transceiver's own encoder (the echo agent returns the PCM as
+it is). A late echo is what `AgentAudioTrack` does then: its encoder codes silence into the
+slot and the frame plays a slot later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+from firsthop.services.bench.caller_hooks import hook_points
+from firsthop.services.bench.capture import bpf_program, note
+from firsthop.services.bench.knee_caller import (
+    BURST_FRAMES,
+    FRAME_S,
+    PERIOD_FRAMES,
+    encoded_cycle,
+    judge,
+)
+from firsthop.services.transceiver.opus import OpusDecoder, OpusEncoder
+from firsthop.services.transceiver.rtc.audio import OPUS_BITRATE, SILENT_PCM
+from firsthop.shared.wire.proxy_v2 import build_proxy_v2
+
+FREQ = 600.0
+OTHERS = [FREQ, 660.0, 720.0]
+T0 = 100.0
+DELAY = 0.03  # from a frame leaving the caller to its echo arriving
+CYCLES = 3
+EXPECTED = CYCLES * BURST_FRAMES
+MID = PERIOD_FRAMES + 20  # a slot in the middle of the second burst's echo
+
+
+def echo_pcm(freq: float = FREQ) -> list[bytes]:
+    """What the transceiver hands its encoder: the caller's cycles, decoded (the echo agent
+    returns the PCM as it came), CYCLES + 1 of them."""
+    decoder = OpusDecoder()
+    return [decoder.decode(p) for _ in range(CYCLES + 1) for p in encoded_cycle(freq)]
+
+
+def encode(pcm: list[bytes | None]) -> list[bytes | None]:
+    """The call's encoder over its slots (None: a packet that never reaches the caller)."""
+    encoder = OpusEncoder(OPUS_BITRATE)
+    return [None if p is None else encoder.encode(p) for p in pcm]
+
+
+def judged(slots: list[bytes | None]) -> tuple[int, int, bool]:
+    """(frames lost, bursts with a loss, heard its own tone) of a recording of `slots`, one
+    every 20 ms from DELAY after the first burst left; its RTP sequence wraps on the way."""
+    packets = [
+        (T0 + DELAY + i * FRAME_S, (65000 + i) & 0xFFFF, p)
+        for i, p in enumerate(slots)
+        if p is not None
+    ]
+    onsets = [T0 + k * PERIOD_FRAMES * FRAME_S for k in range(CYCLES + 1)]
+    window = (T0, T0 + CYCLES * PERIOD_FRAMES * FRAME_S)
+    verdict = judge(packets, onsets, FREQ, OTHERS, window)
+    assert verdict.bursts == CYCLES
+    assert verdict.expected == EXPECTED
+    return verdict.lost, len(verdict.runs), verdict.heard_own
+
+
+def test_an_echo_that_all_came_back_loses_nothing_and_is_heard_as_the_callers_own() -> None:
+    assert judged(encode(list(echo_pcm()))) == (0, 0, True)
+
+
+def test_an_echo_late_and_replaced_by_silence_is_a_lost_frame() -> None:
+    pcm: list[bytes | None] = list(echo_pcm())
+    pcm.insert(MID, SILENT_PCM)  # its slot coded as silence; it plays a slot later
+    assert judged(encode(pcm))[:2] == (1, 1)
+    pcm.insert(MID, SILENT_PCM)
+    pcm.insert(MID, SILENT_PCM)
+    assert judged(encode(pcm))[:2] == (3, 1)
+
+
+def test_an_echo_dropped_for_silence_or_never_sent_is_a_lost_frame() -> None:
+    pcm: list[bytes | None] = list(echo_pcm())
+    pcm[MID] = SILENT_PCM  # dropped, silence in its slot
+    assert judged(encode(pcm))[:2] == (1, 1)
+    slots = encode(list(echo_pcm()))
+    slots[MID] = None  # the packet never came
+    assert judged(slots)[:2] == (1, 1)
+    pcm = list(echo_pcm())
+    del pcm[PERIOD_FRAMES + BURST_FRAMES - 1]  # the burst's last frame, gone
+    assert judged(encode(pcm))[:2] == (1, 1)
+    pcm = list(echo_pcm())
+    del pcm[PERIOD_FRAMES + 1]  # and its first whole one
+    assert judged(encode(pcm))[:2] == (1, 1)
+
+
+def test_a_burst_that_never_came_back_loses_all_its_frames() -> None:
+    slots = encode(list(echo_pcm()))
+    for i in range(PERIOD_FRAMES, 2 * PERIOD_FRAMES):
+        slots[i] = None
+    assert judged(slots)[:2] == (BURST_FRAMES, 1)
+    pcm: list[bytes | None] = list(echo_pcm())
+    pcm[PERIOD_FRAMES : 2 * PERIOD_FRAMES] = [SILENT_PCM] * PERIOD_FRAMES
+    assert judged(encode(pcm))[:2] == (BURST_FRAMES, 1)
+
+
+def test_another_callers_tone_is_not_heard_as_ones_own() -> None:
+    lost, _, heard_own = judged(encode(list(echo_pcm(660.0))))
+    assert not heard_own
+    assert lost >= 0.9 * EXPECTED  # 60 Hz away over 20 ms is not the caller's tone
+
+
+def _frame(src: tuple[str, int], dst: tuple[str, int], client: tuple[str, int], up: bool) -> bytes:
+    header = (
+        build_proxy_v2(client, ("127.0.0.1", 5004))
+        if up
+        else build_proxy_v2(("127.0.0.1", 5004), client)
+    )
+    payload = header + bytes([0x80, 111]) + bytes(150)
+    udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(payload), 0) + payload
+    ip = struct.pack(
+        "!BBHHHBBH4s4s",
+        0x45,
+        0,
+        20 + len(udp),
+        0,
+        0,
+        64,
+        17,
+        0,
+        socket.inet_aton(src[0]),
+        socket.inet_aton(dst[0]),
+    )
+    return bytes(12) + b"\x08\x00" + ip + udp
+
+
+def test_the_capture_reads_the_client_and_size_of_rtp_each_way() -> None:
+    tx, relay, client = ("127.0.0.1", 40000), ("127.0.0.1", 3478), ("192.0.2.7", 5555)
+    header_len = len(build_proxy_v2(client, ("127.0.0.1", 5004)))
+    assert note(_frame(relay, tx, client, up=True), 7, tx[1]) == (7, "up", "192.0.2.7:5555", 152)
+    assert note(_frame(tx, relay, client, up=False), 8, tx[1]) == (
+        8,
+        "down",
+        "192.0.2.7:5555",
+        152,
+    )
+    assert header_len > 0
+    assert note(_frame(relay, ("127.0.0.1", 1), client, up=True), 9, tx[1]) is None
+    assert note(b"\x00" * 40, 9, tx[1]) is None  # garbage: not a record, not a crash
+    program = bpf_program(tx[1])
+    assert program[-2] != program[-1] and len(program) == 15
+
+
+def test_the_aiortc_internal_the_callers_hook_is_where_expected() -> None:
+    async def main() -> dict[str, bool]:
+        return hook_points()
+
+    points = asyncio.run(main())
+    assert points and all(points.values()), points
