@@ -1,11 +1,13 @@
-"""The reference agents' WebSocket server: wsproto on a Trio socket stream, one task per socket.
+"""The reference agents' WebSocket server: one Trio task per socket, framing by
+`shared/wire/websocket.py`.
 
 Strategy: the connection's own task reads the socket when it asks for a message; there is no
 reader task and no message queue between the socket and the handler (trio-websocket's design),
 so a 20 ms frame in and its echo out cost one socket read, one socket write and no task
-switch (measured: about half the agent's CPU per call went to that hop). Ping is answered,
-Close is answered and ends the connection, a message over `max_message` closes it with 1009
-(RFC 6455 §7.4.1), a protocol error with the code wsproto gives.
+switch (measured: about half the agent's CPU per call went to that hop and to wsproto's
+framing). wsproto reads the upgrade request and writes the 101; the frames after it are
+the codec's. Ping is answered, Close is answered and ends the connection, a protocol error
+or a message over `max_message` closes it with the error's code (RFC 6455 §7.4.1).
 
 Invariants: one task receives (`get_message`); sends may come from several (`send_message`
 holds a lock); after `ConnectionClosed` every call raises it again.
@@ -18,24 +20,28 @@ from collections.abc import Awaitable, Callable
 
 import trio
 from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Event,
-    Message,
-    Ping,
-    RejectConnection,
-    Request,
-    TextMessage,
-)
+from wsproto.events import AcceptConnection, RejectConnection, Request
 from wsproto.utilities import RemoteProtocolError
 
+from firsthop.shared.wire.websocket import (
+    BINARY,
+    CLOSE,
+    PONG,
+    TEXT,
+    Close,
+    Event,
+    Ping,
+    WebSocketError,
+    WebSocketReader,
+    close_payload,
+    encode_frame,
+    split_handshake,
+)
+
 RECEIVE_SIZE = 65536
+MAX_HANDSHAKE = 16384  # bytes of upgrade request
 HANDSHAKE_TIMEOUT = 60.0  # seconds for a client to send its upgrade request
 CLOSE_TIMEOUT = 2.0  # seconds to wait for the peer's Close after ours
-MESSAGE_TOO_BIG = 1009  # RFC 6455 §7.4.1
 
 
 class ConnectionClosed(Exception):
@@ -45,14 +51,14 @@ class ConnectionClosed(Exception):
 class AgentConnection:
     """One accepted WebSocket (see the module docstring)."""
 
-    def __init__(self, stream: trio.SocketStream, ws: WSConnection, max_message: int) -> None:
+    def __init__(self, stream: trio.SocketStream, max_message: int, early: bytes = b"") -> None:
         self._stream = stream
-        self._ws = ws
-        self._max_message = max_message
+        self._reader = WebSocketReader(masked=True, max_message=max_message)
         self._events: deque[Event] = deque()
-        self._parts: list[bytes | str] = []
-        self._size = 0
+        self._early = early  # what came right behind the upgrade request
         self._send_lock = trio.Lock()
+        self._close_sent = False
+        self._failure: WebSocketError | None = None  # the peer broke the protocol
         self.closed = False
 
     async def get_message(self) -> str | bytes:
@@ -60,55 +66,59 @@ class AgentConnection:
         while True:
             while self._events:
                 event = self._events.popleft()
-                if isinstance(event, Message):
-                    message = await self._part(event)
-                    if message is not None:
-                        return message
-                elif isinstance(event, Ping):
-                    await self._send(self._ws.send(event.response()))
-                elif isinstance(event, CloseConnection):
-                    if self._ws.state is ConnectionState.REMOTE_CLOSING:
-                        await self._send(self._ws.send(event.response()))
+                if isinstance(event, (bytes, str)):
+                    return event
+                if isinstance(event, Ping):
+                    await self._send(encode_frame(PONG, event.payload))
+                elif isinstance(event, Close):
+                    if not self._close_sent:  # RFC 6455 §5.5.1: answer it, echoing its code
+                        self._close_sent = True
+                        await self._send(encode_frame(CLOSE, close_payload(event.code)))
                     await self._lost()
+            if self._failure is not None:
+                await self._fail(self._failure)
             if self.closed:
                 raise ConnectionClosed
             await self._receive()
 
-    async def _part(self, event: Message) -> str | bytes | None:
-        data = event.data
-        self._parts.append(bytes(data) if isinstance(data, bytearray) else data)
-        self._size += len(data)
-        if self._size > self._max_message:
-            await self.aclose(MESSAGE_TOO_BIG, "message too big")
-            raise ConnectionClosed
-        if not event.message_finished:
-            return None
-        parts, self._parts, self._size = self._parts, [], 0
-        if len(parts) == 1:
-            return parts[0]
-        if isinstance(event, BytesMessage):
-            return b"".join(p for p in parts if isinstance(p, bytes))
-        return "".join(p for p in parts if isinstance(p, str))
-
     async def _receive(self) -> None:
-        try:
-            data = await self._stream.receive_some(RECEIVE_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
+        data, self._early = self._early, b""
         if not data:
-            await self._lost()
-        self._ws.receive_data(data)
-        self._events.extend(self._ws.events())  # a protocol error comes as CloseConnection
+            try:
+                data = await self._stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                await self._lost()
+        try:
+            self._events.extend(self._reader.feed(data))
+        except WebSocketError as exc:
+            self._events.extend(exc.events)  # (handed out before the connection fails)
+            self._failure = exc
+
+    async def _fail(self, exc: WebSocketError) -> None:
+        """RFC 6455 §7.1.7, "Fail the WebSocket Connection": say why, then hang up. What
+        the peer sends after the bad frame cannot be read: it is discarded until the peer
+        hangs up (briefly), so closing the socket does not reset it under our Close."""
+        if not self._close_sent:
+            self._close_sent = True
+            await self._send(encode_frame(CLOSE, close_payload(exc.code, exc.reason)))
+        with trio.move_on_after(CLOSE_TIMEOUT):
+            try:
+                while await self._stream.receive_some(RECEIVE_SIZE):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await self._lost()
 
     async def send_message(self, message: str | bytes) -> None:
         """Send one whole message; `ConnectionClosed` if the WebSocket is closed."""
-        if self.closed or self._ws.state is not ConnectionState.OPEN:
+        if self.closed or self._close_sent:
             raise ConnectionClosed
         if isinstance(message, str):
-            data = self._ws.send(TextMessage(data=message))
+            await self._send(encode_frame(TEXT, message.encode()))
         else:
-            data = self._ws.send(BytesMessage(data=message))
-        await self._send(data)
+            await self._send(encode_frame(BINARY, message))
 
     async def _send(self, data: bytes) -> None:
         try:
@@ -122,15 +132,18 @@ class AgentConnection:
         await self._stream.aclose()
         raise ConnectionClosed
 
-    async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
+    async def aclose(self, code: int = 1000, reason: str = "") -> None:
         """Close the WebSocket (Close frame, the peer's Close awaited briefly), then the socket."""
         if self.closed:
             return
         try:
-            if self._ws.state is ConnectionState.OPEN:
-                await self._send(self._ws.send(CloseConnection(code=code, reason=reason)))
+            if not self._close_sent:
+                self._close_sent = True
+                await self._send(encode_frame(CLOSE, close_payload(code, reason)))
                 with trio.move_on_after(CLOSE_TIMEOUT):
-                    while self._ws.state is ConnectionState.LOCAL_CLOSING:
+                    while self._failure is None and not any(
+                        isinstance(e, Close) for e in self._events
+                    ):
                         await self._receive()
         except ConnectionClosed:
             return
@@ -140,21 +153,24 @@ class AgentConnection:
 
 async def _handshake(stream: trio.SocketStream, max_message: int) -> AgentConnection | None:
     """Read the upgrade request and accept it (None: it was not one, or the peer left)."""
-    ws = WSConnection(ConnectionType.SERVER)
-    while True:
+    head = b""
+    while (split := split_handshake(head)) is None:
         data = await stream.receive_some(RECEIVE_SIZE)
-        if not data:
+        if not data or len(head) > MAX_HANDSHAKE:
             return None
-        try:
-            ws.receive_data(data)
-            for event in ws.events():
-                if isinstance(event, Request):
-                    await stream.send_all(ws.send(AcceptConnection()))
-                    return AgentConnection(stream, ws, max_message)
-        except RemoteProtocolError as exc:
-            if isinstance(exc.event_hint, RejectConnection):
-                await stream.send_all(ws.send(exc.event_hint))
-            return None
+        head += data
+    head, early = split
+    ws = WSConnection(ConnectionType.SERVER)
+    try:
+        ws.receive_data(head)
+        for event in ws.events():
+            if isinstance(event, Request):
+                await stream.send_all(ws.send(AcceptConnection()))
+                return AgentConnection(stream, max_message, early)
+    except RemoteProtocolError as exc:
+        if isinstance(exc.event_hint, RejectConnection):
+            await stream.send_all(ws.send(exc.event_hint))
+    return None
 
 
 async def serve_websockets(

@@ -64,6 +64,7 @@ class RawClient:
             self.events.append(event)
             if isinstance(event, CloseConnection) and data:
                 await self.send(event.response())
+                await self.stream.send_eof()  # (a client may hang up its half at once)
         return bool(data)
 
     async def send(self, event: Any) -> None:
