@@ -22,12 +22,13 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import trio
 from opentelemetry.trace import SpanKind
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
+from firsthop.services.agent.connection import AgentConnection, ConnectionClosed, serve_websockets
 from firsthop.services.agent.vad import FRAME_MS, TurnTaker
 from firsthop.shared.config import add_option, hostport_arg
 from firsthop.shared.http import serve_simple
@@ -47,11 +48,11 @@ MAX_MESSAGE = 1 << 20
 PLAYBACK_LEAD = 3  # frames sent ahead of real time, so the transceiver's queue never runs dry
 
 
-async def _send_event(ws: WebSocketConnection, data: dict[str, Any]) -> None:
+async def _send_event(ws: AgentConnection, data: dict[str, Any]) -> None:
     await ws.send_message(json.dumps({"type": "agent.event", "data": data}))
 
 
-async def echo_session(ws: WebSocketConnection, start: dict[str, Any]) -> None:
+async def echo_session(ws: AgentConnection, start: dict[str, Any]) -> None:
     while True:
         message = await ws.get_message()
         if isinstance(message, bytes):
@@ -69,7 +70,7 @@ async def echo_session(ws: WebSocketConnection, start: dict[str, Any]) -> None:
             return
 
 
-async def parrot_session(ws: WebSocketConnection, start: dict[str, Any]) -> None:
+async def parrot_session(ws: AgentConnection, start: dict[str, Any]) -> None:
     turns = TurnTaker()
     replies_send, replies_recv = trio.open_memory_channel[list[bytes]](4)
     speaking = trio.Event()  # set while the caller talks: barge-in for the player
@@ -121,7 +122,7 @@ async def parrot_session(ws: WebSocketConnection, start: dict[str, Any]) -> None
                             log.warning("parrot: reply queue full, dropping a reply")
 
 
-async def twilio_echo_session(ws: WebSocketConnection, start: dict[str, Any]) -> None:
+async def twilio_echo_session(ws: AgentConnection, start: dict[str, Any]) -> None:
     """A Media Streams bot that says back what it hears, message by message."""
     sid = start["stream_sid"]
     while True:
@@ -142,14 +143,14 @@ async def twilio_echo_session(ws: WebSocketConnection, start: dict[str, Any]) ->
             return
 
 
-async def native_start(ws: WebSocketConnection) -> dict[str, Any] | None:
+async def native_start(ws: AgentConnection) -> dict[str, Any] | None:
     """The native protocol's first message, `session.start` (None: something else came)."""
     first = await ws.get_message()
     start = json.loads(first) if isinstance(first, str) else {}
     return start if isinstance(start, dict) and start.get("type") == "session.start" else None
 
 
-async def twilio_start(ws: WebSocketConnection) -> dict[str, Any] | None:
+async def twilio_start(ws: AgentConnection) -> dict[str, Any] | None:
     """Media Streams' `connected` then `start`: the call's ids from its customParameters."""
     for expected in ("connected", "start"):
         message = await ws.get_message()
@@ -163,8 +164,8 @@ async def twilio_start(ws: WebSocketConnection) -> dict[str, Any] | None:
     return {**custom, "stream_sid": msg["streamSid"]}
 
 
-Handler = Callable[[WebSocketConnection, dict[str, Any]], Awaitable[None]]
-Opening = Callable[[WebSocketConnection], Awaitable[dict[str, Any] | None]]
+Handler = Callable[[AgentConnection, dict[str, Any]], Awaitable[None]]
+Opening = Callable[[AgentConnection], Awaitable[dict[str, Any] | None]]
 KINDS: dict[str, tuple[Opening, Handler]] = {
     "echo": (native_start, echo_session),
     "parrot": (native_start, parrot_session),
@@ -202,8 +203,7 @@ async def serve_agent(
             return 200, "application/json", json.dumps({"ok": True, "kind": kind}).encode()
         return 404, "text/plain", b"not found\n"
 
-    async def on_request(request: WebSocketRequest) -> None:
-        ws = await request.accept()
+    async def on_connection(ws: AgentConnection) -> None:
         STATS["active"] += 1
         try:
             start = await opening(ws)
@@ -232,17 +232,9 @@ async def serve_agent(
     async with trio.open_nursery() as nursery:
         if metrics is not None:
             await nursery.start(serve_simple, http, metrics)
-        server = await nursery.start(
-            lambda task_status: serve_websocket(
-                on_request,
-                listen[0],
-                listen[1],
-                ssl_context=None,
-                max_message_size=MAX_MESSAGE,
-                task_status=task_status,
-            )
+        port = await nursery.start(
+            partial(serve_websockets, on_connection, listen[0], listen[1], max_message=MAX_MESSAGE)
         )
-        port = server.port
         log.info("agent %s listening on %s:%d", kind, listen[0], port)
         announce(listen=(listen[0], port))
         task_status.started((listen[0], port))

@@ -86,3 +86,34 @@ def test_bad_urls_and_refusals() -> None:
             await asyncio.wait_for(link.connect(), 5)
 
     asyncio.run(main())
+
+
+def test_the_agent_speaks_first_pings_and_its_close_is_answered() -> None:
+    """What the agent sends right behind its 101 (maybe in the same segment) is delivered;
+    its ping gets a pong; its Close is answered with one (the server sees a clean 1000)."""
+
+    async def main() -> None:
+        got: list[str | bytes] = []
+        closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        server_saw: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+
+        async def handler(ws: ServerConnection) -> None:
+            await ws.send("first")
+            await ws.send(b"\x01" * 1920)
+            pong = await ws.ping(b"are you there")
+            await asyncio.wait_for(pong, 5)
+            await ws.send("pong came")
+            await ws.close(1000)
+            server_saw.set_result(ws.close_code)
+
+        server, url = await _serve(handler)
+        link = AgentLink(url, on_message=got.append, on_closed=settle(closed))
+        await asyncio.wait_for(link.connect(), 5)
+        assert "(1000)" in await asyncio.wait_for(closed, 5)
+        assert link.hung_up
+        assert got == ["first", b"\x01" * 1920, "pong came"]
+        assert await asyncio.wait_for(server_saw, 5) == 1000
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())

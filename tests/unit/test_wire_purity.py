@@ -14,7 +14,7 @@ def test_wire_imports_no_io_frameworks() -> None:
         "import json, sys\n"
         "import firsthop.shared.wire.stun, firsthop.shared.wire.route_token\n"
         "import firsthop.shared.wire.proxy_v2, firsthop.shared.wire.demux\n"
-        "import firsthop.shared.wire.g711\n"
+        "import firsthop.shared.wire.g711, firsthop.shared.wire.websocket\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run(

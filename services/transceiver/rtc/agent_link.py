@@ -11,21 +11,29 @@ the handshake.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 from collections.abc import Callable
-from typing import Any
 
 from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
+from wsproto.events import AcceptConnection, RejectConnection, Request
+
+from firsthop.shared.wire.websocket import (
+    BINARY,
+    CLOSE,
+    PONG,
+    TEXT,
+    Close,
+    Event,
+    MessageTooBig,
     Ping,
-    RejectConnection,
-    Request,
-    TextMessage,
+    Pong,
+    WebSocketError,
+    WebSocketReader,
+    close_payload,
+    encode_frame,
+    split_handshake,
 )
 
 
@@ -78,8 +86,8 @@ class AgentLink:
         self.open = False
         self.hung_up = False  # it closed because the agent closed it (not a failure)
         self._out = bytearray()
-        self._partial: list[bytes | str] = []
-        self._partial_size = 0
+        self.reader = WebSocketReader(masked=False, max_message=self.MAX_MESSAGE)
+        self._close_sent = False
 
     async def connect(self, first: list[str | bytes] | None = None) -> None:
         """Open the socket and do the WebSocket handshake (wrap in a timeout); `first` are
@@ -97,26 +105,26 @@ class AgentLink:
             host = f"{self.host}:{self.port}"
             request = Request(host=host, target=self.target, extra_headers=self.headers)
             await loop.sock_sendall(sock, self._wrap(self.ws.send(request)))
-            early: list[Any] = []  # what came right behind the handshake's answer
-            while not self.open:
+            head = b""
+            while (split := split_handshake(head)) is None:
                 data = await loop.sock_recv(sock, 65536)
                 if not data:
                     raise AgentLinkError("agent closed during the handshake")
-                plain = self._unwrap(data)
-                if not plain:
-                    continue  # TLS records with no data in them yet (a session ticket)
-                try:
-                    self.ws.receive_data(plain)
-                    handshake = list(self.ws.events())
-                except Exception as exc:  # wsproto raises on a bad handshake answer
-                    raise AgentLinkError(f"bad WebSocket handshake: {exc}") from exc
-                for event in handshake:
-                    if self.open:
-                        early.append(event)
-                    elif isinstance(event, AcceptConnection):
-                        self.open = True
-                    elif isinstance(event, RejectConnection):
-                        raise AgentLinkError(f"agent refused the WebSocket ({event.status_code})")
+                head += self._unwrap(data)  # (TLS: maybe nothing yet, a session ticket)
+                if len(head) > self.MAX_MESSAGE:
+                    raise AgentLinkError("bad WebSocket handshake: answer too long")
+            head, early = split  # wsproto reads the answer; frames right behind it are ours
+            try:
+                self.ws.receive_data(head)
+                handshake = list(self.ws.events())
+            except Exception as exc:  # wsproto raises on a bad handshake answer
+                raise AgentLinkError(f"bad WebSocket handshake: {exc}") from exc
+            for event in handshake:
+                if isinstance(event, RejectConnection):
+                    raise AgentLinkError(f"agent refused the WebSocket ({event.status_code})")
+                self.open = self.open or isinstance(event, AcceptConnection)
+            if not self.open:
+                raise AgentLinkError("bad WebSocket handshake: no answer to the upgrade")
         except BaseException:
             sock.close()
             raise
@@ -124,7 +132,8 @@ class AgentLink:
         for message in first or []:
             self.send(message)
         loop.add_reader(sock.fileno(), self._readable)
-        self._handle(early)
+        if early:
+            self._received(early)
 
     async def _tls_handshake(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         assert self.tls_context is not None
@@ -179,8 +188,8 @@ class AgentLink:
         if not self.open:
             return False
         if isinstance(message, str):
-            return self._send(self.ws.send(TextMessage(data=message)))
-        return self._send(self.ws.send(BytesMessage(data=message)))
+            return self._send(encode_frame(TEXT, message.encode(), os.urandom(4)))
+        return self._send(encode_frame(BINARY, message, os.urandom(4)))
 
     def _send(self, data: bytes) -> bool:
         sock = self.sock
@@ -242,41 +251,44 @@ class AgentLink:
             plain = self._unwrap(data)
             if self._tls is not None and self._tls_out.pending:  # TLS wants to answer
                 self._send(b"")
-            if not plain:
-                return
-            self.ws.receive_data(plain)
-            events = list(self.ws.events())
         except ssl.SSLError as exc:
             self._fail(f"TLS failed: {exc}")
             return
-        except Exception as exc:  # wsproto raises on protocol violations
-            self._fail(f"bad WebSocket data: {exc}")
+        if plain:
+            self._received(plain)
+
+    def _received(self, data: bytes) -> None:
+        try:
+            events = self.reader.feed(data)
+        except WebSocketError as exc:
+            self._handle(exc.events)  # (the messages before the bad frame)
+            if self.sock is None:
+                return
+            if isinstance(exc, MessageTooBig):
+                self._fail("agent message over 1 MiB")
+            else:  # (as a Close with the violation's code: the agent broke the link)
+                self.hung_up = True
+                self._fail(f"agent closed the WebSocket ({exc.code}): {exc.reason}")
             return
         self._handle(events)
 
-    def _handle(self, events: list[Any]) -> None:
+    def _handle(self, events: list[Event]) -> None:
         for event in events:
-            if isinstance(event, (BytesMessage, TextMessage)):
-                chunk = bytes(event.data) if isinstance(event.data, bytearray) else event.data
-                self._partial.append(chunk)
-                self._partial_size += len(event.data)
-                if self._partial_size > self.MAX_MESSAGE:
-                    self._fail("agent message over 1 MiB")
-                    return
-                if event.message_finished:
-                    parts, self._partial, self._partial_size = self._partial, [], 0
-                    if isinstance(event, BytesMessage):
-                        self.on_message(b"".join(p for p in parts if isinstance(p, bytes)))
-                    else:
-                        self.on_message("".join(p for p in parts if isinstance(p, str)))
+            if self.sock is None:
+                return  # a message before this one ended the link
+            if isinstance(event, (bytes, str)):
+                self.on_message(event)
             elif isinstance(event, Ping):
-                self._send(self.ws.send(event.response()))
-            elif isinstance(event, CloseConnection):
-                if self.ws.state is ConnectionState.REMOTE_CLOSING:
-                    self._send(self.ws.send(event.response()))
+                self._send(encode_frame(PONG, event.payload, os.urandom(4)))
+            elif isinstance(event, Close):
+                if not self._close_sent:  # RFC 6455 §5.5.1: answer it, echoing its code
+                    self._close_sent = True
+                    self._send(encode_frame(CLOSE, close_payload(event.code), os.urandom(4)))
                 self.hung_up = True
                 self._fail(f"agent closed the WebSocket ({event.code})")
                 return
+            elif not isinstance(event, Pong):
+                raise AssertionError(event)
 
     def _fail(self, reason: str) -> None:
         if self.sock is not None:
@@ -294,9 +306,10 @@ class AgentLink:
 
     def close(self) -> None:
         """Say goodbye (a close frame, best effort) and drop the connection; no callback."""
-        if self.sock is not None and self.open:
+        if self.sock is not None and self.open and not self._close_sent:
+            self._close_sent = True
             try:
-                self.sock.send(self._wrap(self.ws.send(CloseConnection(code=1000))))
+                self.sock.send(self._wrap(encode_frame(CLOSE, close_payload(1000), os.urandom(4))))
             except (OSError, Exception):
                 pass
         self._teardown()

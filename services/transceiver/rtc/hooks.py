@@ -29,6 +29,10 @@ The bends, per ICE connection (`make_lite`):
 And per receiver and DTLS transport: a zero-delay jitter buffer feeding the decoder thread
 straight (`low_latency_receiver`), and SRTP failures counted (`count_srtp_failures`).
 
+And per session, its media in-line (`media_path`): a non-STUN datagram skips aioice's STUN
+parse, and SRTP/SRTCP is unprotected and handled on the spot, as the DTLS transport's task
+would, instead of through aioice's queue and a task wake-up per packet.
+
 And per peer connection, DTLS with any standard peer (`dtls_for_any_peer`): aiortc's SSL
 context offers only ECDHE-ECDSA suites, so a peer with an RSA certificate (GStreamer's
 `webrtcbin`, many embedded stacks) that is the DTLS server (we answer `a=setup:active`) finds
@@ -47,13 +51,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
 import aioice
 import aioice.ice
 import aiortc
+import aiortc.clock
+import aiortc.rtp
 import pylibsrtp
 from aioice.candidate import candidate_foundation, candidate_priority
 from aiortc import (
@@ -476,6 +482,68 @@ def dtls_certificate(pc: RTCPeerConnection) -> RTCCertificate:
     return certificate
 
 
+# -- the media path in-line ------------------------------------------------------------------
+
+
+def media_path(pc: RTCPeerConnection, protocol: aioice.ice.StunProtocol) -> Callable[[bytes], None]:
+    """What takes `protocol`'s non-STUN datagrams (RFC 7983: a first byte over 3; the caller
+    checks), in place of `StunProtocol.datagram_received`: it parses every datagram as STUN
+    first (a raised ValueError per media packet) before queueing it for the DTLS transport's
+    task. Here DTLS records go to that queue straight, and SRTP/SRTCP (first byte 128-191),
+    once the keys are there and nothing waits in the queue before it, is unprotected and
+    handled right away, as that task would (`RTCDtlsTransport._recv_next`, aiortc 1.16): no
+    queue, no task wake-up per packet. Order holds: with anything queued, SRTP queues too."""
+    conn = protocol.receiver
+    queue: asyncio.Queue[Any] = conn._queue
+    component = protocol.local_candidate.component
+    transports = pc._RTCPeerConnection__dtlsTransports  # type: ignore[attr-defined]
+    dtls = next((t for t in transports if t.transport._connection is conn), None)
+
+    def deliver(data: bytes) -> None:
+        if dtls is None or not 127 < data[0] < 192 or dtls._rx_srtp is None or queue.qsize():
+            queue.put_nowait((data, component))
+            return
+        dtls._RTCDtlsTransport__rx_bytes += len(data)
+        dtls._RTCDtlsTransport__rx_packets += 1
+        arrival_time_ms = aiortc.clock.current_ms()
+        try:
+            if aiortc.rtp.is_rtcp(data):
+                _run_in_line(dtls._handle_rtcp_data(dtls._rx_srtp.unprotect_rtcp(data)))
+            else:
+                plain = dtls._rx_srtp.unprotect(data)
+                _run_in_line(dtls._handle_rtp_data(plain, arrival_time_ms=arrival_time_ms))
+        except pylibsrtp.Error:
+            pass  # (aiortc logs it at debug level; `count_srtp_failures` counts it)
+
+    return deliver
+
+
+def _run_in_line(coro: Coroutine[Any, Any, None]) -> None:
+    """Run `coro` now, to its end. aiortc's RTP and RTCP handlers never wait on anything for
+    audio (their awaits end in synchronous sends); if one ever does, a task finishes it."""
+    try:
+        awaited = coro.send(None)
+    except StopIteration:
+        return
+    asyncio.ensure_future(_finish(coro, awaited))
+
+
+async def _finish(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
+    """Carry on `coro` where it waited (as its own task would have)."""
+    try:
+        while True:
+            try:
+                await awaited
+            except Exception:
+                pass  # (the coroutine sees the outcome itself when resumed)
+            try:
+                awaited = coro.send(None)
+            except StopIteration:
+                return
+    finally:
+        coro.close()
+
+
 def hook_points() -> dict[str, bool]:
     """Whether every aiortc/aioice internal this module relies on is where we expect it."""
     from aiortc.rtcdtlstransport import RTCDtlsTransport
@@ -535,8 +603,34 @@ def hook_points() -> dict[str, bool]:
             )
         },
         "RTCRtpReceiver._run_rtcp": hasattr(receiver, "_run_rtcp"),
+        **_media_path_points(conn, receiver.transport),
         "RTCRtpReceiver.receive: decoder thread": (
             "decoder_worker" in RTCRtpReceiver.receive.__code__.co_names
             and "_register_rtp_receiver" in RTCRtpReceiver.receive.__code__.co_names
         ),
+    }
+
+
+def _media_path_points(conn: aioice.Connection, dtls: Any) -> dict[str, bool]:
+    """`media_path`'s reach: the queue it feeds and the SRTP branch it runs in-line."""
+    from aiortc.rtcdtlstransport import RTCDtlsTransport
+
+    recv_next = RTCDtlsTransport._recv_next.__code__
+    return {
+        "Connection.data_received: _queue": (
+            "_queue" in aioice.Connection.data_received.__code__.co_names
+        ),
+        "StunProtocol.receiver": "receiver" in aioice.ice.StunProtocol.__init__.__code__.co_names,
+        "RTCDtlsTransport.__rx_bytes": hasattr(dtls, "_RTCDtlsTransport__rx_bytes"),
+        "RTCDtlsTransport.__rx_packets": hasattr(dtls, "_RTCDtlsTransport__rx_packets"),
+        "RTCDtlsTransport._recv_next: SRTP branch": all(
+            name in recv_next.co_names
+            for name in ("_rx_srtp", "unprotect", "unprotect_rtcp", "current_ms")
+        )
+        and {"_handle_rtp_data", "_handle_rtcp_data"} <= set(recv_next.co_names),
+        "RTCDtlsTransport._handle_rtp_data": hasattr(dtls, "_handle_rtp_data"),
+        "RTCDtlsTransport._handle_rtcp_data": hasattr(dtls, "_handle_rtcp_data"),
+        "RTCDtlsTransport.transport": hasattr(dtls, "transport"),
+        "clock.current_ms": hasattr(aiortc.clock, "current_ms"),
+        "rtp.is_rtcp": hasattr(aiortc.rtp, "is_rtcp"),
     }

@@ -66,6 +66,7 @@ class RtcSession:
     _tasks: set[asyncio.Task[None]] = field(init=False, default_factory=set)
     _jitter: list[LowLatencyJitterBuffer] = field(init=False, default_factory=list)
     _decoder: OpusDecoder | None = field(init=False, default=None)
+    _media: Callable[[bytes], None] | None = field(init=False, default=None)
     _audio_started: bool = field(init=False, default=False)
     _decoded: int = field(init=False, default=0)
     _repaired: int = field(init=False, default=0)
@@ -132,9 +133,15 @@ class RtcSession:
         protocol = self._protocols[0]() if self._protocols else None
         if protocol is None:
             return False
-        if data[0] > STUN_LAST and hooks.receive_backlog(protocol) >= MAX_RECEIVE_QUEUE:
+        if data[0] <= STUN_LAST:
+            protocol.datagram_received(data, addr)
+            return True
+        if hooks.receive_backlog(protocol) >= MAX_RECEIVE_QUEUE:
             return False
-        protocol.datagram_received(data, addr)
+        media = self._media
+        if media is None:
+            media = self._media = hooks.media_path(self.pc, protocol)
+        media(data)  # DTLS queued for aiortc's task; SRTP handled here (`hooks.media_path`)
         return True
 
     # -- events ------------------------------------------------------------------------------

@@ -1,0 +1,205 @@
+"""The reference agents' WebSocket server: one Trio task per socket, framing by
+`shared/wire/websocket.py`.
+
+Strategy: the connection's own task reads the socket when it asks for a message; there is no
+reader task and no message queue between the socket and the handler (trio-websocket's design),
+so a 20 ms frame in and its echo out cost one read and one write on the stream's Trio socket
+(no stream layer per frame either) and no task switch (measured: that hop and wsproto's
+framing took about half the agent's CPU per call). wsproto reads the upgrade request and
+writes the 101; the frames after it are the codec's. Ping is answered, Close is answered
+and ends the connection, a protocol error or a message over `max_message` closes it with
+the error's code (RFC 6455 §7.4.1).
+
+Invariants: one task receives (`get_message`); sends may come from several (`send_message`
+holds a lock); after `ConnectionClosed` every call raises it again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import trio
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, RejectConnection, Request
+from wsproto.utilities import RemoteProtocolError
+
+from firsthop.shared.wire.websocket import (
+    BINARY,
+    CLOSE,
+    PONG,
+    TEXT,
+    Close,
+    Event,
+    Ping,
+    WebSocketError,
+    WebSocketReader,
+    close_payload,
+    encode_frame,
+    split_handshake,
+)
+
+RECEIVE_SIZE = 65536
+MAX_HANDSHAKE = 16384  # bytes of upgrade request
+HANDSHAKE_TIMEOUT = 60.0  # seconds for a client to send its upgrade request
+CLOSE_TIMEOUT = 2.0  # seconds to wait for the peer's Close after ours
+
+
+class ConnectionClosed(Exception):
+    """The WebSocket is closed (by either side, or the socket went away)."""
+
+
+class AgentConnection:
+    """One accepted WebSocket (see the module docstring)."""
+
+    def __init__(self, stream: trio.SocketStream, max_message: int, early: bytes = b"") -> None:
+        self._stream = stream
+        self._sock = stream.socket  # the per-frame reads and writes skip the stream's layer
+        self._reader = WebSocketReader(masked=True, max_message=max_message)
+        self._events: deque[Event] = deque()
+        self._early = early  # what came right behind the upgrade request
+        self._send_lock = trio.Lock()
+        self._close_sent = False
+        self._failure: WebSocketError | None = None  # the peer broke the protocol
+        self.closed = False
+
+    async def get_message(self) -> str | bytes:
+        """The next whole message; `ConnectionClosed` once the WebSocket is closed."""
+        while True:
+            while self._events:
+                event = self._events.popleft()
+                if isinstance(event, (bytes, str)):
+                    return event
+                if isinstance(event, Ping):
+                    await self._send(encode_frame(PONG, event.payload))
+                elif isinstance(event, Close):
+                    if not self._close_sent:  # RFC 6455 §5.5.1: answer it, echoing its code
+                        self._close_sent = True
+                        await self._send(encode_frame(CLOSE, close_payload(event.code)))
+                    await self._lost()
+            if self._failure is not None:
+                await self._fail(self._failure)
+            if self.closed:
+                raise ConnectionClosed
+            await self._receive()
+
+    async def _receive(self) -> None:
+        data, self._early = self._early, b""
+        if not data:
+            try:
+                data = await self._sock.recv(RECEIVE_SIZE)
+            except (OSError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                await self._lost()
+        try:
+            self._events.extend(self._reader.feed(data))
+        except WebSocketError as exc:
+            self._events.extend(exc.events)  # (handed out before the connection fails)
+            self._failure = exc
+
+    async def _fail(self, exc: WebSocketError) -> None:
+        """RFC 6455 §7.1.7, "Fail the WebSocket Connection": say why, then hang up. What
+        the peer sends after the bad frame cannot be read: it is discarded until the peer
+        hangs up (briefly), so closing the socket does not reset it under our Close."""
+        if not self._close_sent:
+            self._close_sent = True
+            await self._send(encode_frame(CLOSE, close_payload(exc.code, exc.reason)))
+        with trio.move_on_after(CLOSE_TIMEOUT):
+            try:
+                while await self._stream.receive_some(RECEIVE_SIZE):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await self._lost()
+
+    async def send_message(self, message: str | bytes) -> None:
+        """Send one whole message; `ConnectionClosed` if the WebSocket is closed."""
+        if self.closed or self._close_sent:
+            raise ConnectionClosed
+        if isinstance(message, str):
+            await self._send(encode_frame(TEXT, message.encode()))
+        else:
+            await self._send(encode_frame(BINARY, message))
+
+    async def _send(self, data: bytes) -> None:
+        try:
+            async with self._send_lock:
+                view = memoryview(data)
+                while view:
+                    view = view[await self._sock.send(view) :]
+        except (OSError, trio.ClosedResourceError):
+            await self._lost()
+
+    async def _lost(self) -> None:
+        self.closed = True
+        await self._stream.aclose()
+        raise ConnectionClosed
+
+    async def aclose(self, code: int = 1000, reason: str = "") -> None:
+        """Close the WebSocket (Close frame, the peer's Close awaited briefly), then the socket."""
+        if self.closed:
+            return
+        try:
+            if not self._close_sent:
+                self._close_sent = True
+                await self._send(encode_frame(CLOSE, close_payload(code, reason)))
+                with trio.move_on_after(CLOSE_TIMEOUT):
+                    while self._failure is None and not any(
+                        isinstance(e, Close) for e in self._events
+                    ):
+                        await self._receive()
+        except ConnectionClosed:
+            return
+        self.closed = True
+        await self._stream.aclose()
+
+
+async def _handshake(stream: trio.SocketStream, max_message: int) -> AgentConnection | None:
+    """Read the upgrade request and accept it (None: it was not one, or the peer left)."""
+    head = b""
+    while (split := split_handshake(head)) is None:
+        data = await stream.receive_some(RECEIVE_SIZE)
+        if not data or len(head) > MAX_HANDSHAKE:
+            return None
+        head += data
+    head, early = split
+    ws = WSConnection(ConnectionType.SERVER)
+    try:
+        ws.receive_data(head)
+        for event in ws.events():
+            if isinstance(event, Request):
+                await stream.send_all(ws.send(AcceptConnection()))
+                return AgentConnection(stream, max_message, early)
+    except RemoteProtocolError as exc:
+        if isinstance(exc.event_hint, RejectConnection):
+            await stream.send_all(ws.send(exc.event_hint))
+    return None
+
+
+async def serve_websockets(
+    handler: Callable[[AgentConnection], Awaitable[None]],
+    host: str,
+    port: int,
+    *,
+    max_message: int,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept WebSockets on host:port and run `handler` on each; reports the bound port."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+
+    async def serve_one(stream: trio.SocketStream) -> None:
+        try:
+            conn = None
+            with trio.move_on_after(HANDSHAKE_TIMEOUT):
+                conn = await _handshake(stream, max_message)
+            if conn is not None:
+                await handler(conn)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed):
+            pass
+        finally:
+            await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, serve_one, listeners)
+        task_status.started(listeners[0].socket.getsockname()[1])

@@ -1,0 +1,158 @@
+"""The reference agents' one-task WebSocket server (services/agent/connection.py), on loopback,
+spoken to by trio-websocket and by raw wsproto where a test needs frames by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from trio_websocket import open_websocket_url
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Request,
+    TextMessage,
+)
+
+from firsthop.services.agent.connection import (
+    AgentConnection,
+    ConnectionClosed,
+    serve_websockets,
+)
+
+
+async def _echo(ws: AgentConnection) -> None:
+    try:
+        while True:
+            await ws.send_message(await ws.get_message())
+    except ConnectionClosed:
+        pass
+
+
+async def _serve(nursery: trio.Nursery, max_message: int = 1 << 20) -> int:
+    port: int = await nursery.start(
+        lambda task_status: serve_websockets(
+            _echo, "127.0.0.1", 0, max_message=max_message, task_status=task_status
+        )
+    )
+    return port
+
+
+class RawClient:
+    """A WebSocket client on wsproto, frames by hand (trio-websocket's client leaves its socket
+    open when the server closes first)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.events: list[object] = []
+
+    @classmethod
+    async def open(cls, port: int) -> RawClient:
+        client = cls(await trio.open_tcp_stream("127.0.0.1", port))
+        await client.stream.send_all(client.ws.send(Request(host="x", target="/")))
+        while not any(isinstance(e, AcceptConnection) for e in client.events):
+            await client.receive()
+        return client
+
+    async def receive(self) -> bool:
+        data = await self.stream.receive_some(65536)
+        self.ws.receive_data(data or None)
+        for event in self.ws.events():
+            self.events.append(event)
+            if isinstance(event, CloseConnection) and data:
+                await self.send(event.response())
+                await self.stream.send_eof()  # (a client may hang up its half at once)
+        return bool(data)
+
+    async def send(self, event: Any) -> None:
+        await self.stream.send_all(self.ws.send(event))
+
+    async def until_closed(self) -> CloseConnection:
+        """Read until the server's Close (answered) and its end of the socket."""
+        while await self.receive():
+            pass
+        await self.stream.aclose()
+        return next(e for e in self.events if isinstance(e, CloseConnection))
+
+
+async def test_messages_come_back_whole_and_pings_are_answered() -> None:
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery)
+        with trio.fail_after(10):
+            async with open_websocket_url(f"ws://127.0.0.1:{port}") as ws:
+                await ws.ping(b"are you there")  # returns once the pong came
+                for message in (b"\x00" * 1920, "text \u00e9", b""):
+                    await ws.send_message(message)
+                    assert await ws.get_message() == message
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_fragmented_message_is_put_back_together() -> None:
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery)
+        with trio.fail_after(10):
+            client = await RawClient.open(port)
+            for i, last in ((0, False), (1, False), (2, True)):
+                await client.send(BytesMessage(data=bytes([i]) * 100, message_finished=last))
+            got = b""
+            while len(got) < 300:
+                await client.receive()
+                got = b"".join(bytes(e.data) for e in client.events if isinstance(e, BytesMessage))
+            assert got == b"\x00" * 100 + b"\x01" * 100 + b"\x02" * 100
+            await client.stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_message_over_the_bound_closes_with_1009() -> None:
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery, max_message=1000)
+        with trio.fail_after(10):
+            client = await RawClient.open(port)
+            await client.send(BytesMessage(data=b"x" * 1000))
+            await client.send(BytesMessage(data=b"x" * 1001))
+            close = await client.until_closed()
+            assert close.code == 1009
+            echoed = [bytes(e.data) for e in client.events if isinstance(e, BytesMessage)]
+            assert echoed == [b"x" * 1000]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_plain_http_request_is_refused() -> None:
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while chunk := await stream.receive_some(4096):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 400")
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_server_closing_says_so_to_the_client() -> None:
+    closed = trio.Event()
+
+    async def close_at_once(ws: AgentConnection) -> None:
+        await ws.send_message("bye")
+        await ws.aclose(4000, "done")
+        closed.set()
+
+    async with trio.open_nursery() as nursery:
+        port: int = await nursery.start(
+            lambda task_status: serve_websockets(
+                close_at_once, "127.0.0.1", 0, max_message=1000, task_status=task_status
+            )
+        )
+        with trio.fail_after(10):
+            client = await RawClient.open(port)
+            close = await client.until_closed()
+            assert (close.code, close.reason) == (4000, "done")
+            texts = [e.data for e in client.events if isinstance(e, TextMessage)]
+            assert texts == ["bye"]
+            await closed.wait()
+        nursery.cancel_scope.cancel()
