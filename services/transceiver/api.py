@@ -22,6 +22,7 @@ from werkzeug.exceptions import HTTPException
 
 from firsthop.services.transceiver.service import Transceiver
 from firsthop.services.transceiver.table import Refusal
+from firsthop.shared import memory
 from firsthop.shared.address import parse_hostport
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 from firsthop.shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
@@ -243,4 +244,16 @@ def transceiver_metrics(tx: Transceiver) -> str:
     )
     draining = MetricFamily("firsthop_transceiver_draining", "gauge", "1 while draining")
     draining.add(1 if tx.draining else 0)
-    return render([sessions, received, drops, events, draining, tx.setup_seconds])
+    resident = MetricFamily(
+        "firsthop_transceiver_resident_bytes", "gauge", "The process's resident set size"
+    )
+    resident.add(memory.rss_bytes())
+    released = MetricFamily(
+        "firsthop_transceiver_memory_released_bytes_total",
+        "counter",
+        "RSS handed back to the OS when the last call ended",
+    )
+    released.add(tx.memory_released)
+    return render(
+        [sessions, received, drops, events, draining, resident, released, tx.setup_seconds]
+    )

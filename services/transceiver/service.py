@@ -39,6 +39,7 @@ from firsthop.services.transceiver.table import (
     ToIce,
     ToMedia,
 )
+from firsthop.shared import memory
 from firsthop.shared.address import Address
 from firsthop.shared.metrics import Histogram
 from firsthop.shared.sdp import (
@@ -60,6 +61,7 @@ TRACER = tracer("firsthop.transceiver")
 SETUP_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 END_REASON_GRACE = 5.0  # after a drain, how long signaling may take to read why calls ended
 ANSWER_FLUSH = 0.5  # time for an answer in flight to leave before the API goes down
+RELEASE_AFTER = 1.0  # seconds idle (no live call) before freed memory is handed back
 
 
 @dataclass
@@ -115,6 +117,8 @@ class Transceiver:
         self._sock: socket.socket | None = None
         self._sessions_nursery: trio.Nursery | None = None
         self._session_removed = trio.Event()
+        self._went_idle = trio.Event()  # the last live call ended
+        self.memory_released = 0  # bytes of RSS handed back when idle (`shared/memory.py`)
         self._all_read = trio.Event()
         self._timer_at = math.inf  # when the timer task will next wake
         self._timer_moved = trio.Event()
@@ -233,6 +237,18 @@ class Transceiver:
                     else:
                         due.handle.end(due.reason)
 
+    async def _release_memory_when_idle(self) -> None:
+        """Once the last call has ended and no call came for `RELEASE_AFTER` seconds (its
+        tasks have unwound by then), hand the heap it freed back to the OS: RSS then follows
+        the calls down instead of staying at the most ever held (`shared/memory.py`)."""
+        while True:
+            await self._went_idle.wait()
+            self._went_idle = trio.Event()
+            await trio.sleep(RELEASE_AFTER)
+            if len(self.table) == 0:
+                self.memory_released += memory.release()
+                self.counters["memory_releases"] += 1
+
     def _on_state(self, session: Session, state: str) -> None:
         """aiortc's connection state for `session` (called on the loop thread)."""
         if state == "connected":
@@ -348,6 +364,8 @@ class Transceiver:
                 self._send(notice.data, notice.dest)  # its relays stop routing its tokens
             self._timers_may_have_moved()  # it lingers: its revocations are due later
             self._session_removed.set()
+            if len(self.table) == 0:
+                self._went_idle.set()
             setup = session.milestones.get(Milestone.DTLS_CONNECTED)
             if setup is not None:
                 self.setup_seconds.observe(setup)
@@ -437,6 +455,7 @@ class Transceiver:
                 self._sessions_nursery = nursery
                 nursery.start_soon(self._receive_loop, sock)
                 nursery.start_soon(self._timers)
+                nursery.start_soon(self._release_memory_when_idle)
                 task_status.started(self.media_addr)
         finally:
             sock.close()

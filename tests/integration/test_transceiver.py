@@ -121,7 +121,12 @@ def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack: Stack) 
             # still its own tone at the end (a whole clear second was heard above); ten
             # callers in this one process on two cores may leave a late frame or two in it
             assert tone_power(tail, f) > 0.0002  # not silence (~1e-8)
+        releases = await asyncio.to_thread(event_count, tx, "memory_releases")
         await asyncio.gather(*(c.close() for c in callers))
+        # the last call gone, the freed heap is handed back (not while calls were live)
+        await asyncio.to_thread(
+            wait_until, lambda: event_count(tx, "memory_releases") == releases + 1
+        )
         return out
 
     results = asyncio.run(main())
@@ -129,6 +134,8 @@ def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack: Stack) 
     assert relay.metric("firsthop_relay_packets_total", direction="upstream") > 500
     assert relay.metric("firsthop_relay_packets_total", direction="downstream") > 500
     assert metric(tx, "firsthop_transceiver_drops_total", reason="unframed") == 0  # no bypass
+    assert metric(tx, "firsthop_transceiver_resident_bytes") > 10 * 1024 * 1024
+    assert metric(tx, "firsthop_transceiver_memory_released_bytes_total") >= 0
 
 
 def test_answer_advertises_only_the_ingress_and_is_ice_lite(stack: Stack) -> None:

@@ -1,0 +1,50 @@
+"""Giving a process's freed memory back to the OS once it goes idle.
+
+A call's objects (aiortc's peer connection, its DTLS and SRTP contexts, codec states, queues)
+are freed when it ends, but into glibc's heap, where the holes they leave between live
+blocks stay part of the process's RSS: under churn a transceiver's RSS climbs with the most
+calls it ever held and never comes down. `release()` collects the cyclic garbage aiortc
+leaves to the collector (event emitters and their callbacks form cycles), then asks glibc to
+return every free page (`malloc_trim(0)`, which also releases pages in the middle of the
+heap). It costs milliseconds on a large heap, so it is for idle moments only: the transceiver
+calls it when its last call has ended.
+
+`rss_bytes()` reads the resident set size from /proc/self/statm.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+from typing import Any
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _malloc_trim() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+_TRIM = _malloc_trim()
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def release() -> int:
+    """Collect garbage and hand free heap pages back; the bytes of RSS that went."""
+    before = rss_bytes()
+    gc.collect()
+    if _TRIM is not None:
+        _TRIM(0)
+    return max(0, before - rss_bytes())
