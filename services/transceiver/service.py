@@ -30,6 +30,7 @@ from firsthop.services.transceiver.ice_lite import Credentials
 from firsthop.services.transceiver.rtc import Milestone, watch_readable
 from firsthop.services.transceiver.session import Session
 from firsthop.services.transceiver.table import (
+    LINGER,
     Command,
     PathChanged,
     PathForgotten,
@@ -61,7 +62,9 @@ TRACER = tracer("firsthop.transceiver")
 SETUP_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 END_REASON_GRACE = 5.0  # after a drain, how long signaling may take to read why calls ended
 ANSWER_FLUSH = 0.5  # time for an answer in flight to leave before the API goes down
-RELEASE_AFTER = 1.0  # seconds idle (no live call) before freed memory is handed back
+# Seconds idle (no live call) before freed memory is handed back: an ended call's session
+# is held while it lingers (`table.LINGER`), and is freed only after.
+RELEASE_AFTER = LINGER + 1.0
 
 
 @dataclass
