@@ -3,6 +3,7 @@ spoken to by trio-websocket and by raw wsproto where a test needs frames by hand
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import trio
@@ -21,6 +22,7 @@ from firsthop.services.agent.connection import (
     ConnectionClosed,
     serve_websockets,
 )
+from firsthop.shared.wire.websocket import CLOSE, encode_frame
 
 
 async def _echo(ws: AgentConnection) -> None:
@@ -155,4 +157,19 @@ async def test_the_server_closing_says_so_to_the_client() -> None:
             texts = [e.data for e in client.events if isinstance(e, TextMessage)]
             assert texts == ["bye"]
             await closed.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_close_code_no_client_may_send_is_answered_1002_not_echoed() -> None:
+    """1006 is never sent in a Close frame (RFC 6455 §7.4.1): echoing it would send it."""
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery)
+        with trio.fail_after(10):
+            client = await RawClient.open(port)
+            await client.stream.send_all(encode_frame(CLOSE, b"\x03\xee", os.urandom(4)))
+            wire = b""
+            while chunk := await client.stream.receive_some(65536):
+                wire += chunk
+            await client.stream.aclose()
+            assert wire[:1] == bytes([0x80 | CLOSE]) and wire[2:4] == (1002).to_bytes(2, "big")
         nursery.cancel_scope.cancel()
