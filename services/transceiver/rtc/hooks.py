@@ -59,6 +59,7 @@ import aioice
 import aioice.ice
 import aiortc
 import aiortc.clock
+import aiortc.rtcdtlstransport
 import aiortc.rtp
 import pylibsrtp
 from aioice.candidate import candidate_foundation, candidate_priority
@@ -492,15 +493,25 @@ def media_path(pc: RTCPeerConnection, protocol: aioice.ice.StunProtocol) -> Call
     task. Here DTLS records go to that queue straight, and SRTP/SRTCP (first byte 128-191),
     once the keys are there and nothing waits in the queue before it, is unprotected and
     handled right away, as that task would (`RTCDtlsTransport._recv_next`, aiortc 1.16): no
-    queue, no task wake-up per packet. Order holds: with anything queued, SRTP queues too."""
+    queue, no task wake-up per packet. Order holds: with anything queued, SRTP queues too.
+    Only while the transport is connected, when that task runs (it starts there and sets
+    "closed" when it ends: `stop()`, the peer's `close_notify`): SRTP after that is left in
+    the queue, unread, as aiortc leaves it, not handed to receivers that were stopped."""
     conn = protocol.receiver
     queue: asyncio.Queue[Any] = conn._queue
     component = protocol.local_candidate.component
     transports = pc._RTCPeerConnection__dtlsTransports  # type: ignore[attr-defined]
     dtls = next((t for t in transports if t.transport._connection is conn), None)
+    connected = aiortc.rtcdtlstransport.State.CONNECTED
 
     def deliver(data: bytes) -> None:
-        if dtls is None or not 127 < data[0] < 192 or dtls._rx_srtp is None or queue.qsize():
+        if (
+            dtls is None
+            or not 127 < data[0] < 192
+            or dtls._rx_srtp is None
+            or dtls._state is not connected
+            or queue.qsize()
+        ):
             queue.put_nowait((data, component))
             return
         dtls._RTCDtlsTransport__rx_bytes += len(data)
@@ -621,6 +632,11 @@ def _media_path_points(conn: aioice.Connection, dtls: Any) -> dict[str, bool]:
             "_queue" in aioice.Connection.data_received.__code__.co_names
         ),
         "StunProtocol.receiver": "receiver" in aioice.ice.StunProtocol.__init__.__code__.co_names,
+        "RTCDtlsTransport._state": (
+            "_state" in RTCDtlsTransport.__init__.__code__.co_names
+            and hasattr(aiortc.rtcdtlstransport.State, "CONNECTED")
+            and "_set_state" in RTCDtlsTransport._RTCDtlsTransport__run.__code__.co_names  # type: ignore[attr-defined]
+        ),
         "RTCDtlsTransport.__rx_bytes": hasattr(dtls, "_RTCDtlsTransport__rx_bytes"),
         "RTCDtlsTransport.__rx_packets": hasattr(dtls, "_RTCDtlsTransport__rx_packets"),
         "RTCDtlsTransport._recv_next: SRTP branch": all(
