@@ -173,3 +173,27 @@ async def test_a_close_code_no_client_may_send_is_answered_1002_not_echoed() -> 
             await client.stream.aclose()
             assert wire[:1] == bytes([0x80 | CLOSE]) and wire[2:4] == (1002).to_bytes(2, "big")
         nursery.cancel_scope.cancel()
+
+
+async def test_a_handler_that_raises_ends_its_connection_alone() -> None:
+    async def fails(ws: AgentConnection) -> None:
+        if await ws.get_message() == "fail":
+            raise RuntimeError("a bug in one session")
+        await ws.send_message("fine")
+
+    async with trio.open_nursery() as nursery:
+        port: int = await nursery.start(
+            lambda task_status: serve_websockets(
+                fails, "127.0.0.1", 0, max_message=1000, task_status=task_status
+            )
+        )
+        with trio.fail_after(10):
+            client = await RawClient.open(port)
+            await client.send(TextMessage(data="fail"))
+            while await client.receive():  # its socket closes
+                pass
+            await client.stream.aclose()
+            async with open_websocket_url(f"ws://127.0.0.1:{port}") as ws:
+                await ws.send_message("ok")
+                assert await ws.get_message() == "fine"
+        nursery.cancel_scope.cancel()
