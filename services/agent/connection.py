@@ -152,6 +152,7 @@ class AgentConnection:
                     while self._failure is None and not any(
                         isinstance(e, Close) for e in self._events
                     ):
+                        self._events.clear()  # (no one reads what comes after our Close)
                         await self._receive()
         except ConnectionClosed:
             return

@@ -197,3 +197,35 @@ async def test_a_handler_that_raises_ends_its_connection_alone() -> None:
                 await ws.send_message("ok")
                 assert await ws.get_message() == "fine"
         nursery.cancel_scope.cancel()
+
+
+async def test_what_comes_after_our_close_is_not_kept() -> None:
+    """While `aclose` waits for the peer's Close, the messages the peer sends instead are
+    dropped as they come, not held until the wait ends."""
+    held: list[int] = []
+    done = trio.Event()
+
+    async def close_under_a_flood(ws: AgentConnection) -> None:
+        await ws.get_message()  # the flood has begun
+        await ws.aclose()
+        held.append(len(ws._events))
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        port: int = await nursery.start(
+            lambda task_status: serve_websockets(
+                close_under_a_flood, "127.0.0.1", 0, max_message=1 << 20, task_status=task_status
+            )
+        )
+        with trio.fail_after(20):
+            client = await RawClient.open(port)
+            frame = client.ws.send(BytesMessage(data=b"x" * 1000))
+            try:
+                for _ in range(20_000):  # never answering the server's Close
+                    await client.stream.send_all(frame)
+            except trio.BrokenResourceError:
+                pass  # the server gave up waiting and hung up
+            await done.wait()
+            await client.stream.aclose()
+        assert held[0] < 100, held
+        nursery.cancel_scope.cancel()
