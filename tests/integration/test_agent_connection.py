@@ -4,6 +4,7 @@ spoken to by trio-websocket and by raw wsproto where a test needs frames by hand
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -33,10 +34,14 @@ async def _echo(ws: AgentConnection) -> None:
         pass
 
 
-async def _serve(nursery: trio.Nursery, max_message: int = 1 << 20) -> int:
+async def _serve(
+    nursery: trio.Nursery,
+    max_message: int = 1 << 20,
+    handler: Callable[[AgentConnection], Awaitable[None]] = _echo,
+) -> int:
     port: int = await nursery.start(
         lambda task_status: serve_websockets(
-            _echo, "127.0.0.1", 0, max_message=max_message, task_status=task_status
+            handler, "127.0.0.1", 0, max_message=max_message, task_status=task_status
         )
     )
     return port
@@ -145,11 +150,7 @@ async def test_the_server_closing_says_so_to_the_client() -> None:
         closed.set()
 
     async with trio.open_nursery() as nursery:
-        port: int = await nursery.start(
-            lambda task_status: serve_websockets(
-                close_at_once, "127.0.0.1", 0, max_message=1000, task_status=task_status
-            )
-        )
+        port = await _serve(nursery, 1000, close_at_once)
         with trio.fail_after(10):
             client = await RawClient.open(port)
             close = await client.until_closed()
@@ -182,11 +183,7 @@ async def test_a_handler_that_raises_ends_its_connection_alone() -> None:
         await ws.send_message("fine")
 
     async with trio.open_nursery() as nursery:
-        port: int = await nursery.start(
-            lambda task_status: serve_websockets(
-                fails, "127.0.0.1", 0, max_message=1000, task_status=task_status
-            )
-        )
+        port = await _serve(nursery, 1000, fails)
         with trio.fail_after(10):
             client = await RawClient.open(port)
             await client.send(TextMessage(data="fail"))
@@ -212,11 +209,7 @@ async def test_what_comes_after_our_close_is_not_kept() -> None:
         done.set()
 
     async with trio.open_nursery() as nursery:
-        port: int = await nursery.start(
-            lambda task_status: serve_websockets(
-                close_under_a_flood, "127.0.0.1", 0, max_message=1 << 20, task_status=task_status
-            )
-        )
+        port = await _serve(nursery, 1 << 20, close_under_a_flood)
         with trio.fail_after(20):
             client = await RawClient.open(port)
             frame = client.ws.send(BytesMessage(data=b"x" * 1000))
