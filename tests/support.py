@@ -636,13 +636,13 @@ RSA_ONLY_CIPHERS = "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384:ECDH
 
 
 def rsa_certificate(ciphers: str = RSA_ONLY_CIPHERS) -> Any:
-    """A DTLS certificate for an aiortc peer (`hooks.dtls_for_any_peer(pc, ...)`) with a
+    """A DTLS certificate for an aiortc peer (`dtls_hooks.dtls_for_any_peer(pc, ...)`) with a
     fresh RSA-2048 key, self-signed with SHA-256 as WebRTC stacks make theirs (aiortc's own
     certificate builder, given an RSA key instead of its ECDSA one)."""
     from aiortc.rtcdtlstransport import generate_certificate
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    from firsthop.services.transceiver.rtc.hooks import DtlsCertificate
+    from firsthop.services.transceiver.rtc.dtls_hooks import DtlsCertificate
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return DtlsCertificate(key, generate_certificate(key), ciphers)  # type: ignore[arg-type]

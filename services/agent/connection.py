@@ -16,6 +16,7 @@ holds a lock); after `ConnectionClosed` every call raises it again.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -43,6 +44,8 @@ RECEIVE_SIZE = 65536
 MAX_HANDSHAKE = 16384  # bytes of upgrade request
 HANDSHAKE_TIMEOUT = 60.0  # seconds for a client to send its upgrade request
 CLOSE_TIMEOUT = 2.0  # seconds to wait for the peer's Close after ours
+
+log = logging.getLogger("firsthop.agent")
 
 
 class ConnectionClosed(Exception):
@@ -102,6 +105,7 @@ class AgentConnection:
         """RFC 6455 §7.1.7, "Fail the WebSocket Connection": say why, then hang up. What
         the peer sends after the bad frame cannot be read: it is discarded until the peer
         hangs up (briefly), so closing the socket does not reset it under our Close."""
+        log.warning("a WebSocket peer broke the protocol (%d): %s", exc.code, exc.reason)
         if not self._close_sent:
             self._close_sent = True
             await self._send(encode_frame(CLOSE, close_payload(exc.code, exc.reason)))
@@ -148,6 +152,7 @@ class AgentConnection:
                     while self._failure is None and not any(
                         isinstance(e, Close) for e in self._events
                     ):
+                        self._events.clear()  # (no one reads what comes after our Close)
                         await self._receive()
         except ConnectionClosed:
             return
@@ -197,6 +202,8 @@ async def serve_websockets(
                 await handler(conn)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed):
             pass
+        except Exception:  # one connection's failure, not the server's: the others go on
+            log.exception("a WebSocket handler failed")
         finally:
             await stream.aclose()
 

@@ -64,6 +64,8 @@ async def echo_session(ws: AgentConnection, start: dict[str, Any]) -> None:
             msg = json.loads(message)
         except ValueError:
             continue
+        if not isinstance(msg, dict):
+            continue
         if msg.get("type") == "client.event":
             await _send_event(ws, {"type": "echo", "event": msg.get("data")})
         elif msg.get("type") == "session.end":
@@ -103,7 +105,7 @@ async def parrot_session(ws: AgentConnection, start: dict[str, Any]) -> None:
                     msg = json.loads(message)
                 except ValueError:
                     continue
-                if msg.get("type") == "session.end":
+                if isinstance(msg, dict) and msg.get("type") == "session.end":
                     nursery.cancel_scope.cancel()
                     return
                 continue

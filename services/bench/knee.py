@@ -250,8 +250,10 @@ class Bench:
         stack = self.stack
         ports = {k: getattr(stack, k) for k in ("relay_port", "tx_media", "tx_api", "token")}
         argv = [sys.executable, "-m", "firsthop.services.bench.knee", "worker"]
-        workers = [LineTool(f"caller worker {i}", argv, self.log) for i in range(len(shares))]
-        try:
+        workers: list[LineTool] = []
+        try:  # (the ones started are stopped if a later one cannot be)
+            for i in range(len(shares)):
+                workers.append(LineTool(f"caller worker {i}", argv, self.log))
             for worker, mine in zip(workers, shares, strict=True):
                 config = {"ports": ports, "freqs": mine, "all_freqs": freqs}
                 worker.send(json.dumps({**config, "connect_timeout": 60.0}))

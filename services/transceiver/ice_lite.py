@@ -217,7 +217,7 @@ class LiteIce:
         ended: a Binding error response 403 (RFC 8489 §14.8), signed with our password. A
         libwebrtc caller drops a pair on any error but 401/420/487/500, so its connection
         leaves "connected" at this check instead of after ~5 s of unanswered ones (if the
-        call's DTLS end, `rtc/hooks.closing_datagram`, has not made it fail already). Smaller
+        call's DTLS end, `rtc/dtls_hooks.closing_datagram`, has not made it fail already). Smaller
         than the check it answers (that carries our ufrag, a route token)."""
         msg = stun.parse_stun(request)
         reason = b"call ended"

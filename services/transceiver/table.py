@@ -25,7 +25,7 @@ What it owns:
   checks get a signed 403 "call ended" (`LiteIce.call_ended`), so the caller's ICE agent
   learns at its next check that the call is over (a browser's connection leaves
   "connected" then, not after ~5 s of checks nobody answers); no media reaches it. It is
-  the fallback: the call's DTLS end (`rtc/hooks.closing_datagram`) has made a browser's
+  the fallback: the call's DTLS end (`rtc/dtls_hooks.closing_datagram`) has made a browser's
   connection fail already, within a round trip;
 * **why sessions ended**, remembered for signaling (bounded), and which drained sessions'
   reasons nobody has read yet.
@@ -63,7 +63,7 @@ NOTICE_INTERVAL = 1.0  # one TOKEN_REVOKED per (relay, token) per second, at mos
 MAX_NOTICES_REMEMBERED = 10_000
 # An ended call's ufrags answer its caller's checks with 403 this long: a browser checks a
 # stable pair every 2.5 s (libwebrtc's STABLE_WRITABLE_CONNECTION_PING_INTERVAL). (A fallback
-# for callers the DTLS end did not tell: `rtc/hooks.closing_datagram`.)
+# for callers the DTLS end did not tell: `rtc/dtls_hooks.closing_datagram`.)
 LINGER = 3.0
 MAX_LINGERING = 10_000  # and never more than the table's capacity
 

@@ -40,6 +40,10 @@ FIN = 0x80
 MASK = 0x80
 RSV = 0x70
 NO_STATUS = 1005  # §7.4.1: a Close with no code (never sent in a Close frame)
+# §7.4.1-7.4.2: the codes a Close frame may carry: the RFC's own (not 1004, reserved, nor
+# 1005, 1006 and 1015, never sent), 1012-1014 from the IANA registry (§11.7), and 3000-4999
+# (registered and private use); 1016-2999 are reserved for this RFC's successors.
+CLOSE_CODES = frozenset((*range(1000, 1004), *range(1007, 1015), *range(3000, 5000)))
 HEADER_END = b"\r\n\r\n"  # the handshake's HTTP head ends here (RFC 9112 §2.1)
 
 
@@ -110,10 +114,14 @@ def encode_frame(opcode: int, payload: bytes, key: bytes | None = None) -> bytes
 
 
 def close_payload(code: int, reason: str = "") -> bytes:
-    """A Close frame's payload (§5.5.1): none for NO_STATUS, else the code and the reason."""
+    """A Close frame's payload (§5.5.1): none for NO_STATUS, else the code and the reason
+    (cut to fit the frame, at a character boundary: §5.5.1 has it UTF-8)."""
     if code == NO_STATUS:
         return b""
-    return struct.pack("!H", code) + reason.encode()[: MAX_CONTROL_PAYLOAD - 2]
+    data = reason.encode()
+    if len(data) > MAX_CONTROL_PAYLOAD - 2:
+        data = data[: MAX_CONTROL_PAYLOAD - 2].decode(errors="ignore").encode()
+    return struct.pack("!H", code) + data
 
 
 def split_handshake(data: bytes) -> tuple[bytes, bytes] | None:
@@ -127,22 +135,35 @@ def split_handshake(data: bytes) -> tuple[bytes, bytes] | None:
 
 
 class WebSocketReader:
-    """Frames in, events out. `masked`: whether the peer must mask (it is a client)."""
+    """Frames in, events out. `masked`: whether the peer must mask (it is a client).
+
+    A frame that has not all arrived waits as the pieces it came in, joined once the bytes
+    its header asks for are there: a frame trickled in a byte at a time costs one copy, not
+    one per piece. A fragmented message gathers in one buffer, never more than `max_message`
+    (its fragments' count costs nothing: empty ones add nothing)."""
 
     def __init__(self, *, masked: bool, max_message: int) -> None:
         self.masked = masked
         self.max_message = max_message
-        self._buffer = b""  # the start of a frame not complete yet
+        self._pending: list[bytes] = []  # the start of a frame not complete yet, as it came
+        self._have = 0  # bytes in `_pending`
+        self._want = 0  # bytes that frame needs before it can be read further
         self._opcode: int | None = None  # the data message being reassembled
-        self._parts: list[bytes] = []
-        self._size = 0
+        self._message = bytearray()  # its fragments so far
 
     def feed(self, data: bytes) -> list[Event]:
         """The events the complete frames buffered so far make (`WebSocketError` if the
         peer broke the protocol: the connection is then over; the error carries the events
         of the frames before the bad one)."""
         data = data if type(data) is bytes else bytes(data)  # (messages are bytes)
-        buffer = self._buffer + data if self._buffer else data
+        if self._pending:
+            self._pending.append(data)
+            self._have += len(data)
+            if self._have < self._want:
+                return []
+            buffer = b"".join(self._pending)
+        else:
+            buffer = data
         events: list[Event] = []
         offset = 0
         try:
@@ -156,14 +177,17 @@ class WebSocketReader:
                     events.append(event)
         except WebSocketError as exc:
             exc.events = events
-            self._buffer = b""
+            self._pending, self._have = [], 0
             raise
-        self._buffer = buffer[offset:] if offset < len(buffer) else b""
+        self._have = len(buffer) - offset
+        self._pending = [buffer[offset:]] if self._have else []
         return events
 
     def _frame(self, buf: bytes, at: int) -> tuple[int, bool, int, bytes] | None:
-        """The frame at `at` (its end, FIN, opcode, unmasked payload); None if incomplete."""
+        """The frame at `at` (its end, FIN, opcode, unmasked payload); None if incomplete
+        (`_want` then says how many bytes from `at` it takes to read it further)."""
         if len(buf) - at < 2:
+            self._want = 2
             return None
         first, second = buf[at], buf[at + 1]
         if first & RSV:
@@ -181,28 +205,36 @@ class WebSocketReader:
         pos = at + 2
         if n == 126:
             if len(buf) - pos < 2:
+                self._want = 4
                 return None
             (n,) = struct.unpack_from("!H", buf, pos)
+            if n < 126:  # §5.2: "the minimal number of bytes MUST be used"
+                raise ProtocolViolation("payload length not in its shortest form")
             pos += 2
         elif n == 127:
             if len(buf) - pos < 8:
+                self._want = 10
                 return None
             (n,) = struct.unpack_from("!Q", buf, pos)
             if n >> 63:
                 raise ProtocolViolation("payload length with its top bit set")
+            if n < 1 << 16:
+                raise ProtocolViolation("payload length not in its shortest form")
             pos += 8
         if opcode in CONTROL_OPCODES:
             if n > MAX_CONTROL_PAYLOAD:
                 raise ProtocolViolation("control frame over 125 bytes")
-        elif self._size + n > self.max_message:
+        elif len(self._message) + n > self.max_message:
             raise MessageTooBig(f"message over {self.max_message} bytes")
         key = b""
         if self.masked:
             if len(buf) - pos < 4:
+                self._want = pos + 4 - at
                 return None
             key = buf[pos : pos + 4]
             pos += 4
         if len(buf) - pos < n:
+            self._want = pos + n - at
             return None
         payload = buf[pos : pos + n]
         return pos + n, fin, opcode, mask(payload, key) if key else payload
@@ -222,13 +254,13 @@ class WebSocketReader:
         else:
             self._opcode = opcode
         if not fin:
-            self._parts.append(payload)
-            self._size += len(payload)
+            self._message += payload
             return None
-        if self._parts:
-            self._parts.append(payload)
-            payload = b"".join(self._parts)
-        opcode, self._opcode, self._parts, self._size = self._opcode, None, [], 0
+        if self._message:
+            self._message += payload
+            payload = bytes(self._message)
+            self._message.clear()
+        opcode, self._opcode = self._opcode, None
         if opcode == BINARY:
             return payload
         try:
@@ -243,6 +275,8 @@ def _close(payload: bytes) -> Close:
     if len(payload) == 1:
         raise ProtocolViolation("Close payload of one byte")
     (code,) = struct.unpack_from("!H", payload)
+    if code not in CLOSE_CODES:
+        raise ProtocolViolation(f"Close code {code}, which no peer may send")
     try:
         return Close(code, payload[2:].decode())
     except UnicodeDecodeError as exc:

@@ -71,3 +71,20 @@ def test_metrics_endpoint_over_a_real_process() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+async def test_a_message_the_agent_cannot_use_ends_that_session_not_the_server() -> None:
+    """JSON that is not an object (here a number, to the echo agent and to the parrot) is
+    skipped like text that is not JSON; and whatever one connection's handler raises ends that
+    connection alone: the server goes on serving the next."""
+    for kind in ("echo", "parrot"):
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(serve_agent, kind, ("127.0.0.1", 0))
+            with trio.fail_after(10):
+                for _ in range(2):
+                    async with open_websocket_url(f"ws://{host}:{port}") as ws:
+                        await ws.send_message(json.dumps({"type": "session.start"}))
+                        await ws.send_message("5")
+                        await ws.send_message("[]")
+                        await ws.ping(b"still there")
+            nursery.cancel_scope.cancel()

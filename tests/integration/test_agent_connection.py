@@ -3,6 +3,8 @@ spoken to by trio-websocket and by raw wsproto where a test needs frames by hand
 
 from __future__ import annotations
 
+import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -21,6 +23,7 @@ from firsthop.services.agent.connection import (
     ConnectionClosed,
     serve_websockets,
 )
+from firsthop.shared.wire.websocket import CLOSE, encode_frame
 
 
 async def _echo(ws: AgentConnection) -> None:
@@ -31,10 +34,14 @@ async def _echo(ws: AgentConnection) -> None:
         pass
 
 
-async def _serve(nursery: trio.Nursery, max_message: int = 1 << 20) -> int:
+async def _serve(
+    nursery: trio.Nursery,
+    max_message: int = 1 << 20,
+    handler: Callable[[AgentConnection], Awaitable[None]] = _echo,
+) -> int:
     port: int = await nursery.start(
         lambda task_status: serve_websockets(
-            _echo, "127.0.0.1", 0, max_message=max_message, task_status=task_status
+            handler, "127.0.0.1", 0, max_message=max_message, task_status=task_status
         )
     )
     return port
@@ -143,11 +150,7 @@ async def test_the_server_closing_says_so_to_the_client() -> None:
         closed.set()
 
     async with trio.open_nursery() as nursery:
-        port: int = await nursery.start(
-            lambda task_status: serve_websockets(
-                close_at_once, "127.0.0.1", 0, max_message=1000, task_status=task_status
-            )
-        )
+        port = await _serve(nursery, 1000, close_at_once)
         with trio.fail_after(10):
             client = await RawClient.open(port)
             close = await client.until_closed()
@@ -155,4 +158,67 @@ async def test_the_server_closing_says_so_to_the_client() -> None:
             texts = [e.data for e in client.events if isinstance(e, TextMessage)]
             assert texts == ["bye"]
             await closed.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_close_code_no_client_may_send_is_answered_1002_not_echoed() -> None:
+    """1006 is never sent in a Close frame (RFC 6455 §7.4.1): echoing it would send it."""
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery)
+        with trio.fail_after(10):
+            client = await RawClient.open(port)
+            await client.stream.send_all(encode_frame(CLOSE, b"\x03\xee", os.urandom(4)))
+            wire = b""
+            while chunk := await client.stream.receive_some(65536):
+                wire += chunk
+            await client.stream.aclose()
+            assert wire[:1] == bytes([0x80 | CLOSE]) and wire[2:4] == (1002).to_bytes(2, "big")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_handler_that_raises_ends_its_connection_alone() -> None:
+    async def fails(ws: AgentConnection) -> None:
+        if await ws.get_message() == "fail":
+            raise RuntimeError("a bug in one session")
+        await ws.send_message("fine")
+
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery, 1000, fails)
+        with trio.fail_after(10):
+            client = await RawClient.open(port)
+            await client.send(TextMessage(data="fail"))
+            while await client.receive():  # its socket closes
+                pass
+            await client.stream.aclose()
+            async with open_websocket_url(f"ws://127.0.0.1:{port}") as ws:
+                await ws.send_message("ok")
+                assert await ws.get_message() == "fine"
+        nursery.cancel_scope.cancel()
+
+
+async def test_what_comes_after_our_close_is_not_kept() -> None:
+    """While `aclose` waits for the peer's Close, the messages the peer sends instead are
+    dropped as they come, not held until the wait ends."""
+    held: list[int] = []
+    done = trio.Event()
+
+    async def close_under_a_flood(ws: AgentConnection) -> None:
+        await ws.get_message()  # the flood has begun
+        await ws.aclose()
+        held.append(len(ws._events))
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery, 1 << 20, close_under_a_flood)
+        with trio.fail_after(20):
+            client = await RawClient.open(port)
+            frame = client.ws.send(BytesMessage(data=b"x" * 1000))
+            try:
+                for _ in range(20_000):  # never answering the server's Close
+                    await client.stream.send_all(frame)
+            except trio.BrokenResourceError:
+                pass  # the server gave up waiting and hung up
+            await done.wait()
+            await client.stream.aclose()
+        assert held[0] < 100, held
         nursery.cancel_scope.cancel()

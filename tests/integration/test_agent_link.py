@@ -4,12 +4,15 @@ WebSocket server from another library."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from firsthop.services.transceiver.rtc import AgentLink, AgentLinkError
+from firsthop.shared.wire.websocket import BINARY, Close, WebSocketReader, encode_frame
 from tests.support import eventually
 
 
@@ -115,5 +118,56 @@ def test_the_agent_speaks_first_pings_and_its_close_is_answered() -> None:
         assert await asyncio.wait_for(server_saw, 5) == 1000
         server.close()
         await server.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_a_frame_no_agent_may_send_is_answered_with_the_violations_close_code() -> None:
+    """RFC 6455 §7.1.7: the link says why it fails (1002, a reserved opcode here) before it
+    hangs up; the messages before the bad frame are delivered."""
+
+    async def main() -> None:
+        got: list[str | bytes] = []
+        closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        server_saw: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+
+        async def handler(ws: ServerConnection) -> None:
+            await ws.send("before")
+            ws.transport.write(bytes([0x80 | 0x3, 0]))  # opcode 3: reserved
+            await ws.wait_closed()
+            server_saw.set_result(ws.close_code)
+
+        server, url = await _serve(handler)
+        link = AgentLink(url, on_message=got.append, on_closed=settle(closed))
+        await asyncio.wait_for(link.connect(), 5)
+        assert "(1002)" in await asyncio.wait_for(closed, 5)
+        assert got == ["before"]
+        assert await asyncio.wait_for(server_saw, 5) == 1002
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_the_goodbye_goes_behind_what_is_still_queued() -> None:
+    """`close` with part of a frame still queued (the agent reads slowly) sends the rest of
+    it before its Close frame, not the Close frame into the middle of it."""
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        link = AgentLink("ws://127.0.0.1:9/", on_message=print, on_closed=print)
+        link.sock, link.open = ours, True
+        frame = encode_frame(BINARY, b"m" * 1000, os.urandom(4))
+        ours.send(frame[:300])
+        link._out += frame[300:]  # (as `_send` leaves what the socket did not take)
+        link.close()
+        theirs.settimeout(5)
+        wire = b""
+        while chunk := theirs.recv(65536):
+            wire += chunk
+        theirs.close()
+        reader = WebSocketReader(masked=True, max_message=1 << 20)
+        assert reader.feed(wire) == [b"m" * 1000, Close(1000, "")]
 
     asyncio.run(main())

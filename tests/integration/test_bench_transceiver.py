@@ -146,3 +146,22 @@ def test_quick_loss_bench_measures_firsthop_and_stock_through_the_impairment() -
         assert 0 < row["down_lost"] < 0.2 and 0 < row["up_lost"] < 0.2, row  # 5 % was asked
     ours = rows["firsthop"]
     assert ours["agent_slots"] > 0.9 and ours["repaired"] > 0, ours
+
+
+def test_the_capture_opens_with_cap_net_raw_alone() -> None:
+    """AF_PACKET needs CAP_NET_RAW; the bigger receive buffer past rmem_max (CAP_NET_ADMIN)
+    is had where it can be, not required."""
+    capture = f"exec {sys.executable} -m firsthop.services.bench.capture 9"
+    with subprocess.Popen(
+        ["capsh", "--drop=cap_net_admin", "--", "-c", capture],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        ready = proc.stdout.readline()
+        proc.stdin.close()  # EOF: it exits
+        assert proc.wait(timeout=60) == 0
+        assert ready == "ready\n", (ready, proc.stderr.read() if proc.stderr else "")

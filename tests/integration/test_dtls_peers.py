@@ -22,7 +22,7 @@ import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
-from firsthop.services.transceiver.rtc import hooks
+from firsthop.services.transceiver.rtc import dtls_hooks
 from tests.integration.test_transceiver import event_count
 from tests.support import (
     AgentProcess,
@@ -67,7 +67,7 @@ def rsa_call(
 
     async def main() -> tuple[str, bytes]:
         c = Caller(ToneTrack(440))
-        hooks.dtls_for_any_peer(c.pc, certificate)
+        dtls_hooks.dtls_for_any_peer(c.pc, certificate)
 
         async def signal(offer: str) -> str:
             return await asyncio.to_thread(create_session, tx, relay, edit(offer))
@@ -99,7 +99,7 @@ def test_an_rsa_peer_that_is_the_dtls_client_connects(stack: Stack) -> None:
     answer, tail = rsa_call(
         tx,
         relay,
-        rsa_certificate(hooks.PEER_CIPHERS),
+        rsa_certificate(dtls_hooks.PEER_CIPHERS),
         lambda offer: offer.replace("a=setup:actpass", "a=setup:active"),
     )
     assert "a=setup:passive" in answer
@@ -114,7 +114,7 @@ def test_an_rsa_peer_with_a_wrong_fingerprint_is_rejected(stack: Stack) -> None:
 
     async def main() -> bytes:
         c = Caller(ToneTrack(440))
-        hooks.dtls_for_any_peer(c.pc, rsa_certificate())
+        dtls_hooks.dtls_for_any_peer(c.pc, rsa_certificate())
 
         async def forged(offer: str) -> str:
             lines = offer.splitlines()
@@ -141,9 +141,9 @@ def test_stock_aiortc_finds_no_shared_cipher_with_an_rsa_peer(hooked: bool) -> N
 
     async def main() -> tuple[str, str]:
         rsa_peer, answerer = RTCPeerConnection(), RTCPeerConnection()
-        hooks.dtls_for_any_peer(rsa_peer, rsa_certificate())
+        dtls_hooks.dtls_for_any_peer(rsa_peer, rsa_certificate())
         if hooked:
-            hooks.dtls_for_any_peer(answerer)
+            dtls_hooks.dtls_for_any_peer(answerer)
         rsa_peer.addTransceiver("audio")
         await rsa_peer.setLocalDescription(await rsa_peer.createOffer())
         await answerer.setRemoteDescription(rsa_peer.localDescription)

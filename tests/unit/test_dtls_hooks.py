@@ -1,6 +1,6 @@
-"""The DTLS hooks. `hooks.dtls_for_any_peer`: a transceiver session keeps its own ECDSA P-256
+"""The DTLS hooks. `dtls_hooks.dtls_for_any_peer`: a transceiver session keeps its own ECDSA P-256
 certificate and offers the ECDHE-RSA suites too, so peers with RSA certificates connect.
-`hooks.closing_datagram`: an established association ends with a renegotiation request, then
+`dtls_hooks.closing_datagram`: an established association ends with a renegotiation request, then
 close_notify, which an OpenSSL peer (aiortc's) refuses and then reads. And the pinned-version
 check still stands in front of them. (How libwebrtc takes the request: tests/e2e.)"""
 
@@ -16,7 +16,7 @@ from aiortc.rtcdtlstransport import SRTP_PROFILES
 from cryptography.hazmat.primitives.asymmetric import ec
 from OpenSSL import SSL
 
-from firsthop.services.transceiver.rtc import RtcSession, SessionCallbacks, hooks
+from firsthop.services.transceiver.rtc import RtcSession, SessionCallbacks, dtls_hooks, hooks
 
 RSA_SUITES = {"ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384", "ECDHE-RSA-AES128-SHA"}
 ECDSA_SUITES = {"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES128-SHA"}
@@ -37,7 +37,7 @@ def test_stock_aiortc_offers_only_ecdsa_suites() -> None:
 
 
 def test_the_hooked_certificate_offers_rsa_and_ecdsa_suites() -> None:
-    suites = offered(hooks.DtlsCertificate.generateCertificate())
+    suites = offered(dtls_hooks.DtlsCertificate.generateCertificate())
     assert ECDSA_SUITES | RSA_SUITES <= suites
     assert all(s.startswith("ECDHE-") for s in suites)  # forward secrecy only
     assert not any("NULL" in s or "RC4" in s or "3DES" in s for s in suites)
@@ -61,10 +61,10 @@ def test_a_session_answers_with_its_own_ecdsa_p256_certificate_and_the_wide_suit
         answer = await session.answer(caller.localDescription.sdp, ("ufrag", "p" * 24))
         await session.pc.close()
         await caller.close()
-        return hooks.dtls_certificate(session.pc), answer
+        return dtls_hooks.dtls_certificate(session.pc), answer
 
     certificate, answer = asyncio.run(main())
-    assert isinstance(certificate, hooks.DtlsCertificate)
+    assert isinstance(certificate, dtls_hooks.DtlsCertificate)
     key = certificate._key
     assert isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1)
     assert ECDSA_SUITES | RSA_SUITES <= offered(certificate)
@@ -81,7 +81,9 @@ def test_an_existing_transport_takes_the_certificate_too() -> None:
     async def main() -> tuple[str, str]:
         pc = RTCPeerConnection()
         pc.addTransceiver("audio")
-        certificate = hooks.dtls_for_any_peer(pc, hooks.DtlsCertificate.generateCertificate())
+        certificate = dtls_hooks.dtls_for_any_peer(
+            pc, dtls_hooks.DtlsCertificate.generateCertificate()
+        )
         await pc.setLocalDescription(await pc.createOffer())
         await pc.close()
         fingerprint = next(f for f in certificate.getFingerprints() if f.algorithm == "sha-256")
@@ -115,7 +117,7 @@ HANDSHAKE, ALERT = 22, 21  # DTLS record content types (RFC 6347 §4.1)
 def dtls_pair() -> tuple[SSL.Connection, SSL.Connection]:
     """A client and a server as aiortc makes them (memory BIOs), not yet shaken hands."""
     client = SSL.Connection(
-        hooks.DtlsCertificate.generateCertificate()._create_ssl_context(SRTP_PROFILES)
+        dtls_hooks.DtlsCertificate.generateCertificate()._create_ssl_context(SRTP_PROFILES)
     )
     client.set_connect_state()
     server = SSL.Connection(RTCCertificate.generateCertificate()._create_ssl_context(SRTP_PROFILES))
@@ -171,7 +173,7 @@ def test_the_close_is_a_renegotiation_request_then_close_notify(role: str) -> No
     client, server = dtls_pair()
     handshake(client, server)
     ours, peer = (client, server) if role == "client" else (server, client)
-    datagram = hooks.closing_datagram(ours)
+    datagram = dtls_hooks.closing_datagram(ours)
     (request, close_notify) = records(datagram)
     assert request[:2] == (HANDSHAKE, 1) and close_notify[:2] == (ALERT, 1)
     assert request[2] == close_notify[2] + 1
@@ -180,7 +182,7 @@ def test_the_close_is_a_renegotiation_request_then_close_notify(role: str) -> No
     reply = records(flush(peer, ours))
     if role == "client":  # OpenSSL refuses a client's renegotiation: a warning alert
         assert [r[0] for r in reply] == [ALERT]
-    assert hooks.closing_datagram(ours) == b""  # once
+    assert dtls_hooks.closing_datagram(ours) == b""  # once
 
 
 def test_a_handshake_not_done_is_not_touched() -> None:
@@ -191,8 +193,8 @@ def test_a_handshake_not_done_is_not_touched() -> None:
     with pytest.raises(SSL.WantReadError):
         server.do_handshake()
     flush(server, client)  # the client has the server's flight, unread
-    assert hooks.closing_datagram(client) == b""
-    assert hooks.closing_datagram(server) == b""
+    assert dtls_hooks.closing_datagram(client) == b""
+    assert dtls_hooks.closing_datagram(server) == b""
     handshake(client, server)  # and it completes as if nothing had happened
     client.send(b"still here")
     flush(client, server)
@@ -207,3 +209,15 @@ def test_the_close_hook_points_are_where_expected() -> None:
     close = {k: v for k, v in points.items() if k.startswith(("RTCDtlsTransport.", "RTCIce"))}
     assert {"RTCDtlsTransport._ssl", "RTCDtlsTransport.stop: shutdown"} <= set(close)
     assert all(close.values()), close
+
+
+def test_the_hook_points_cover_dtls_hooks_too() -> None:
+    async def main() -> tuple[set[str], dict[str, bool]]:
+        pc = RTCPeerConnection()
+        dtls = pc.addTransceiver("audio").receiver.transport
+        points = dtls_hooks.hook_points(pc, dtls)
+        await pc.close()
+        return set(points), hooks.hook_points()
+
+    mine, everything = asyncio.run(main())
+    assert len(mine) >= 9 and mine <= set(everything)

@@ -10,6 +10,7 @@ import aioice
 import aioice.ice
 import pylibsrtp
 from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc.rtcdtlstransport import State
 from aiortc.rtcrtpparameters import (
     RTCRtpCodecParameters,
     RTCRtpDecodingParameters,
@@ -58,6 +59,7 @@ async def a_receiving_call() -> tuple[RTCPeerConnection, aioice.Connection, list
         type="host",
     )
     dtls._rx_srtp = srtp(pylibsrtp.Policy.SSRC_ANY_INBOUND)
+    dtls._set_state(State.CONNECTED)  # (as DTLS would leave it; its task is not needed here)
     return pc, conn, frames, protocol
 
 
@@ -93,6 +95,24 @@ def test_before_the_keys_srtp_waits_in_the_queue() -> None:
         deliver = hooks.media_path(pc, protocol)  # type: ignore[arg-type]
         deliver(srtp(pylibsrtp.Policy.SSRC_ANY_OUTBOUND).protect(rtp(1)))
         assert conn._queue.qsize() == 1 and frames == []
+        await pc.close()
+
+    asyncio.run(main())
+
+
+def test_once_the_dtls_transport_is_closed_srtp_is_left_in_the_queue() -> None:
+    """As aiortc's task, which ends there: a stopped transport, or one whose peer sent
+    `close_notify`, hands no more media to its receivers."""
+
+    async def main() -> None:
+        pc, conn, frames, protocol = await a_receiving_call()
+        deliver = hooks.media_path(pc, protocol)  # type: ignore[arg-type]
+        tx = srtp(pylibsrtp.Policy.SSRC_ANY_OUTBOUND)
+        deliver(tx.protect(rtp(1)))
+        assert len(frames) == 1
+        pc.getTransceivers()[0].receiver.transport._set_state(State.CLOSED)
+        deliver(tx.protect(rtp(2)))
+        assert len(frames) == 1 and conn._queue.qsize() == 1
         await pc.close()
 
     asyncio.run(main())

@@ -164,3 +164,169 @@ def test_an_error_carries_the_messages_before_the_bad_frame() -> None:
     with pytest.raises(MessageTooBig) as caught:
         reader.feed(encode_frame(BINARY, b"ok") + encode_frame(TEXT, b"x" * 11))
     assert caught.value.events == [b"ok"]
+
+
+# -- the protocol lawyer's cases -------------------------------------------------------------
+
+
+def frame(opcode: int, payload: bytes, *, fin: bool = True, key: bytes | None = None) -> bytes:
+    """Any frame, final or not (`encode_frame` makes final ones only)."""
+    whole = encode_frame(opcode, payload, key)
+    return whole if fin else bytes([whole[0] & ~wsw.FIN]) + whole[1:]
+
+
+@settings(max_examples=150)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.binary(max_size=3000), st.text(max_size=200)),
+            st.lists(st.integers(0, 3000), max_size=5),  # where the message is cut into fragments
+            st.lists(st.sampled_from(["ping", "pong"]), max_size=3),  # between its fragments
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    st.lists(st.integers(0, 1 << 20)),
+    st.booleans(),
+)
+def test_fragmented_messages_with_control_frames_between_round_trip(
+    sent: list[tuple[str | bytes, list[int], list[str]]], cuts: list[int], client: bool
+) -> None:
+    wire, expected = b"", list[wsw.Event]()
+    for message, fragment_at, controls in sent:
+        data = message.encode() if isinstance(message, str) else message  # (cut mid-character too)
+        pieces = chunked(data, fragment_at)
+        for i, piece in enumerate(pieces):
+            opcode = (TEXT if isinstance(message, str) else BINARY) if i == 0 else wsw.CONTINUATION
+            last = i == len(pieces) - 1
+            wire += frame(opcode, piece, fin=last, key=os.urandom(4) if client else None)
+            if last:
+                expected.append(message)
+            if i < len(controls):
+                control = PING if controls[i] == "ping" else wsw.PONG
+                wire += frame(control, b"c%d" % i, key=os.urandom(4) if client else None)
+                expected.append((wsw.Ping if control == PING else wsw.Pong)(b"c%d" % i))
+    reader = WebSocketReader(masked=client, max_message=1 << 20)
+    assert feed_all(reader, chunked(wire, cuts)) == expected
+
+
+@pytest.mark.parametrize(
+    "frame_",
+    [
+        bytes([0x80 | BINARY, 126, 0, 5]) + b"x" * 5,  # 16 bits for a length under 126
+        bytes([0x80 | BINARY, 127]) + (200).to_bytes(8, "big") + b"x" * 200,  # 64 for 200
+        bytes([0x80 | PING, 126, 0, 1]) + b"x",  # a control frame's too
+    ],
+)
+def test_a_length_not_in_its_shortest_form_is_refused_as_wsproto_does(frame_: bytes) -> None:
+    with pytest.raises(ProtocolViolation, match="shortest form"):
+        WebSocketReader(masked=False, max_message=1000).feed(frame_)
+    client = Connection(ConnectionType.CLIENT)
+    client.receive_data(frame_)
+    assert isinstance(next(client.events()), CloseConnection)  # (wsproto: 1002 too)
+
+
+@pytest.mark.parametrize("code", [0, 999, 1004, 1005, 1006, 1015, 1016, 2000, 2999, 5000, 65535])
+def test_a_close_code_no_peer_may_send_is_a_violation(code: int) -> None:
+    """§7.4: 1005, 1006 and 1015 are never sent, 1004 and 1016-2999 are reserved, and no
+    code is under 1000 or over 4999; echoing one back would put it on the wire."""
+    with pytest.raises(ProtocolViolation):
+        WebSocketReader(masked=False, max_message=10).feed(frame(CLOSE, code.to_bytes(2, "big")))
+
+
+@pytest.mark.parametrize("code", [1000, 1001, 1002, 1003, 1007, 1011, 1012, 1014, 3000, 4999])
+def test_the_close_codes_a_peer_may_send(code: int) -> None:
+    reader = WebSocketReader(masked=True, max_message=10)
+    data = frame(CLOSE, code.to_bytes(2, "big") + "fin é".encode(), key=os.urandom(4))
+    assert reader.feed(data) == [Close(code, "fin é")]
+
+
+@pytest.mark.parametrize("opcode", [0x3, 0x7, 0xB, 0xF])
+def test_reserved_opcodes_are_refused(opcode: int) -> None:
+    with pytest.raises(ProtocolViolation, match="unknown opcode"):
+        WebSocketReader(masked=False, max_message=10).feed(bytes([0x80 | opcode, 0]))
+
+
+def test_a_long_close_reason_is_cut_at_a_character_boundary() -> None:
+    payload = close_payload(1001, "é" * 100)  # 200 bytes of UTF-8, two to a character
+    assert len(payload) == 124
+    reader = WebSocketReader(masked=False, max_message=10)
+    assert reader.feed(encode_frame(CLOSE, payload)) == [Close(1001, "é" * 61)]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_huge_declared_length_is_refused_from_the_header_alone(masked: bool) -> None:
+    """A 64-bit length is refused the moment its last byte is in, whatever bytes the frame
+    came in, before any payload is buffered."""
+    head = bytes([0x80 | BINARY, (0x80 if masked else 0) | 127]) + (1 << 62).to_bytes(8, "big")
+    reader = WebSocketReader(masked=masked, max_message=1 << 20)
+    for byte in head[:-1]:
+        assert reader.feed(bytes([byte])) == []
+    with pytest.raises(MessageTooBig):
+        reader.feed(head[-1:])
+
+
+def test_many_fragments_hold_no_more_memory_than_their_payload() -> None:
+    """Empty fragments add nothing, one-byte ones a byte each (not an object each): a peer
+    cannot grow the reader's memory past `max_message` with fragments."""
+    import tracemalloc
+
+    reader = WebSocketReader(masked=False, max_message=50_000)
+    empty = frame(wsw.CONTINUATION, b"", fin=False) * 1000
+    one = frame(wsw.CONTINUATION, b"x", fin=False) * 1000
+    tracemalloc.start()
+    try:
+        reader.feed(frame(BINARY, b"", fin=False))
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(200):  # 200,000 empty fragments
+            reader.feed(empty)
+        for _ in range(49):  # 49,000 one-byte ones
+            reader.feed(one)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 2 * 50_000, held
+    reader.feed(one)  # 50,000 bytes: the bound
+    with pytest.raises(MessageTooBig):
+        reader.feed(one)
+    assert WebSocketReader(masked=False, max_message=10).feed(frame(BINARY, b"")) == [b""]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_stream_fed_a_byte_at_a_time(masked: bool) -> None:
+    def key() -> bytes | None:
+        return os.urandom(4) if masked else None
+
+    wire = (
+        frame(TEXT, "hé".encode()[:2], fin=False, key=key())  # a character cut in two
+        + frame(PING, b"", key=key())
+        + frame(wsw.CONTINUATION, "hé".encode()[2:], key=key())
+        + frame(BINARY, b"y" * 300, key=key())  # a 16-bit length
+        + frame(BINARY, b"z" * 70000, key=key())  # a 64-bit one
+        + frame(CLOSE, close_payload(1000, "bye"), key=key())
+    )
+    reader = WebSocketReader(masked=masked, max_message=1 << 20)
+    got = [event for i in range(len(wire)) for event in reader.feed(wire[i : i + 1])]
+    assert got == [wsw.Ping(b""), "hé", b"y" * 300, b"z" * 70000, Close(1000, "bye")]
+
+
+frame_parts = st.tuples(
+    st.integers(0, 255),  # FIN, RSV, opcode
+    st.sampled_from([0, 1, 5, 125, 126, 127]),  # the 7-bit length
+    st.binary(max_size=12),  # what follows: an extended length, a key, a payload
+)
+
+
+@settings(max_examples=500)
+@given(st.lists(frame_parts, max_size=8), st.booleans(), st.lists(st.integers(0, 200)))
+def test_frame_shaped_garbage_raises_only_the_modules_errors_and_holds_little(
+    parts: list[tuple[int, int, bytes]], masked: bool, cuts: list[int]
+) -> None:
+    wire = b"".join(bytes([a, (0x80 if masked else 0) | n]) + rest for a, n, rest in parts)
+    reader = WebSocketReader(masked=masked, max_message=100)
+    try:
+        feed_all(reader, chunked(wire, cuts))
+    except WebSocketError as exc:
+        assert exc.code in (1002, 1007, 1009)
+        assert all(isinstance(e, (str, bytes, wsw.Ping, wsw.Pong, Close)) for e in exc.events)
+    assert len(reader._message) <= 100

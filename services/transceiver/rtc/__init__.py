@@ -1,8 +1,9 @@
 """The asyncio boundary: the only package of firsthop that imports asyncio, aiortc or aioice.
 
 * `bridge`: Trio as a guest of the asyncio host loop, and the calls between the two;
-* `hooks`: every private aiortc/aioice attribute firsthop touches, with the pinned-version
-  check (the ICE-lite agent on the shared socket is built there);
+* `hooks`: every private aiortc/aioice attribute firsthop touches (the DTLS ones in
+  `dtls_hooks`), with the pinned-version check (the ICE-lite agent on the shared socket is
+  built there);
 * `session`: one call's peer connection (`RtcSession`), reporting through callbacks;
 * `audio`: the agent's voice out (paced, Opus-encoded here) and decoded frames in;
 * `agent_link`: the WebSocket to an agent, on the host loop (the protocol spoken over it is

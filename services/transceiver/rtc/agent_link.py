@@ -264,6 +264,11 @@ class AgentLink:
             self._handle(exc.events)  # (the messages before the bad frame)
             if self.sock is None:
                 return
+            if not self._close_sent:  # §7.1.7: say why (best effort), then hang up
+                self._close_sent = True
+                self._send(encode_frame(CLOSE, close_payload(exc.code, exc.reason), os.urandom(4)))
+                if self.sock is None:
+                    return
             if isinstance(exc, MessageTooBig):
                 self._fail("agent message over 1 MiB")
             else:  # (as a Close with the violation's code: the agent broke the link)
@@ -308,8 +313,9 @@ class AgentLink:
         """Say goodbye (a close frame, best effort) and drop the connection; no callback."""
         if self.sock is not None and self.open and not self._close_sent:
             self._close_sent = True
-            try:
-                self.sock.send(self._wrap(encode_frame(CLOSE, close_payload(1000), os.urandom(4))))
-            except (OSError, Exception):
+            try:  # behind what is still queued (a frame may be part sent)
+                close = self._wrap(encode_frame(CLOSE, close_payload(1000), os.urandom(4)))
+                self.sock.send(bytes(self._out) + close)
+            except (OSError, ssl.SSLError):
                 pass
         self._teardown()

@@ -33,24 +33,15 @@ And per session, its media in-line (`media_path`): a non-STUN datagram skips aio
 parse, and SRTP/SRTCP is unprotected and handled on the spot, as the DTLS transport's task
 would, instead of through aioice's queue and a task wake-up per packet.
 
-And per peer connection, DTLS with any standard peer (`dtls_for_any_peer`): aiortc's SSL
-context offers only ECDHE-ECDSA suites, so a peer with an RSA certificate (GStreamer's
-`webrtcbin`, many embedded stacks) that is the DTLS server (we answer `a=setup:active`) finds
-no shared cipher. The connection keeps its own ECDSA P-256 certificate (and fingerprint); its
-context also offers the ECDHE-RSA suites (`PEER_CIPHERS`). The suite only names how the
-*server* authenticates: a client may offer RSA suites with an ECDSA certificate of its own.
-
-And per DTLS transport, its close (`close_with_renegotiation`): before its `close_notify`,
-an established DTLS 1.2 association sends a renegotiation request (`closing_datagram`).
-libwebrtc counts a DTLS transport its peer closed with `close_notify` as still connected;
-BoringSSL takes a handshake record after the handshake as a fatal error, so the browser's
-DTLS transport, and its peer connection, fail at once instead of at its next consent check.
+And per peer connection and DTLS transport, in `dtls_hooks.py` (under the same version check,
+its reaches in `hook_points` too): DTLS with peers that have RSA certificates
+(`dtls_for_any_peer`), and a close that makes a browser's connection fail at once
+(`close_with_renegotiation`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
@@ -59,18 +50,18 @@ import aioice
 import aioice.ice
 import aiortc
 import aiortc.clock
+import aiortc.rtcdtlstransport
 import aiortc.rtp
 import pylibsrtp
 from aioice.candidate import candidate_foundation, candidate_priority
 from aiortc import (
-    RTCCertificate,
     RTCConfiguration,
     RTCPeerConnection,
     RTCRtpReceiver,
 )
-from OpenSSL import SSL
 
 from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
+from firsthop.services.transceiver.rtc import dtls_hooks
 from firsthop.shared.address import Address
 
 PINNED = {"aiortc": "1.16.", "aioice": "0.13."}
@@ -277,7 +268,7 @@ def receive_backlog(protocol: aioice.ice.StunProtocol) -> int:
     return protocol.receiver._queue.qsize()
 
 
-# -- RTP and DTLS -------------------------------------------------------------------------------
+# -- RTP and SRTP -------------------------------------------------------------------------------
 
 
 def low_latency_receiver(
@@ -359,129 +350,6 @@ def count_srtp_failures(dtls_transport: Any, count: Callable[[str], None]) -> No
         dtls_transport._rx_srtp = CountingSrtp(dtls_transport._rx_srtp, count)
 
 
-# RFC 8827 §6.5 makes ECDHE-ECDSA-AES128-GCM-SHA256 (P-256) mandatory; the RSA ones are for
-# peers with RSA certificates, the CBC-SHA ones for older DTLS 1.2 stacks (embedded SDKs).
-# ECDHE only (forward secrecy). ECDSA first: when we are the DTLS server, with our ECDSA
-# certificate, only those can be chosen anyway.
-PEER_CIPHERS = ":".join(
-    [
-        "ECDHE-ECDSA-AES128-GCM-SHA256",
-        "ECDHE-ECDSA-AES256-GCM-SHA384",
-        "ECDHE-ECDSA-CHACHA20-POLY1305",
-        "ECDHE-RSA-AES128-GCM-SHA256",
-        "ECDHE-RSA-AES256-GCM-SHA384",
-        "ECDHE-RSA-CHACHA20-POLY1305",
-        "ECDHE-ECDSA-AES128-SHA",
-        "ECDHE-ECDSA-AES256-SHA",
-        "ECDHE-RSA-AES128-SHA",
-        "ECDHE-RSA-AES256-SHA",
-    ]
-)
-
-
-class DtlsCertificate(RTCCertificate):
-    """aiortc's certificate whose SSL context offers `ciphers` instead of aiortc's
-    ECDHE-ECDSA-only list. OpenSSL's default signature algorithms stay in force; they allow
-    RSA (rsa_pss_rsae_*, rsa_pkcs1_*) as well as ECDSA, for the peer's key exchange and
-    certificate. The peer's fingerprint is still checked by aiortc, with the SDP's algorithm
-    over the peer's DER certificate, whatever its key type."""
-
-    def __init__(self, key: Any, cert: Any, ciphers: str = PEER_CIPHERS) -> None:
-        super().__init__(key, cert)
-        self.ciphers = ciphers
-
-    def _create_ssl_context(self, srtp_profiles: Any) -> SSL.Context:
-        ctx = super()._create_ssl_context(srtp_profiles)
-        ctx.set_cipher_list(self.ciphers.encode())
-        return ctx
-
-
-def dtls_for_any_peer(
-    pc: RTCPeerConnection, certificate: DtlsCertificate | None = None
-) -> DtlsCertificate:
-    """Make `pc`'s DTLS transports, present and future, use `certificate`: by default pc's
-    own (aiortc's fresh ECDSA P-256 key and certificate) offering `PEER_CIPHERS`. Call it
-    before the offer or answer is made (the fingerprint in the SDP is the certificate's)."""
-    if certificate is None:
-        own: RTCCertificate = pc._RTCPeerConnection__certificates[0]  # type: ignore[attr-defined]
-        certificate = DtlsCertificate(own._key, own._cert)
-    pc._RTCPeerConnection__certificates = [certificate]  # type: ignore[attr-defined]
-    for transport in pc._RTCPeerConnection__dtlsTransports:  # type: ignore[attr-defined]
-        transport._RTCDtlsTransport__local_certificate = certificate
-    return certificate
-
-
-def _pending(ssl: SSL.Connection) -> bytes:
-    try:
-        return bytes(ssl.bio_read(65536))
-    except SSL.WantReadError:
-        return b""
-
-
-def closing_datagram(ssl: SSL.Connection) -> bytes:
-    """The datagram that ends `ssl`, an established DTLS 1.2 association on memory BIOs:
-    a renegotiation request (our ClientHello, or HelloRequest if we are the server), then
-    `close_notify`; b"" for anything else, left untouched (a handshake not done yet, one
-    closed already).
-
-    Why (issue #11): libwebrtc maps `close_notify` to DtlsTransportState::kClosed, which
-    W3C's aggregate state still counts as connected; any other read error is kFailed, and
-    the peer connection is "failed" at once. BoringSSL refuses renegotiation in DTLS: a
-    handshake record after the handshake (other than a retransmitted Finished) is an
-    unexpected record, a fatal error (ssl/d1_pkt.cc). RFC 8827 §6.5 has a WebRTC peer
-    reject renegotiation (and implement none: none is carried out here, the request only
-    ends an association being closed); OpenSSL (aiortc, GStreamer) answers no_renegotiation
-    (a warning) and goes on to the `close_notify`.
-
-    OpenSSL sends no `close_notify` once a renegotiation has begun (SSL_shutdown: "shutdown
-    while in init"), so it is made first and put after the request: the request has the
-    later record sequence number, but records within a datagram are read in order and DTLS
-    takes an earlier number still inside its replay window (RFC 6347 §4.1.2.6)."""
-    handshake_done = ssl.get_finished() is not None and ssl.get_peer_finished() is not None
-    closing = ssl.get_shutdown() & SSL.SENT_SHUTDOWN
-    if not handshake_done or closing or ssl.get_protocol_version_name() != "DTLSv1.2":
-        return b""
-    pending = _pending(ssl)  # (aiortc flushes after every call: normally nothing)
-    try:
-        ssl.shutdown()
-    except SSL.Error:
-        return pending
-    close_notify = _pending(ssl)
-    try:
-        ssl.renegotiate()
-        ssl.do_handshake()  # a client writes its ClientHello, then wants the ServerHello
-    except SSL.WantReadError:
-        pass
-    except SSL.Error:
-        return pending + close_notify
-    ssl.set_shutdown(ssl.get_shutdown() | SSL.SENT_SHUTDOWN)  # (a server's handshake clears it)
-    return pending + _pending(ssl) + close_notify
-
-
-def close_with_renegotiation(transport: Any) -> None:
-    """Make `transport` (an RTCDtlsTransport) end with `closing_datagram` when it is stopped
-    while connected: after the peer connection has closed SCTP and stopped the senders, as
-    aiortc's stop() would send `close_notify` (it then finds it sent). With BUNDLE, the
-    transport is stopped for each transceiver and for SCTP: the first stop sends it."""
-    stop = transport.stop
-
-    async def stop_with_renegotiation() -> None:
-        if transport.state == "connected" and transport._ssl is not None:
-            data = closing_datagram(transport._ssl)
-            if data:
-                with contextlib.suppress(ConnectionError):
-                    await transport.transport._send(data)
-        await stop()
-
-    transport.stop = stop_with_renegotiation
-
-
-def dtls_certificate(pc: RTCPeerConnection) -> RTCCertificate:
-    """The certificate `pc`'s next DTLS transport will use."""
-    certificate: RTCCertificate = pc._RTCPeerConnection__certificates[0]  # type: ignore[attr-defined]
-    return certificate
-
-
 # -- the media path in-line ------------------------------------------------------------------
 
 
@@ -492,15 +360,25 @@ def media_path(pc: RTCPeerConnection, protocol: aioice.ice.StunProtocol) -> Call
     task. Here DTLS records go to that queue straight, and SRTP/SRTCP (first byte 128-191),
     once the keys are there and nothing waits in the queue before it, is unprotected and
     handled right away, as that task would (`RTCDtlsTransport._recv_next`, aiortc 1.16): no
-    queue, no task wake-up per packet. Order holds: with anything queued, SRTP queues too."""
+    queue, no task wake-up per packet. Order holds: with anything queued, SRTP queues too.
+    Only while the transport is connected, when that task runs (it starts there and sets
+    "closed" when it ends: `stop()`, the peer's `close_notify`): SRTP after that is left in
+    the queue, unread, as aiortc leaves it, not handed to receivers that were stopped."""
     conn = protocol.receiver
     queue: asyncio.Queue[Any] = conn._queue
     component = protocol.local_candidate.component
     transports = pc._RTCPeerConnection__dtlsTransports  # type: ignore[attr-defined]
     dtls = next((t for t in transports if t.transport._connection is conn), None)
+    connected = aiortc.rtcdtlstransport.State.CONNECTED
 
     def deliver(data: bytes) -> None:
-        if dtls is None or not 127 < data[0] < 192 or dtls._rx_srtp is None or queue.qsize():
+        if (
+            dtls is None
+            or not 127 < data[0] < 192
+            or dtls._rx_srtp is None
+            or dtls._state is not connected
+            or queue.qsize()
+        ):
             queue.put_nowait((data, component))
             return
         dtls._RTCDtlsTransport__rx_bytes += len(data)
@@ -573,21 +451,9 @@ def hook_points() -> dict[str, bool]:
         "StunProtocol.datagram_received": hasattr(aioice.ice.StunProtocol, "datagram_received"),
         "Connection._queue": hasattr(conn, "_queue"),
         "RTCDtlsTransport._rx_srtp": "_rx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
-        "RTCDtlsTransport._ssl": "_ssl" in RTCDtlsTransport.__init__.__code__.co_names,
-        "RTCDtlsTransport.stop: shutdown": ("shutdown" in RTCDtlsTransport.stop.__code__.co_names),
-        "RTCIceTransport._send": hasattr(receiver.transport.transport, "_send"),
         "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
-        "RTCPeerConnection.__certificates": hasattr(pc, "_RTCPeerConnection__certificates"),
         "RTCPeerConnection.__dtlsTransports": hasattr(pc, "_RTCPeerConnection__dtlsTransports"),
-        "RTCDtlsTransport.__local_certificate": hasattr(
-            receiver.transport, "_RTCDtlsTransport__local_certificate"
-        ),
-        "RTCCertificate._create_ssl_context": hasattr(RTCCertificate, "_create_ssl_context"),
-        "RTCDtlsTransport.start: _create_ssl_context": (
-            "_create_ssl_context" in RTCDtlsTransport.start.__code__.co_names
-        ),
-        "RTCCertificate._key": hasattr(dtls_certificate(pc), "_key"),
-        "RTCCertificate._cert": hasattr(dtls_certificate(pc), "_cert"),
+        **dtls_hooks.hook_points(pc, receiver.transport),
         **{
             f"RTCRtpReceiver.{name}": hasattr(receiver, f"_RTCRtpReceiver{name}")
             for name in (
@@ -621,6 +487,11 @@ def _media_path_points(conn: aioice.Connection, dtls: Any) -> dict[str, bool]:
             "_queue" in aioice.Connection.data_received.__code__.co_names
         ),
         "StunProtocol.receiver": "receiver" in aioice.ice.StunProtocol.__init__.__code__.co_names,
+        "RTCDtlsTransport._state": (
+            "_state" in RTCDtlsTransport.__init__.__code__.co_names
+            and hasattr(aiortc.rtcdtlstransport.State, "CONNECTED")
+            and "_set_state" in RTCDtlsTransport._RTCDtlsTransport__run.__code__.co_names  # type: ignore[attr-defined]
+        ),
         "RTCDtlsTransport.__rx_bytes": hasattr(dtls, "_RTCDtlsTransport__rx_bytes"),
         "RTCDtlsTransport.__rx_packets": hasattr(dtls, "_RTCDtlsTransport__rx_packets"),
         "RTCDtlsTransport._recv_next: SRTP branch": all(

@@ -19,7 +19,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.services.transceiver.opus import OpusDecoder, OpusError
-from firsthop.services.transceiver.rtc import hooks
+from firsthop.services.transceiver.rtc import dtls_hooks, hooks
 from firsthop.services.transceiver.rtc.audio import AgentAudioTrack
 from firsthop.shared.address import Address
 from firsthop.shared.wire.demux import STUN_LAST
@@ -74,7 +74,7 @@ class RtcSession:
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        hooks.dtls_for_any_peer(self.pc)  # RSA peers too; our certificate stays ECDSA
+        dtls_hooks.dtls_for_any_peer(self.pc)  # RSA peers too; our certificate stays ECDSA
         self.output = AgentAudioTrack()
         self.output.on_first_audio = lambda: self.callbacks.milestone(Milestone.FIRST_AUDIO_OUT)
         self.pc.on("connectionstatechange", self._on_state)
@@ -109,7 +109,7 @@ class RtcSession:
         for dtls in media:
             dtls.on("statechange", self._make_dtls_watch(dtls))
         for dtls in media | ({self.pc.sctp.transport} if self.pc.sctp else set()):
-            hooks.close_with_renegotiation(dtls)  # a browser's connection fails at once
+            dtls_hooks.close_with_renegotiation(dtls)  # a browser's connection fails at once
         return str(self.pc.localDescription.sdp)
 
     def select_path(self, addr: Address) -> bool:
