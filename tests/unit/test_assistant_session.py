@@ -468,3 +468,23 @@ def test_g711_sessions_both_ways() -> None:
     odd_rate = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}
     events, _ = send(s, {"type": "session.update", "session": odd_rate})
     assert events[0]["session"]["audio"]["input"]["format"] == pcmu  # not honoured: unchanged
+
+
+def test_the_vad_finds_the_end_of_speech_to_10_ms() -> None:
+    from firsthop.services.agent.assistant.turns import SpeechStopped, TurnDetector
+
+    loud = _tone_ms(310)
+    detector = TurnDetector(energy_classifier(), silence_duration_ms=200)
+    events = detector.feed(loud + bytes(48 * 400))
+    stopped = [e for e in events if isinstance(e, SpeechStopped)]
+    # 20 ms frames would put it at 320 (the 300-320 frame is half speech, loud enough)
+    assert [e.speech_end_ms for e in stopped] == [310]
+    assert stopped[0].audio_end_ms == 310 + 200
+
+
+def _tone_ms(ms: int) -> bytes:
+    n = ms * 24
+    return b"".join(
+        int(8000 * math.sin(2 * math.pi * 440 * i / 24000)).to_bytes(2, "little", signed=True)
+        for i in range(n)
+    )
