@@ -1,10 +1,17 @@
 """`firsthop bench sessions --knee`: the most concurrent echo calls one transceiver holds on
-one pinned core.
+one pinned core, and the most stock aiortc holds on it, asked alike in the same run.
 
 The whole call path runs (caller -> relay -> transceiver -> echo agent and back), the
-transceiver pinned alone to the first allowed CPU, everything else (relay, agent, the caller
-workers, the capture) to the last: on a 2-core machine the other core carries the bench, and
-when it saturates the figure is the bench's limit, not the transceiver's (each step says).
+transceiver pinned alone to the first allowed CPU (`--whole-path`: the transceiver, echo agent
+and relay together on it), everything else (the caller workers, the capture, and what is not
+measured) to the last: on a 2-core machine the other core carries the bench, and when it
+saturates the figure is the bench's limit, not the measured processes' (each step says).
+
+The reference: the same sweep against the stock aiortc answerer (`stock.py`, one peer
+connection and socket per call) pinned alone to that core, with the same callers and the same
+loss bound; its sockets are one per call, so it is judged on loss alone. Sessions per core
+at equal load (`bench sessions`) flatter neither side at low load and say nothing of the
+limit; the knees compare what one core holds.
 
 A step: N cheap callers (`knee_caller.py`: aiortc for ICE/DTLS/SRTP/RTCP, pre-encoded tone
 bursts out, RTP recorded and judged after the window, not decoded while it runs) in worker
@@ -21,9 +28,9 @@ warm-up, a steady window. It passes when
 
 The sweep doubles N from `--calls` until a step fails (or `--max-calls`), then bisects between
 the last pass and the first failure down to `--resolution`. On a shared machine other
-processes may hold the transceiver's core: a step that failed while the transceiver waited
-runnable for more than 10 % of the window (its schedstat run-queue wait) is run again, twice
-at most, and every attempt is reported.
+processes may hold the measured core: a step that failed while others took more than 10 % of
+it (its busy time beyond the measured processes' own) is run again, twice at most, and every
+attempt is reported.
 
 Per step: the transceiver's own counters over the step's calls (repaired frames, late and
 skipped packets: the caller's audio came in late or lost, before the echo's way back), its
@@ -73,7 +80,7 @@ from firsthop.services.bench.procs import Stack
 from firsthop.services.bench.sessions import connect_all, emit, frequencies, worker_main
 
 SATURATED_PCT = 90.0  # a core this busy over the window is the limit
-CONTENDED = 0.10  # share of the window the transceiver was runnable but another process ran
+CONTENDED = 0.10  # share of the window other processes took on the measured core
 RETRIES = 2  # more attempts at a step that failed contended
 STALL_S = 0.5  # the loss check's agent stall
 PERIOD_S = PERIOD_FRAMES * FRAME_S
@@ -100,7 +107,8 @@ async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
     stack = Stack(**config["ports"])
     freqs: list[float] = config["freqs"]
     callers = [TapCaller(BurstTrack(encoded_cycle(f), phase=(f * 0.618034) % 1.0)) for f in freqs]
-    done = await connect_all(callers, stack.offer_to_firsthop, config["connect_timeout"])
+    answer = stack.offer_to_stock if config["target"] == "stock" else stack.offer_to_firsthop
+    done = await connect_all(callers, answer, config["connect_timeout"])
     try:
         await lines.readline()  # "go"
         start = time.monotonic()
@@ -194,10 +202,25 @@ def pin_threads(pid: int, cpu: int | None) -> None:
 
 
 class Bench:
-    """The running stack, capture and pinning, and the steps measured on them."""
+    """The running stack, capture and pinning, and the steps measured on them.
 
-    def __init__(self, exits: ExitStack, *, seconds: float, warmup: float, workers: int):
+    `target` "firsthop" measures what `pinned` names on the measured core ("transceiver":
+    the transceiver alone; "path": transceiver, echo agent and relay together); "stock" the
+    stock aiortc answerer alone there (the reference: no capture, judged on loss alone).
+    """
+
+    def __init__(
+        self,
+        exits: ExitStack,
+        *,
+        seconds: float,
+        warmup: float,
+        workers: int,
+        target: str = "firsthop",
+        pinned: str = "transceiver",
+    ):
         self.seconds, self.warmup, self.workers = seconds, warmup, workers
+        self.target, self.pinned = target, pinned
         mask = sorted(os.sched_getaffinity(0))
         self.tx_cpu = mask[0] if len(mask) >= 2 else None
         self.bench_cpu = mask[-1] if len(mask) >= 2 else None
@@ -207,34 +230,60 @@ class Bench:
         # moved, every thread of it, to its own.
         if self.bench_cpu is not None:
             os.sched_setaffinity(0, {self.bench_cpu})
-        self.stack = Stack()
-        exits.callback(self.stack.stop)
-        self.stack.start()
-        pin_threads(self.stack.tx_pid, self.tx_cpu)
-        argv = [sys.executable, "-m", "firsthop.services.bench.capture"]
-        self.capture: LineTool | None = LineTool(
-            "capture", [*argv, str(self.stack.tx_media), str(PERIOD_S)], self.log
-        )
-        exits.callback(self.capture.stop)
-        ready = self.capture.line(timeout=30)
-        self.capture_error = None if ready == "ready" else ready.removeprefix("error ")
-        if self.capture_error is not None:
-            self.capture = None
+        self.stack = stack = Stack()
+        exits.callback(stack.stop)
+        stack.start(stock=target == "stock")
+        self.server_pid = stack.stock_pid if target == "stock" else stack.tx_pid
+        for pid in self.measured_pids().values():
+            pin_threads(pid, self.tx_cpu)
+        self.capture: LineTool | None = None
+        self.capture_error: str | None = "stock: not captured"
+        if target == "firsthop":
+            argv = [sys.executable, "-m", "firsthop.services.bench.capture"]
+            self.capture = LineTool(
+                "capture", [*argv, str(stack.tx_media), str(PERIOD_S)], self.log
+            )
+            exits.callback(self.capture.stop)
+            ready = self.capture.line(timeout=30)
+            self.capture_error = None if ready == "ready" else ready.removeprefix("error ")
+            if self.capture_error is not None:
+                self.capture = None
         self._wait_idle()
         time.sleep(1.0)
-        self.idle_rss_kib, self.idle_threads = rss_kib(self.stack.tx_pid)
+        self.idle_rss_kib, self.idle_threads = rss_kib(self.server_pid)
+
+    def measured_pids(self) -> dict[str, int]:
+        """The processes on the measured core, by name."""
+        stack = self.stack
+        if self.target == "stock":
+            return {"stock": stack.stock_pid}
+        pids = {"transceiver": stack.tx_pid}
+        if self.pinned == "path":
+            pids |= {"agent": stack.agent_pid, "relay": stack.relay_pid}
+            for i, child in enumerate(children_of(stack.relay_pid)):
+                pids[f"relay worker {i}"] = child
+        return pids
+
+    def _sessions(self) -> int:
+        if self.target == "stock":
+            return self.stack.stock_sessions()
+        return self.stack.firsthop_sessions()
 
     def _wait_idle(self, timeout: float = 60.0) -> int:
         deadline = time.monotonic() + timeout
-        while (left := self.stack.firsthop_sessions()) and time.monotonic() < deadline:
+        while (left := self._sessions()) and time.monotonic() < deadline:
             time.sleep(0.2)
         return left
 
     def _pids(self, workers: list[LineTool]) -> dict[str, int]:
         stack = self.stack
-        pids = {"transceiver": stack.tx_pid, "agent": stack.agent_pid, "relay": stack.relay_pid}
-        for i, child in enumerate(children_of(stack.relay_pid)):
-            pids[f"relay worker {i}"] = child
+        if self.target == "stock":
+            pids = {"stock": stack.stock_pid}
+        else:
+            pids = {"transceiver": stack.tx_pid, "agent": stack.agent_pid}
+            pids["relay"] = stack.relay_pid
+            for i, child in enumerate(children_of(stack.relay_pid)):
+                pids[f"relay worker {i}"] = child
         for i, worker in enumerate(workers):
             pids[f"callers {i}"] = worker.pid
         if self.capture is not None:
@@ -243,19 +292,21 @@ class Bench:
 
     def step(self, calls: int, *, stall: float = 0.0) -> dict[str, Any]:
         leftover = self._wait_idle()
-        idle_rss, _ = rss_kib(self.stack.tx_pid)
-        counted0 = tx_counters(self.stack.tx_api)
+        idle_rss, _ = rss_kib(self.server_pid)
+        firsthop = self.target == "firsthop"
+        counted0 = tx_counters(self.stack.tx_api) if firsthop else {}
         freqs = frequencies(calls)
         shares = [freqs[i :: self.workers] for i in range(min(self.workers, calls))]
         stack = self.stack
-        ports = {k: getattr(stack, k) for k in ("relay_port", "tx_media", "tx_api", "token")}
+        names = ("relay_port", "tx_media", "tx_api", "token", "stock_port")
+        ports = {k: getattr(stack, k) for k in names}
         argv = [sys.executable, "-m", "firsthop.services.bench.knee", "worker"]
         workers: list[LineTool] = []
         try:  # (the ones started are stopped if a later one cannot be)
             for i in range(len(shares)):
                 workers.append(LineTool(f"caller worker {i}", argv, self.log))
             for worker, mine in zip(workers, shares, strict=True):
-                config = {"ports": ports, "freqs": mine, "all_freqs": freqs}
+                config = {"ports": ports, "freqs": mine, "all_freqs": freqs, "target": self.target}
                 worker.send(json.dumps({**config, "connect_timeout": 60.0}))
             ready = [json.loads(worker.line(timeout=60 + calls)) for worker in workers]
             time.sleep(self.warmup)
@@ -274,7 +325,7 @@ class Bench:
                 finally:
                     os.kill(stack.agent_pid, signal.SIGCONT)
             time.sleep(max(0.0, t0 + self.seconds - time.monotonic() - 0.5))
-            rss, threads = rss_kib(stack.tx_pid)
+            rss, threads = rss_kib(self.server_pid)
             time.sleep(max(0.0, t0 + self.seconds - time.monotonic()))
             for worker in workers:
                 worker.send("stop")
@@ -290,11 +341,14 @@ class Bench:
             for worker in workers:
                 worker.stop()
         self._wait_idle()
-        counted1 = tx_counters(stack.tx_api)
+        counted1 = tx_counters(stack.tx_api) if firsthop else {}
         if cpu0 is None or cpu1 is None:
             raise BenchError(f"a process under test exited during the {calls}-call step")
         cpu_pct = {n: 100.0 * (cpu1[n][0] - cpu0[n][0]) / 1e9 / window for n in cpu1}
-        tx_wait_ms = (cpu1["transceiver"][1] - cpu0["transceiver"][1]) / 1e6
+        measured = list(self.measured_pids())
+        server_pct = sum(cpu_pct[n] for n in measured)
+        # runnable but not running: the wait of the measured process that waited most
+        wait_ms = max((cpu1[n][1] - cpu0[n][1]) / 1e6 for n in measured)
         busy = {
             cpu: round(100.0 * (cores1[cpu][0] - b0) / max(1, cores1[cpu][1] - t0_), 1)
             for cpu, (b0, t0_) in cores0.items()
@@ -329,18 +383,25 @@ class Bench:
             "cpu_pct": {n: round(v, 1) for n, v in cpu_pct.items()},
             "callers_cpu_pct": round(callers_pct, 1),
             "callers_cpu_pct_per_call": round(callers_pct / calls, 3),
-            "transceiver_cpu_pct": round(cpu_pct["transceiver"], 1),
-            "transceiver_cpu_pct_per_call": round(cpu_pct["transceiver"] / calls, 3),
-            "transceiver_runqueue_wait_ms": round(tx_wait_ms, 1),
+            "measured": measured,  # the processes on the measured core
+            "measured_cpu_pct": round(server_pct, 1),
+            "measured_cpu_pct_per_call": round(server_pct / calls, 3),
+            "measured_runqueue_wait_ms": round(wait_ms, 1),
+            "transceiver_cpu_pct": round(cpu_pct["transceiver"], 1) if firsthop else None,
+            "transceiver_cpu_pct_per_call": (
+                round(cpu_pct["transceiver"] / calls, 3) if firsthop else None
+            ),
             "core_busy_pct": busy,
-            "contended": tx_wait_ms / 1000 > CONTENDED * window,
+            "contended": self._contended(busy, server_pct, wait_ms / 1000 / window),
             "rss_kib": rss,
             "threads": threads,
             "rss_kib_per_session": round((rss - self.idle_rss_kib) / calls, 1),
             # idle just before this step: what earlier steps left (freed memory Python keeps)
             "rss_kib_idle_before": idle_rss,
             # the whole step's calls, setup to hang-up, as the transceiver counted them
-            "transceiver_counted": {k: counted1[k] - counted0[k] for k in COUNTED},
+            "transceiver_counted": (
+                {k: counted1[k] - counted0[k] for k in COUNTED} if firsthop else None
+            ),
             "per_call": per_call,
         }
         row["passed"] = (
@@ -352,17 +413,25 @@ class Bench:
         row["bound"] = self._bound(row)
         return row
 
+    def _contended(self, busy: dict[int, float], measured_pct: float, waited: float) -> bool:
+        """Whether other processes held the measured core for more than CONTENDED of the
+        window: its busy time beyond the measured processes' own (pinned), else the share of
+        the window they waited runnable (a process's own threads count there too)."""
+        if self.tx_cpu is not None and self.tx_cpu in busy:
+            return busy[self.tx_cpu] - measured_pct > 100.0 * CONTENDED
+        return waited > CONTENDED
+
     def _bound(self, row: dict[str, Any]) -> str:
-        """What was the limit over the window: each that applies, the transceiver first."""
+        """What was the limit over the window: each that applies, the measured core first."""
         tx_core = row["core_busy_pct"].get(self.tx_cpu) if self.tx_cpu is not None else None
         other = row["core_busy_pct"].get(self.bench_cpu) if self.bench_cpu is not None else None
         found = []
-        if row["transceiver_cpu_pct"] >= SATURATED_PCT:
-            found.append("transceiver core")
+        if row["measured_cpu_pct"] >= SATURATED_PCT:
+            found.append(f"measured core ({' + '.join(row['measured'])})")
         elif row["contended"] or (tx_core is not None and tx_core >= SATURATED_PCT):
-            found.append("transceiver core shared (other processes ran on it)")
+            found.append("measured core shared (other processes ran on it)")
         if other is not None and other >= SATURATED_PCT:
-            found.append(f"bench core {other:.0f} % busy (callers, relay, agent, capture)")
+            found.append(f"bench core {other:.0f} % busy (callers and what is not measured)")
         return "; ".join(found) or "neither core saturated"
 
 
@@ -409,20 +478,28 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run(
-    start: int, *, max_calls: int, resolution: int, seconds: float, warmup: float, workers: int
+    start: int,
+    *,
+    max_calls: int,
+    resolution: int,
+    seconds: float,
+    warmup: float,
+    workers: int,
+    pinned: str = "transceiver",
+    reference: bool = True,
 ) -> dict[str, Any]:
+    """firsthop's sweep (what `pinned` names on the measured core), then, with `reference`,
+    stock aiortc's on the same core with the same callers: the same question asked of both."""
     with ExitStack() as exits:
         # SIGTERM unwinds like Ctrl-C, so that the stack, workers and capture are stopped.
         previous = signal.signal(signal.SIGTERM, _interrupt)
         exits.callback(signal.signal, signal.SIGTERM, previous)
-        bench = Bench(exits, seconds=seconds, warmup=warmup, workers=workers)
+        bench = Bench(exits, seconds=seconds, warmup=warmup, workers=workers, pinned=pinned)
         try:
             check = bench.step(min(start, 4), stall=STALL_S)
             rows = sweep(bench, start, max_calls, resolution)
         except BenchError as exc:
-            bench.log.seek(0)
-            tail = "\n".join(bench.log.read().decode(errors="replace").splitlines()[-20:])
-            raise BenchError(f"{exc}\n--- the last stderr lines ---\n{tail}") from exc
+            raise _with_log(bench, exc) from exc
         config = {
             "start": start,
             "max_calls": max_calls,
@@ -430,6 +507,8 @@ def run(
             "seconds": seconds,
             "warmup": warmup,
             "workers": workers,
+            "pinned": pinned,
+            "measured": list(bench.measured_pids()),
             "transceiver_cpu": bench.tx_cpu,
             "bench_cpu": bench.bench_cpu,
             "max_loss_pct": MAX_LOSS_PCT,
@@ -448,7 +527,39 @@ def run(
         # the stall may fall partly into a burst's silence: at least 30 % of it is tone
         "detected": all(c["lost"] >= stall_frames * 0.3 for c in check["per_call"]),
     }
-    return {"config": config, "loss_check": loss_check, "rows": rows, "summary": summarize(rows)}
+    summary = summarize(rows)
+    result: dict[str, Any] = {"config": config, "loss_check": loss_check, "rows": rows}
+    result["summary"] = summary
+    if reference:
+        ref = _reference(start, max_calls, resolution, seconds, warmup, workers)
+        stock = ref["summary"]["knee_calls"]
+        result["reference"] = ref
+        result["knee_over_stock"] = round(summary["knee_calls"] / stock, 2) if stock else None
+    return result
+
+
+def _reference(
+    start: int, max_calls: int, resolution: int, seconds: float, warmup: float, workers: int
+) -> dict[str, Any]:
+    """Stock aiortc's knee: its answerer alone on the measured core, the same callers, the
+    same loss bound (no residence: its sockets are one per call). It starts from a quarter
+    of firsthop's start, stock holding far fewer calls."""
+    with ExitStack() as exits:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        exits.callback(signal.signal, signal.SIGTERM, previous)
+        bench = Bench(exits, seconds=seconds, warmup=warmup, workers=workers, target="stock")
+        try:
+            rows = sweep(bench, max(1, start // 4), max_calls, max(1, resolution // 4))
+        except BenchError as exc:
+            raise _with_log(bench, exc) from exc
+        idle = bench.idle_rss_kib
+    return {"target": "stock", "idle_rss_kib": idle, "rows": rows, "summary": summarize(rows)}
+
+
+def _with_log(bench: Bench, exc: BenchError) -> BenchError:
+    bench.log.seek(0)
+    tail = "\n".join(bench.log.read().decode(errors="replace").splitlines()[-20:])
+    return BenchError(f"{exc}\n--- the last stderr lines ---\n{tail}")
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:

@@ -21,11 +21,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "knee_calls": best["calls"] if best else 0,
         "rss_kib_per_session": best["rss_kib_per_session"] if best else None,
         "transceiver_cpu_pct_at_knee": best["transceiver_cpu_pct"] if best else None,
+        # what ran on the measured core (the transceiver, the whole path, or stock), at the knee
+        "measured_cpu_pct_at_knee": best["measured_cpu_pct"] if best else None,
         # Not a measurement: the knee's CPU per call, scaled to a whole core (a bench-bound
-        # knee says how far the transceiver was from its own limit).
+        # knee says how far the measured processes were from their own limit).
         "calls_at_full_core_projected": (
-            round(100.0 / best["transceiver_cpu_pct_per_call"])
-            if best and best["transceiver_cpu_pct_per_call"]
+            round(100.0 / best["measured_cpu_pct_per_call"])
+            if best and best["measured_cpu_pct_per_call"]
             else None
         ),
         "first_failing_calls": first_fail["calls"] if first_fail else None,
@@ -60,7 +62,7 @@ def step_line(r: dict[str, Any]) -> str:
     return (
         f"{r['calls']:>6}{r['connected']:>6}{r['loss_pct']:>8.2f}"
         f"{_fmt(res['p50']):>7}{_fmt(res['p99']):>7}{res['n']:>6}"
-        f"{r['transceiver_cpu_pct']:>7.1f}{r['transceiver_runqueue_wait_ms']:>8.0f}"
+        f"{r['measured_cpu_pct']:>7.1f}{r['measured_runqueue_wait_ms']:>8.0f}"
         f"{busy:>10}{r['callers_cpu_pct']:>9.1f}"
         f"{r['rss_kib'] / 1024:>8.1f}{_fmt(r['rss_kib_per_session']):>8}"
         f"  {'pass' if r['passed'] else 'FAIL'}  {'' if r['passed'] else r['bound']}"
@@ -69,14 +71,15 @@ def step_line(r: dict[str, Any]) -> str:
 
 HEADER = (
     f"{'calls':>6}{'conn':>6}{'loss%':>8}{'res50':>7}{'res99':>7}{'n':>6}"
-    f"{'tx%':>7}{'txwait':>8}{'cores%':>10}{'callers%':>9}{'RSS MB':>8}{'KiB/s':>8}"
+    f"{'cpu%':>7}{'wait':>8}{'cores%':>10}{'callers%':>9}{'RSS MB':>8}{'KiB/s':>8}"
 )
 
 
 def render(result: dict[str, Any]) -> str:
     cfg, s, check = result["config"], result["summary"], result["loss_check"]
+    measured = " + ".join(cfg["measured"])
     pinning = (
-        f"transceiver alone on cpu {cfg['transceiver_cpu']}, relay/agent/callers/capture on "
+        f"{measured} on cpu {cfg['transceiver_cpu']}, the rest and the callers on "
         f"cpu {cfg['bench_cpu']}"
         if cfg["transceiver_cpu"] is not None
         else "not pinned (one CPU)"
@@ -92,20 +95,34 @@ def render(result: dict[str, Any]) -> str:
         f"calls: lost frames per call {check['per_call_lost']} "
         f"({'detected' if check['detected'] else 'NOT DETECTED'})",
         "",
-        HEADER + "   (tx%: of its core; txwait: ms runnable but not running; cores%: busy per "
-        "CPU; KiB/s: RSS per session over idle)",
+        HEADER + "   (cpu%: what is measured, of its core; wait: ms it was runnable but not "
+        "running; cores%: busy per CPU; KiB/s: RSS per session over idle)",
     ]
     lines += [step_line(r) for r in result["rows"]]
     lines += [
         "",
-        f"knee: {s['knee_calls']} calls on one core (transceiver "
-        f"{_fmt(s['transceiver_cpu_pct_at_knee'])} % of it), "
+        f"knee: {s['knee_calls']} calls on one core ({measured} "
+        f"{_fmt(s['measured_cpu_pct_at_knee'])} % of it), "
         f"RSS {_fmt(s['rss_kib_per_session'])} KiB per session over idle "
         f"{cfg['idle_rss_kib'] / 1024:.1f} MB ({_fmt(s['rss_kib_per_session_first_step'])} at "
         f"the first step, {s['first_step_calls']} calls)",
         f"first failing step: {s['first_failing_calls'] or '-'} calls "
         f"({', '.join(s['failed_on']) or '-'}); bound by: {s['bound_by']}",
         f"projected, not measured: {_fmt(s['calls_at_full_core_projected'], '.0f')} calls at "
-        "100 % of the transceiver's core, at the knee's CPU per call",
+        f"100 % of the core, at the knee's CPU per call",
     ]
+    ref = result.get("reference")
+    if ref is not None:
+        rs = ref["summary"]
+        lines += ["", "reference: stock aiortc alone on that core, the same callers, loss alone"]
+        lines += [HEADER] + [step_line(r) for r in ref["rows"]]
+        ratio = f"{s['knee_calls'] / rs['knee_calls']:.2f}x" if rs["knee_calls"] else "-"
+        lines += [
+            f"stock knee: {rs['knee_calls']} calls on one core (stock "
+            f"{_fmt(rs['measured_cpu_pct_at_knee'])} % of it, RSS "
+            f"{_fmt(rs['rss_kib_per_session'])} KiB per session); first failing step "
+            f"{rs['first_failing_calls'] or '-'} ({', '.join(rs['failed_on']) or '-'})",
+            f"knee over stock's: {ratio} ({measured} on one core vs stock alone on it; "
+            f"issue #14's targets: transceiver >= 4x, whole path >= 3x)",
+        ]
     return "\n".join(lines)

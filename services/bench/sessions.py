@@ -524,6 +524,7 @@ def _knee_main(args: argparse.Namespace) -> int:
             seconds=float(chosen["seconds"]),
             warmup=float(chosen["warmup"]),
             workers=args.workers,
+            pinned="path" if args.whole_path else "transceiver",
         )
 
     return report("sessions --knee", args, measure, knee_report.render)
@@ -541,10 +542,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="find the most calls one transceiver holds on one pinned core: double --calls "
         "(the start, default 20) until loss > 0.5 %% or residence p99 > 40 ms, then bisect; "
-        "cheap callers (pre-encoded Opus out, RTP judged after the window)",
+        "cheap callers (pre-encoded Opus out, RTP judged after the window); then stock "
+        "aiortc's knee on the same core with the same callers",
     )
     p.add_argument("--max-calls", type=int, help="--knee: the sweep's ceiling (400)")
     p.add_argument("--resolution", type=int, help="--knee: bisect down to this many calls (10)")
+    p.add_argument(
+        "--whole-path",
+        action="store_true",
+        help="--knee: the transceiver, echo agent and relay together on the measured core",
+    )
     p.add_argument(
         "--quick", action="store_true", help="3 calls, 3 s, 1 round (--knee: 2 then 4 calls)"
     )

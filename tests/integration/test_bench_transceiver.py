@@ -60,7 +60,7 @@ def test_quick_sessions_bench_measures_firsthop_and_stock() -> None:
 
 
 def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> None:
-    result = bench("sessions", "--knee")
+    result = bench("sessions", "--knee", "--whole-path")
     config, check, rows = result["config"], result["loss_check"], result["rows"]
     pinned = config["transceiver_cpu"] is not None  # on 2+ CPUs: pinned apart
     assert not pinned or config["transceiver_cpu"] != config["bench_cpu"]
@@ -83,6 +83,27 @@ def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> 
     summary = result["summary"]
     assert summary["knee_calls"] in {0, 2, 3, 4}
     assert summary["bound_by"]
+    # --whole-path: the transceiver, the echo agent and the relay (supervisor and worker) are
+    # what is measured, together on the one core
+    assert config["pinned"] == "path"
+    assert config["measured"][:3] == ["transceiver", "agent", "relay"], config["measured"]
+    assert "relay worker 0" in config["measured"]
+    for row in rows:
+        assert row["measured_cpu_pct"] >= row["transceiver_cpu_pct"] > 0
+        assert row["measured_cpu_pct"] == round(sum(row["cpu_pct"][n] for n in row["measured"]), 1)
+    # The reference: stock aiortc's sweep on the same core, the same callers, loss alone.
+    ref = result["reference"]
+    assert ref["target"] == "stock" and ref["rows"][0]["calls"] == 1
+    for row in ref["rows"]:
+        assert row["measured"] == ["stock"] and set(row["cpu_pct"]) >= {"stock", "callers 0"}
+        assert row["connected"] == row["calls"], row["setup_errors"]
+        assert row["frames_expected"] > 0 and row["all_heard_own"], row["per_call"]
+        assert row["measured_cpu_pct"] > 0 and row["residence_ms"]["n"] == 0
+        assert row["transceiver_counted"] is None
+    stock_knee = ref["summary"]["knee_calls"]
+    assert result["knee_over_stock"] == (
+        round(summary["knee_calls"] / stock_knee, 2) if stock_knee else None
+    )
 
 
 def test_quick_echo_bench_measures_residence_and_mouth_to_ear() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from typing import Any
 
 from firsthop.services.bench.caller_hooks import hook_points
 from firsthop.services.bench.capture import bpf_program, note
@@ -22,6 +23,7 @@ from firsthop.services.bench.knee_caller import (
     encoded_cycle,
     judge,
 )
+from firsthop.services.bench.knee_report import render, summarize
 from firsthop.services.transceiver.opus import OpusDecoder, OpusEncoder
 from firsthop.services.transceiver.rtc.audio import OPUS_BITRATE, SILENT_PCM
 from firsthop.shared.wire.proxy_v2 import build_proxy_v2
@@ -155,3 +157,61 @@ def test_the_aiortc_internal_the_callers_hook_is_where_expected() -> None:
 
     points = asyncio.run(main())
     assert points and all(points.values()), points
+
+
+# -- the report: firsthop's knee next to stock's ----------------------------------------------
+
+
+def _row(calls: int, passed: bool, cpu: float, measured: list[str]) -> dict[str, Any]:
+    return {
+        "calls": calls,
+        "connected": calls,
+        "loss_pct": 0.0 if passed else 2.0,
+        "residence_ms": {"p50": None, "p99": None, "n": 0},
+        "measured": measured,
+        "measured_cpu_pct": cpu,
+        "measured_cpu_pct_per_call": cpu / calls,
+        "measured_runqueue_wait_ms": 0.0,
+        "transceiver_cpu_pct": cpu if measured == ["transceiver"] else None,
+        "core_busy_pct": {0: cpu, 1: 50.0},
+        "callers_cpu_pct": 10.0,
+        "rss_kib": 100_000,
+        "rss_kib_per_session": 500.0,
+        "passed": passed,
+        "bound": "" if passed else "measured core",
+    }
+
+
+def test_the_knee_report_sets_firsthop_against_stock_on_the_same_core() -> None:
+    tx = ["transceiver"]
+    rows = [_row(20, True, 30.0, tx), _row(40, True, 60.0, tx), _row(80, False, 99.0, tx)]
+    ref_rows = [_row(5, True, 50.0, ["stock"]), _row(10, False, 99.0, ["stock"])]
+    summary, ref_summary = summarize(rows), summarize(ref_rows)
+    assert (summary["knee_calls"], ref_summary["knee_calls"]) == (40, 5)
+    assert summary["measured_cpu_pct_at_knee"] == 60.0
+    assert summary["calls_at_full_core_projected"] == round(100 / 1.5)
+    assert ref_summary["first_failing_calls"] == 10 and ref_summary["failed_on"]
+    config = {
+        "measured": tx,
+        "transceiver_cpu": 0,
+        "bench_cpu": 1,
+        "residence": None,
+        "capture_error": "no CAP_NET_RAW",
+        "seconds": 3.0,
+        "warmup": 1.0,
+        "max_loss_pct": 0.5,
+        "max_residence_p99_ms": 40.0,
+        "start": 20,
+        "resolution": 10,
+        "idle_rss_kib": 90_000,
+    }
+    check = {"stall_s": 0.5, "calls": 4, "per_call_lost": [20, 20], "detected": True}
+    result: dict[str, Any] = {"config": config, "loss_check": check, "rows": rows}
+    result["summary"] = summary
+    result["reference"] = {"target": "stock", "rows": ref_rows, "summary": ref_summary}
+    text = render(result)
+    assert "stock knee: 5 calls on one core" in text
+    assert "knee over stock's: 8.00x" in text
+    # no knee for stock (its first step failed): no ratio, not a division by zero
+    result["reference"]["summary"] = summarize([_row(1, False, 99.0, ["stock"])])
+    assert "knee over stock's: -" in render(result)
