@@ -94,3 +94,16 @@ def test_images_are_the_firsthop_image_or_known_third_party(target: str) -> None
     for _, c in firsthop_containers(objects):
         assert "command" not in c, "the image's ENTRYPOINT is firsthop; give args only"
         assert c["args"][0] in SUBCOMMANDS
+
+
+def test_prod_transceivers_get_one_whole_core_and_a_capacity_under_their_knee() -> None:
+    """A transceiver runs on one thread (docs/capacity.md): more than a core per pod is never
+    used, and a fraction of one throttles the event loop. requests = limits for CPU and
+    memory puts the pod in the Guaranteed QoS class (an exclusive core under the static CPU
+    manager); the capacity is set, and below the 85-call knee measured on one core."""
+    (tx,) = containers(find(objs("prod"), "StatefulSet", "transceiver"))
+    resources = tx["resources"]
+    assert resources["requests"] == resources["limits"]
+    assert resources["requests"]["cpu"] == "1"
+    env = {e["name"]: e.get("value") for e in tx["env"]}
+    assert 0 < int(env["FIRSTHOP_CAPACITY"]) < 85
