@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from firsthop.services.bench import echo, faults, loss, relay, sessions, setup, voice, wire
+from firsthop.services.bench import churn, echo, faults, loss, relay, sessions, setup, voice, wire
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
@@ -14,6 +14,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     relay.register(benches)
     setup.register(benches)
     sessions.register(benches)
+    churn.register(benches)
     echo.register(benches)
     voice.register(benches)
     loss.register(benches)

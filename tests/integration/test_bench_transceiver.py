@@ -9,6 +9,7 @@ and noisy); the targets belong to the benches' own reports.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,25 @@ def test_the_capture_opens_with_cap_net_raw_alone() -> None:
         proc.stdin.close()  # EOF: it exits
         assert proc.wait(timeout=60) == 0
         assert ready == "ready\n", (ready, proc.stderr.read() if proc.stderr else "")
+
+
+@pytest.mark.timeout(240)
+def test_quick_churn_bench_reads_what_short_calls_leave_behind_on_both_servers() -> None:
+    # The transceiver's threads besides its loop: asyncio's default executor (an agent link's
+    # getaddrinfo), at most min(32, CPUs + 4), and Trio's thread cache (the registry's Redis
+    # writes). More calls a round than that: a thread kept per call would show.
+    executor = min(32, (os.cpu_count() or 1) + 4)
+    calls = executor + 2
+    result = bench("churn", "--calls", str(calls))
+    config, series, summary = result["config"], result["series"], result["summary"]
+    assert set(series) == {"firsthop", "stock"} and config["calls"] == calls
+    for target, rows in series.items():
+        assert [r["round"] for r in rows] == list(range(config["rounds"] + 1))
+        assert all(r["threads"] >= 1 and r["rss_kib"] > 0 for r in rows), rows
+        assert all(r["leftover_sessions"] == 0 for r in rows), rows
+        for row in rows[1:]:
+            assert row["connected"] == row["answered"] == calls, row["setup_errors"]
+            assert row["heard_own"] > 0, row
+        assert summary[target]["calls"] == calls * config["rounds"]
+    firsthop = summary["firsthop"]
+    assert firsthop["threads_max_idle"] <= firsthop["threads_before"] + executor + 1, firsthop
