@@ -36,7 +36,7 @@ from firsthop.services.transceiver.service import RELEASE_AFTER
 SETTLE = RELEASE_AFTER + 1.0  # seconds after the last session ends before the server is read
 TARGETS = ("firsthop", "stock")
 DEFAULTS: dict[str, Any] = {"calls": 10, "rounds": 20, "hold": 1.0}
-QUICK: dict[str, Any] = {"calls": 3, "rounds": 2, "hold": 0.5}
+QUICK: dict[str, Any] = {"calls": 3, "rounds": 1, "hold": 0.5}
 
 
 def _sessions(stack: Stack, target: str) -> int:
@@ -197,6 +197,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--calls", type=int, help="calls per round (10)")
     p.add_argument("--rounds", type=int, help="rounds per target (20)")
     p.add_argument("--hold", type=float, help="seconds each call sends its tone (1.0)")
-    p.add_argument("--quick", action="store_true", help="2 rounds of 3 calls of 0.5 s")
+    p.add_argument("--quick", action="store_true", help="1 round of 3 calls of 0.5 s")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_main)

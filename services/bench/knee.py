@@ -9,9 +9,9 @@ saturates the figure is the bench's limit, not the measured processes' (each ste
 
 The reference: the same sweep against the stock aiortc answerer (`stock.py`, one peer
 connection and socket per call) pinned alone to that core, with the same callers and the same
-loss bound; its sockets are one per call, so it is judged on loss alone. Sessions per core
-at equal load (`bench sessions`) flatter neither side at low load and say nothing of the
-limit; the knees compare what one core holds.
+loss bound; its sockets are one per call, so it is judged on loss alone. `bench sessions`
+prices a call at a load stock can carry, where a wake-up per packet weighs on firsthop's
+cost; the knees compare what one core holds at its limit.
 
 A step: N cheap callers (`knee_caller.py`: aiortc for ICE/DTLS/SRTP/RTCP, pre-encoded tone
 bursts out, RTP recorded and judged after the window, not decoded while it runs) in worker
@@ -543,13 +543,13 @@ def _reference(
 ) -> dict[str, Any]:
     """Stock aiortc's knee: its answerer alone on the measured core, the same callers, the
     same loss bound (no residence: its sockets are one per call). It starts from a quarter
-    of firsthop's start, stock holding far fewer calls."""
+    of firsthop's start (2 at least), stock holding far fewer calls."""
     with ExitStack() as exits:
         previous = signal.signal(signal.SIGTERM, _interrupt)
         exits.callback(signal.signal, signal.SIGTERM, previous)
         bench = Bench(exits, seconds=seconds, warmup=warmup, workers=workers, target="stock")
         try:
-            rows = sweep(bench, max(1, start // 4), max_calls, max(1, resolution // 4))
+            rows = sweep(bench, max(2, start // 4), max_calls, max(1, resolution // 4))
         except BenchError as exc:
             raise _with_log(bench, exc) from exc
         idle = bench.idle_rss_kib

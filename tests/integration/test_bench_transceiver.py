@@ -91,10 +91,11 @@ def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> 
     assert "relay worker 0" in config["measured"]
     for row in rows:
         assert row["measured_cpu_pct"] >= row["transceiver_cpu_pct"] > 0
-        assert row["measured_cpu_pct"] == round(sum(row["cpu_pct"][n] for n in row["measured"]), 1)
+        parts = [row["cpu_pct"][n] for n in row["measured"]]  # each rounded to 0.1
+        assert row["measured_cpu_pct"] == pytest.approx(sum(parts), abs=0.05 * (len(parts) + 1))
     # The reference: stock aiortc's sweep on the same core, the same callers, loss alone.
     ref = result["reference"]
-    assert ref["target"] == "stock" and ref["rows"][0]["calls"] == 1
+    assert ref["target"] == "stock" and ref["rows"][0]["calls"] == 2
     for row in ref["rows"]:
         assert row["measured"] == ["stock"] and set(row["cpu_pct"]) >= {"stock", "callers 0"}
         assert row["connected"] == row["calls"], row["setup_errors"]
