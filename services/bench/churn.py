@@ -39,14 +39,10 @@ DEFAULTS: dict[str, Any] = {"calls": 10, "rounds": 20, "hold": 1.0}
 QUICK: dict[str, Any] = {"calls": 3, "rounds": 1, "hold": 0.5}
 
 
-def _sessions(stack: Stack, target: str) -> int:
-    return stack.firsthop_sessions() if target == "firsthop" else stack.stock_sessions()
-
-
 def _settle(stack: Stack, target: str, timeout: float = 60.0) -> int:
     """Wait for no live session, then SETTLE seconds; the sessions left if it timed out."""
     deadline = time.monotonic() + timeout
-    while (left := _sessions(stack, target)) and time.monotonic() < deadline:
+    while (left := stack.sessions(target)) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(SETTLE)
     return left
@@ -104,19 +100,20 @@ def run(calls: int, *, rounds: int, hold: float) -> dict[str, Any]:
         if caller_cpu is not None:
             os.sched_setaffinity(0, {caller_cpu})  # the caller workers inherit this one
         pids = {"firsthop": stack.tx_pid, "stock": stack.stock_pid}
+
+        def read(target: str, rnd: int) -> dict[str, Any]:
+            """The server idle after its round: sessions left, RSS and threads."""
+            left = _settle(stack, target)
+            rss, threads = rss_kib(pids[target])
+            return {"round": rnd, "rss_kib": rss, "threads": threads, "leftover_sessions": left}
+
         try:
             for target in TARGETS:
-                left = _settle(stack, target)
-                rss, threads = rss_kib(pids[target])
-                series[target].append({"round": 0, "rss_kib": rss, "threads": threads})
-                series[target][-1]["leftover_sessions"] = left
+                series[target].append(read(target, 0))
             for rnd in range(1, rounds + 1):
                 for target in TARGETS:
                     row = _round(stack, target, calls, hold, log)
-                    left = _settle(stack, target)
-                    rss, threads = rss_kib(pids[target])
-                    row |= {"round": rnd, "rss_kib": rss, "threads": threads}
-                    series[target].append(row | {"leftover_sessions": left})
+                    series[target].append(row | read(target, rnd))
         except BenchError as exc:
             log.seek(0)
             tail = "\n".join(log.read().decode(errors="replace").splitlines()[-20:])

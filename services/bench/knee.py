@@ -33,16 +33,17 @@ it (its busy time beyond the measured processes' own) is run again, twice at mos
 attempt is reported.
 
 Per step: the transceiver's own counters over the step's calls (repaired frames, late and
-skipped packets: the caller's audio came in late or lost, before the echo's way back), its
-CPU (% of its core) and run-queue wait, each core's busy %, each process's CPU, and the
-transceiver's RSS at load; RSS per session = (RSS at load - RSS idle before the first step)
+skipped packets: the caller's audio came in late or lost, before the echo's way back), the
+measured processes' CPU (% of their core) and run-queue wait, each core's busy %, each
+process's CPU, and the server's RSS at load (the transceiver's, or stock's in the
+reference); RSS per session = (RSS at load - RSS idle before the first step)
 / N (the idle RSS before each step is reported too: what earlier steps left behind counts
 in later steps' figure, so the first steps' is the cleaner one). Before the sweep a loss
 check proves the judge: a step whose echo agent is stopped (SIGSTOP) for `STALL_S`
 mid-window must report the frames that stall cost.
 
 Invariants: every process started here is stopped before `run` returns; each step starts
-with no live session on the transceiver, or says how many were left.
+with no live session on the server measured, or says how many were left.
 """
 
 from __future__ import annotations
@@ -107,8 +108,7 @@ async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
     stack = Stack(**config["ports"])
     freqs: list[float] = config["freqs"]
     callers = [TapCaller(BurstTrack(encoded_cycle(f), phase=(f * 0.618034) % 1.0)) for f in freqs]
-    answer = stack.offer_to_stock if config["target"] == "stock" else stack.offer_to_firsthop
-    done = await connect_all(callers, answer, config["connect_timeout"])
+    done = await connect_all(callers, stack.answerer(config["target"]), config["connect_timeout"])
     try:
         await lines.readline()  # "go"
         start = time.monotonic()
@@ -264,14 +264,9 @@ class Bench:
                 pids[f"relay worker {i}"] = child
         return pids
 
-    def _sessions(self) -> int:
-        if self.target == "stock":
-            return self.stack.stock_sessions()
-        return self.stack.firsthop_sessions()
-
     def _wait_idle(self, timeout: float = 60.0) -> int:
         deadline = time.monotonic() + timeout
-        while (left := self._sessions()) and time.monotonic() < deadline:
+        while (left := self.stack.sessions(self.target)) and time.monotonic() < deadline:
             time.sleep(0.2)
         return left
 
@@ -477,6 +472,13 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _unwind_on_sigterm(exits: ExitStack) -> None:
+    """SIGTERM unwinds like Ctrl-C, so that the stack, workers and capture are stopped; the
+    previous handler is back when `exits` closes."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    exits.callback(signal.signal, signal.SIGTERM, previous)
+
+
 def run(
     start: int,
     *,
@@ -491,9 +493,7 @@ def run(
     """firsthop's sweep (what `pinned` names on the measured core), then, with `reference`,
     stock aiortc's on the same core with the same callers: the same question asked of both."""
     with ExitStack() as exits:
-        # SIGTERM unwinds like Ctrl-C, so that the stack, workers and capture are stopped.
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        exits.callback(signal.signal, signal.SIGTERM, previous)
+        _unwind_on_sigterm(exits)
         bench = Bench(exits, seconds=seconds, warmup=warmup, workers=workers, pinned=pinned)
         try:
             check = bench.step(min(start, 4), stall=STALL_S)
@@ -545,8 +545,7 @@ def _reference(
     same loss bound (no residence: its sockets are one per call). It starts from a quarter
     of firsthop's start (2 at least), stock holding far fewer calls."""
     with ExitStack() as exits:
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        exits.callback(signal.signal, signal.SIGTERM, previous)
+        _unwind_on_sigterm(exits)
         bench = Bench(exits, seconds=seconds, warmup=warmup, workers=workers, target="stock")
         try:
             rows = sweep(bench, max(2, start // 4), max_calls, max(1, resolution // 4))

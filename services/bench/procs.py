@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from firsthop.services.launch import (
@@ -229,6 +231,17 @@ class Stack:
         url = f"http://127.0.0.1:{port or self.stock_port}/sessions"
         with urllib.request.urlopen(url, timeout=5) as resp:
             return int(json.loads(resp.read())["sessions"])
+
+    def answerer(self, target: str, port: int | None = None) -> Callable[[str], str]:
+        """Who answers a caller's offer for `target`: "firsthop", else a stock answerer (the
+        first one, or the one `spawn_stock` started on `port`)."""
+        if target == "firsthop":
+            return self.offer_to_firsthop
+        return partial(self.offer_to_stock, port=port)
+
+    def sessions(self, target: str) -> int:
+        """Live sessions on `target`'s server: the transceiver, else the first stock answerer."""
+        return self.firsthop_sessions() if target == "firsthop" else self.stock_sessions()
 
     def stop(self) -> None:
         for child in self.children:

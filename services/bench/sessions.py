@@ -164,13 +164,7 @@ async def connect_all(
 
 async def _worker(config: dict[str, Any], lines: asyncio.StreamReader) -> None:
     stack = Stack(**config["ports"])
-    port = config["stock_port"]
-
-    def answer(offer: str) -> str:
-        if config["target"] == "firsthop":
-            return stack.offer_to_firsthop(offer)
-        return stack.offer_to_stock(offer, port=port)
-
+    answer = stack.answerer(config["target"], config["stock_port"])
     freqs: list[float] = config["freqs"]
     callers = [RecordingCaller(ToneTrack(f)) for f in freqs]
     done = await connect_all(callers, answer, config["connect_timeout"])
