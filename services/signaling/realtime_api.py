@@ -41,11 +41,9 @@ from firsthop.services.signaling.auth import DEV_ISSUER, Principal
 from firsthop.services.signaling.calls import CallRequest, parse_offer_body
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.realtime_session import (
-    MAX_SESSION_BYTES,
     check_session,
     choose_agent,
     describe_session,
-    merge_sessions,
     openai_error,
     parse_json_object,
     parse_multipart,
@@ -54,6 +52,7 @@ from firsthop.services.signaling.realtime_session import (
 from firsthop.services.signaling.responses import answer_response, json_response
 from firsthop.shared.redis_store import CallRecord
 from firsthop.shared.sdp import MAX_SDP_BYTES
+from firsthop.shared.session_config import MAX_SESSION_BYTES, merge_sessions
 
 if TYPE_CHECKING:
     from firsthop.services.signaling.app import Context

@@ -1,8 +1,9 @@
 """The pure parts of the OpenAI-compatible Realtime API (`realtime_api`): no I/O, time passed in.
 
 * `secret_request`: the body of ``POST /v1/realtime/client_secrets`` -> (lifetime, session).
-* `merge_sessions`: an ephemeral key's bound session, overridden by the call's own (the
-  multipart ``session`` part, ``?model=``): objects merge key by key, anything else replaces.
+* `merge_sessions` (`shared.session_config`, the one merge rule, the transceiver's too): an
+  ephemeral key's bound session, overridden by the call's own (the multipart ``session``
+  part, ``?model=``).
 * `describe_session`: the session object OpenAI answers with (``object: realtime.session``,
   an ``id``, defaults filled). Settings we cannot honour are accepted and reflected as given.
 * `choose_agent`: ``session.model`` naming an ``--agent-url`` NAME, else ``?agent=``, else
@@ -16,7 +17,6 @@ Every failure is a `Problem` (400, 413) whose reason says what was wrong.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import secrets
@@ -25,20 +25,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from firsthop.services.signaling.errors import Problem
+from firsthop.shared.session_config import (
+    SessionConfigError,
+    check_bounds,
+    merge_sessions,
+)
 
-MAX_SESSION_BYTES = 16 * 1024
 MIN_EXPIRY, MAX_EXPIRY, DEFAULT_EXPIRY = 10, 7200, 600
 DEFAULT_MODEL = "gpt-realtime"
 MAX_PARTS = 8
 MAX_PART_HEADERS = 8
 MAX_HEADER_LINE = 1024
-MAX_DEPTH = 16
 BOUNDARY = re.compile(r"^[0-9A-Za-z'()+_,\-./:=? ]{1,70}$")  # RFC 2046 bchars
-# Settings replaced whole when the caller gives them (merging in a default into, say, a
-# semantic_vad turn detection would make it something the caller did not ask for).
-WHOLE: set[tuple[str, ...]] = {("audio", "input", "format"), ("audio", "output", "format")}
-WHOLE |= {("audio", "input", "turn_detection"), ("audio", "input", "transcription")}
-WHOLE |= {("audio", "input", "noise_reduction"), ("tools",), ("tool_choice",)}
 
 
 def _defaults() -> dict[str, Any]:
@@ -75,24 +73,14 @@ def _defaults() -> dict[str, Any]:
     }
 
 
-def _depth(value: object, limit: int = MAX_DEPTH) -> int:
-    if limit < 0:
-        return MAX_DEPTH + 1
-    if isinstance(value, dict):
-        return 1 + max((_depth(v, limit - 1) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v, limit - 1) for v in value), default=0)
-    return 0
-
-
 def check_session(value: object, where: str = "session") -> dict[str, Any]:
     """A caller's session object: a JSON object of at most 16 KiB, type "realtime" (or none)."""
     if not isinstance(value, dict):
         raise Problem(400, f"{where} must be a JSON object")
-    if len(json.dumps(value).encode()) > MAX_SESSION_BYTES:  # as sent on (the larger form)
-        raise Problem(413, f"{where} is over {MAX_SESSION_BYTES} bytes")
-    if _depth(value) > MAX_DEPTH:
-        raise Problem(400, f"{where} is nested too deeply")
+    try:
+        check_bounds(value, where)
+    except SessionConfigError as exc:
+        raise Problem(exc.status, exc.reason) from None
     kind = value.get("type", "realtime")
     if kind != "realtime":
         raise Problem(400, f'{where}.type must be "realtime" (transcription sessions: no)')
@@ -136,24 +124,6 @@ def secret_request(raw: bytes) -> tuple[int, dict[str, Any]]:
         seconds = given
     session = body.get("session")
     return seconds, check_session({} if session is None else session)
-
-
-def _merge(base: Any, top: Any, path: tuple[str, ...]) -> Any:
-    if isinstance(base, dict) and isinstance(top, dict) and path not in WHOLE:
-        out = dict(base)
-        for key, value in top.items():
-            out[key] = _merge(base[key], value, (*path, key)) if key in base else value
-        return out
-    return copy.deepcopy(top)
-
-
-def merge_sessions(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Later layers override earlier ones (objects merge key by key)."""
-    out: dict[str, Any] = {}
-    for layer in layers:
-        if layer:
-            out = _merge(out, dict(layer), ())
-    return out
 
 
 def describe_session(session: Mapping[str, Any], *, expires_at: int = 0) -> dict[str, Any]:

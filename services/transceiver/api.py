@@ -26,10 +26,10 @@ from firsthop.shared import memory
 from firsthop.shared.address import parse_hostport
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 from firsthop.shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
+from firsthop.shared.session_config import MAX_SESSION_BYTES, SessionConfigError, check_bounds
 
-MAX_SESSION_CONFIG = 16 * 1024  # the caller's Realtime session config, as JSON
 MAX_TCP_INGRESS = 8  # ICE-TCP ingress addresses one answer advertises
-MAX_BODY = MAX_SDP_BYTES + MAX_SESSION_CONFIG + 4096
+MAX_BODY = MAX_SDP_BYTES + MAX_SESSION_BYTES + 4096
 BODY_TIMEOUT = 10.0  # bodies come from signaling, whole: seconds is generous
 
 
@@ -114,11 +114,9 @@ def create_app(tx: Transceiver) -> QuartTrio:
             if not isinstance(session_config, dict):
                 return _error(400, "session must be a JSON object")
             try:
-                size = len(json.dumps(session_config))
-            except RecursionError:
-                return _error(400, "session is nested too deep")
-            if size > MAX_SESSION_CONFIG:
-                return _error(400, f"session over {MAX_SESSION_CONFIG} bytes of JSON")
+                check_bounds(session_config)
+            except SessionConfigError as exc:
+                return _error(400, exc.reason)
         try:
             session_id, answer = await tx.create_session(
                 call_id=call_id,

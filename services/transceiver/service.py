@@ -27,7 +27,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from firsthop.services.transceiver.agents import TLS_SCHEMES
 from firsthop.services.transceiver.ice_lite import Credentials
-from firsthop.services.transceiver.rtc import Milestone, watch_readable
+from firsthop.services.transceiver.rtc import Milestone, call_asyncio, watch_readable
 from firsthop.services.transceiver.session import Session
 from firsthop.services.transceiver.table import (
     LINGER,
@@ -205,9 +205,15 @@ class Transceiver:
             case Send(data, dest):
                 self._send(data, dest)
             case PathChanged(session, client):
-                session.rtc.select_path(client)
+                try:
+                    session.rtc.select_path(client)
+                except Exception as exc:
+                    session.fail("media", exc)
             case PathForgotten(session, client):
-                session.rtc.forget_path(client)
+                try:
+                    session.rtc.forget_path(client)
+                except Exception as exc:
+                    session.fail("media", exc)
 
     def _to_rtc(self, session: Session, payload: bytes, client: Address) -> None:
         try:
@@ -260,8 +266,9 @@ class Transceiver:
         elif state in ("failed", "closed"):
             self.end_session(session.session_id, f"connection_{state}")
 
-    def _on_hangup(self, session: Session, reason: str) -> None:
-        """The agent ended `session`'s call (a Media Streams bot closed its socket)."""
+    def _end_call(self, session: Session, reason: str) -> None:
+        """`session` asks to end: its agent hung up (a Media Streams bot closed its socket),
+        or it failed (`session_error`)."""
         self.end_session(session.session_id, reason)
 
     # -- sessions ---------------------------------------------------------------------------
@@ -314,46 +321,69 @@ class Transceiver:
         )
         remote = offer.media[0]
         assert remote.ufrag is not None and remote.pwd is not None  # check_offer saw to it
-        creds = self.table.credentials(remote.ufrag, remote.pwd)
-        session_id = secrets.token_urlsafe(12)
-        url = agent_url or self.config.agent_url or ""
-        session = Session(
-            session_id=session_id,
-            call_id=call_id,
-            agent_url=url or None,
-            region=region or self.config.region,
-            ingress=ingress,
-            ingress_tcp=ingress_tcp or [],
-            creds=creds,
-            send=self.send_to_client,
-            selected=lambda: self.table.selected(session_id),
-            on_state=self._on_state,
-            counters=self.counters,
-            traceparent=traceparent,
-            span=span,
-            session_config=session_config,
-            agent_headers=self._agent_headers(),
-            agent_tls=self.agent_tls() if url.startswith(TLS_SCHEMES) else None,
-            on_hangup=self._on_hangup,
-        )
-        span.set_attribute("firsthop.session_id", session_id)
+        session: Session | None = None
         try:
+            creds = self.table.credentials(remote.ufrag, remote.pwd)
+            session_id = secrets.token_urlsafe(12)
+            url = agent_url or self.config.agent_url or ""
+            session = Session(
+                session_id=session_id,
+                call_id=call_id,
+                agent_url=url or None,
+                region=region or self.config.region,
+                ingress=ingress,
+                ingress_tcp=ingress_tcp or [],
+                creds=creds,
+                send=self.send_to_client,
+                selected=lambda: self.table.selected(session_id),
+                on_state=self._on_state,
+                counters=self.counters,
+                traceparent=traceparent,
+                span=span,
+                session_config=session_config,
+                agent_headers=self._agent_headers(),
+                agent_tls=self.agent_tls() if url.startswith(TLS_SCHEMES) else None,
+                end_call=self._end_call,
+            )
+            span.set_attribute("firsthop.session_id", session_id)
             with trace.use_span(span, end_on_exit=False):
                 with TRACER.start_as_current_span("transceiver.answer"):
-                    answer = await session.answer(only_opus(strip_candidates(offer_sdp)))
-            self.table.open(time.monotonic(), session_id, session, creds)
-        except Exception as exc:  # aiortc's own checks (AssertionError, ...); or now full
-            await session.rtc.close()
-            span.set_status(trace.StatusCode.ERROR, "offer rejected")
+                    answer = await self._answer(session, offer_sdp)
+            answer = mark_ice_lite(ask_for_opus_fec(answer))
+            self.table.open(time.monotonic(), session_id, session, creds)  # last: may be full
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                if session is not None:
+                    await self._close_unopened(session)
+            span.set_status(trace.StatusCode.ERROR, "session not opened")
             span.end()
-            if isinstance(exc, Refusal):
+            if isinstance(exc, Refusal) or not isinstance(exc, Exception):
                 raise
-            self.counters["offer_rejected"] += 1
-            raise Refusal(400, f"offer rejected: {exc or type(exc).__name__}") from exc
+            # Not the offer's fault (that is a Refusal): a bug, for this one call only.
+            self.counters["session_errors"] += 1
+            self.counters["session_error_setup"] += 1
+            log.exception("session setup for call %s failed", call_id)
+            raise Refusal(500, "session setup failed") from exc
         self._timers_may_have_moved()
         self.trace_handoff(creds.local_ufrag, span)
         self._sessions_nursery.start_soon(self._run_session, session)
-        return session_id, mark_ice_lite(ask_for_opus_fec(answer))
+        return session_id, answer
+
+    async def _answer(self, session: Session, offer_sdp: str) -> str:
+        """The answer to a checked offer; aiortc's own checks of it (AssertionError,
+        ValueError, ...) are the offer's fault: 400."""
+        try:
+            return await session.answer(only_opus(strip_candidates(offer_sdp)))
+        except Exception as exc:
+            self.counters["offer_rejected"] += 1
+            raise Refusal(400, f"offer rejected: {exc or type(exc).__name__}") from exc
+
+    async def _close_unopened(self, session: Session) -> None:
+        try:
+            with trio.move_on_after(5):
+                await call_asyncio(session.rtc.close())
+        except Exception:
+            log.exception("closing the unopened session %s failed", session.session_id)
 
     def _agent_headers(self) -> list[tuple[str, str]]:
         key = self.config.realtime_api_key
@@ -362,6 +392,8 @@ class Transceiver:
     async def _run_session(self, session: Session) -> None:
         try:
             await session.run()
+        except Exception as exc:  # run() handles its own failures; this is the last line
+            session.fail("close", exc)
         finally:
             for notice in self.table.remove(session.session_id, time.monotonic()):
                 self._send(notice.data, notice.dest)  # its relays stop routing its tokens

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import ssl
 import time
 from collections import Counter
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, StatusCode
 
 from firsthop.services.transceiver.agents import AgentProtocol, AgentUrlError, CallInfo, agent_kind
 from firsthop.services.transceiver.agents.events import (
@@ -64,6 +65,11 @@ log = logging.getLogger("firsthop.transceiver.session")
 AGENT_CONNECT_TIMEOUT = 5.0
 RECONNECT_MIN = 0.2
 RECONNECT_MAX = 5.0
+# A link must stay open this long before its loss resets the backoff: one the agent closes
+# right after opening (its own message limit, an overloaded backend) is a failed attempt.
+HEALTHY_AFTER = 10.0
+# Where a session can fail (the `session_error_<stage>` counters): a closed set.
+STAGES = ("setup", "agent_connect", "agent", "media", "events", "close")
 MAX_SIDEBANDS = 4  # sideband sockets per session
 SIDEBAND_QUEUE = 256  # events waiting for one sideband socket
 AHEAD_FRAMES = 1500  # 30 s of a backend's answer sent ahead, queued to play
@@ -87,7 +93,7 @@ class Session:
     session_config: dict[str, Any] | None = None  # the caller's Realtime session config
     agent_headers: list[tuple[str, str]] = field(default_factory=list)  # Realtime backends
     agent_tls: ssl.SSLContext | None = None  # for wss:// agents
-    on_hangup: Callable[[Session, str], None] | None = None  # the agent ended the call
+    end_call: Callable[[Session, str], None] | None = None  # ask the transceiver to end it
     created: float = field(default_factory=time.monotonic)
     milestones: dict[Milestone, float] = field(default_factory=dict)
     state: str = "new"
@@ -102,20 +108,62 @@ class Session:
         self._held = HeldEvents()
         self._hold = False
         self._call_state_events = True
+        self.failure: str | None = None  # the stage that raised, if one did
         self.sidebands: list[trio.MemorySendChannel[str]] = []
         self.rtc = RtcSession(
             candidates=self.ingress,
             tcp_candidates=self.ingress_tcp,
             send=self.send,
             callbacks=SessionCallbacks(
-                audio=self._audio_in,
-                state=self._state_in,
-                message=self._message_in,
+                audio=self._guard("media", self._audio_in),
+                state=self._guard("events", self._state_in),
+                message=self._guard("events", self._message_in),
                 selected=self.selected,
-                milestone=self._milestone,
+                milestone=self._guard("events", self._milestone),
                 count=self._count,
             ),
         )
+
+    # -- failure: whatever one call raises ends that call only ----------------------------------
+
+    def _guard(self, stage: str, handler: Callable[..., None]) -> Callable[..., None]:
+        """`handler` as called from aiortc's or the agent link's callbacks, where an
+        exception would otherwise end up in the loop's handler (and the call go on broken)
+        or in a task of aiortc's (and its media stop)."""
+
+        def guarded(*args: Any) -> None:
+            try:
+                handler(*args)
+            except Exception as exc:
+                self.fail(stage, exc)
+
+        return guarded
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        """Something raised while handling this call (a bug, or an input no check foresaw):
+        logged and counted once, the caller told, and the call ended (`session_error`).
+        Nothing of it reaches the transceiver's other calls."""
+        if self.failure is not None:
+            return
+        self.failure = stage
+        self.counters["session_errors"] += 1
+        self.counters[f"session_error_{stage if stage in STAGES else 'other'}"] += 1
+        log.error("session %s failed (%s): %r", self.session_id, stage, exc, exc_info=exc)
+        if stage == "close" or self.ended.is_set():
+            return  # already on its way out; only the teardown is left
+        try:
+            agent = self._agent
+            for e in agent.failed() if agent is not None else []:
+                if isinstance(e, ToCaller):
+                    self._to_caller(e.text)
+            if self._call_state_events:
+                failed = {"type": "call.state", "state": "failed", "reason": "session_error"}
+                self.rtc.send_event(json.dumps(failed))
+        except Exception:
+            log.exception("session %s: telling the caller failed too", self.session_id)
+        if self.end_call is not None:
+            self.end_call(self, "session_error")
+        self.end("session_error")
 
     # -- callbacks from the asyncio side (same thread) ---------------------------------------
 
@@ -152,7 +200,10 @@ class Session:
         if agent is None:
             self.counters["event_dropped_no_agent"] += 1
             return
-        self._apply(agent, agent.caller_message(message), sideband)
+        try:
+            self._apply(agent, agent.caller_message(message), sideband)
+        except Exception as exc:
+            self.fail("events", exc)
 
     def _to_caller(self, text: str) -> None:
         """A server event: to every sideband socket, and to the data channel."""
@@ -222,24 +273,36 @@ class Session:
         self.ended.set()
 
     async def run(self) -> None:
-        """The session's whole life; returns once it has ended and is torn down."""
+        """The session's whole life; returns once it has ended and is torn down. It never
+        raises (but Trio's cancellation): a failure ends this call, nothing else."""
         try:
             async with trio.open_nursery() as nursery:
                 if self.agent_url:
                     nursery.start_soon(self._agent_bridge, self.agent_url)
                 await self.ended.wait()
                 nursery.cancel_scope.cancel()
+        except Exception as exc:  # the bridge raised something it does not handle
+            self.fail("agent", exc)
         finally:
-            for send in self.sidebands:
-                send.close()  # their sockets close: the session is over
-            self.sidebands.clear()
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
+            with trio.CancelScope(shield=True):
+                await self._teardown()
+
+    async def _teardown(self) -> None:
+        for send in self.sidebands:
+            send.close()  # their sockets close: the session is over
+        self.sidebands.clear()
+        try:
+            with trio.move_on_after(5):
                 await call_asyncio(self.rtc.close())
             self.counters.update(self.rtc.totals())
-            if self.span is not None:
-                self.span.set_attribute("firsthop.end_reason", self.end_reason or "")
-                self.span.end()
-            log.info("session %s ended: %s", self.session_id, self.end_reason)
+        except Exception as exc:
+            self.fail("close", exc)
+        if self.span is not None:
+            if self.failure is not None:
+                self.span.set_status(StatusCode.ERROR, f"failed in {self.failure}")
+            self.span.set_attribute("firsthop.end_reason", self.end_reason or "")
+            self.span.end()
+        log.info("session %s ended: %s", self.session_id, self.end_reason)
 
     # -- the agent bridge ------------------------------------------------------------------
 
@@ -276,7 +339,7 @@ class Session:
             try:
                 link = AgentLink(
                     kind.ws_url,
-                    on_message=lambda message: self._from_agent(agent, message),
+                    on_message=self._guard("agent", lambda m: self._from_agent(agent, m)),
                     on_closed=on_closed,
                     headers=self.agent_headers if realtime else [],
                     tls=self.agent_tls,
@@ -296,14 +359,22 @@ class Session:
                 link.close()
                 self.counters["agent_failures"] += 1
                 log.warning("session %s: agent unreachable (%s)", self.session_id, exc)
-                await trio.sleep(delay)
-                delay = min(RECONNECT_MAX, delay * 2)
+                delay = await self._back_off(delay)
                 continue
+            except Exception as exc:  # not the network's doing: this call's failure
+                self._link = None
+                link.close()
+                self.fail("agent_connect", exc)
+                return
             self.counters["agent_connects"] += 1
-            delay = RECONNECT_MIN
+            opened = trio.current_time()
             try:
                 await closed.wait()
                 self._link = None
+                if trio.current_time() - opened >= HEALTHY_AFTER:
+                    delay = RECONNECT_MIN  # it was up: a new outage starts from the bottom
+                else:
+                    self.counters["agent_links_short"] += 1
                 self._apply(agent, agent.link_lost())
                 if agent.closing_ends_call:  # Media Streams: the stream is the call
                     # The bot hung up, or the link failed (over-size message, too slow, ...).
@@ -312,25 +383,39 @@ class Session:
                     log.info(
                         "session %s: the agent link ended the call (%s)", self.session_id, why[0]
                     )
-                    if self.on_hangup is not None:
-                        self.on_hangup(self, reason)
+                    if self.end_call is not None:
+                        self.end_call(self, reason)
                     return
                 self.counters["agent_failures"] += 1
                 log.warning("session %s: agent link lost (%s)", self.session_id, why[0])
             finally:
                 self._link = None
                 if link.open:  # the session is ending: say so, then hang up
-                    for message in agent.closing():
-                        link.send(message)
+                    try:
+                        for message in agent.closing():
+                            link.send(message)
+                    except Exception as exc:
+                        self.fail("close", exc)
                 link.close()
+            delay = await self._back_off(delay)
+
+    async def _back_off(self, delay: float) -> float:
+        """Wait before the next attempt (`delay`, less up to half of it at random, so the
+        calls of a restarted backend do not all come back at once); the next delay."""
+        await trio.sleep(delay * random.uniform(0.5, 1.0))
+        return min(RECONNECT_MAX, delay * 2)
 
     def _from_agent(self, agent: AgentProtocol, message: str | bytes) -> None:
         self._apply(agent, agent.on_message(message))
 
     def _played(self, agent: AgentProtocol, tag: object) -> None:
-        """The output track played a tagged frame (on the loop thread, from its `recv`)."""
+        """The output track played a tagged frame (on the loop thread, from its `recv`: a
+        raise would end aiortc's sender task, and the caller would hear nothing more)."""
         if isinstance(tag, tuple):
-            self._apply(agent, agent.played(tag))
+            try:
+                self._apply(agent, agent.played(tag))
+            except Exception as exc:
+                self.fail("media", exc)
 
     def _apply(
         self,

@@ -91,6 +91,32 @@ def test_bad_urls_and_refusals() -> None:
     asyncio.run(main())
 
 
+def test_an_opening_that_fails_the_link_is_a_connect_error_not_a_crash() -> None:
+    """An opening the link cannot take (past its send backlog: the agent does not read) fails
+    the connect with `AgentLinkError` and reports nothing else. It used to leave a closed
+    socket behind and `add_reader(-1)` raised ValueError, which ended the whole transceiver."""
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def handler(ws: ServerConnection) -> None:
+            await release.wait()  # reads nothing until the test is over
+
+        server, url = await _serve(handler)
+        closed: list[str] = []
+        link = AgentLink(url, on_message=print, on_closed=closed.append)
+        # past the kernel buffers and the 16 messages the server library queues unread
+        opening: list[str | bytes] = ["x" * (AgentLink.MAX_BACKLOG // 2)] * 40
+        with pytest.raises(AgentLinkError, match="opening failed"):
+            await asyncio.wait_for(link.connect(first=opening), 5)
+        assert not link.open and link.sock is None and closed == []
+        release.set()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+
+
 def test_the_agent_speaks_first_pings_and_its_close_is_answered() -> None:
     """What the agent sends right behind its 101 (maybe in the same segment) is delivered;
     its ping gets a pong; its Close is answered with one (the server sees a clean 1000)."""

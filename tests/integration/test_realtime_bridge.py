@@ -113,11 +113,22 @@ class Backend:
         self.server: Server | None = None
         self.url = ""
 
-    async def start(self, tls: ssl.SSLContext | None = None) -> Backend:
-        self.server = await serve(self._handler, "127.0.0.1", 0, ssl=tls, max_size=1 << 20)
+    async def start(
+        self, tls: ssl.SSLContext | None = None, *, port: int = 0, max_size: int = 1 << 20
+    ) -> Backend:
+        self.server = await serve(self._handler, "127.0.0.1", port, ssl=tls, max_size=max_size)
         port = next(iter(self.server.sockets)).getsockname()[1]
         self.url = f"realtime+{'wss' if tls else 'ws'}://127.0.0.1:{port}/v1/realtime?model=x"
         return self
+
+    async def restart(self) -> None:
+        """A routine backend restart: every connection dropped, then it serves again on the
+        same port (so every call's link reconnects to it)."""
+        assert self.server is not None
+        port = next(iter(self.server.sockets)).getsockname()[1]
+        await self.close()
+        self.received.clear()
+        await self.start(port=port)
 
     async def _handler(self, ws: ServerConnection) -> None:
         self.conns.append(ws)

@@ -29,12 +29,12 @@ from firsthop.services.signaling.realtime_session import (
     MAX_PARTS,
     choose_agent,
     describe_session,
-    merge_sessions,
     openai_error,
     parse_multipart,
     secret_request,
 )
 from firsthop.services.signaling.stores import EK_MEMORY_MAX_ENTRIES, EkSessions
+from firsthop.shared.session_config import merge_sessions
 from tests.unit.test_signaling_app import CLIENT, KEY, OFFER, app_for
 from tests.unit.test_signaling_auth import KEY as MAC_KEY
 from tests.unit.test_signaling_auth import Clock, status_of

@@ -55,6 +55,10 @@ class AgentProtocol(Protocol):
     def link_lost(self) -> list[AgentEvent]:
         """The WebSocket to the agent went away mid-call (it is being reconnected)."""
 
+    def failed(self) -> list[AgentEvent]:
+        """The call failed on our side and is ending (`session.py`): what its caller is told
+        beyond the ``call.state`` the session sends where `call_state_events`."""
+
 
 class AgentUrlError(ValueError):
     pass

@@ -101,3 +101,6 @@ class NativeProtocol:
 
     def link_lost(self) -> list[AgentEvent]:
         return []
+
+    def failed(self) -> list[AgentEvent]:
+        return []  # the session's `call.state` says it

@@ -5,7 +5,9 @@ or a sideband socket); the backend speaks the Realtime event protocol over WebSo
 codec is the bridge between the two:
 
 * opening: `session.update` with the caller's session config (again after a reconnect, with
-  every `session.update` the caller sent since merged in);
+  every `session.update` the caller sent since merged in by `shared.session_config`'s rule,
+  the one signaling uses; an update that would take the session past its 16 KiB is refused
+  with an `error` and not forwarded, so what is re-sent is what the backend had);
 * the caller's 48 kHz frames -> `input_audio_buffer.append`, base64 PCM16 24 kHz (or G.711
   at 8 kHz if the session asks for `audio/pcmu` / `audio/pcma`);
 * `response.output_audio.delta` (beta: `response.audio.delta`) -> decoded, resampled to
@@ -56,10 +58,10 @@ from firsthop.services.transceiver.agents.realtime_events import (
     audio_formats,
     error_event,
     event,
-    merged,
     new_event_id,
 )
 from firsthop.services.transceiver.resample import Resampler
+from firsthop.shared.session_config import SessionConfigError, merge_update
 from firsthop.shared.wire.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 CALL_RATE = 48000
@@ -143,9 +145,16 @@ class RealtimeProtocol:
             return self._clear()
         if kind == "session.update" and isinstance(data.get("session"), dict):
             try:
-                self.session = merged(self.session or {}, data["session"])
-            except RecursionError:
-                return self._invalid("the session is nested too deep", "invalid_event")
+                self.session = merge_update(self.session, data["session"])
+            except SessionConfigError as exc:
+                # Refused whole, not forwarded: the backend keeps the session we would re-send.
+                return self._invalid(
+                    f"session.update refused ({exc.reason} once merged); the session is unchanged",
+                    "session_too_large" if exc.status == 413 else "invalid_value",
+                    param="session",
+                    client_event_id=client_id,
+                    count="session_refused",
+                )
             self._set_formats(data["session"])
         return [ToAgent(message)]
 
@@ -206,6 +215,15 @@ class RealtimeProtocol:
         if cleared.response_id is not None:
             out.append(self._cleared_event(cleared.response_id))
         return [*out, ToCaller(gone)]
+
+    def failed(self) -> list[AgentEvent]:
+        gone = error_event(
+            self.new_id(),
+            "the call failed on the server and has ended",
+            code="session_failed",
+            kind="server_error",
+        )
+        return [ToCaller(gone)]
 
     # -- internals ---------------------------------------------------------------------------------
 

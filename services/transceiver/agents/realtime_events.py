@@ -95,15 +95,3 @@ def audio_formats(session: object) -> tuple[str | None, str | None]:
         ga("input") or beta("input_audio_format"),
         ga("output") or beta("output_audio_format"),
     )
-
-
-def merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """`update` over `base`, objects merged key by key (what a `session.update` does)."""
-    out = dict(base)
-    for key, value in update.items():
-        old = out.get(key)
-        if isinstance(old, dict) and isinstance(value, dict):
-            out[key] = merged(old, value)
-        else:
-            out[key] = value
-    return out

@@ -128,6 +128,9 @@ class TwilioProtocol:
         self._reset_output()
         return [ClearAudio()]
 
+    def failed(self) -> list[AgentEvent]:
+        return []  # the session's `call.state` says it
+
     # -- internals -------------------------------------------------------------------------------
 
     def _next(self) -> int:

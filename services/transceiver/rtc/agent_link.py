@@ -129,8 +129,15 @@ class AgentLink:
             sock.close()
             raise
         self.sock = sock
-        for message in first or []:
-            self.send(message)
+        failed: list[str] = []
+        on_closed, self.on_closed = self.on_closed, failed.append
+        try:
+            for message in first or []:
+                self.send(message)
+        finally:
+            self.on_closed = on_closed
+        if self.sock is None:  # the opening itself failed the link (too big, too slow, ...)
+            raise AgentLinkError(f"the opening failed: {failed[0] if failed else 'closed'}")
         loop.add_reader(sock.fileno(), self._readable)
         if early:
             self._received(early)
