@@ -1,19 +1,23 @@
-"""Process lifecycle shared by the services: logging set-up, run-until-SIGTERM, and saying
-where a service listens once it does (`announce`)."""
+"""Process lifecycle shared by the services: logging set-up, run-until-SIGTERM, saying
+where a service listens once it does (`announce`), and one line, not a traceback, when an
+address a service listens on is taken (`address_clash_is_one_line`)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import trio
 
 from firsthop.shared.address import Address, format_hostport
+from firsthop.shared.claim import AddressInUse, Kind, in_use
 
 READY_FILE_ENV = "FIRSTHOP_READY_FILE"
 
@@ -53,3 +57,38 @@ async def run_until_signal(serve: Callable[..., Awaitable[Any]], *args: Any) -> 
                 logging.getLogger("firsthop").info("%s: shutting down", signal.Signals(signum).name)
                 break
             nursery.cancel_scope.cancel()
+
+
+def _address_in_use(exc: BaseException) -> OSError | None:
+    """The EADDRINUSE inside `exc` (an exception group's, however deep), if any."""
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _address_in_use(inner)
+            if found is not None:
+                return found
+    return None
+
+
+@contextmanager
+def address_clash_is_one_line(
+    name: str, listens: Iterable[tuple[Kind, Address]] = ()
+) -> Iterator[None]:
+    """Around a service's whole run: a listen address already in use ends the process with
+    one line naming it (exit status 1), not a traceback of every task. The line is the
+    `AddressInUse`'s that says so, or, for a bind that failed elsewhere (hypercorn's), names
+    those of `listens` that a probe finds taken."""
+    try:
+        yield
+    except BaseException as exc:
+        clash = _address_in_use(exc)
+        if clash is None:
+            raise
+        if isinstance(clash, AddressInUse):
+            what = clash.strerror
+        else:
+            taken = [f"{format_hostport(a)} ({kind})" for kind, a in listens if in_use(kind, a)]
+            what = f"{', '.join(taken) or 'an address it listens on'} is already in use"
+        print(f"firsthop {name}: {what}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -6,9 +6,11 @@
   A bucket that has refilled completely is the same as no bucket, so when the table reaches
   `max_keys` those are dropped first. If that is not enough, `when_full` decides: "refuse"
   unknown keys (the relay: a flood of spoofed sources must not grow memory, and per-token
-  caps protect calls anyway), or "forget" every bucket (signaling: failing open beats
-  failing every client). `retry_after(key, now, cost)` spends `cost` and returns 0.0, or
-  returns how many seconds until it could — the ``Retry-After`` of a 429.
+  caps protect calls anyway), or "evict" the least recently used bucket (signaling: a new
+  client is served, and a flood of new addresses takes the budgets of the quietest keys one
+  at a time, never everyone's at once — forgetting the whole table handed every client,
+  the flooder too, a full budget). `retry_after(key, now, cost)` spends `cost` and returns
+  0.0, or returns how many seconds until it could — the ``Retry-After`` of a 429.
 
 A slowly refilling bucket is a cap: 100 tokens refilled over 4 hours is "at most 100" for
 anything that lasts less.
@@ -65,7 +67,7 @@ class KeyedLimiter:
         burst: float,
         *,
         max_keys: int = 100_000,
-        when_full: Literal["refuse", "forget"] = "refuse",
+        when_full: Literal["refuse", "evict"] = "refuse",
     ) -> None:
         self.rate = rate
         self.burst = burst
@@ -78,16 +80,20 @@ class KeyedLimiter:
         return self.retry_after(key, now, cost) == 0.0
 
     def retry_after(self, key: Hashable, now: float, cost: float = 1.0) -> float:
-        bucket = self._buckets.get(key)
+        buckets = self._buckets
+        bucket = buckets.get(key)
         if bucket is None:
-            if len(self._buckets) >= self.max_keys:
+            if len(buckets) >= self.max_keys:
                 if now - self._pruned_at >= PRUNE_INTERVAL:  # a scan, not one per packet
                     self.prune(now)
-                if len(self._buckets) >= self.max_keys:
+                if len(buckets) >= self.max_keys:
                     if self.when_full == "refuse":
                         return self.burst / self.rate if self.rate > 0 else math.inf
-                    self._buckets.clear()
-            bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, now)
+                    del buckets[next(iter(buckets))]  # the least recently used
+            bucket = buckets[key] = TokenBucket(self.rate, self.burst, now)
+        elif self.when_full == "evict":  # kept in the order of use: the oldest goes first
+            del buckets[key]
+            buckets[key] = bucket
         return bucket.wait(now, cost)
 
     def prune(self, now: float) -> None:

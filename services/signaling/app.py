@@ -44,7 +44,7 @@ from firsthop.services.signaling.stores import EkSessions
 from firsthop.services.signaling.transceivers import SDPFRAG
 from firsthop.services.signaling.trickle import parse_fragment
 from firsthop.services.signaling.ws import WsSession
-from firsthop.shared.address import is_loopback, parse_hostport
+from firsthop.shared.address import is_loopback, parse_hostport, source_key
 from firsthop.shared.metrics import CONTENT_TYPE, render
 from firsthop.shared.sdp import MAX_SDP_BYTES
 
@@ -69,6 +69,10 @@ REALTIME_CORS_HEADERS = {
 }
 CORS_EXPOSE = "Location, Retry-After, ETag, Link, X-Firsthop-Transceiver, X-Firsthop-Region"
 BODY_DRAIN_TIMEOUT = 2.0
+# The methods a route may have (RFC 9110 §9.3, RFC 5789); any other token is answered 501
+# after the per-IP budget is spent, its connection closed, and counted as "other": a metric
+# label takes its values from a closed set.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 @dataclass
@@ -149,7 +153,7 @@ def create_app(ctx: Context) -> QuartTrio:
         # 413 past MAX_CONTENT_LENGTH, even when chunked; 408 past the deadline; 429/503
         # when too many uploads are in progress (then nothing more of it is read).
         try:
-            return await ctx.bodies.read(request, client_ip(), g.body_deadline)
+            return await ctx.bodies.read(request, source_key(client_ip()), g.body_deadline)
         except Problem:
             g.body_abandoned = True
             raise
@@ -165,6 +169,10 @@ def create_app(ctx: Context) -> QuartTrio:
     @app.before_request
     async def check_host() -> None:
         g.body_deadline = ctx.bodies.deadline()  # first: the body's clock starts at arrival
+        if request.method not in METHODS:
+            g.close_connection = True
+            limit_ip()
+            raise Problem(501, "method not implemented")
         dev_host_only(request.headers.get("Host"))
 
     @app.before_websocket
@@ -185,11 +193,13 @@ def create_app(ctx: Context) -> QuartTrio:
         if g.get("body_abandoned") or (length is not None and length > MAX_SDP_BYTES):
             return False
         deadline = min(g.body_deadline, trio.current_time() + BODY_DRAIN_TIMEOUT)
-        return await ctx.bodies.drain(request, client_ip(), deadline)
+        return await ctx.bodies.drain(request, source_key(client_ip()), deadline)
 
     @app.after_request
     async def finish(response: Response) -> Response:
-        if request.method not in ("GET", "HEAD", "OPTIONS") and not await body_drained():
+        if g.get("close_connection") or (
+            request.method not in ("GET", "HEAD", "OPTIONS") and not await body_drained()
+        ):
             response.headers["Connection"] = "close"
         if request.path.startswith("/v1/"):
             origin = allowed_origin()
@@ -203,7 +213,8 @@ def create_app(ctx: Context) -> QuartTrio:
                     response.headers["Access-Control-Allow-Headers"] = allow_headers()
                     response.headers["Access-Control-Max-Age"] = "600"
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        ctx.stats.requests[(request.method, rule, response.status_code)] += 1
+        method = request.method if request.method in METHODS else "other"
+        ctx.stats.requests[(method, rule, response.status_code)] += 1
         return response
 
     @app.errorhandler(Problem)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from firsthop.services.signaling.placement import REGION_NAME, RegionTable
 from firsthop.services.signaling.ratelimit import RateLimit
+from firsthop.services.signaling.stores import EK_MAX_LIVE, EK_MAX_LIVE_DEV
 from firsthop.shared.address import (
     Address,
     format_hostport,
@@ -64,6 +65,8 @@ class SignalingConfig:
     body_timeout: float = 5.0  # a request body (an SDP offer, <= 64 KiB) arrives within this
     max_uploads: int = 256  # requests still sending their body, in all ...
     max_uploads_per_ip: int = 16  # ... and from one client address
+    max_ephemeral_keys: int = EK_MAX_LIVE  # live ek_ per API key
+    max_dev_ephemeral_keys: int = EK_MAX_LIVE_DEV  # live ek_ of the keyless dev route
     ws_auth_timeout: float = 10.0
     ws_idle_timeout: float = 60.0
     call_poll_interval: float = 1.0  # WS call watcher: one cheap probe per call per second
@@ -165,6 +168,20 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         default=16,
         type=int,
         help="requests still sending their body at once from one address (beyond: 429)",
+    )
+    add_option(
+        p,
+        "--max-ephemeral-keys",
+        default=EK_MAX_LIVE,
+        type=int,
+        help="live Realtime ephemeral keys (ek_) per API key at once (beyond: 429)",
+    )
+    add_option(
+        p,
+        "--max-dev-ephemeral-keys",
+        default=EK_MAX_LIVE_DEV,
+        type=int,
+        help="live ephemeral keys minted by the keyless --dev route, in all (beyond: 429)",
     )
     add_option(p, "--ws-auth-timeout", default=10.0, type=float, help="WebSocket auth deadline, s")
     add_option(
@@ -270,6 +287,8 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             body_timeout=args.body_timeout,
             max_uploads=args.max_uploads,
             max_uploads_per_ip=args.max_uploads_per_ip,
+            max_ephemeral_keys=args.max_ephemeral_keys,
+            max_dev_ephemeral_keys=args.max_dev_ephemeral_keys,
             ws_auth_timeout=args.ws_auth_timeout,
             ws_idle_timeout=args.ws_idle_timeout,
         )
@@ -286,5 +305,10 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         raise SystemExit(
             "firsthop signaling: --body-timeout must be positive, --max-uploads and "
             "--max-uploads-per-ip at least 0 (0: no limit)"
+        )
+    if config.max_ephemeral_keys < 1 or config.max_dev_ephemeral_keys < 1:
+        raise SystemExit(
+            "firsthop signaling: --max-ephemeral-keys and --max-dev-ephemeral-keys must be at "
+            "least 1"
         )
     return config

@@ -27,7 +27,7 @@ from firsthop.services.signaling.bodies import Bodies
 from firsthop.services.signaling.calls import Calls, Stats
 from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
 from firsthop.services.signaling.placement import RegionTable
-from firsthop.services.signaling.ratelimit import RateLimiter, Slots
+from firsthop.services.signaling.ratelimit import ClientLimiter, RateLimiter, Slots
 from firsthop.services.signaling.stores import (
     CallStore,
     Directory,
@@ -39,7 +39,12 @@ from firsthop.services.signaling.transceivers import TransceiverClient
 from firsthop.services.signaling.ws import MAX_MESSAGE
 from firsthop.shared.address import Address, format_hostport
 from firsthop.shared.http import bound_address, hypercorn_config
-from firsthop.shared.lifecycle import announce, run_until_signal, setup_logging
+from firsthop.shared.lifecycle import (
+    address_clash_is_one_line,
+    announce,
+    run_until_signal,
+    setup_logging,
+)
 from firsthop.shared.telemetry import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("firsthop.signaling")
@@ -81,7 +86,7 @@ def build_context(
         config=config,
         auth=auth,
         calls=calls,
-        ip_limiter=RateLimiter(config.ip_limit),
+        ip_limiter=ClientLimiter(config.ip_limit),
         key_limiter=RateLimiter(config.key_limit),
         stats=stats,
         bodies=Bodies(
@@ -89,7 +94,11 @@ def build_context(
             config.body_timeout,
             stats.counters,
         ),
-        ek_sessions=EkSessions(link),
+        ek_sessions=EkSessions(
+            link,
+            max_live=config.max_ephemeral_keys,
+            max_live_dev=config.max_dev_ephemeral_keys,
+        ),
     )
 
 
@@ -148,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request
     setup_tracing("signaling")
     try:
-        trio.run(run_until_signal, serve_signaling, config)
+        with address_clash_is_one_line("signaling", [("tcp", config.listen)]):
+            trio.run(run_until_signal, serve_signaling, config)
     finally:
         shutdown_tracing()
     return 0

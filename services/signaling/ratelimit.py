@@ -5,7 +5,9 @@ The buckets are `shared.ratelimit`'s; here they read an injected clock (`time.mo
 default, so tests step time by hand). `check(key, cost)` either spends `cost` tokens (1 by
 default) and returns 0.0, or returns how many seconds until they are available — the
 ``Retry-After`` of the 429. A rate of 0 turns the limiter off. When a flood of distinct keys
-fills the table, it is cleared (failing open beats failing every client).
+fills the table, the least recently used bucket makes room for each new key. Keys are what
+the caller passes; `ClientLimiter`, the per-IP one, keys a client address by its
+`shared.address.source_key` (an IPv6 client by its /64, as the relay counts it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from firsthop.shared.address import source_key
 from firsthop.shared.ratelimit import KeyedLimiter
 
 
@@ -29,7 +32,7 @@ class RateLimit:
 
 class RateLimiter:
     """A `KeyedLimiter` read with the service's clock (signaling's request paths have none
-    of their own); failing open when its table is full."""
+    of their own); evicting the least recently used key when its table is full."""
 
     def __init__(
         self,
@@ -39,7 +42,7 @@ class RateLimiter:
     ) -> None:
         self.limit = limit
         self._clock = clock
-        self._limiter = KeyedLimiter(limit.rate, limit.burst, max_keys=max_keys, when_full="forget")
+        self._limiter = KeyedLimiter(limit.rate, limit.burst, max_keys=max_keys, when_full="evict")
 
     def __len__(self) -> int:
         return len(self._limiter)
@@ -49,6 +52,14 @@ class RateLimiter:
         if not self.limit.enabled:
             return 0.0
         return self._limiter.retry_after(key, self._clock(), cost)
+
+
+class ClientLimiter(RateLimiter):
+    """The per-client-address budget: an IPv6 client counts by its /64 (one host may send
+    from any address of it), a v4-mapped one as its IPv4 address."""
+
+    def check(self, key: str, cost: float = 1.0) -> float:
+        return super().check(source_key(key), cost)
 
 
 class Slots:

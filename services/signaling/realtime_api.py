@@ -96,7 +96,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
     async def mint(tenant: str) -> Response:
         seconds, session = secret_request(await tools.body_bytes())
         value, expires_at, ek_id = ctx.auth.ephemeral.mint_with_id(tenant, seconds)
-        await ctx.ek_sessions.put(ek_id, json.dumps(session), expires_at)
+        await ctx.ek_sessions.put(tenant, ek_id, json.dumps(session), expires_at)  # or 429
         described = describe_session(session)
         return json_response({"value": value, "expires_at": expires_at, "session": described})
 

@@ -15,11 +15,14 @@ Keys:
 * ``firsthop:secret:{secret_id}`` — the call a client secret created, ``SET NX`` so a secret
   is spent once across replicas; TTL until the secret has expired anyway;
 * ``firsthop:ek:{id}`` — the session config (JSON) an ephemeral key is bound to, TTL its
-  expiry. Without Redis: per replica, at most `EK_MEMORY_MAX_ENTRIES`.
+  expiry; ``firsthop:ek-live:{tenant}`` — a sorted set of a tenant's live key ids by expiry,
+  what bounds them (`EkSessions`). Without Redis: per replica, at most
+  `EK_MEMORY_MAX_ENTRIES`.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import Counter
@@ -30,6 +33,8 @@ from typing import Any, TypeVar
 import redis
 import trio
 
+from firsthop.services.signaling.auth import DEV_ISSUER
+from firsthop.services.signaling.errors import Problem
 from firsthop.shared.redis_store import (
     CALL_TTL,
     TRANSCEIVER_PATTERN,
@@ -47,6 +52,8 @@ T = TypeVar("T")
 DIRECTORY_MAX_AGE = 0.5
 MEMORY_MAX_ENTRIES = 200_000
 EK_MEMORY_MAX_ENTRIES = 10_000  # each up to 16 KiB of session JSON
+EK_MAX_LIVE = 10_000  # live ephemeral keys per API key (160 MiB of sessions at most) ...
+EK_MAX_LIVE_DEV = 1_000  # ... and minted by the keyless dev route, in all
 
 
 class StoreUnavailable(Exception):
@@ -267,23 +274,77 @@ def ek_key(ek_id: str) -> str:
     return f"firsthop:ek:{ek_id}"
 
 
-class EkSessions:
-    """Ephemeral key id -> the session config (JSON text) it is bound to, until it expires."""
+def ek_live_key(tenant: str) -> str:
+    return f"firsthop:ek-live:{tenant}"
 
-    def __init__(self, link: RedisLink | None, clock: Callable[[], float] = time.time) -> None:
+
+# Atomic across replicas: forget the tenant's expired keys, refuse past its bound (answering
+# when the oldest live one expires), else count the new key in and store its session.
+# KEYS: the tenant's live set, the key's session. ARGV: now, expires_at, id, bound, JSON, TTL.
+_EK_MINT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+  return redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2]
+redis.call('EXPIREAT', KEYS[1], math.ceil(tonumber(last)) + 1)
+redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[6])
+return false
+"""
+
+
+class EkSessions:
+    """Ephemeral key id -> the session config (JSON text) it is bound to, until it expires;
+    at most `max_live` keys alive per tenant (an API key; the keyless dev route is one tenant,
+    `max_live_dev`), each session at most 16 KiB: a tenant holds at most that much, whatever
+    its rate limit lets it mint. Past it, minting is refused until the oldest key expires.
+
+    Redis: ``firsthop:ek:{id}`` (the session, TTL its expiry) and ``firsthop:ek-live:{tenant}``
+    (a sorted set of the tenant's live key ids by expiry, TTL its last), both written by one
+    script. Without Redis (or while it is down) the same bounds hold per replica.
+    """
+
+    def __init__(
+        self,
+        link: RedisLink | None,
+        clock: Callable[[], float] = time.time,
+        *,
+        max_live: int = EK_MAX_LIVE,
+        max_live_dev: int = EK_MAX_LIVE_DEV,
+    ) -> None:
         self.link = link
         self._clock = clock
+        self.max_live, self.max_live_dev = max_live, max_live_dev
         self._memory = _Expiring(clock, EK_MEMORY_MAX_ENTRIES)
+        self._live: dict[str, list[float]] = {}  # tenant -> a heap of its keys' expiries
 
-    async def put(self, ek_id: str, session_json: str, expires_at: float) -> None:
-        ttl = max(1, int(expires_at - self._clock()) + 1)
+    def bound(self, tenant: str) -> int:
+        return self.max_live_dev if tenant == DEV_ISSUER else self.max_live
+
+    async def put(self, tenant: str, ek_id: str, session_json: str, expires_at: float) -> None:
+        """Store a new key's session; `Problem` 429 (with when to retry) when `tenant` holds
+        its bound of live keys already."""
+        now = self._clock()
+        ttl = max(1, int(expires_at - now) + 1)
+        bound = self.bound(tenant)
         if self.link is not None:
-            key = ek_key(ek_id)
+            keys = [ek_live_key(tenant), ek_key(ek_id)]
+            args: list[str | float] = [now, expires_at, ek_id, bound, session_json, ttl]
             try:
-                await self.link.run(lambda c: c.set(key, session_json, ex=ttl))
-                return
+                oldest = await self.link.run(lambda c: c.eval(_EK_MINT, 2, *keys, *args))
             except StoreUnavailable:
                 pass
+            else:
+                if oldest is not None:
+                    raise _too_many(bound, float(oldest) - now)
+                return
+        live = self._live.setdefault(tenant, [])
+        while live and live[0] <= now:
+            heapq.heappop(live)
+        if len(live) >= bound:
+            raise _too_many(bound, live[0] - now)
+        heapq.heappush(live, expires_at)
         self._memory.set(ek_id, session_json, ttl)
 
     async def get(self, ek_id: str) -> str | None:
@@ -298,3 +359,11 @@ class EkSessions:
                     return str(found)
         value: str | None = self._memory.get(ek_id)
         return value
+
+
+def _too_many(bound: int, retry_after: float) -> Problem:
+    return Problem(
+        429,
+        f"this key has {bound} live ephemeral keys (the most it may): wait for one to expire",
+        retry_after=max(1.0, retry_after),
+    )

@@ -25,15 +25,33 @@ def test_keys_have_their_own_buckets() -> None:
     assert limiter.retry_after("a", 0.0) == pytest.approx(1.0)
 
 
-def test_a_full_table_refuses_new_keys_or_forgets_them_all() -> None:
+def test_a_full_table_refuses_new_keys_or_evicts_the_least_recently_used() -> None:
     refusing = KeyedLimiter(1.0, 1.0, max_keys=2, when_full="refuse")
-    forgetting = KeyedLimiter(1.0, 1.0, max_keys=2, when_full="forget")
-    for limiter in (refusing, forgetting):
+    evicting = KeyedLimiter(1.0, 1.0, max_keys=2, when_full="evict")
+    for limiter in (refusing, evicting):
         assert limiter.take("a", 0.0) and limiter.take("b", 0.0)
     assert not refusing.take("c", 0.1) and len(refusing) == 2
-    assert forgetting.take("c", 0.1) and len(forgetting) == 1
+    assert not evicting.take("a", 0.1)  # "a" used again: "b" is now the oldest
+    assert evicting.take("c", 0.1) and len(evicting) == 2
+    assert not evicting.take("a", 0.2)  # "a" kept its spent bucket: "b" made room
+    assert evicting.take("b", 0.2)  # (a fresh bucket: it was evicted)
     # refilled buckets are pruned first (at most once a second)
     assert refusing.take("c", 1.5) and len(refusing) == 1
+
+
+def test_a_flood_of_new_keys_never_resets_an_active_keys_budget() -> None:
+    """It used to clear the whole table when full: 100,000 new addresses gave the limited
+    client (the flooder itself, as often as not) a full bucket again."""
+    limiter = KeyedLimiter(1.0, 3.0, max_keys=1000, when_full="evict")
+    while limiter.take("limited", 0.0):
+        pass
+    now = 0.0
+    for i in range(20_000):
+        now += 1e-5  # 0.2 s in all: the limited key refills by a fifth of a token
+        limiter.take(("flood", i), now)
+        if i % 100 == 0:
+            assert not limiter.take("limited", now)  # still asking, still limited
+    assert len(limiter) == 1000
 
 
 def test_pruning_a_full_table_is_not_done_per_key() -> None:

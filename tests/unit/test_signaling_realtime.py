@@ -24,6 +24,7 @@ from firsthop.services.signaling.auth import (
     fingerprint,
 )
 from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
+from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.realtime_api import sendable
 from firsthop.services.signaling.realtime_session import (
     MAX_PARTS,
@@ -125,14 +126,32 @@ def test_ownership_on_realtime_routes() -> None:
 
 async def test_ek_sessions_expire_and_stay_bounded_in_memory() -> None:
     clock = Clock()
-    store = EkSessions(None, clock)
-    await store.put("a", '{"model":"m"}', clock.now + 10)
+    store = EkSessions(None, clock, max_live=EK_MEMORY_MAX_ENTRIES * 2)
+    await store.put("t", "a", '{"model":"m"}', clock.now + 10)
     assert await store.get("a") == '{"model":"m"}'
     clock.now += 12
     assert await store.get("a") is None
     for i in range(EK_MEMORY_MAX_ENTRIES + 5):
-        await store.put(str(i), "{}", clock.now + 60)
+        await store.put("t", str(i), "{}", clock.now + 60)
     assert len(store._memory._items) <= EK_MEMORY_MAX_ENTRIES
+
+
+async def test_live_ephemeral_keys_are_bounded_per_tenant_in_memory() -> None:
+    clock = Clock()
+    store = EkSessions(None, clock, max_live=3, max_live_dev=1)
+    for i in range(3):
+        await store.put("t1", f"a{i}", "{}", clock.now + 10 + i)
+    with pytest.raises(Problem) as full:
+        await store.put("t1", "a3", "{}", clock.now + 60)
+    assert full.value.status == 429 and full.value.headers["Retry-After"] == "10"
+    await store.put("t2", "b0", "{}", clock.now + 60)  # another key's budget is its own
+    await store.put("dev", "d0", "{}", clock.now + 60)
+    with pytest.raises(Problem):
+        await store.put("dev", "d1", "{}", clock.now + 60)  # the dev route: one tenant
+    clock.now += 10.5  # the oldest has expired: room for one
+    await store.put("t1", "a3", "{}", clock.now + 60)
+    with pytest.raises(Problem):
+        await store.put("t1", "a4", "{}", clock.now + 60)
 
 
 # --- bodies --------------------------------------------------------------------------------
