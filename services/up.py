@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 
 import trio
 
@@ -33,6 +34,7 @@ from firsthop.services.launch import (
     signaling_command,
     transceiver_command,
 )
+from firsthop.shared.claim import in_use
 from firsthop.shared.config import add_option
 from firsthop.shared.wire.route_token import KEY_LENGTH, format_route_keys
 
@@ -44,7 +46,9 @@ async def _wait_ready(spec: Spec, proc: trio.Process) -> None:
     with trio.fail_after(READY_TIMEOUT):
         while not await trio.to_thread.run_sync(ready, spec):
             if proc.returncode is not None:
-                raise RuntimeError(f"{spec.name} exited with {proc.returncode}")
+                raise UpFailed(
+                    f"{spec.name} exited with {proc.returncode} (its lines above say why)"
+                )
             await trio.sleep(0.05)
 
 
@@ -69,7 +73,7 @@ async def _run_service(service: Spec, *, task_status: trio.TaskStatus[None]) -> 
             await _wait_ready(service, proc)
             task_status.started()
             code = await proc.wait()
-            raise RuntimeError(f"{service.name} exited with {code}")
+            raise UpFailed(f"{service.name} exited with {code}")
     finally:
         with trio.CancelScope(shield=True):
             if proc.returncode is None:
@@ -148,7 +152,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
             "signaling",
             signaling_command(port=args.port, extra=sig_args),
             {"FIRSTHOP_INTERNAL_TOKEN": token},
-            ready_http=f"http://127.0.0.1:{args.port}/healthz",
+            ready_http=f"http://127.0.0.1:{args.port}/readyz",  # a call would be placed
         )
     )
     info = {
@@ -165,7 +169,32 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
     return services, info
 
 
+class UpFailed(Exception):
+    """What stops `firsthop up`, in one line for the user."""
+
+
+def check_ports(args: argparse.Namespace) -> None:
+    """The fixed ports `up` serves must be free before anything starts: a second stack on
+    the same ones would fail half way (or, for a SO_REUSEPORT relay of another tool, share)."""
+    tcp = args.relay_port if args.relay_tcp_port is None else args.relay_tcp_port
+    wanted = [
+        ("tcp", args.port, "--port"),
+        ("udp", args.relay_port, "--relay-port"),
+        ("tcp", tcp, "--relay-tcp-port"),
+        ("tcp", args.relay_metrics_port, "--relay-metrics-port"),
+    ]
+    taken = [(k, p, flag) for k, p, flag in wanted if in_use(k, ("127.0.0.1", p))]
+    if taken:
+        where = ", ".join(f"127.0.0.1:{p} ({k})" for k, p, _ in taken)
+        flags = " ".join(sorted({flag for _, _, flag in taken}))
+        raise UpFailed(
+            f"{where} already in use (another firsthop up?): stop it, or choose other ports "
+            f"with {flags}"
+        )
+
+
 async def serve_up(args: argparse.Namespace, *, task_status: trio.TaskStatus[None]) -> None:
+    check_ports(args)
     services, info = plan(args)
     async with trio.open_nursery() as nursery:
         for service in services:
@@ -178,10 +207,17 @@ async def serve_up(args: argparse.Namespace, *, task_status: trio.TaskStatus[Non
 
 
 def run(args: argparse.Namespace) -> int:
-    from firsthop.shared.lifecycle import run_until_signal, setup_logging
+    from firsthop.shared.lifecycle import first_exception, run_until_signal, setup_logging
 
     setup_logging("up")
-    trio.run(run_until_signal, serve_up, args)
+    try:
+        trio.run(run_until_signal, serve_up, args)
+    except BaseException as exc:
+        failed = first_exception(exc, lambda e: isinstance(e, UpFailed))
+        if failed is None:
+            raise
+        print(f"firsthop up: {failed}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

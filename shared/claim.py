@@ -61,21 +61,28 @@ def in_use(kind: Kind, addr: Address) -> bool:
     return False
 
 
-def claim(kind: Kind, addr: Address) -> socket.socket:
-    """Claim `addr` for this process: the returned lock socket holds the claim until it is
-    closed (or the process ends). Raises `AddressInUse`."""
-    lock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+def lock(kind: Kind, addr: Address) -> socket.socket:
+    """The lock alone: for an address this process has just bound (a port 0 it was given),
+    which no one else can hold. Raises `AddressInUse` if another claimed it."""
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
-        lock.bind(f"\0firsthop:{kind}:{format_hostport(addr)}")
+        held.bind(f"\0firsthop:{kind}:{format_hostport(addr)}")
     except OSError as exc:
-        lock.close()
+        held.close()
         if exc.errno == errno.EADDRINUSE:
             raise AddressInUse(kind, addr, by_firsthop=True) from None
         raise
+    return held
+
+
+def claim(kind: Kind, addr: Address) -> socket.socket:
+    """Claim `addr` for this process: the returned lock socket holds the claim until it is
+    closed (or the process ends). Raises `AddressInUse`."""
+    lock_ = lock(kind, addr)
     try:
         if in_use(kind, addr):
             raise AddressInUse(kind, addr)
     except BaseException:
-        lock.close()
+        lock_.close()
         raise
-    return lock
+    return lock_

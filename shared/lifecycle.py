@@ -59,16 +59,23 @@ async def run_until_signal(serve: Callable[..., Awaitable[Any]], *args: Any) -> 
             nursery.cancel_scope.cancel()
 
 
-def _address_in_use(exc: BaseException) -> OSError | None:
-    """The EADDRINUSE inside `exc` (an exception group's, however deep), if any."""
-    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+def first_exception(
+    exc: BaseException, match: Callable[[BaseException], bool]
+) -> BaseException | None:
+    """`exc`, or the first exception inside it (Trio's exception groups, however deep), that
+    `match`es; None if none does."""
+    if match(exc):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = _address_in_use(inner)
+            found = first_exception(inner, match)
             if found is not None:
                 return found
     return None
+
+
+def _in_use(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
 
 
 @contextmanager
@@ -82,11 +89,11 @@ def address_clash_is_one_line(
     try:
         yield
     except BaseException as exc:
-        clash = _address_in_use(exc)
+        clash = first_exception(exc, _in_use)
         if clash is None:
             raise
         if isinstance(clash, AddressInUse):
-            what = clash.strerror
+            what = str(clash.strerror)
         else:
             taken = [f"{format_hostport(a)} ({kind})" for kind, a in listens if in_use(kind, a)]
             what = f"{', '.join(taken) or 'an address it listens on'} is already in use"

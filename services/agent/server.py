@@ -32,7 +32,12 @@ from firsthop.services.agent.connection import AgentConnection, ConnectionClosed
 from firsthop.services.agent.vad import FRAME_MS, TurnTaker
 from firsthop.shared.config import add_option, hostport_arg
 from firsthop.shared.http import serve_simple
-from firsthop.shared.lifecycle import announce, run_until_signal, setup_logging
+from firsthop.shared.lifecycle import (
+    address_clash_is_one_line,
+    announce,
+    run_until_signal,
+    setup_logging,
+)
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 from firsthop.shared.telemetry import (
     context_from_traceparent,
@@ -253,8 +258,10 @@ def run(args: argparse.Namespace) -> int:
         kinds = ", ".join([*KINDS, "assistant"])
         raise SystemExit(f"firsthop agent: --kind must be one of {kinds}")
     metrics = hostport_arg(args.metrics) if args.metrics else None
+    listens = [("tcp", hostport_arg(args.listen)), *([("tcp", metrics)] if metrics else [])]
     try:
-        trio.run(run_until_signal, serve_agent, args.kind, hostport_arg(args.listen), metrics)
+        with address_clash_is_one_line(f"agent --kind {args.kind}", listens):
+            trio.run(run_until_signal, serve_agent, args.kind, hostport_arg(args.listen), metrics)
     finally:
         shutdown_tracing()
     return 0

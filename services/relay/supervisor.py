@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -36,12 +37,14 @@ from firsthop.services.relay.config import RelayConfig
 from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.worker import CONFIG_ENV, STANDBY_ARG, udp_socket
 from firsthop.shared.address import Address, format_hostport
+from firsthop.shared.claim import AddressInUse, claim, lock
 from firsthop.shared.http import serve_simple
 from firsthop.shared.lifecycle import announce
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 
 log = logging.getLogger("firsthop.relay")
 
+CLAIM_SETTLE = 2.0  # seconds for a dead relay's workers to let go of its addresses
 STOP_DEADLINE = 4.5  # seconds from SIGTERM to SIGKILL; the relay exits within 5 s
 RESTART_DELAY = 0.5  # before a cold start (a worker that failed to start, or no standby)
 STANDBY_RESPAWN = 1.0  # a standby starts this long after the workers are ready, or after a
@@ -399,8 +402,55 @@ async def serve_relay(
     *,
     task_status: trio.TaskStatus[RelayHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    # Every address it serves is this relay's alone (`shared.claim`): its workers' SO_REUSEPORT
+    # group must not take in another process, nor join another's. Claimed before anything
+    # starts; held until the relay ends. (A port 0 is chosen below: it is nobody else's.)
+    claims = await claim_addresses(config)
+    try:
+        await _serve_relay(config, claims, task_status=task_status)
+    finally:
+        for lock in claims:
+            lock.close()
+
+
+async def claim_addresses(config: RelayConfig) -> list[socket.socket]:
+    """Claim the relay's listen addresses (`AddressInUse` names the first one taken). One
+    held by a process that did not claim it may be a relay's worker still exiting after its
+    supervisor was killed (it leaves at its stdin's EOF): that gets `CLAIM_SETTLE` seconds."""
+    wanted: list[tuple[str, Address]] = [("udp", a) for a in config.listens]
+    wanted += [("udp", config.internal)]
+    wanted += [("tcp", a) for a in config.listens_tcp]
+    wanted += [("tcp", config.metrics)]
+    claims: list[socket.socket] = []
+    try:
+        for kind, addr in wanted:
+            if addr[1] == 0:
+                continue
+            deadline = trio.current_time() + CLAIM_SETTLE
+            while True:
+                try:
+                    claims.append(claim(kind, addr))
+                    break
+                except AddressInUse as exc:
+                    if exc.by_firsthop or trio.current_time() >= deadline:
+                        raise
+                await trio.sleep(0.05)
+    except BaseException:
+        for lock in claims:
+            lock.close()
+        raise
+    return claims
+
+
+async def _serve_relay(
+    config: RelayConfig,
+    claims: list[socket.socket],
+    *,
+    task_status: trio.TaskStatus[RelayHandle],
+) -> None:
     # A port 0 for the public or peer socket is chosen here, once, and held by a probe
-    # socket in the SO_REUSEPORT group until every worker has bound the same port.
+    # socket in the SO_REUSEPORT group until every worker has bound the same port; it is
+    # claimed then (the lock alone: no one else holds it).
     probes = []
     for name in ("listen", "listen_other"):
         addr = getattr(config, name)
@@ -408,9 +458,11 @@ async def serve_relay(
             probes.append(udp_socket(addr, reuseport=True))
             bound: Any = (addr[0], probes[-1].getsockname()[1])
             config = replace(config, **{name: bound})
+            claims.append(lock("udp", bound))
     if config.internal[1] == 0:
         probes.append(udp_socket(config.internal, reuseport=True))
         config = replace(config, internal=(config.internal[0], probes[-1].getsockname()[1]))
+        claims.append(lock("udp", config.internal))
     tcp_probes = []
     for name in ("listen_tcp", "listen_tcp_other"):
         addr = getattr(config, name)
@@ -418,6 +470,7 @@ async def serve_relay(
             tcp_probes.append(tcp_listener(addr, reuseport=True, listen=False))
             bound = (addr[0], tcp_probes[-1].getsockname()[1])
             config = replace(config, **{name: bound})
+            claims.append(lock("tcp", bound))
     workers = [WorkerProcess(config, i) for i in range(config.workers)]
     processes: Processes | None = None
 

@@ -329,6 +329,16 @@ def create_app(ctx: Context) -> QuartTrio:
             {"ok": True, "region": config.region, "transceivers": len(transceivers)}
         )
 
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        # Ready means a call placed now would find a transceiver (Redis's registry re-read
+        # when the copy shows none): what a load balancer and `firsthop up` wait for.
+        n = await ctx.calls.placeable()
+        if not n:
+            body = {"ready": False, "reason": "no transceiver can take a call"}
+            return json_response(body, 503)
+        return json_response({"ready": True, "transceivers": n})
+
     @app.get("/metrics")
     async def metrics() -> Response:
         families = [*ctx.stats.families(), ctx.bodies.metric()]

@@ -25,7 +25,13 @@ from opentelemetry import trace
 
 from firsthop.services.signaling.auth import Principal
 from firsthop.services.signaling.errors import Problem
-from firsthop.services.signaling.placement import RegionTable, choose_region, ingress_for, rank
+from firsthop.services.signaling.placement import (
+    RegionTable,
+    choose_region,
+    ingress_for,
+    placeable,
+    rank,
+)
 from firsthop.services.signaling.stores import CallStore, Directory, SecretLedger
 from firsthop.services.signaling.transceivers import (
     TransceiverClient,
@@ -36,7 +42,7 @@ from firsthop.services.signaling.transceivers import (
 )
 from firsthop.services.signaling.trickle import Fragment, TricklePolicy
 from firsthop.shared.metrics import MetricFamily
-from firsthop.shared.redis_store import CallRecord
+from firsthop.shared.redis_store import CallRecord, TransceiverInfo
 from firsthop.shared.sdp import MAX_SDP_BYTES, SdpError, check_offer
 from firsthop.shared.telemetry import context_from_traceparent, traceparent_of, tracer
 
@@ -186,21 +192,50 @@ class Calls:
         self, req: CallRequest, call_id: str, agent_url: str | None
     ) -> tuple[CallRecord, str]:
         region, how = choose_region(req.region_header, req.client_ip, self.regions, self.own_region)
-        candidates = rank(
-            await self.directory.snapshot(),
-            region,
-            self.own_region,
-            tiebreak=lambda _: self._rng.random(),
-        )[:MAX_ATTEMPTS]
-        if not candidates:
-            self.stats.placement_failures["no_transceiver"] += 1
-            raise Problem(503, "no transceiver available", retry_after=NO_CAPACITY_RETRY_AFTER)
         span = trace.get_current_span()
         span.set_attribute("firsthop.region", region)
         span.set_attribute("firsthop.region_source", how)
         # The transceiver's session span joins this trace (§10); with tracing off, a fresh
         # W3C traceparent still ties the services' logs together.
         traceparent = traceparent_of() or new_traceparent(req.traceparent)
+        tried: set[str] = set()
+        began = self.directory.now()
+        for since in (None, began):  # a miss reads the registry again (`Directory.snapshot`)
+            candidates = [
+                tx
+                for tx in rank(
+                    await self.directory.snapshot(since=since),
+                    region,
+                    self.own_region,
+                    tiebreak=lambda _: self._rng.random(),
+                )
+                if tx.id not in tried
+            ][: MAX_ATTEMPTS - len(tried)]
+            placed = await self._try(req, call_id, agent_url, region, how, traceparent, candidates)
+            if placed is not None:
+                return placed
+            tried.update(tx.id for tx in candidates)
+            if self.directory.link is None or len(tried) >= MAX_ATTEMPTS:
+                break
+            self.stats.counters["placement_re_reads"] += 1
+        if not tried:
+            self.stats.placement_failures["no_transceiver"] += 1
+            raise Problem(503, "no transceiver available", retry_after=NO_CAPACITY_RETRY_AFTER)
+        self.stats.placement_failures["all_failed"] += 1
+        raise Problem(503, "no transceiver could take the call", retry_after=1.0)
+
+    async def _try(
+        self,
+        req: CallRequest,
+        call_id: str,
+        agent_url: str | None,
+        region: str,
+        how: str,
+        traceparent: str,
+        candidates: list[TransceiverInfo],
+    ) -> tuple[CallRecord, str] | None:
+        """Ask `candidates` in turn; the call placed on the first that takes it, or None."""
+        span = trace.get_current_span()
         for tx in candidates:
             ingress = ingress_for(self.ingress, region, tx.region)
             if not ingress:
@@ -251,8 +286,16 @@ class Calls:
                 ",".join(ingress),
             )
             return record, answer
-        self.stats.placement_failures["all_failed"] += 1
-        raise Problem(503, "no transceiver could take the call", retry_after=1.0)
+        return None
+
+    async def placeable(self) -> int:
+        """How many transceivers could take a call now (signaling's readiness): read again
+        if the directory's copy shows none."""
+        began = self.directory.now()
+        usable = placeable(await self.directory.snapshot())
+        if not usable and self.directory.link is not None:
+            usable = placeable(await self.directory.snapshot(since=began))
+        return len(usable)
 
     async def find(self, call_id: str, principal: Principal) -> CallRecord:
         record = await self.store.get(call_id)

@@ -65,6 +65,11 @@ def choose_region(
     return own, "own"
 
 
+def placeable(transceivers: Iterable[TransceiverInfo]) -> list[TransceiverInfo]:
+    """Those that may be asked to take a call: not draining, not full."""
+    return [t for t in transceivers if not t.draining and not t.full]
+
+
 def rank(
     transceivers: Sequence[TransceiverInfo],
     region: str,
@@ -73,7 +78,7 @@ def rank(
     tiebreak: Callable[[TransceiverInfo], float] | None = None,
 ) -> list[TransceiverInfo]:
     """Transceivers to ask, in order: the region's least loaded first, then own region's."""
-    usable = [t for t in transceivers if not t.draining and not t.full]
+    usable = placeable(transceivers)
 
     def key(t: TransceiverInfo) -> tuple[float, float, str]:
         return (t.load, tiebreak(t) if tiebreak is not None else 0.0, t.id)

@@ -50,6 +50,7 @@ log = logging.getLogger("firsthop.signaling.stores")
 
 T = TypeVar("T")
 DIRECTORY_MAX_AGE = 0.5
+RE_READ_MIN = 0.02  # seconds between the registry re-reads of placement misses
 MEMORY_MAX_ENTRIES = 200_000
 EK_MEMORY_MAX_ENTRIES = 10_000  # each up to 16 KiB of session JSON
 EK_MAX_LIVE = 10_000  # live ephemeral keys per API key (160 MiB of sessions at most) ...
@@ -108,11 +109,21 @@ class Directory:
         self._lock = trio.Lock()
         self.from_registry = False  # whether the current snapshot came from Redis
 
-    async def snapshot(self) -> list[TransceiverInfo]:
+    def now(self) -> float:
+        return self._clock()
+
+    async def snapshot(self, *, since: float | None = None) -> list[TransceiverInfo]:
+        """The transceivers, read at most `DIRECTORY_MAX_AGE` ago (concurrent readers share
+        one read). `since`: read after that moment: a placement that found no one asks for
+        a copy newer than its own start, so a transceiver registered before the call came
+        is found (it got 503 for up to half a second after a start); concurrent misses share
+        a re-read, and a flood of them reads the registry at most once per `RE_READ_MIN`."""
         if self.link is None:
             return [_with_extra(t, self._placed[t.id]) for t in self.static]
         async with self._lock:
-            if self._clock() - self._taken >= DIRECTORY_MAX_AGE:
+            age = self._clock() - self._taken
+            older = since is not None and self._taken < since and age >= RE_READ_MIN
+            if age >= DIRECTORY_MAX_AGE or older:
                 await self._refresh(self.link)
         return [_with_extra(t, self._placed[t.id]) for t in self._snapshot]
 

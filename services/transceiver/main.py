@@ -17,7 +17,7 @@ from firsthop.services.transceiver.service import Transceiver, TransceiverConfig
 from firsthop.shared.address import format_hostport, is_loopback
 from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
 from firsthop.shared.http import bound_address, hypercorn_config
-from firsthop.shared.lifecycle import announce, setup_logging
+from firsthop.shared.lifecycle import address_clash_is_one_line, announce, setup_logging
 from firsthop.shared.redis_store import TransceiverInfo
 from firsthop.shared.telemetry import setup_tracing, shutdown_tracing
 from firsthop.shared.wire import g711
@@ -62,7 +62,7 @@ async def serve_transceiver(
                     draining=tx.draining,
                 )
 
-            nursery.start_soon(heartbeat, config.redis, config.id, info, tx.counters)
+            await nursery.start(heartbeat, config.redis, config.id, info, tx.counters)
             send, receive = trio.open_memory_channel[tuple[str, str]](1000)
             tx.trace_writes = send
             nursery.start_soon(trace_handoff_writer, config.redis, receive, tx.counters)
@@ -245,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(f"transceiver[{config.id}]")
     setup_tracing("transceiver")
     try:
-        run_trio_guest(lambda: _process(config))
+        with address_clash_is_one_line("transceiver", [("udp", config.media), ("tcp", config.api)]):
+            run_trio_guest(lambda: _process(config))
     finally:
         shutdown_tracing()
     return 0

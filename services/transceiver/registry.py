@@ -34,10 +34,14 @@ async def heartbeat(
     transceiver_id: str,
     info: Callable[[], TransceiverInfo],
     counters: Counter[str],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Started once the first write was tried: a transceiver that says it is ready is in
+    the registry (unless Redis is down), so a call placed the moment it is up finds it."""
     client = redis_client(url)
     key = transceiver_key(transceiver_id)
-    down = False
+    down = started = False
 
     def write(mapping: dict[str, Any]) -> None:
         pipe = client.pipeline(transaction=False)
@@ -57,6 +61,9 @@ async def heartbeat(
                 if not down:
                     log.warning("registry: Redis unavailable (%s); serving on", exc)
                 down = True
+            if not started:
+                task_status.started()
+                started = True
             await trio.sleep(HEARTBEAT_PERIOD)
     finally:
         with trio.CancelScope(shield=True):

@@ -51,7 +51,7 @@ def healthcheck_target(service: Obj) -> tuple[str, int]:
     test = service["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"], test
     compile(test[3], "healthcheck", "exec")
-    m = re.search(r"http://([\d.]+):(\d+)/healthz", test[3]) or re.search(
+    m = re.search(r"http://([\d.]+):(\d+)/(?:healthz|readyz)", test[3]) or re.search(
         r"\('([\d.]+)', (\d+)\)", test[3]
     )
     assert m, test[3]
