@@ -16,11 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from firsthop.services.launch import FIRSTHOP, relay_command
+from firsthop.services.launch import FIRSTHOP, free_port, relay_command
 from tests.support import (
     RelayProcess,
     binding_request,
-    free_port,
     free_tcp_port,
     mint,
     service_env,
