@@ -82,7 +82,8 @@ class FlowCache:
             raise CacheUnavailable("backing off")
 
         def write() -> None:
-            pipe = self._client.pipeline(transaction=False)
+            # MULTI/EXEC: a write cut between HSET and EXPIRE must not leave a key forever
+            pipe = self._client.pipeline(transaction=True)
             for client, token, via in batch:
                 key = flow_key(client)
                 pipe.hset(key, mapping=FlowRecord(token, via).to_hash())  # type: ignore[arg-type]

@@ -251,7 +251,9 @@ async def serve_worker(
             for (client, _, dest, via, created, established), parent in zip(
                 pinned.flows, parents, strict=True
             ):
-                ctx = context_from_traceparent(parent.decode() if parent else None)
+                # (Redis contents: whatever is there; a traceparent is 55 ASCII characters)
+                text = parent.decode("ascii", "replace")[:128] if parent else None
+                ctx = context_from_traceparent(text)
                 span = TRACER.start_span(
                     "relay.flow",
                     context=ctx,

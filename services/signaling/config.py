@@ -22,7 +22,7 @@ from pathlib import Path
 
 from firsthop.services.signaling.placement import REGION_NAME, RegionTable
 from firsthop.services.signaling.ratelimit import RateLimit
-from firsthop.services.signaling.stores import EK_MAX_LIVE, EK_MAX_LIVE_DEV
+from firsthop.services.signaling.stores import EK_MAX_BYTES, EK_MAX_LIVE, EK_MAX_LIVE_DEV
 from firsthop.shared.address import (
     Address,
     format_hostport,
@@ -32,6 +32,7 @@ from firsthop.shared.address import (
 )
 from firsthop.shared.config import add_option, hostport_arg
 from firsthop.shared.redis_store import TransceiverInfo
+from firsthop.shared.session_config import MAX_SESSION_BYTES
 
 AGENT_SCHEMES = (
     "ws://",
@@ -66,6 +67,7 @@ class SignalingConfig:
     max_uploads: int = 256  # requests still sending their body, in all ...
     max_uploads_per_ip: int = 16  # ... and from one client address
     max_ephemeral_keys: int = EK_MAX_LIVE  # live ek_ per API key
+    max_ephemeral_key_bytes: int = EK_MAX_BYTES  # ... and their sessions' bytes
     max_dev_ephemeral_keys: int = EK_MAX_LIVE_DEV  # live ek_ of the keyless dev route
     ws_auth_timeout: float = 10.0
     ws_idle_timeout: float = 60.0
@@ -175,6 +177,13 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         default=EK_MAX_LIVE,
         type=int,
         help="live Realtime ephemeral keys (ek_) per API key at once (beyond: 429)",
+    )
+    add_option(
+        p,
+        "--max-ephemeral-key-bytes",
+        default=EK_MAX_BYTES,
+        type=int,
+        help="bytes of the session configs of an API key's live ephemeral keys (beyond: 429)",
     )
     add_option(
         p,
@@ -288,6 +297,7 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             max_uploads=args.max_uploads,
             max_uploads_per_ip=args.max_uploads_per_ip,
             max_ephemeral_keys=args.max_ephemeral_keys,
+            max_ephemeral_key_bytes=args.max_ephemeral_key_bytes,
             max_dev_ephemeral_keys=args.max_dev_ephemeral_keys,
             ws_auth_timeout=args.ws_auth_timeout,
             ws_idle_timeout=args.ws_idle_timeout,
@@ -306,9 +316,13 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             "firsthop signaling: --body-timeout must be positive, --max-uploads and "
             "--max-uploads-per-ip at least 0 (0: no limit)"
         )
-    if config.max_ephemeral_keys < 1 or config.max_dev_ephemeral_keys < 1:
+    if min(config.max_ephemeral_keys, config.max_dev_ephemeral_keys) < 1:
         raise SystemExit(
             "firsthop signaling: --max-ephemeral-keys and --max-dev-ephemeral-keys must be at "
             "least 1"
+        )
+    if config.max_ephemeral_key_bytes < MAX_SESSION_BYTES:
+        raise SystemExit(
+            f"firsthop signaling: --max-ephemeral-key-bytes must be at least {MAX_SESSION_BYTES}"
         )
     return config

@@ -97,6 +97,7 @@ def build_context(
         ek_sessions=EkSessions(
             link,
             max_live=config.max_ephemeral_keys,
+            max_bytes=config.max_ephemeral_key_bytes,
             max_live_dev=config.max_dev_ephemeral_keys,
         ),
     )

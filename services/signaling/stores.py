@@ -15,9 +15,9 @@ Keys:
 * ``firsthop:secret:{secret_id}`` — the call a client secret created, ``SET NX`` so a secret
   is spent once across replicas; TTL until the secret has expired anyway;
 * ``firsthop:ek:{id}`` — the session config (JSON) an ephemeral key is bound to, TTL its
-  expiry; ``firsthop:ek-live:{tenant}`` — a sorted set of a tenant's live key ids by expiry,
-  what bounds them (`EkSessions`). Without Redis: per replica, at most
-  `EK_MEMORY_MAX_ENTRIES`.
+  expiry; ``firsthop:ek-live:{tenant}`` (a sorted set of a tenant's live keys by expiry) and
+  ``firsthop:ek-bytes:{tenant}`` (their sessions' bytes): what bounds them (`EkSessions`).
+  Without Redis: per replica, at most `EK_MEMORY_MAX_ENTRIES`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ RE_READ_MIN = 0.02  # seconds between the registry re-reads of placement misses
 MEMORY_MAX_ENTRIES = 200_000
 EK_MEMORY_MAX_ENTRIES = 10_000  # each up to 16 KiB of session JSON
 EK_MAX_LIVE = 10_000  # live ephemeral keys per API key (160 MiB of sessions at most) ...
+EK_MAX_BYTES = 16 * 1024 * 1024  # ... and of their sessions
 EK_MAX_LIVE_DEV = 1_000  # ... and minted by the keyless dev route, in all
+EK_MAX_BYTES_DEV = 2 * 1024 * 1024
 
 
 class StoreUnavailable(Exception):
@@ -211,7 +213,7 @@ class CallStore:
             key, fields = call_key(record.call_id), record.to_hash()
 
             def write(client: redis.Redis) -> None:
-                pipe = client.pipeline(transaction=False)
+                pipe = client.pipeline(transaction=True)  # never a key without its TTL
                 pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
                 pipe.expire(key, CALL_TTL)
                 pipe.execute()
@@ -289,31 +291,46 @@ def ek_live_key(tenant: str) -> str:
     return f"firsthop:ek-live:{tenant}"
 
 
-# Atomic across replicas: forget the tenant's expired keys, refuse past its bound (answering
-# when the oldest live one expires), else count the new key in and store its session.
-# KEYS: the tenant's live set, the key's session. ARGV: now, expires_at, id, bound, JSON, TTL.
+def ek_bytes_key(tenant: str) -> str:
+    return f"firsthop:ek-bytes:{tenant}"
+
+
+# Atomic across replicas: forget the tenant's expired keys (and their bytes), refuse past its
+# bounds (answering when the oldest live one expires), else count the new key in and store
+# its session. A member is "id:bytes". KEYS: the live set, the byte count, the session.
+# ARGV: now, expires_at, member, max keys, max bytes, bytes, JSON, TTL.
 _EK_MINT = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+local bytes = tonumber(redis.call('GET', KEYS[2]) or '0')
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, member in ipairs(expired) do
+  bytes = bytes - tonumber(string.match(member, ':(%d+)$'))
+end
+if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1]) end
+if bytes < 0 then bytes = 0 end
+local n = redis.call('ZCARD', KEYS[1])
+if n >= tonumber(ARGV[4]) or (n > 0 and bytes + tonumber(ARGV[6]) > tonumber(ARGV[5])) then
+  redis.call('SET', KEYS[2], bytes, 'KEEPTTL')
   return redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2]
-redis.call('EXPIREAT', KEYS[1], math.ceil(tonumber(last)) + 1)
-redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[6])
+local last = math.ceil(tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])) + 1
+redis.call('EXPIREAT', KEYS[1], last)
+redis.call('SET', KEYS[2], bytes + tonumber(ARGV[6]), 'EXAT', last)
+redis.call('SET', KEYS[3], ARGV[7], 'EX', ARGV[8])
 return false
 """
 
 
 class EkSessions:
-    """Ephemeral key id -> the session config (JSON text) it is bound to, until it expires;
-    at most `max_live` keys alive per tenant (an API key; the keyless dev route is one tenant,
-    `max_live_dev`), each session at most 16 KiB: a tenant holds at most that much, whatever
-    its rate limit lets it mint. Past it, minting is refused until the oldest key expires.
+    """Ephemeral key id -> the session config (JSON text) it is bound to, until it expires.
+    A tenant (an API key; the keyless dev route is one tenant) holds at most `max_live` keys
+    and `max_bytes` of their sessions at once, whatever its rate limit lets it mint (each
+    session is at most 16 KiB); past either, minting is refused until the oldest expires.
 
-    Redis: ``firsthop:ek:{id}`` (the session, TTL its expiry) and ``firsthop:ek-live:{tenant}``
-    (a sorted set of the tenant's live key ids by expiry, TTL its last), both written by one
-    script. Without Redis (or while it is down) the same bounds hold per replica.
+    Redis, written by one script: ``firsthop:ek:{id}`` (the session, TTL its expiry),
+    ``firsthop:ek-live:{tenant}`` (a sorted set of ``id:bytes`` by expiry) and
+    ``firsthop:ek-bytes:{tenant}`` (their total), both until the last expires. Without
+    Redis (or while it is down) the same bounds hold per replica.
     """
 
     def __init__(
@@ -322,40 +339,49 @@ class EkSessions:
         clock: Callable[[], float] = time.time,
         *,
         max_live: int = EK_MAX_LIVE,
+        max_bytes: int = EK_MAX_BYTES,
         max_live_dev: int = EK_MAX_LIVE_DEV,
     ) -> None:
         self.link = link
         self._clock = clock
-        self.max_live, self.max_live_dev = max_live, max_live_dev
+        self.max_live, self.max_bytes, self.max_live_dev = max_live, max_bytes, max_live_dev
         self._memory = _Expiring(clock, EK_MEMORY_MAX_ENTRIES)
-        self._live: dict[str, list[float]] = {}  # tenant -> a heap of its keys' expiries
+        self._live: dict[str, list[tuple[float, int]]] = {}  # tenant -> (expiry, bytes) heap
+        self._bytes: Counter[str] = Counter()
 
-    def bound(self, tenant: str) -> int:
-        return self.max_live_dev if tenant == DEV_ISSUER else self.max_live
+    def bounds(self, tenant: str) -> tuple[int, int]:
+        """(keys, bytes) a tenant may hold live."""
+        if tenant == DEV_ISSUER:
+            return self.max_live_dev, EK_MAX_BYTES_DEV
+        return self.max_live, self.max_bytes
 
     async def put(self, tenant: str, ek_id: str, session_json: str, expires_at: float) -> None:
         """Store a new key's session; `Problem` 429 (with when to retry) when `tenant` holds
-        its bound of live keys already."""
+        its bound of live keys, or of their bytes, already."""
         now = self._clock()
         ttl = max(1, int(expires_at - now) + 1)
-        bound = self.bound(tenant)
+        max_keys, max_bytes = self.bounds(tenant)
+        size = len(session_json.encode())
         if self.link is not None:
-            keys = [ek_live_key(tenant), ek_key(ek_id)]
-            args: list[str | float] = [now, expires_at, ek_id, bound, session_json, ttl]
+            keys = [ek_live_key(tenant), ek_bytes_key(tenant), ek_key(ek_id)]
+            member = f"{ek_id}:{size}"
+            args: list[str | float] = [now, expires_at, member, max_keys, max_bytes, size]
+            args += [session_json, ttl]
             try:
-                oldest = await self.link.run(lambda c: c.eval(_EK_MINT, 2, *keys, *args))
+                oldest = await self.link.run(lambda c: c.eval(_EK_MINT, 3, *keys, *args))
             except StoreUnavailable:
                 pass
             else:
                 if oldest is not None:
-                    raise _too_many(bound, float(oldest) - now)
+                    raise _too_many(max_keys, max_bytes, float(oldest) - now)
                 return
         live = self._live.setdefault(tenant, [])
-        while live and live[0] <= now:
-            heapq.heappop(live)
-        if len(live) >= bound:
-            raise _too_many(bound, live[0] - now)
-        heapq.heappush(live, expires_at)
+        while live and live[0][0] <= now:
+            self._bytes[tenant] -= heapq.heappop(live)[1]
+        if len(live) >= max_keys or (live and self._bytes[tenant] + size > max_bytes):
+            raise _too_many(max_keys, max_bytes, live[0][0] - now)
+        heapq.heappush(live, (expires_at, size))
+        self._bytes[tenant] += size
         self._memory.set(ek_id, session_json, ttl)
 
     async def get(self, ek_id: str) -> str | None:
@@ -372,9 +398,10 @@ class EkSessions:
         return value
 
 
-def _too_many(bound: int, retry_after: float) -> Problem:
+def _too_many(keys: int, size: int, retry_after: float) -> Problem:
     return Problem(
         429,
-        f"this key has {bound} live ephemeral keys (the most it may): wait for one to expire",
+        f"this key holds its most live ephemeral keys ({keys}, or {size} bytes of their "
+        "sessions): wait for one to expire",
         retry_after=max(1.0, retry_after),
     )

@@ -44,7 +44,7 @@ async def heartbeat(
     down = started = False
 
     def write(mapping: dict[str, Any]) -> None:
-        pipe = client.pipeline(transaction=False)
+        pipe = client.pipeline(transaction=True)  # never a key without its TTL
         pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
         pipe.expire(key, TRANSCEIVER_TTL)
         pipe.execute()

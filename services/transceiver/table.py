@@ -52,6 +52,7 @@ from firsthop.services.transceiver.ice_lite import (
 )
 from firsthop.services.transceiver.mux import Delivery, SessionMux, Unrouted
 from firsthop.shared.address import Address
+from firsthop.shared.ratelimit import TokenBucket
 from firsthop.shared.wire.demux import STUN_LAST
 from firsthop.shared.wire.proxy_v2 import build_proxy_v2, revocation_tlv
 
@@ -66,6 +67,13 @@ MAX_NOTICES_REMEMBERED = 10_000
 # for callers the DTLS end did not tell: `rtc/dtls_hooks.closing_datagram`.)
 LINGER = 3.0
 MAX_LINGERING = 10_000  # and never more than the table's capacity
+# Ufrags of earlier ICE restarts still routed to their session (a check of the previous one
+# in flight); restarts are signaling's to limit (3, then one per 2 s), a call's memory ours.
+MAX_OLD_UFRAGS = 2
+# Datagrams a session's caller may have handled each second (media, and its authenticated
+# checks): an audio call sends 50-100, its data channel in bursts; beyond is dropped and
+# counted, so one caller cannot spend the thread every call on the process shares.
+SESSION_RATE, SESSION_BURST = 1000.0, 2000.0
 
 
 # -- commands (the I/O side carries them out) ----------------------------------------------
@@ -147,6 +155,10 @@ class Entry(Generic[H]):
     ended: str | None = None  # why, once it has ended
     old_ufrags: list[str] = field(default_factory=list)
     notices: list[Send] = field(default_factory=list)  # held while it lingers
+    budget: TokenBucket = field(init=False)  # what its caller may send (`SESSION_RATE`)
+
+    def __post_init__(self) -> None:
+        self.budget = TokenBucket(SESSION_RATE, SESSION_BURST, self.opened)
 
     @property
     def ufrags(self) -> list[str]:
@@ -226,6 +238,9 @@ class SessionTable(Generic[H]):
         if d.session.session_id in self._lingering:
             return self._on_ended_check(now, d)
         if d.payload[0] > STUN_LAST:  # DTLS, SRTP, RTCP: from a validated client only
+            if not d.session.budget.take(now):
+                self.counters["session_rate_limited"] += 1
+                return ()
             return (ToMedia(d.session.handle, d.payload, d.client),)
         return self._on_stun(now, d)
 
@@ -249,6 +264,9 @@ class SessionTable(Generic[H]):
             self.counters[verdict.reason] += 1  # dropped unanswered
             return ()
         assert isinstance(verdict, Accepted)
+        if not entry.budget.take(now):  # the caller's own checks: answered within its budget
+            self.counters["session_rate_limited"] += 1
+            return ()
         self.mux.note_route(entry, d)
         commands: list[Command[H]] = []
         for gone in ice.forgotten:
@@ -337,11 +355,16 @@ class SessionTable(Generic[H]):
         return Ended(entry.handle, reason)
 
     def restart_ice(self, session_id: str, remote_ufrag: str, remote_pwd: str) -> Credentials:
-        """ICE restart (RFC 8445 §9): new credentials both ways; the old ufrag still routes
-        to the session (its checks no longer authenticate) until the session ends."""
+        """ICE restart (RFC 8445 §9): new credentials both ways; the last `MAX_OLD_UFRAGS`
+        old ufrags still route to the session (their checks no longer authenticate) until it
+        ends."""
         entry = self.entries[session_id]
         creds = self.credentials(remote_ufrag, remote_pwd)
         entry.old_ufrags.append(entry.ice.creds.local_ufrag)
+        if len(entry.old_ufrags) > MAX_OLD_UFRAGS:
+            # Routed nowhere now: a relay still sending its checks here is told then (the
+            # TOKEN_REVOKED any unknown ufrag gets), not all at the session's end.
+            self.mux.remove_ufrag(entry.old_ufrags.pop(0))
         entry.ice.restart(creds)
         self.mux.add_ufrag(creds.local_ufrag, entry)
         return creds

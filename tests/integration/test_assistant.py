@@ -175,6 +175,43 @@ async def _server_checks(assistant: Assistant) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_upgrades_arriving_together_cannot_pass_the_session_bound(
+    recognizer: Recognizer,
+) -> None:
+    """The bound was checked, then the accept awaited, then the session counted: ten upgrades
+    at once all saw room. Now at most `max_sessions` are accepted, the rest get 503."""
+    assistant = Assistant(EspeakVoice(), recognizer, api_key="sk-test", max_sessions=2)
+    statuses: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(serve_assistant, assistant, ("127.0.0.1", 0))
+        request = (
+            b"GET /v1/realtime?model=assistant HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+            b"Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\nAuthorization: Bearer sk-test\r\n\r\n"
+        )
+        release, all_in = trio.Event(), trio.Event()
+
+        async def upgrade() -> None:
+            async with await trio.open_tcp_stream(host, port) as stream:
+                await stream.send_all(request)
+                head = b""
+                while b"\r\n" not in head:
+                    head += await stream.receive_some(4096)
+                statuses.append(head.split(b" ")[1])
+                if len(statuses) == 10:
+                    all_in.set()
+                await release.wait()  # an accepted one stays open until all are in
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as callers:
+                for _ in range(10):
+                    callers.start_soon(upgrade)
+                await all_in.wait()
+                release.set()
+        nursery.cancel_scope.cancel()
+    assert sorted(statuses) == [b"101"] * 2 + [b"503"] * 8
+
+
 async def _sdk_turn(port: int) -> tuple[list[Any], list[Any]]:
     from openai import AsyncOpenAI
 

@@ -158,10 +158,23 @@ def test_live_ephemeral_keys_are_bounded_per_api_key_across_replicas(redis: Redi
         sessions = list(client.scan_iter("firsthop:ek:*"))
         assert len(sessions) == 6  # what was refused stored nothing
         assert sum(client.memory_usage(k) or 0 for k in sessions) < 6 * 20_000
+        totals = {k: int(client.get(k) or 0) for k in client.scan_iter("firsthop:ek-bytes:*")}
+        (counted,) = [k for k, n in totals.items() if n > 80_000]  # five sessions of 16 KB
+        assert 7000 <= client.ttl(counted) <= 7202
     finally:
         client.close()
         one.kill()
         two.kill()
+
+
+def test_the_bytes_of_an_api_keys_live_ephemeral_keys_are_bounded(redis: RedisServer) -> None:
+    flags = ("--redis", redis.url, "--max-ephemeral-key-bytes", "50000", "--key-burst", "1000")
+    sig = SignalingProcess(*flags, api_keys="bytes-key").start()  # (a tenant of its own)
+    try:
+        statuses = [mint(sig, "bytes-key").status_code for _ in range(5)]  # ~16 KB each
+        assert statuses == [200, 200, 200, 429, 429]
+    finally:
+        sig.kill()
 
 
 def test_the_keyless_dev_route_has_one_bound_in_all() -> None:

@@ -88,6 +88,30 @@ def test_srtp_is_handled_in_line_and_dtls_is_queued_in_order() -> None:
     asyncio.run(main())
 
 
+def test_a_caller_gets_at_most_two_rtp_streams() -> None:
+    """Every SSRC that authenticates costs a libsrtp stream and receiver state for the call's
+    life: the third is dropped unread, and forged packets (any SSRC) take no place."""
+
+    async def main() -> None:
+        pc, conn, frames, protocol = await a_receiving_call()
+        counted: list[str] = []
+        deliver = hooks.media_path(pc, protocol, counted.append)  # type: ignore[arg-type]
+        tx = srtp(pylibsrtp.Policy.SSRC_ANY_OUTBOUND)
+        for ssrc in range(100):  # forged: from the caller's address, not authenticated
+            deliver(b"\x80\x6f\x00\x01" + bytes(4) + ssrc.to_bytes(4, "big") + os.urandom(30))
+        assert counted == []
+        for ssrc in (1234, 1235, 1236, 1237):
+            packet = RtpPacket(payload_type=111, sequence_number=1, timestamp=960, ssrc=ssrc)
+            packet.payload = b"\xf8\xff\xfe"
+            deliver(tx.protect(packet.serialize()))
+        assert counted == ["ssrc_refused", "ssrc_refused"]
+        deliver(tx.protect(rtp(2)))  # the first stream goes on
+        assert [f.data for f in frames][-1] == b"\xf8\xff\xfe" and len(counted) == 2
+        await pc.close()
+
+    asyncio.run(main())
+
+
 def test_before_the_keys_srtp_waits_in_the_queue() -> None:
     async def main() -> None:
         pc, conn, frames, protocol = await a_receiving_call()

@@ -12,6 +12,8 @@ from firsthop.services.transceiver.ice_lite import Credentials
 from firsthop.services.transceiver.table import (
     LINGER,
     MAX_LINGERING,
+    MAX_OLD_UFRAGS,
+    SESSION_BURST,
     Command,
     Ended,
     PathChanged,
@@ -141,6 +143,37 @@ def test_ice_restart_routes_the_new_ufrag_and_only_the_new_credentials_authentic
     tokens = {parse_tlvs(n.data, parse_proxy_v2(n.data))[0][1][1:] for n in notices}
     assert tokens == {old.local_ufrag.encode(), new.local_ufrag.encode()}
     assert all(n.dest == RELAY for n in notices)
+
+
+def test_many_ice_restarts_keep_only_the_last_ufrags() -> None:
+    t = table()
+    first = opened(t)
+    minted = [first] + [
+        t.restart_ice("s1", f"c{i:03d}", f"client-password-{i:07d}") for i in range(50)
+    ]
+    routed = {u for u in (c.local_ufrag.encode() for c in minted) if u in t.mux.by_ufrag}
+    assert len(routed) == 1 + MAX_OLD_UFRAGS  # the current one and the last two
+    assert {c.local_ufrag.encode() for c in minted[-3:]} == routed
+    t.end("s1", "deleted")
+    assert len(t.remove("s1")) <= 1 + MAX_OLD_UFRAGS  # notices for those alone (one client)
+
+
+def test_a_caller_flooding_its_own_session_is_held_to_its_budget() -> None:
+    """An authenticated caller could have the shared thread decrypt and decode as much as it
+    sent; now each session's media and checks are held to SESSION_RATE (burst SESSION_BURST),
+    and another session's budget is its own."""
+    t = table()
+    creds = opened(t)
+    t.on_datagram(T0, RELAY, framed(check(creds)))
+    flood = [t.on_datagram(T0 + 1, RELAY, framed(rtp(i))) for i in range(5000)]
+    passed = sum(1 for c in flood if c)
+    assert passed == SESSION_BURST
+    assert t.counters["session_rate_limited"] == 5000 - SESSION_BURST
+    assert t.on_datagram(T0 + 1, RELAY, framed(check(creds))) == ()  # its checks too
+    other = opened(t, "s2")
+    other_check = t.on_datagram(T0 + 1, RELAY, framed(check(other), MOVED))
+    assert [type(c) for c in other_check] == [ToIce]
+    assert t.on_datagram(T0 + 1.5, RELAY, framed(rtp())) != ()  # refilled: audio goes on
 
 
 def test_media_flows_only_from_validated_clients_and_moves_only_after_validation() -> None:

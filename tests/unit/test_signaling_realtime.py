@@ -154,6 +154,20 @@ async def test_live_ephemeral_keys_are_bounded_per_tenant_in_memory() -> None:
         await store.put("t1", "a4", "{}", clock.now + 60)
 
 
+async def test_the_bytes_of_live_ephemeral_keys_are_bounded_per_tenant_in_memory() -> None:
+    clock = Clock()
+    store = EkSessions(None, clock, max_live=100, max_bytes=10_000)
+    big = "x" * 4000
+    await store.put("t1", "a0", big, clock.now + 10)
+    await store.put("t1", "a1", big, clock.now + 20)
+    with pytest.raises(Problem) as full:
+        await store.put("t1", "a2", big, clock.now + 60)
+    assert full.value.status == 429 and "10000 bytes" in full.value.reason
+    await store.put("t1", "a2", "x" * 1000, clock.now + 60)  # a small one still fits
+    clock.now += 11  # the first has expired: its bytes are free again
+    await store.put("t1", "a3", big, clock.now + 60)
+
+
 # --- bodies --------------------------------------------------------------------------------
 
 

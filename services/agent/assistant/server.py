@@ -160,15 +160,16 @@ class Assistant:
         if self.stats.counts["active"] >= self.max_sessions:
             await _refuse(send, 503, "server_busy", f"{self.max_sessions} sessions in progress")
             return
-        accept: Message = {"type": "websocket.accept"}
-        if "realtime" in scope.get("subprotocols", []):
-            accept["subprotocol"] = "realtime"
-        await send(accept)
+        # Counted before the first await: upgrades arriving together all saw room otherwise.
         self.stats.counts["active"] += 1
-        self.stats.counts["started"] += 1
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        connection = Connection(self, receive, send, model=(query.get("model") or [None])[0])
         try:
+            accept: Message = {"type": "websocket.accept"}
+            if "realtime" in scope.get("subprotocols", []):
+                accept["subprotocol"] = "realtime"
+            await send(accept)
+            self.stats.counts["started"] += 1
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            connection = Connection(self, receive, send, model=(query.get("model") or [None])[0])
             with TRACER.start_as_current_span(
                 "agent.session",
                 context=context_from_traceparent(_header(scope, b"traceparent")),

@@ -353,7 +353,14 @@ def count_srtp_failures(dtls_transport: Any, count: Callable[[str], None]) -> No
 # -- the media path in-line ------------------------------------------------------------------
 
 
-def media_path(pc: RTCPeerConnection, protocol: aioice.ice.StunProtocol) -> Callable[[bytes], None]:
+MAX_SSRCS = 2  # RTP streams a caller may send (one audio track; one more for a switch)
+
+
+def media_path(
+    pc: RTCPeerConnection,
+    protocol: aioice.ice.StunProtocol,
+    count: Callable[[str], None] = lambda name: None,
+) -> Callable[[bytes], None]:
     """What takes `protocol`'s non-STUN datagrams (RFC 7983: a first byte over 3; the caller
     checks), in place of `StunProtocol.datagram_received`: it parses every datagram as STUN
     first (a raised ValueError per media packet) before queueing it for the DTLS transport's
@@ -363,15 +370,25 @@ def media_path(pc: RTCPeerConnection, protocol: aioice.ice.StunProtocol) -> Call
     queue, no task wake-up per packet. Order holds: with anything queued, SRTP queues too.
     Only while the transport is connected, when that task runs (it starts there and sets
     "closed" when it ends: `stop()`, the peer's `close_notify`): SRTP after that is left in
-    the queue, unread, as aiortc leaves it, not handed to receivers that were stopped."""
+    the queue, unread, as aiortc leaves it, not handed to receivers that were stopped.
+    At most `MAX_SSRCS` RTP streams per call: libsrtp keeps a stream and aiortc's receiver an
+    entry for every SSRC that authenticates, forever, and its RTCP walks them all; an RTP
+    packet of one more SSRC is dropped unread (`ssrc_refused`). A stream counts once a packet
+    of it has authenticated, so packets spoofed from the caller's address take no place."""
     conn = protocol.receiver
     queue: asyncio.Queue[Any] = conn._queue
     component = protocol.local_candidate.component
     transports = pc._RTCPeerConnection__dtlsTransports  # type: ignore[attr-defined]
     dtls = next((t for t in transports if t.transport._connection is conn), None)
     connected = aiortc.rtcdtlstransport.State.CONNECTED
+    ssrcs: set[bytes] = set()
 
     def deliver(data: bytes) -> None:
+        rtp = 127 < data[0] < 192 and len(data) >= 12 and not aiortc.rtp.is_rtcp(data)
+        ssrc = data[8:12] if rtp else b""
+        if rtp and ssrc not in ssrcs and len(ssrcs) >= MAX_SSRCS:
+            count("ssrc_refused")
+            return
         if (
             dtls is None
             or not 127 < data[0] < 192
@@ -389,6 +406,7 @@ def media_path(pc: RTCPeerConnection, protocol: aioice.ice.StunProtocol) -> Call
                 _run_in_line(dtls._handle_rtcp_data(dtls._rx_srtp.unprotect_rtcp(data)))
             else:
                 plain = dtls._rx_srtp.unprotect(data)
+                ssrcs.add(ssrc)  # (it authenticated)
                 _run_in_line(dtls._handle_rtp_data(plain, arrival_time_ms=arrival_time_ms))
         except pylibsrtp.Error:
             pass  # (aiortc logs it at debug level; `count_srtp_failures` counts it)

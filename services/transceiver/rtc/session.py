@@ -140,7 +140,7 @@ class RtcSession:
             return False
         media = self._media
         if media is None:
-            media = self._media = hooks.media_path(self.pc, protocol)
+            media = self._media = hooks.media_path(self.pc, protocol, self.callbacks.count)
         media(data)  # DTLS queued for aiortc's task; SRTP handled here (`hooks.media_path`)
         return True
 
