@@ -36,7 +36,8 @@ would, instead of through aioice's queue and a task wake-up per packet.
 And per peer connection and DTLS transport, in `dtls_hooks.py` (under the same version check,
 its reaches in `hook_points` too): DTLS with peers that have RSA certificates
 (`dtls_for_any_peer`), and a close that makes a browser's connection fail at once
-(`close_with_renegotiation`).
+(`close_with_renegotiation`). And per SCTP association, in `sctp_hooks.py`: bounds on what a
+caller's data channels make aiortc keep (`bound_sctp`).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from aiortc import (
 )
 
 from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
-from firsthop.services.transceiver.rtc import dtls_hooks
+from firsthop.services.transceiver.rtc import dtls_hooks, sctp_hooks
 from firsthop.shared.address import Address
 
 PINNED = {"aiortc": "1.16.", "aioice": "0.13."}
@@ -443,6 +444,7 @@ async def _finish(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
 def hook_points() -> dict[str, bool]:
     """Whether every aiortc/aioice internal this module relies on is where we expect it."""
     from aiortc.rtcdtlstransport import RTCDtlsTransport
+    from aiortc.rtcsctptransport import RTCSctpTransport
 
     conn = aioice.Connection(ice_controlling=False)
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -472,6 +474,7 @@ def hook_points() -> dict[str, bool]:
         "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
         "RTCPeerConnection.__dtlsTransports": hasattr(pc, "_RTCPeerConnection__dtlsTransports"),
         **dtls_hooks.hook_points(pc, receiver.transport),
+        **sctp_hooks.hook_points(RTCSctpTransport(receiver.transport)),
         **{
             f"RTCRtpReceiver.{name}": hasattr(receiver, f"_RTCRtpReceiver{name}")
             for name in (

@@ -19,7 +19,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.services.transceiver.opus import OpusDecoder, OpusError
-from firsthop.services.transceiver.rtc import dtls_hooks, hooks
+from firsthop.services.transceiver.rtc import dtls_hooks, hooks, sctp_hooks
 from firsthop.services.transceiver.rtc.audio import AgentAudioTrack
 from firsthop.shared.address import Address
 from firsthop.shared.wire.demux import STUN_LAST
@@ -110,6 +110,8 @@ class RtcSession:
             dtls.on("statechange", self._make_dtls_watch(dtls))
         for dtls in media | ({self.pc.sctp.transport} if self.pc.sctp else set()):
             dtls_hooks.close_with_renegotiation(dtls)  # a browser's connection fails at once
+        if self.pc.sctp is not None:  # what the caller's data channels make aiortc keep
+            sctp_hooks.bound_sctp(self.pc.sctp, self.callbacks.count)
         return str(self.pc.localDescription.sdp)
 
     def select_path(self, addr: Address) -> bool:

@@ -1,0 +1,81 @@
+"""Bounds on what a caller's SCTP (its data channels) makes aiortc keep. Part of `hooks.py`'s
+reach, under its version check (`hooks.check_pinned_versions`, aiortc 1.16): `hook_points`
+here is merged into `hooks.hook_points`, asserted by a test.
+
+aiortc's SCTP receive side keeps, per association and with no bound, every TSN received
+beyond a gap (`_sack_misordered`, sorted and filtered again at every chunk: 2.6 ms a chunk
+with 20,000 gaps, on the one thread every call on the transceiver shares), the fragments of
+messages never completed (each stream's `reassembly`), and a stream, and a data channel, for
+every stream id a DATA chunk names (65,535 of them). A caller with its own SCTP stack over the
+DTLS it negotiated could fill any of them.
+
+So every DATA chunk of a session passes `bound_sctp`'s check first, and one the association
+has no room for is dropped before aiortc sees it (`sctp_chunk_dropped`): not marked received,
+not acknowledged, as RFC 9260 §6.2 lets a receiver out of buffer do. An ordinary sender
+meets them only after a loss with more than 256 chunks in flight behind it, and then sends the
+dropped ones again as it would after any loss; one that never fills its gaps stalls only its
+own channel. Rooms: TSNs at most `MAX_TSN_AHEAD` ahead, `MAX_MISORDERED` past a gap,
+`MAX_FRAGMENTS` held per stream (a 64 KiB message, aiortc's a=max-message-size, is about 55
+chunks), `MAX_STREAMS` streams (the Realtime API opens one channel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiortc.rtcsctptransport import RTCSctpTransport, tsn_plus_one
+from aiortc.utils import uint32_gt
+
+# How far past the cumulative TSN a chunk may be: a SACK reports gaps as 16-bit offsets
+# (RFC 9260 §3.3.4), and aiortc's, asked for one past 65,535, raised and ended the caller's
+# association (its whole DTLS receive task).
+MAX_TSN_AHEAD = 8192
+MAX_MISORDERED = 256  # TSNs received beyond the first gap
+MAX_FRAGMENTS = 256  # chunks held for reassembly, per stream
+MAX_STREAMS = 8  # inbound streams (data channels) per association
+
+
+def room_for(sctp: Any, chunk: Any) -> bool:
+    """Whether `sctp` may take the DATA `chunk` (a duplicate always: aiortc just notes it)."""
+    tsn, last = chunk.tsn, sctp._last_received_tsn
+    if not uint32_gt(tsn, last) or tsn in sctp._sack_misordered:
+        return True
+    if uint32_gt(tsn, (last + MAX_TSN_AHEAD) & 0xFFFFFFFF):
+        return False
+    if tsn != tsn_plus_one(last) and len(sctp._sack_misordered) >= MAX_MISORDERED:
+        return False
+    stream = sctp._inbound_streams.get(chunk.stream_id)
+    if stream is None:
+        return len(sctp._inbound_streams) < MAX_STREAMS
+    return len(stream.reassembly) < MAX_FRAGMENTS
+
+
+def bound_sctp(sctp: RTCSctpTransport, count: Callable[[str], None]) -> None:
+    """Check every DATA chunk `sctp` receives against its rooms first (see the module)."""
+    receive = sctp._receive_data_chunk
+
+    async def bounded(chunk: Any) -> None:
+        if not room_for(sctp, chunk):
+            count("sctp_chunk_dropped")
+            return
+        await receive(chunk)
+
+    sctp._receive_data_chunk = bounded  # type: ignore[method-assign]
+
+
+def hook_points(sctp: Any) -> dict[str, bool]:
+    """Whether every aiortc internal this module relies on is where we expect it, on `sctp`
+    (a fresh association)."""
+    from aiortc.rtcsctptransport import InboundStream
+
+    receive_chunk = RTCSctpTransport._receive_chunk.__code__
+    return {
+        "RTCSctpTransport._receive_data_chunk": hasattr(sctp, "_receive_data_chunk")
+        and "_receive_data_chunk" in receive_chunk.co_names,
+        "RTCSctpTransport._last_received_tsn": hasattr(sctp, "_last_received_tsn"),
+        "RTCSctpTransport._sack_misordered": isinstance(getattr(sctp, "_sack_misordered", 0), set),
+        "RTCSctpTransport._inbound_streams": isinstance(getattr(sctp, "_inbound_streams", 0), dict),
+        "InboundStream.reassembly": isinstance(getattr(InboundStream(), "reassembly", 0), list),
+        "rtcsctptransport.tsn_plus_one": callable(tsn_plus_one),
+    }
