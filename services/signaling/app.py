@@ -36,6 +36,7 @@ from firsthop.services.signaling import realtime_api
 from firsthop.services.signaling.auth import DEV_ISSUER, Authenticator
 from firsthop.services.signaling.bodies import Bodies
 from firsthop.services.signaling.calls import CallRequest, Calls, Stats, parse_offer_body
+from firsthop.services.signaling.client_address import ClientAddresses
 from firsthop.services.signaling.config import SignalingConfig
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.ratelimit import RateLimiter
@@ -85,6 +86,7 @@ class Context:
     stats: Stats
     bodies: Bodies
     ek_sessions: EkSessions = field(default_factory=lambda: EkSessions(None))
+    clients: ClientAddresses = field(default_factory=ClientAddresses)
 
 
 def problem_response(problem: Problem) -> Response:
@@ -128,8 +130,8 @@ def create_app(ctx: Context) -> QuartTrio:
         allowed = [h for h in names if h in REALTIME_CORS_HEADERS or h.startswith("x-stainless-")]
         return ", ".join(dict.fromkeys([*sorted(REALTIME_CORS_HEADERS), *allowed]))
 
-    def client_ip() -> str:
-        return request.remote_addr or ""
+    def client_ip() -> str:  # the peer, or who a trusted proxy forwarded for
+        return ctx.clients.of(request.remote_addr, request.headers.getlist("X-Forwarded-For"))
 
     def limit_ip() -> None:
         retry = ctx.ip_limiter.check(client_ip())

@@ -4,7 +4,8 @@ Repeatable flags take one item per use, or a comma-separated list from the envir
 ``--ingress REGION=HOST:PORT`` (a bare ``HOST:PORT`` means the own region; likewise
 ``--ingress-tcp``, a relay's ICE-TCP port, advertised as a ``tcptype passive`` candidate),
 ``--transceiver [REGION=]URL``, ``--region-cidr CIDR=REGION``, ``--agent-url KIND=URL``,
-``--cors-origin ORIGIN``. ``--dev`` is refused unless ``--listen`` is a loopback address.
+``--cors-origin ORIGIN``, ``--trusted-proxy CIDR``. ``--dev`` is refused unless ``--listen`` is
+a loopback address.
 An agent URL is ``ws://``/``wss://`` (our agent protocol), ``realtime+ws://``/
 ``realtime+wss://`` (a Realtime backend: the transceiver bridges to it) or ``twilio+ws://``/
 ``twilio+wss://`` (a Twilio Media Streams bot: the transceiver dials it as Twilio would).
@@ -20,6 +21,7 @@ import binascii
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from firsthop.services.signaling.client_address import ClientAddresses
 from firsthop.services.signaling.placement import REGION_NAME, RegionTable
 from firsthop.services.signaling.ratelimit import RateLimit
 from firsthop.services.signaling.stores import EK_MAX_BYTES, EK_MAX_LIVE, EK_MAX_LIVE_DEV
@@ -55,6 +57,7 @@ class SignalingConfig:
     region_cidrs: list[tuple[str, str]] = field(default_factory=list)
     api_keys: list[str] = field(default_factory=list)
     cors_origins: list[str] = field(default_factory=list)
+    trusted_proxies: list[str] = field(default_factory=list)  # CIDRs
     dev: bool = False
     agents: dict[str, str] = field(default_factory=dict)
     default_agent: str | None = None  # /v1/realtime calls whose model names no agent
@@ -108,6 +111,13 @@ def register_flags(p: argparse.ArgumentParser) -> None:
     add_option(p, "--api-keys-file", default=None, help="file with one API key per line")
     add_option(
         p, "--cors-origin", action="append", help="browser origin allowed (or *)", metavar="ORIGIN"
+    )
+    add_option(
+        p,
+        "--trusted-proxy",
+        action="append",
+        help="a proxy (an ingress controller) whose X-Forwarded-For names the client",
+        metavar="CIDR",
     )
     add_option(
         p,
@@ -275,6 +285,8 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             if len(secret_key) < 16:
                 raise ValueError("--secret-key must decode to at least 16 bytes")
         origins = [o.strip() for item in args.cors_origin for o in item.split(",") if o.strip()]
+        proxies = [c.strip() for item in args.trusted_proxy for c in item.split(",") if c.strip()]
+        ClientAddresses(proxies)  # validates
         config = SignalingConfig(
             listen=listen,
             region=region,
@@ -285,6 +297,7 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             region_cidrs=cidrs,
             api_keys=read_api_keys(args.api_keys or "", args.api_keys_file),
             cors_origins=origins,
+            trusted_proxies=proxies,
             dev=args.dev,
             agents=agents,
             default_agent=default_agent,

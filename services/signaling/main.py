@@ -25,6 +25,7 @@ from firsthop.services.signaling.auth import (
 )
 from firsthop.services.signaling.bodies import Bodies
 from firsthop.services.signaling.calls import Calls, Stats
+from firsthop.services.signaling.client_address import ClientAddresses
 from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
 from firsthop.services.signaling.placement import RegionTable
 from firsthop.services.signaling.ratelimit import ClientLimiter, RateLimiter, Slots
@@ -94,6 +95,7 @@ def build_context(
             config.body_timeout,
             stats.counters,
         ),
+        clients=ClientAddresses(config.trusted_proxies),
         ek_sessions=EkSessions(
             link,
             max_live=config.max_ephemeral_keys,

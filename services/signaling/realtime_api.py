@@ -204,7 +204,8 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
     @app.websocket("/v1/realtime")
     async def sideband() -> Response | None:
         try:
-            retry = ctx.ip_limiter.check(websocket.remote_addr or "")
+            forwarded = websocket.headers.getlist("X-Forwarded-For")
+            retry = ctx.ip_limiter.check(ctx.clients.of(websocket.remote_addr, forwarded))
             if retry:
                 ctx.stats.rate_limited["ip"] += 1
                 raise Problem(429, "too many requests from this address", retry_after=retry)

@@ -57,6 +57,7 @@ class WsSession:
     def __init__(self, ctx: Context, ws: Websocket) -> None:
         self.ctx = ctx
         self.ws = ws
+        self.client_ip = ctx.clients.of(ws.remote_addr, ws.headers.getlist("X-Forwarded-For"))
         self.principal: Principal | None = None
         self.call: CallRecord | None = None
         self.bad_messages = 0
@@ -96,7 +97,7 @@ class WsSession:
 
     async def _session(self, nursery: trio.Nursery) -> None:
         ctx = self.ctx
-        retry = ctx.ip_limiter.check(self.ws.remote_addr or "")
+        retry = ctx.ip_limiter.check(self.client_ip)
         if retry:
             ctx.stats.rate_limited["ip"] += 1
             await self.error(Problem(429, "too many requests from this address", retry_after=retry))
@@ -192,7 +193,7 @@ class WsSession:
                 agent=agent,
                 principal=self.principal,
                 region_header=self.ws.headers.get("X-Client-Region"),
-                client_ip=self.ws.remote_addr,
+                client_ip=self.client_ip,
                 traceparent=self.ws.headers.get("traceparent"),
             )
         )

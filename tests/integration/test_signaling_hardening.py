@@ -237,3 +237,37 @@ def test_a_call_placed_the_moment_a_transceiver_is_up_finds_it(redis: RedisServe
         prober.join()
         sig.kill()
     assert statuses == [201] * 3
+
+
+def test_behind_a_trusted_proxy_each_client_has_its_own_budget() -> None:
+    """Behind an ingress every request came from the controller: one budget for everyone, so
+    one client past it had every client refused (the k8s manifest loosened the limit to 200/s
+    instead). With --trusted-proxy, the controller's X-Forwarded-For names the client."""
+    sig = SignalingProcess("--trusted-proxy", "127.0.0.0/8", "--ip-rate", "0.01", "--ip-burst", "2")
+    sig.start()
+    try:
+
+        def post(forwarded: str | None) -> int:
+            headers = {"Content-Type": "text/plain"}
+            if forwarded is not None:
+                headers["X-Forwarded-For"] = forwarded
+            return httpx.post(f"{sig.url}/v1/calls", headers=headers, timeout=5).status_code
+
+        assert [post("203.0.113.9") for _ in range(3)] == [415, 415, 429]
+        assert post("198.51.100.7") == 415  # another client: its own budget
+        assert post("1.2.3.4, 203.0.113.9") == 429  # what the client prepends is not believed
+        assert [post(None) for _ in range(3)] == [415, 415, 429]  # the proxy's own requests
+    finally:
+        sig.kill()
+    plain = SignalingProcess("--ip-rate", "0.01", "--ip-burst", "2").start()  # none trusted
+    try:
+        headers = {"Content-Type": "text/plain"}
+        statuses = [
+            httpx.post(
+                f"{plain.url}/v1/calls", headers={**headers, "X-Forwarded-For": f"203.0.113.{i}"}
+            ).status_code
+            for i in range(3)
+        ]
+        assert statuses == [415, 415, 429]  # the header is anyone's word: ignored
+    finally:
+        plain.kill()
