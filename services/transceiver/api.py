@@ -213,8 +213,10 @@ def create_app(tx: Transceiver) -> QuartTrio:
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        body = {"ok": True, "draining": tx.draining, "sessions": len(tx.table)}
-        return Response(json.dumps(body), content_type="application/json")
+        # 503 until it is in the registry: a transceiver said ready is one signaling finds
+        body = {"ok": tx.ready, "draining": tx.draining, "sessions": len(tx.table)}
+        status = 200 if tx.ready else 503
+        return Response(json.dumps(body), status=status, content_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -66,6 +66,7 @@ async def serve_transceiver(
             send, receive = trio.open_memory_channel[tuple[str, str]](1000)
             tx.trace_writes = send
             nursery.start_soon(trace_handoff_writer, config.redis, receive, tx.counters)
+        tx.ready = True  # (registered, with Redis): /healthz says so from now on
         log.info(
             "transceiver %s (region %s, cluster %d): media %s advertised as %s, api %s",
             config.id,

@@ -126,6 +126,7 @@ class Transceiver:
         self._timer_at = math.inf  # when the timer task will next wake
         self._timer_moved = trio.Event()
         self._agent_tls: ssl.SSLContext | None = None
+        self.ready = False  # serving, and in the registry (with Redis): `serve_transceiver`
 
     def agent_tls(self) -> ssl.SSLContext:
         """The TLS context of wss:// agents (made once: loading CAs is not free)."""
