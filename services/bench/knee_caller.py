@@ -42,7 +42,7 @@ from av import AudioFrame, Packet
 
 from firsthop.services.bench.caller_hooks import tap_receiver
 from firsthop.services.call.caller import FRAME_SAMPLES, SAMPLE_RATE, Caller
-from firsthop.services.transceiver.opus import OpusDecoder, OpusError
+from firsthop.services.transceiver.media.opus import OpusDecoder, OpusError
 
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE

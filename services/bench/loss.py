@@ -32,8 +32,8 @@ from firsthop.services.bench.impair import ImpairedPath, Impairment
 from firsthop.services.bench.measure import report, settings
 from firsthop.services.bench.procs import Stack
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
-from firsthop.services.transceiver.jitter import Frame
-from firsthop.services.transceiver.opus import OpusDecoder
+from firsthop.services.transceiver.media.jitter import Frame
+from firsthop.services.transceiver.media.opus import OpusDecoder
 from firsthop.services.transceiver.rtc import hooks
 
 FREQ = 440.0

@@ -126,7 +126,7 @@ class OpusLink:
 
     @classmethod
     def downlink(cls) -> OpusLink:
-        from firsthop.services.transceiver import opus
+        from firsthop.services.transceiver.media import opus
         from firsthop.services.transceiver.rtc.audio import OPUS_BITRATE
 
         encoder = opus.OpusEncoder(OPUS_BITRATE)  # the one the agent's voice goes through

@@ -9,7 +9,7 @@ import signal
 
 import trio
 
-from firsthop.services.transceiver import opus
+from firsthop.services.transceiver.media import opus
 from firsthop.services.transceiver.api import create_app
 from firsthop.services.transceiver.registry import heartbeat, trace_handoff_writer
 from firsthop.services.transceiver.rtc import check_pinned_versions, run_trio_guest

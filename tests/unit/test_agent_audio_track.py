@@ -8,8 +8,8 @@ import math
 import numpy as np
 
 from firsthop.services.call.caller import tone_power
-from firsthop.services.transceiver.opus import OpusDecoder
-from firsthop.services.transceiver.pacing import FRAME_SAMPLES
+from firsthop.services.transceiver.media.opus import OpusDecoder
+from firsthop.services.transceiver.media.pacing import FRAME_SAMPLES
 from firsthop.services.transceiver.rtc.audio import OPUS_SILENCE, AgentAudioTrack
 
 TONE = (0.3 * 32767 * np.sin(2 * math.pi * 440 * np.arange(48000) / 48000)).astype(np.int16)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from firsthop.services.transceiver.jitter import (
+from firsthop.services.transceiver.media.jitter import (
     CALM,
     MAX_CONCEALED,
     MAX_DEPTH,

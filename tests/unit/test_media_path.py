@@ -18,7 +18,7 @@ from aiortc.rtcrtpparameters import (
 )
 from aiortc.rtp import RtcpReceiverInfo, RtcpRrPacket, RtpPacket
 
-from firsthop.services.transceiver.jitter import Frame
+from firsthop.services.transceiver.media.jitter import Frame
 from firsthop.services.transceiver.rtc import hooks
 
 KEY = os.urandom(30)  # SRTP_AES128_CM_SHA1_80: 16-byte key + 14-byte salt

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from av import AudioFrame, CodecContext
 
-from firsthop.services.transceiver.opus import FRAME_SAMPLES, OpusDecoder, OpusError
+from firsthop.services.transceiver.media.opus import FRAME_SAMPLES, OpusDecoder, OpusError
 
 RATE = 48000
 
@@ -115,7 +115,7 @@ def test_without_fec_in_the_next_packet_recovery_is_concealment() -> None:
 
 
 def test_the_agents_encoder_delays_its_voice_by_2_5_ms_not_voips_6_5() -> None:
-    from firsthop.services.transceiver.opus import APPLICATION_VOIP, OpusEncoder
+    from firsthop.services.transceiver.media.opus import APPLICATION_VOIP, OpusEncoder
     from firsthop.services.transceiver.rtc.audio import OPUS_BITRATE
 
     encoder = OpusEncoder(OPUS_BITRATE)

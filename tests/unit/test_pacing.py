@@ -3,7 +3,7 @@ from __future__ import annotations
 import array
 import math
 
-from firsthop.services.transceiver.pacing import (
+from firsthop.services.transceiver.media.pacing import (
     BACKLOG,
     FRAME_BYTES,
     IDLE_AFTER,

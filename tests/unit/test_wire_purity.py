@@ -39,3 +39,41 @@ def test_agent_protocols_import_no_io_frameworks() -> None:
     modules = json.loads(out)
     assert [m for m in modules if m.split(".")[0] in FORBIDDEN] == []
     assert "firsthop.services.transceiver.agents.realtime" in modules
+
+
+def test_the_media_core_imports_no_io() -> None:
+    """services/transceiver/media/ is sans-IO: no event loop, no aiortc or aioice, and none
+    of its modules (nor the RTP/RTCP codecs) imports socket. (pylibsrtp itself imports
+    `socket` for `htonl` alone: a byte-order helper, no I/O.)"""
+    import ast
+    import pathlib
+
+    code = (
+        "import json, sys\n"
+        "import firsthop.services.transceiver.media.core\n"
+        "import firsthop.shared.wire.rtp, firsthop.shared.wire.rtcp\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    modules = json.loads(out)
+    assert [m for m in modules if m.split(".")[0] in FORBIDDEN] == []
+    assert "firsthop.services.transceiver.media.core" in modules
+    import firsthop
+
+    root = pathlib.Path(firsthop.__file__).parent
+    files = [
+        *sorted((root / "services/transceiver/media").glob("*.py")),
+        root / "shared/wire/rtp.py",
+        root / "shared/wire/rtcp.py",
+    ]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            bad = [n for n in names if n.split(".")[0] in (*FORBIDDEN, "socket", "select")]
+            assert bad == [], f"{path.name} imports {bad}"

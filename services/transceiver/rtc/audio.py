@@ -18,8 +18,8 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 from av import Packet
 
-from firsthop.services.transceiver.opus import OpusEncoder, OpusError
-from firsthop.services.transceiver.pacing import FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
+from firsthop.services.transceiver.media.opus import OpusEncoder, OpusError
+from firsthop.services.transceiver.media.pacing import FRAME_SAMPLES, SAMPLE_RATE, OutputQueue
 
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 OPUS_BITRATE = 48000  # mono voice

@@ -61,7 +61,7 @@ from aiortc import (
     RTCRtpReceiver,
 )
 
-from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
+from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.services.transceiver.rtc import dtls_hooks, sctp_hooks
 from firsthop.shared.address import Address
 

@@ -17,8 +17,8 @@ from typing import Any
 import aioice
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from firsthop.services.transceiver.jitter import Frame, LowLatencyJitterBuffer
-from firsthop.services.transceiver.opus import OpusDecoder, OpusError
+from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
+from firsthop.services.transceiver.media.opus import OpusDecoder, OpusError
 from firsthop.services.transceiver.rtc import dtls_hooks, hooks, sctp_hooks
 from firsthop.services.transceiver.rtc.audio import AgentAudioTrack
 from firsthop.shared.address import Address

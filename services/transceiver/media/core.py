@@ -1,0 +1,537 @@
+"""One call's media after the DTLS handshake, sans-IO: `CallMedia`.
+
+Shaped like aioquic's connection. The I/O side feeds it the caller's SRTP and SRTCP
+(`receive_datagram(data, now)`) and the agent's audio (`push_audio(pcm, tag, now)`,
+`clear()`). It calls `handle_timer(now)` when `get_timer()` says, sends what
+`datagrams_to_send()` returns to the call's selected path, and reads `next_event()` until
+None. It must re-read `get_timer()` after every call into the core. Time is monotonic
+seconds, passed in; randomness (SSRC-independent: initial sequence number and timestamp, the
+RTCP interval's jitter) is injected.
+
+What it owns:
+
+* **inbound**: SRTP/SRTCP unprotected here (`srtp.py`: a forged or replayed packet is a
+  counted drop that leaves no state). At most `MAX_SSRCS` streams per call, and one of a
+  stream it has not yet heard is refused before the crypto runs. Payload type, sequence
+  and timestamp come from `shared/wire/rtp.py`. Loss, jitter and the extended highest
+  sequence are kept for the reception report (RFC 3550 A.1, A.3, A.8). The jitter buffer
+  (`jitter.py`) hands frames on in order, with lost ones in their slots. Opus is decoded
+  (`opus.py`) and a loss is repaired from the next packet's in-band FEC, or concealed.
+  Every 20 ms frame the caller sent becomes one `AudioReceived`;
+* **outbound**: the ONE output clock (the policy of `pacing.py`: an idle call's first frame
+  goes at once, a late mid-speech frame gets `LATE_GRACE`, a backlog drains through
+  silence). Before it sits the frame cutter: the agent's PCM of any length is cut into 20 ms
+  frames, and a part-frame is held until the rest comes or its slot is due (then padded).
+  Then Opus encode, RTP sequence numbers and timestamps, SRTP;
+* **RTCP**: an SR (or an RR before we have sent) with a reception report and SDES CNAME,
+  every 0.5-1.5 s (RFC 3550 §6.2's randomisation); the caller's reports give the loss and
+  jitter it sees and the round-trip time (§6.4.1: now - LSR - DLSR);
+* **statistics** of the call (`stats()`), summed into the transceiver's counters at its end
+  and set on its span.
+
+It imports none of socket, trio, asyncio, aiortc or aioice (the purity test checks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
+from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder, OpusError
+from firsthop.services.transceiver.media.pacing import (
+    FRAME_BYTES,
+    SAMPLE_RATE,
+    OutputQueue,
+)
+from firsthop.services.transceiver.media.srtp import SrtpContext
+from firsthop.shared.wire import rtcp, rtp
+
+MAX_SSRCS = 2  # RTP streams a caller may send (one audio track; one more for a switch)
+OPUS_BITRATE = 48000  # mono voice
+LATE_GRACE = 0.008  # seconds a mid-speech frame may be late before silence fills its slot
+MAX_BEHIND = 5  # slots the clock plays back to back after a stall; past that it re-phases
+OPUS_SILENCE = b"\xf8\xff\xfe"  # one 20 ms CELT frame of silence (RFC 6716 §3.1 TOC 0xf8)
+# Silent slots encoded by the call's own encoder before the cached frame takes over. The
+# decoder predicts each frame's energy from the last one: a silence frame the encoder never
+# saw leaves the two apart, and the next ~3 frames of speech decode far too quiet (measured:
+# a 440 Hz tone back to its level only at the 6th frame; encoded through, at the 2nd).
+ENCODED_SILENCE = 3
+SILENT_PCM = bytes(FRAME_BYTES)
+RTCP_INTERVAL = 1.0  # seconds, randomised 0.5-1.5x (RFC 3550 §6.3.1)
+SENT_SRS = 8  # our last SRs remembered to time the caller's reports of them (RTT)
+MAX_DROPOUT, MAX_MISORDER = 3000, 100  # RFC 3550 A.1
+EVENTS = 512  # events waiting for the I/O side; past that the oldest audio is dropped
+
+
+# -- what the I/O side is told ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AudioReceived:
+    """One 20 ms frame of the caller, PCM16 mono 48 kHz (decoded, or repaired)."""
+
+    pcm: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FirstAudioReceived:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class FirstAudioSent:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class FramePlayed:
+    """A tagged frame of the agent's went out: the caller hears it now."""
+
+    tag: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class FramesDropped:
+    """Tagged frames of the agent's that will never play (the queue's bounds)."""
+
+    tags: tuple[Hashable, ...]
+
+
+MediaEvent = AudioReceived | FirstAudioReceived | FirstAudioSent | FramePlayed | FramesDropped
+
+
+@dataclass(frozen=True, slots=True)
+class MediaParams:
+    """What offer/answer settled for the call's one audio stream."""
+
+    ssrc: int  # ours, as the answer's a=ssrc says
+    cname: str
+    payload_type: int = 111  # Opus, as negotiated
+    mid: str | None = None
+    mid_extension: int | None = None  # the extmap id of urn:ietf:params:rtp-hdrext:sdes:mid
+
+
+class _Packet:
+    """What the jitter buffer reads of a packet (`jitter.py`'s duck type)."""
+
+    __slots__ = ("sequence_number", "timestamp", "payload_type", "_data")
+
+    def __init__(self, seq: int, timestamp: int, payload_type: int, data: bytes) -> None:
+        self.sequence_number = seq
+        self.timestamp = timestamp
+        self.payload_type = payload_type
+        self._data = data
+
+
+class _Reception:
+    """One inbound stream's reception statistics (RFC 3550 A.1, A.3, A.8)."""
+
+    __slots__ = (
+        "ssrc", "base", "max_seq", "cycles", "received", "expected_prior",
+        "received_prior", "transit", "jitter",
+    )  # fmt: skip
+
+    def __init__(self, ssrc: int, seq: int) -> None:
+        self.ssrc = ssrc
+        self.base = seq
+        self.max_seq = seq
+        self.cycles = 0
+        self.received = 0
+        self.expected_prior = 0
+        self.received_prior = 0
+        self.transit: float | None = None
+        self.jitter = 0.0  # timestamp units
+
+    def update(self, seq: int, timestamp: int, now: float) -> None:
+        delta = (seq - self.max_seq) & 0xFFFF
+        if delta < MAX_DROPOUT:
+            if seq < self.max_seq:
+                self.cycles += 1 << 16
+            self.max_seq = seq
+        elif delta <= (1 << 16) - MAX_MISORDER:  # a jump: the stream starts over here
+            self.base = self.max_seq = seq
+            self.cycles = self.received = self.expected_prior = self.received_prior = 0
+            self.transit = None
+        self.received += 1
+        transit = now * SAMPLE_RATE - timestamp
+        if self.transit is not None:
+            d = abs(transit - self.transit)
+            if d < SAMPLE_RATE * 10:  # (a timestamp jump is not jitter)
+                self.jitter += (d - self.jitter) / 16
+        self.transit = transit
+
+    @property
+    def extended_max(self) -> int:
+        return self.cycles + self.max_seq
+
+    @property
+    def lost(self) -> int:
+        return self.extended_max - self.base + 1 - self.received
+
+    def block(self, lsr: int, dlsr: int) -> rtcp.ReportBlock:
+        expected = self.extended_max - self.base + 1
+        expected_interval = expected - self.expected_prior
+        received_interval = self.received - self.received_prior
+        self.expected_prior, self.received_prior = expected, self.received
+        lost_interval = expected_interval - received_interval
+        fraction = 0
+        if expected_interval > 0 and lost_interval > 0:
+            fraction = min(255, (lost_interval << 8) // expected_interval)
+        return rtcp.ReportBlock(
+            self.ssrc, fraction, self.lost, self.extended_max, int(self.jitter), lsr, dlsr
+        )
+
+
+class CallMedia:
+    def __init__(
+        self,
+        params: MediaParams,
+        srtp: SrtpContext,
+        *,
+        random: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.params = params
+        self._srtp = srtp
+        self._random = random
+        self._events: deque[MediaEvent] = deque()
+        self._outbox: list[bytes] = []
+        self.counts: dict[str, int] = dict.fromkeys(STATS, 0)
+        # inbound
+        self._ssrcs: set[int] = set()  # streams that authenticated (at most MAX_SSRCS)
+        self._stream: _Reception | None = None
+        self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
+        self._late_before = self._skipped_before = 0  # of the streams before this one
+        self._decoder: OpusDecoder | None = None
+        self._audio_started = False
+        self._their_lsr = 0  # the caller's last SR (middle 32 bits of its NTP time)
+        self._their_lsr_at = 0.0
+        # outbound
+        self.out: OutputQueue[Hashable] = OutputQueue()
+        self._part = b""  # the agent's audio short of a whole frame
+        self._part_tag: Hashable | None = None
+        self._encoder: OpusEncoder | None = None
+        self._seq = int.from_bytes(random(2), "big")
+        self._ts_base = int.from_bytes(random(4), "big")
+        self._slot: float | None = None  # when the current frame is due
+        self._grace = False  # the current slot waits `LATE_GRACE` for a late frame
+        self._silent_run = 0
+        self._sent_first = False
+        self._ext = b""
+        if params.mid is not None and params.mid_extension is not None:
+            self._ext = rtp.encode_extensions(
+                ((params.mid_extension, params.mid.encode()),), rtp.ONE_BYTE_PROFILE
+            )
+        # RTCP
+        self._wall = 0.0  # wall clock minus `now`, for the SR's NTP time
+        self._rtcp_at: float | None = None
+        self._sent_srs: dict[int, float] = {}  # LSR -> when we sent that SR
+        self._last_sent_at = 0.0
+        self._last_sent_ts = 0
+        self.rtt: float | None = None  # seconds, from the caller's last report of our SR
+        self.remote_loss = 0  # what the caller's last report says it lost of ours
+        self.remote_jitter = 0  # timestamp units, as it reported
+
+    # -- the clock ----------------------------------------------------------------------------
+
+    def start(self, now: float, wall: float) -> None:
+        """Media may flow (the keys are here): the output clock and RTCP start. `wall` is the
+        Unix time at `now` (for the NTP timestamps of SRs)."""
+        if self._slot is not None:
+            return
+        self._wall = wall - now
+        self._slot = self.out.next_deadline(now)
+        self._rtcp_at = now + self._rtcp_interval()
+
+    def get_timer(self) -> float | None:
+        if self._slot is None:
+            return None
+        slot = self._slot + LATE_GRACE if self._grace else self._slot
+        return min(slot, self._rtcp_at) if self._rtcp_at is not None else slot
+
+    def handle_timer(self, now: float) -> None:
+        if self._slot is None:
+            return
+        played = 0
+        while self._slot is not None and now >= self._slot:
+            if played >= MAX_BEHIND:  # a stall: play from now, not every missed slot
+                self.out.rephase(now)
+                self._slot = now
+            if not self._grace and not self.out.frames and not self.out.idle:
+                # Mid-speech and the next frame is not here yet: give it a moment before
+                # playing silence (a gap), keeping the clock, so the next tick catches up.
+                self._grace = True
+            if self._grace and now < self._slot + LATE_GRACE:
+                break
+            self._play(now)
+            played += 1
+        if self._rtcp_at is not None and now >= self._rtcp_at:
+            self._send_rtcp(now)
+            self._rtcp_at = now + self._rtcp_interval()
+
+    def _rtcp_interval(self) -> float:
+        return RTCP_INTERVAL * (0.5 + int.from_bytes(self._random(2), "big") / 65536)
+
+    # -- the agent's side ---------------------------------------------------------------------
+
+    def push_audio(self, pcm: bytes, tag: Hashable | None = None, now: float | None = None) -> None:
+        """Queue the agent's PCM16 mono 48 kHz, any length: cut into 20 ms frames here (a
+        part-frame waits for the rest). An idle call's first frame goes out at once."""
+        if self._part:
+            pcm = self._part + pcm
+            tag = self._part_tag if tag is None else tag
+        whole = len(pcm) - len(pcm) % FRAME_BYTES
+        self._part, self._part_tag = pcm[whole:], (tag if whole < len(pcm) else None)
+        if not whole:
+            return
+        was_idle = self.out.may_start_early()
+        dropped = self.out.push(pcm[:whole], tag)
+        if dropped:
+            self._event(FramesDropped(tuple(dropped)))
+        if now is None or self._slot is None or not self.out.frames:
+            return
+        if was_idle and now < self._slot:
+            # Idle: the agent's audio starts now, not at the next tick of a clock that
+            # started when DTLS did; the clock re-phases to it.
+            self.out.rephase(now)
+            self._slot = now
+            self._play(now)
+        elif self._grace:  # the late frame came within its grace: it takes its slot now
+            self._play(now)
+
+    def clear(self) -> None:
+        """Drop the agent's queued audio (barge-in)."""
+        self.out.clear()
+        self._part, self._part_tag = b"", None
+
+    def configure_output(self, max_frames: int, drain_quiet: bool) -> None:
+        """A backend that sends a whole answer ahead: a bigger queue, its pauses kept."""
+        self.out.max_frames, self.out.drain_quiet = max_frames, drain_quiet
+
+    def _play(self, now: float) -> None:
+        """The current slot's frame: the agent's, its padded part-frame, or silence."""
+        out = self.out
+        if not out.frames and self._part:  # its slot is due: padded, it plays
+            out.push(self._part + bytes(FRAME_BYTES - len(self._part)), self._part_tag)
+            self._part, self._part_tag = b"", None
+        pcm = out.pop()
+        if pcm is None:
+            self._silent_run += 1
+            payload = (
+                self._encode(SILENT_PCM) if self._silent_run <= ENCODED_SILENCE else OPUS_SILENCE
+            )
+        else:
+            self._silent_run = 0
+            self.counts["agent_frames_played"] += 1
+            payload = self._encode(pcm)
+            if not self._sent_first:
+                self._sent_first = True
+                self._event(FirstAudioSent())
+            if out.played_tag is not None:
+                self._event(FramePlayed(out.played_tag))
+        self._send_rtp(payload, now)
+        self._grace = False
+        self._slot = out.next_deadline(now)
+
+    def _encode(self, pcm: bytes) -> bytes:
+        """Opus-encode one mono 20 ms frame (a mono Opus stream is valid in the negotiated
+        opus/48000/2, RFC 7587 §3.4)."""
+        if self._encoder is None:
+            self._encoder = OpusEncoder(OPUS_BITRATE)
+        try:
+            return self._encoder.encode(pcm)
+        except OpusError:
+            return OPUS_SILENCE
+
+    def _send_rtp(self, payload: bytes, now: float) -> None:
+        params = self.params
+        ts = (self._ts_base + self.out.pts) & 0xFFFFFFFF
+        head = rtp.pack_header(
+            params.payload_type,
+            self._seq,
+            ts,
+            params.ssrc,
+            marker=self.counts["rtp_packets_out"] == 0,
+            extension=bool(self._ext),
+        )
+        self._seq = (self._seq + 1) & 0xFFFF
+        self._outbox.append(self._srtp.protect_rtp(head + self._ext + payload))
+        self.counts["rtp_packets_out"] += 1
+        self.counts["rtp_bytes_out"] += len(payload)
+        self._last_sent_at, self._last_sent_ts = now, ts
+
+    # -- the caller's side --------------------------------------------------------------------
+
+    def receive_datagram(self, data: bytes, now: float) -> None:
+        """One SRTP or SRTCP datagram from the call's validated path (RFC 7983: first byte
+        128-191; anything else is not ours and is dropped)."""
+        if len(data) < 8 or not 127 < data[0] < 192:
+            self.counts["media_malformed"] += 1
+            return
+        if rtp.is_rtcp(data):
+            self._receive_rtcp(data, now)
+            return
+        if len(data) < rtp.HEADER:
+            self.counts["rtp_malformed"] += 1
+            return
+        ssrc = int.from_bytes(data[8:12], "big")
+        if ssrc not in self._ssrcs and len(self._ssrcs) >= MAX_SSRCS:
+            self.counts["ssrc_refused"] += 1
+            return
+        plain = self._srtp.unprotect_rtp(data)
+        if plain is None:
+            return  # (counted by the SRTP context)
+        self._ssrcs.add(ssrc)  # it authenticated: it may hold a place
+        try:
+            header = rtp.rtp_header(plain)
+        except rtp.RtpError:
+            self.counts["rtp_malformed"] += 1
+            return
+        if header.payload_type != self.params.payload_type:
+            self.counts["rtp_payload_type_unknown"] += 1
+            return
+        stream = self._stream
+        if stream is None or stream.ssrc != ssrc:
+            if stream is not None:  # a new stream (a track replaced): start it clean
+                self.counts["ssrc_changed"] += 1
+                self._late_before += self._jitter.late
+                self._skipped_before += self._jitter.skipped
+                self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
+            stream = self._stream = _Reception(ssrc, header.sequence_number)
+        stream.update(header.sequence_number, header.timestamp, now)
+        self.counts["rtp_packets_in"] += 1
+        payload = plain[header.payload_start : header.payload_end]
+        self.counts["rtp_bytes_in"] += len(payload)
+        self._jitter.add(
+            _Packet(header.sequence_number, header.timestamp, header.payload_type, payload)
+        )
+
+    def _on_frame(self, frame: Frame) -> None:
+        """One Opus frame from the jitter buffer: decoded (a lost one repaired from the next
+        packet's FEC, or concealed), so the agent hears every 20 ms."""
+        decoder = self._decoder
+        if decoder is None:
+            decoder = self._decoder = OpusDecoder()
+        try:
+            if frame.lost:
+                if not self._audio_started:
+                    return
+                pcm, from_fec = decoder.recover(frame.data)
+                self.counts["frames_repaired"] += 1
+                self.counts["frames_repaired_fec"] += from_fec
+            else:
+                pcm = decoder.decode(frame.data)
+                self.counts["frames_decoded"] += 1
+        except OpusError:
+            self.counts["opus_decode_error"] += 1
+            return
+        if not self._audio_started:
+            self._audio_started = True
+            self._event(FirstAudioReceived())
+        self._event(AudioReceived(pcm))
+
+    def _receive_rtcp(self, data: bytes, now: float) -> None:
+        plain = self._srtp.unprotect_rtcp(data)
+        if plain is None:
+            return
+        try:
+            packets = rtcp.parse_rtcp(plain)
+        except rtcp.RtcpError:
+            self.counts["rtcp_malformed"] += 1
+            return
+        self.counts["rtcp_packets_in"] += 1
+        for packet in packets:
+            if isinstance(packet, rtcp.SenderReport):
+                if self._stream is not None and packet.ssrc == self._stream.ssrc:
+                    self._their_lsr, self._their_lsr_at = rtcp.middle_32(packet.ntp_timestamp), now
+                self._reports(packet.reports, now)
+            elif isinstance(packet, rtcp.ReceiverReport):
+                self._reports(packet.reports, now)
+            elif isinstance(packet, rtcp.Goodbye):
+                self.counts["rtcp_bye_in"] += 1
+
+    def _reports(self, blocks: tuple[rtcp.ReportBlock, ...], now: float) -> None:
+        for block in blocks:
+            if block.ssrc != self.params.ssrc:
+                continue
+            self.remote_loss, self.remote_jitter = block.cumulative_lost, block.jitter
+            sent = self._sent_srs.get(block.lsr) if block.lsr else None
+            if sent is not None:
+                rtt = now - sent - block.dlsr / 65536
+                if 0 <= rtt < 60:
+                    self.rtt = rtt
+
+    def _send_rtcp(self, now: float) -> None:
+        params = self.params
+        stream = self._stream
+        blocks: tuple[rtcp.ReportBlock, ...] = ()
+        if stream is not None and stream.received:
+            dlsr = int((now - self._their_lsr_at) * 65536) if self._their_lsr else 0
+            blocks = (stream.block(self._their_lsr, dlsr),)
+        packet: rtcp.RtcpPacket
+        if self.counts["rtp_packets_out"]:
+            ntp = rtcp.ntp_timestamp(self._wall + now)
+            ts = self._last_sent_ts + int((now - self._last_sent_at) * SAMPLE_RATE)
+            packet = rtcp.SenderReport(
+                params.ssrc,
+                ntp,
+                ts & 0xFFFFFFFF,
+                self.counts["rtp_packets_out"] & 0xFFFFFFFF,
+                self.counts["rtp_bytes_out"],
+                blocks,
+            )
+            self._sent_srs[rtcp.middle_32(ntp)] = now
+            while len(self._sent_srs) > SENT_SRS:
+                del self._sent_srs[next(iter(self._sent_srs))]
+        else:
+            packet = rtcp.ReceiverReport(params.ssrc, blocks)
+        sdes = rtcp.SourceDescription(((params.ssrc, ((rtcp.SDES_CNAME, params.cname.encode()),)),))
+        self._outbox.append(self._srtp.protect_rtcp(rtcp.encode_rtcp([packet, sdes])))
+        self.counts["rtcp_packets_out"] += 1
+
+    # -- out to the I/O side ----------------------------------------------------------------------
+
+    def datagrams_to_send(self) -> list[bytes]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def next_event(self) -> MediaEvent | None:
+        return self._events.popleft() if self._events else None
+
+    def _event(self, event: MediaEvent) -> None:
+        if len(self._events) >= EVENTS:  # nobody reads: the oldest goes
+            self._events.popleft()
+            self.counts["media_events_dropped"] += 1
+        self._events.append(event)
+
+    def stats(self) -> dict[str, int]:
+        """The call's counters (summed into the transceiver's at its end)."""
+        stats = dict(self.counts)
+        srtp = self._srtp.counts
+        stats["srtp_auth_fail"] = srtp.auth_failed
+        stats["srtp_replay_fail"] = srtp.replayed
+        stats["srtp_malformed"] = srtp.malformed
+        stats["jitter_late"] = self._late_before + self._jitter.late
+        stats["jitter_skipped"] = self._skipped_before + self._jitter.skipped
+        stats["rtp_lost"] = max(0, self._stream.lost) if self._stream is not None else 0
+        stats["output_dropped_full"] = self.out.dropped_full
+        stats["output_dropped_quiet"] = self.out.dropped_quiet
+        return stats
+
+    def close(self) -> None:
+        self.clear()
+        if self._decoder is not None:
+            self._decoder.close()
+        if self._encoder is not None:
+            self._encoder.close()
+
+
+STATS = (
+    "rtp_packets_in", "rtp_bytes_in", "rtp_packets_out", "rtp_bytes_out", "rtcp_packets_in",
+    "rtcp_packets_out", "rtcp_malformed", "rtcp_bye_in", "rtp_malformed", "media_malformed",
+    "rtp_payload_type_unknown", "ssrc_refused", "ssrc_changed", "frames_decoded",
+    "frames_repaired", "frames_repaired_fec", "opus_decode_error", "agent_frames_played",
+    "media_events_dropped",
+)  # fmt: skip

@@ -1,0 +1,94 @@
+"""SRTP and SRTCP for one call (RFC 3711) through libsrtp (pylibsrtp), counting what fails.
+
+`SrtpContext` holds a call's two libsrtp sessions, inbound and outbound. They are made from
+keys exported by the DTLS handshake (RFC 5764 §4.2); `from_keying_material` does the split.
+aiortc's DTLS transport builds the same sessions; `rtc/` hands its pair over once the
+handshake is done. An inbound packet that fails to authenticate or is replayed returns None
+and is counted (`auth_failed`, `replayed`, `malformed`): it costs no state. libsrtp keeps a
+replay window per SSRC, so the caller of `unprotect` bounds the SSRCs first.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pylibsrtp
+from pylibsrtp import Policy, Session
+
+# RFC 5764 §4.1.2 profile -> (libsrtp profile, master key bytes, master salt bytes)
+PROFILES: dict[str, tuple[int, int, int]] = {
+    "SRTP_AES128_CM_SHA1_80": (Policy.SRTP_PROFILE_AES128_CM_SHA1_80, 16, 14),
+    "SRTP_AEAD_AES_128_GCM": (Policy.SRTP_PROFILE_AEAD_AES_128_GCM, 16, 12),
+    "SRTP_AEAD_AES_256_GCM": (Policy.SRTP_PROFILE_AEAD_AES_256_GCM, 32, 12),
+}
+
+
+@dataclass
+class SrtpCounts:
+    auth_failed: int = 0
+    replayed: int = 0
+    malformed: int = 0  # too short or otherwise refused before authentication
+
+
+class SrtpContext:
+    def __init__(self, inbound: Session, outbound: Session) -> None:
+        self._in = inbound
+        self._out = outbound
+        self.counts = SrtpCounts()
+
+    @classmethod
+    def from_keying_material(cls, material: bytes, profile: str, *, client: bool) -> SrtpContext:
+        """The pair from RFC 5764 §4.2's exported bytes: client key, server key, client salt,
+        server salt; the DTLS client sends with the client's."""
+        libsrtp_profile, key_len, salt_len = PROFILES[profile]
+        if len(material) != 2 * (key_len + salt_len):
+            raise ValueError(f"{profile} needs {2 * (key_len + salt_len)} bytes of keying")
+        keys = (material[:key_len], material[key_len : 2 * key_len])
+        salts = (material[2 * key_len : 2 * key_len + salt_len], material[2 * key_len + salt_len :])
+        mine, theirs = (0, 1) if client else (1, 0)
+
+        def session(side: int, kind: int) -> Session:
+            policy = Policy(
+                key=keys[side] + salts[side], ssrc_type=kind, srtp_profile=libsrtp_profile
+            )
+            policy.allow_repeat_tx = True  # a retransmitted packet is not a fault of ours
+            return Session(policy)
+
+        return cls(
+            session(theirs, Policy.SSRC_ANY_INBOUND), session(mine, Policy.SSRC_ANY_OUTBOUND)
+        )
+
+    # -- inbound: None when it does not authenticate (counted) ----------------------------------
+
+    def unprotect_rtp(self, data: bytes) -> bytes | None:
+        try:
+            return self._in.unprotect(data)
+        except pylibsrtp.Error as exc:
+            self._failed(exc)
+            return None
+
+    def unprotect_rtcp(self, data: bytes) -> bytes | None:
+        try:
+            return self._in.unprotect_rtcp(data)
+        except pylibsrtp.Error as exc:
+            self._failed(exc)
+            return None
+
+    def _failed(self, exc: pylibsrtp.Error) -> None:
+        text = str(exc)
+        if "replay" in text:
+            self.counts.replayed += 1
+        elif "authentication" in text:
+            self.counts.auth_failed += 1
+        else:
+            self.counts.malformed += 1
+
+    # -- outbound -------------------------------------------------------------------------------
+
+    def protect_rtp(self, data: bytes) -> bytes:
+        return self._out.protect(data)
+
+    def protect_rtcp(self, data: bytes) -> bytes:
+        return self._out.protect_rtcp(data)

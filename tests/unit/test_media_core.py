@@ -1,0 +1,368 @@
+"""The per-call media core (services/transceiver/media/core.py) with a fake clock and a fake
+caller speaking real SRTP (libsrtp with the other half of the same DTLS-style keys) and
+real Opus: no peer connection, no socket."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pylibsrtp
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from firsthop.services.transceiver.media import core
+from firsthop.services.transceiver.media.core import (
+    AudioReceived,
+    CallMedia,
+    FirstAudioReceived,
+    FirstAudioSent,
+    FramePlayed,
+    FramesDropped,
+    MediaParams,
+)
+from firsthop.services.transceiver.media.opus import OpusDecoder
+from firsthop.services.transceiver.media.pacing import FRAME_BYTES, FRAME_SAMPLES, OutputQueue
+from firsthop.services.transceiver.media.srtp import SrtpContext
+from firsthop.shared.wire import rtcp, rtp
+
+from .test_opus import encode, tone
+
+KEYING = bytes(range(60))  # 2 * (16 + 14): AES128_CM_SHA1_80
+PROFILE = "SRTP_AES128_CM_SHA1_80"
+PT, OURS, THEIRS = 111, 0x5EED, 0xCA11E4
+
+
+class Caller:
+    """The far end: protects its RTP/RTCP with the client's keys, reads ours."""
+
+    def __init__(self, media: CallMedia) -> None:
+        self.media = media
+        self.srtp = SrtpContext.from_keying_material(KEYING, PROFILE, client=True)
+        self.heard: list[rtp.RtpPacket] = []
+        self.rtcp: list[rtcp.RtcpPacket] = []
+
+    def rtp(self, seq: int, ts: int, payload: bytes, ssrc: int = THEIRS, pt: int = PT) -> bytes:
+        return self.srtp.protect_rtp(rtp.RtpPacket(pt, seq, ts, ssrc, payload).encode())
+
+    def send(self, data: bytes, now: float) -> None:
+        self.media.receive_datagram(data, now)
+
+    def collect(self) -> None:
+        for data in self.media.datagrams_to_send():
+            if rtp.is_rtcp(data):
+                plain = self.srtp.unprotect_rtcp(data)
+                assert plain is not None
+                self.rtcp += rtcp.parse_rtcp(plain)
+            else:
+                plain = self.srtp.unprotect_rtp(data)
+                assert plain is not None
+                self.heard.append(rtp.parse_rtp(plain))
+
+
+def make(random: bytes = b"") -> tuple[CallMedia, Caller]:
+    counter = iter(range(1, 1 << 30))
+
+    def fixed(n: int) -> bytes:  # deterministic "randomness": 0x01.., then 0x80.. (x1.0)
+        return (random or bytes([next(counter) % 256])) * n if n != 2 else b"\x80\x00"
+
+    server = SrtpContext.from_keying_material(KEYING, PROFILE, client=False)
+    params = MediaParams(ssrc=OURS, cname="firsthop", payload_type=PT, mid="0", mid_extension=1)
+    media = CallMedia(params, server, random=fixed)
+    return media, Caller(media)
+
+
+def events(media: CallMedia) -> list[object]:
+    out: list[object] = []
+    while (e := media.next_event()) is not None:
+        out.append(e)
+    return out
+
+
+def audio(evs: list[object]) -> list[bytes]:
+    return [e.pcm for e in evs if isinstance(e, AudioReceived)]
+
+
+PACKETS = encode(tone(60), fec=True)  # 1.2 s of a 440 Hz tone, VoIP mode with in-band FEC
+
+
+# -- inbound ----------------------------------------------------------------------------------
+
+
+def test_in_order_packets_each_become_one_frame() -> None:
+    media, caller = make()
+    for i in range(10):
+        caller.send(caller.rtp(100 + i, 960 * i, PACKETS[i]), 0.02 * i)
+    evs = events(media)
+    assert isinstance(evs[0], FirstAudioReceived)
+    frames = audio(evs)
+    assert len(frames) == 10 and all(len(f) == FRAME_BYTES for f in frames)
+    stats = media.stats()
+    assert stats["rtp_packets_in"] == 10 and stats["frames_decoded"] == 10
+    assert stats["rtp_lost"] == 0 and stats["rtp_bytes_in"] == sum(map(len, PACKETS[:10]))
+
+
+def test_a_loss_is_repaired_from_the_next_packets_fec_and_counted() -> None:
+    media, caller = make()
+    for i in range(30):
+        if i != 20:
+            caller.send(caller.rtp(i, 960 * i, PACKETS[i]), 0.02 * i)
+        if i == 22:  # the reorder window gave up on 20 once more packets queued
+            pass
+    frames = audio(events(media))
+    stats = media.stats()
+    assert len(frames) == 30  # the lost one has its slot
+    assert stats["frames_repaired"] == 1 and stats["frames_repaired_fec"] == 1
+    assert stats["jitter_skipped"] == 1 and stats["rtp_lost"] == 1
+
+
+def test_reorder_costs_one_frame_once_then_the_window_absorbs_it() -> None:
+    """At depth 0 (a clean link) a gap is given up on at once; the packet arriving late
+    grows the window, and the next reorder of the same size loses nothing."""
+    media, caller = make()
+    for i in [0, 1, 2, 4, 3, 5, 6, 8, 7, 9]:
+        caller.send(caller.rtp(i, 960 * i, PACKETS[i]), 0.02 * i)
+    frames = audio(events(media))
+    stats = media.stats()
+    assert len(frames) == 10  # 3's slot repaired; 7 waited for
+    assert stats["jitter_late"] == 1 and stats["frames_repaired"] == 1
+    reference = OpusDecoder()
+    expected = [reference.decode(PACKETS[i]) for i in range(3)]
+    assert frames[:3] == expected
+
+
+def test_a_duplicate_is_a_replay_dropped_by_srtp() -> None:
+    media, caller = make()
+    first = caller.rtp(1, 0, PACKETS[0])
+    caller.send(first, 0.0)
+    caller.send(first, 0.001)
+    assert len(audio(events(media))) == 1
+    assert media.stats()["srtp_replay_fail"] == 1 and media.stats()["rtp_packets_in"] == 1
+
+
+def test_forged_srtp_is_a_counted_drop_that_takes_no_stream_place() -> None:
+    media, caller = make()
+    stranger = SrtpContext.from_keying_material(os.urandom(60), PROFILE, client=True)
+    for ssrc in (1, 2, 3):  # three forged streams...
+        forged = stranger.protect_rtp(rtp.RtpPacket(PT, 1, 0, ssrc, PACKETS[0]).encode())
+        caller.send(forged, 0.0)
+        tampered = bytearray(caller.rtp(1, 0, PACKETS[0], ssrc=ssrc))
+        tampered[-1] ^= 1
+        caller.send(bytes(tampered), 0.0)
+    assert media.stats()["srtp_auth_fail"] == 6
+    caller.send(caller.rtp(7, 0, PACKETS[0]), 0.0)  # ...and the caller's own still counts
+    assert len(audio(events(media))) == 1
+
+
+def test_ssrc_change_starts_the_stream_clean_and_a_third_is_refused_unread() -> None:
+    media, caller = make()
+    for i in range(3):
+        caller.send(caller.rtp(500 + i, 960 * i, PACKETS[i]), 0.02 * i)
+    for i in range(3):  # replaceTrack: a new SSRC, its own sequence space
+        caller.send(caller.rtp(9 + i, 77 + 960 * i, PACKETS[3 + i], ssrc=0xB0B), 0.1 + 0.02 * i)
+    assert len(audio(events(media))) == 6
+    caller.send(caller.rtp(1, 0, PACKETS[6], ssrc=0xC0C), 0.2)  # authentic, but a third
+    stats = media.stats()
+    assert stats["ssrc_changed"] == 1 and stats["ssrc_refused"] == 1
+    assert stats["srtp_auth_fail"] == 0 and audio(events(media)) == []
+    assert stats["rtp_lost"] == 0
+
+
+def test_sequence_and_timestamp_wrap() -> None:
+    media, caller = make()
+    for i in range(12):
+        seq, ts = (65530 + i) & 0xFFFF, (0xFFFFFFFF - 960 * 5 + 960 * i) & 0xFFFFFFFF
+        caller.send(caller.rtp(seq, ts, PACKETS[i]), 0.02 * i)
+    assert len(audio(events(media))) == 12
+    assert media.stats()["rtp_lost"] == 0
+    assert media._stream is not None and media._stream.extended_max == (1 << 16) + 5
+
+
+def test_other_payload_types_and_non_media_are_counted_drops() -> None:
+    media, caller = make()
+    caller.send(caller.rtp(1, 0, b"\x00" * 4, pt=126), 0.0)  # telephone-event, say
+    caller.send(b"\x16\xfe\xfd" + bytes(20), 0.0)  # DTLS: not the core's
+    caller.send(b"\x80", 0.0)
+    stats = media.stats()
+    assert stats["rtp_payload_type_unknown"] == 1 and stats["media_malformed"] == 2
+    assert audio(events(media)) == []
+
+
+@settings(max_examples=300)
+@given(st.binary(min_size=0, max_size=200), st.integers(128, 191))
+def test_no_datagram_raises(data: bytes, first: int) -> None:
+    media, caller = make()
+    media.receive_datagram(bytes([first]) + data, 0.0)
+    media.receive_datagram(bytes([first, 200]) + data, 0.0)  # as RTCP
+    # ...nor does a malformed packet that authenticates
+    plain = bytes([first]) + data[:11].ljust(11, b"\x00") + data[11:]
+    try:
+        protected = caller.srtp.protect_rtp(plain)
+    except pylibsrtp.Error:  # (libsrtp will not protect what it cannot parse)
+        return
+    media.receive_datagram(protected, 0.0)
+
+
+# -- outbound: the one output clock -------------------------------------------------------------
+
+
+def pcm_tone(frames: int, level: int = 8000) -> bytes:
+    return (tone(frames) * (level / 8000)).astype(np.int16).tobytes()
+
+
+def test_silence_until_the_agent_speaks_then_its_first_frame_goes_at_once() -> None:
+    media, caller = make()
+    media.start(10.0, 1_700_000_000.0)
+    assert media.get_timer() == 10.0
+    media.handle_timer(10.0)  # the first slot: silence
+    caller.collect()
+    assert len(caller.heard) == 1 and caller.heard[0].marker
+    assert media.get_timer() == pytest.approx(10.02)
+    media.push_audio(pcm_tone(2), tag=("r1", "i1"), now=10.005)  # idle: no wait for 10.02
+    caller.collect()
+    assert len(caller.heard) == 2
+    assert media.get_timer() == pytest.approx(10.025)  # the clock re-phased to it
+    evs = events(media)
+    assert isinstance(evs[0], FirstAudioSent) and evs[1] == FramePlayed(("r1", "i1"))
+    ts = [p.timestamp for p in caller.heard]
+    assert ts[1] - ts[0] == FRAME_SAMPLES  # RTP time stays whole frames
+    seqs = [p.sequence_number for p in caller.heard]
+    assert seqs[1] == (seqs[0] + 1) & 0xFFFF
+    assert rtp.extension(caller.heard[0], 1) == b"0"  # the MID (RFC 8843 §15)
+
+
+def test_a_late_mid_speech_frame_gets_its_grace_and_keeps_the_phase() -> None:
+    media, caller = make()
+    media.start(0.0, 0.0)
+    media.push_audio(pcm_tone(3), now=0.0)
+    for t in (0.0, 0.02, 0.04):
+        media.handle_timer(t)
+    caller.collect()
+    assert media.stats()["agent_frames_played"] == 3
+    media.handle_timer(0.06)  # nothing queued, mid-speech: wait up to LATE_GRACE
+    caller.collect()
+    n = len(caller.heard)
+    assert media.get_timer() == pytest.approx(0.06 + core.LATE_GRACE)
+    media.push_audio(pcm_tone(1), now=0.065)  # it came in its grace: played now
+    caller.collect()
+    assert len(caller.heard) == n + 1 and media.stats()["agent_frames_played"] == 4
+    assert media.get_timer() == pytest.approx(0.08)  # the phase held
+    media.handle_timer(0.08)  # nothing: grace again, then silence fills the slot
+    media.handle_timer(0.08 + core.LATE_GRACE)
+    caller.collect()
+    assert len(caller.heard) == n + 2
+    assert media.get_timer() == pytest.approx(0.10)
+
+
+def test_the_frame_cutter_holds_a_part_frame_then_pads_it_in_its_slot() -> None:
+    media, caller = make()
+    media.start(0.0, 0.0)
+    media.handle_timer(0.0)  # silence
+    said = pcm_tone(2)
+    media.push_audio(said[: FRAME_BYTES // 2], now=0.005)  # half a frame: held
+    assert not media.out.frames and media.stats()["agent_frames_played"] == 0
+    media.push_audio(said[FRAME_BYTES // 2 : FRAME_BYTES * 3 // 2], now=0.006)
+    assert media.stats()["agent_frames_played"] == 1  # idle: the whole frame went at once
+    assert media.get_timer() == pytest.approx(0.026)
+    media.handle_timer(0.026)  # only the part is left: it gets the grace, then plays padded
+    assert media.stats()["agent_frames_played"] == 1
+    media.handle_timer(0.026 + core.LATE_GRACE)
+    assert media.stats()["agent_frames_played"] == 2 and media._part == b""
+    caller.collect()
+    decoder = OpusDecoder()
+    heard = [decoder.decode(p.payload) for p in caller.heard]
+    assert len(heard) == 3
+
+
+def test_clear_drops_what_waits_and_tags_report_drops() -> None:
+    media, caller = make()
+    media.start(0.0, 0.0)
+    media.handle_timer(0.0)
+    media.push_audio(pcm_tone(OutputQueue[object]().max_frames + 5), tag="t", now=0.001)
+    evs = events(media)
+    assert any(isinstance(e, FramesDropped) for e in evs)
+    assert media.stats()["output_dropped_full"] >= 5
+    media.clear()
+    assert not media.out.frames
+
+
+def test_after_a_stall_the_clock_plays_a_few_slots_then_rephases() -> None:
+    media, caller = make()
+    media.start(0.0, 0.0)
+    media.handle_timer(0.0)
+    media.handle_timer(1.0)  # 50 slots missed
+    caller.collect()
+    assert len(caller.heard) == 1 + core.MAX_BEHIND + 1
+    assert media.get_timer() == pytest.approx(1.02)
+
+
+def test_the_agents_voice_decodes_to_what_it_said() -> None:
+    media, caller = make()
+    media.start(0.0, 0.0)
+    said = pcm_tone(20)
+    media.push_audio(said, now=0.0)
+    t = 0.0
+    for _ in range(25):
+        media.handle_timer(t)
+        t += 0.02
+    caller.collect()
+    decoder = OpusDecoder()
+    heard = np.frombuffer(
+        b"".join(decoder.decode(p.payload) for p in caller.heard), np.int16
+    ).astype(float)
+    level = math.sqrt(np.mean(heard[10 * FRAME_SAMPLES : 18 * FRAME_SAMPLES] ** 2))
+    assert 0.8 < level / (8000 / math.sqrt(2)) < 1.2
+
+
+# -- RTCP -------------------------------------------------------------------------------------
+
+
+def test_sender_reports_reception_reports_and_rtt() -> None:
+    media, caller = make()
+    media.start(0.0, 1_700_000_000.0)
+    t = 0.0
+    for i in range(60):  # 1.2 s: packets both ways, one of the caller's lost
+        if i != 30:
+            caller.send(caller.rtp(i, 960 * i, PACKETS[i]), t)
+        media.handle_timer(t)
+        t = round(t + 0.02, 6)
+    caller.collect()
+    srs = [p for p in caller.rtcp if isinstance(p, rtcp.SenderReport)]
+    assert srs, "an SR within 1.5 s"
+    sr = srs[-1]
+    assert sr.ssrc == OURS and sr.packet_count <= len(caller.heard)
+    seconds = (sr.ntp_timestamp >> 32) - (1_700_000_000 + rtcp.NTP_EPOCH_OFFSET) % (1 << 32)
+    assert 0 <= seconds <= 2  # NTP time of when it was sent, 0.5-1.5 s in
+    (block,) = sr.reports
+    assert block.ssrc == THEIRS and block.cumulative_lost == 1 and block.fraction_lost > 0
+    assert block.highest_sequence >= 40
+    sdes = [p for p in caller.rtcp if isinstance(p, rtcp.SourceDescription)]
+    assert sdes[-1].chunks[0] == (OURS, ((rtcp.SDES_CNAME, b"firsthop"),))
+    # the caller answers with an RR about our stream, 50 ms after our SR, sent 30 ms later
+    dlsr = int(0.05 * 65536)
+    rr = rtcp.ReceiverReport(
+        THEIRS, (rtcp.ReportBlock(OURS, 0, 2, 0, 30, rtcp.middle_32(sr.ntp_timestamp), dlsr),)
+    )
+    sent_at = next(
+        at for lsr, at in media._sent_srs.items() if lsr == rtcp.middle_32(sr.ntp_timestamp)
+    )
+    caller.send(caller.srtp.protect_rtcp(rtcp.encode_rtcp([rr])), sent_at + 0.08)
+    assert media.rtt == pytest.approx(0.03, abs=0.001)
+    assert media.remote_loss == 2 and media.remote_jitter == 30
+
+
+def test_a_receiver_report_before_we_send_and_a_forged_rtcp() -> None:
+    media, caller = make()
+    media._rtcp_at = None
+    media.start(0.0, 0.0)
+    media.out.pts = 0
+    media.counts["rtp_packets_out"] = 0
+    media._send_rtcp(0.5)
+    caller.collect()
+    assert isinstance(caller.rtcp[0], rtcp.ReceiverReport) and caller.rtcp[0].reports == ()
+    forged = bytearray(caller.srtp.protect_rtcp(rtcp.encode_rtcp([rtcp.Goodbye((THEIRS,))])))
+    forged[5] ^= 1
+    caller.send(bytes(forged), 0.6)
+    assert media.stats()["srtp_auth_fail"] == 1 and media.stats()["rtcp_bye_in"] == 0
