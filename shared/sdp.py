@@ -280,3 +280,74 @@ def sdpfrag_credentials(frag: str) -> tuple[str | None, str | None, list[str]]:
         elif line.startswith("a=candidate:"):
             candidates.append(line[2:])
     return ufrag, pwd, candidates
+
+
+# -- the answer's audio stream, as the transceiver's media core needs it -----------------------
+
+DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")  # RFC 3264 §5.1
+_ANSWERING = {"sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly"}
+_SSRC_CNAME = re.compile(r"a=ssrc:(\d+) cname:(\S+)")
+_MID = re.compile(r"a=mid:(\S+)")
+_MID_EXTMAP = re.compile(r"a=extmap:(\d+)(?:/\w+)? urn:ietf:params:rtp-hdrext:sdes:mid$")
+
+
+@dataclass(frozen=True)
+class AudioStream:
+    """What an answer settled for its first audio m-section (RFC 3264)."""
+
+    ssrc: int  # ours (a=ssrc, RFC 5576)
+    cname: str
+    payload_type: int  # Opus
+    mid: str | None
+    mid_extension: int | None  # the extmap id of sdes:mid (RFC 8843 §15), if negotiated
+    direction: str
+
+
+def _audio_section(lines: list[str]) -> tuple[int, int]:
+    start = next((i for i, x in enumerate(lines) if x.startswith("m=audio")), None)
+    if start is None:
+        raise SdpError("no audio m-line")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("m=")), len(lines))
+    return start, end
+
+
+def audio_direction(sdp: str) -> str:
+    """The first audio m-section's direction attribute (sendrecv when it has none)."""
+    lines = _lines(sdp)
+    start, end = _audio_section(lines)
+    return next((x[2:] for x in lines[start:end] if x[2:] in DIRECTIONS), "sendrecv")
+
+
+def answering_direction(offer_sdp: str) -> str:
+    """What an endpoint that would send and receive answers to the offer's audio direction."""
+    return _ANSWERING.get(audio_direction(offer_sdp), "inactive")
+
+
+def set_audio_direction(sdp: str, direction: str) -> str:
+    """`sdp` with the first audio m-section's direction attribute set to `direction`."""
+    lines = _lines(sdp)
+    start, end = _audio_section(lines)
+    body = [x for x in lines[start + 1 : end] if x[2:] not in DIRECTIONS]
+    lines[start + 1 : end] = [*body, f"a={direction}"]
+    return "\r\n".join(lines) + "\r\n"
+
+
+def audio_stream(answer_sdp: str) -> AudioStream:
+    """The SSRC, CNAME, Opus payload type, MID and direction of an answer's audio."""
+    lines = _lines(answer_sdp)
+    start, end = _audio_section(lines)
+    section = lines[start:end]
+    ssrc = next((m for x in section if (m := _SSRC_CNAME.match(x))), None)
+    opus = next((m for x in section if (m := _OPUS_RTPMAP.match(x))), None)
+    if ssrc is None or opus is None:
+        raise SdpError("the audio answer names no a=ssrc cname or no Opus")
+    mid = next((m.group(1) for x in section if (m := _MID.match(x))), None)
+    extension = next((int(m.group(1)) for x in section if (m := _MID_EXTMAP.match(x))), None)
+    return AudioStream(
+        ssrc=int(ssrc.group(1)),
+        cname=ssrc.group(2),
+        payload_type=int(opus.group(1)),
+        mid=mid,
+        mid_extension=extension if extension is not None and 1 <= extension <= 14 else None,
+        direction=audio_direction(answer_sdp),
+    )

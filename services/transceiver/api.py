@@ -234,7 +234,7 @@ def transceiver_metrics(tx: Transceiver) -> str:
     for reason, n in sorted(tx.table.mux.drops.items()):
         drops.add(n, reason=reason)
     events = MetricFamily("firsthop_transceiver_events_total", "counter", "Counted events")
-    for name, n in sorted(tx.counters.items()):
+    for name, n in sorted(tx.event_counts().items()):
         events.add(n, event=name)
     received = MetricFamily(
         "firsthop_transceiver_packets_total", "counter", "Datagrams on the media socket"

@@ -9,8 +9,8 @@ import signal
 
 import trio
 
-from firsthop.services.transceiver.media import opus
 from firsthop.services.transceiver.api import create_app
+from firsthop.services.transceiver.media import opus
 from firsthop.services.transceiver.registry import heartbeat, trace_handoff_writer
 from firsthop.services.transceiver.rtc import check_pinned_versions, run_trio_guest
 from firsthop.services.transceiver.service import Transceiver, TransceiverConfig

@@ -18,6 +18,7 @@ import secrets
 import socket
 import ssl
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,14 @@ class Transceiver:
         if self._agent_tls is None:
             self._agent_tls = ssl.create_default_context(cafile=self.config.agent_ca_file)
         return self._agent_tls
+
+    def event_counts(self) -> Counter[str]:
+        """The counters, with what live calls' media cores have counted so far (each call's
+        own are added to `counters` once, at its end)."""
+        counts = Counter(self.counters)
+        for entry in self.table.entries.values():
+            counts.update(entry.handle.rtc.live_stats())
+        return counts
 
     @property
     def draining(self) -> bool:

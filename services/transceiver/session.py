@@ -42,7 +42,6 @@ from firsthop.services.transceiver.agents.events import (
     ClearAudio,
     Malformed,
     PlayAudio,
-    Tag,
     ToAgent,
     ToCaller,
     ToSender,
@@ -121,6 +120,7 @@ class Session:
                 selected=self.selected,
                 milestone=self._guard("events", self._milestone),
                 count=self._count,
+                failed=self.fail,
             ),
         )
 
@@ -324,8 +324,9 @@ class Session:
         self._agent = agent
         self._hold, self._call_state_events = agent.hold_events, agent.call_state_events
         if agent.sends_ahead:
-            self.rtc.output.out.max_frames, self.rtc.output.out.drain_quiet = AHEAD_FRAMES, False
-        self.rtc.output.on_played = lambda tag: self._played(agent, tag)
+            self.rtc.configure_output(AHEAD_FRAMES, drain_quiet=False)
+        self.rtc.on_played = lambda tag: self._played(agent, tag)
+        self.rtc.on_dropped = lambda tag: self._dropped(agent, tag)
         realtime = kind.name == "realtime"
         delay = RECONNECT_MIN
         while True:
@@ -409,11 +410,18 @@ class Session:
         self._apply(agent, agent.on_message(message))
 
     def _played(self, agent: AgentProtocol, tag: object) -> None:
-        """The output track played a tagged frame (on the loop thread, from its `recv`: a
-        raise would end aiortc's sender task, and the caller would hear nothing more)."""
+        """The media core played a tagged frame (on the loop thread, from the media clock)."""
         if isinstance(tag, tuple):
             try:
                 self._apply(agent, agent.played(tag))
+            except Exception as exc:
+                self.fail("media", exc)
+
+    def _dropped(self, agent: AgentProtocol, tag: object) -> None:
+        """A tagged frame of the agent's will never play (the output queue's bound)."""
+        if isinstance(tag, tuple):
+            try:
+                self._apply(agent, agent.dropped(tag))
             except Exception as exc:
                 self.fail("media", exc)
 
@@ -428,11 +436,9 @@ class Session:
         for e in events:
             match e:
                 case PlayAudio(pcm, tag):
-                    dropped: list[Tag] = self.rtc.output.push(pcm, tag)  # type: ignore[assignment]
-                    for old in dropped:
-                        self._apply(agent, agent.dropped(old))
+                    self.rtc.push_audio(pcm, tag)  # (what it drops: `_dropped`)
                 case ClearAudio():
-                    self.rtc.output.clear()
+                    self.rtc.clear_audio()
                     self.counters["output_cleared"] += 1  # barge-ins, mostly
                 case ToCaller(text):
                     self._to_caller(text)

@@ -38,8 +38,8 @@ PT, OURS, THEIRS = 111, 0x5EED, 0xCA11E4
 class Caller:
     """The far end: protects its RTP/RTCP with the client's keys, reads ours."""
 
-    def __init__(self, media: CallMedia) -> None:
-        self.media = media
+    def __init__(self) -> None:
+        self.media: CallMedia | None = None
         self.srtp = SrtpContext.from_keying_material(KEYING, PROFILE, client=True)
         self.heard: list[rtp.RtpPacket] = []
         self.rtcp: list[rtcp.RtcpPacket] = []
@@ -48,9 +48,11 @@ class Caller:
         return self.srtp.protect_rtp(rtp.RtpPacket(pt, seq, ts, ssrc, payload).encode())
 
     def send(self, data: bytes, now: float) -> None:
+        assert self.media is not None
         self.media.receive_datagram(data, now)
 
     def collect(self) -> None:
+        assert self.media is not None
         for data in self.media.datagrams_to_send():
             if rtp.is_rtcp(data):
                 plain = self.srtp.unprotect_rtcp(data)
@@ -68,10 +70,21 @@ def make(random: bytes = b"") -> tuple[CallMedia, Caller]:
     def fixed(n: int) -> bytes:  # deterministic "randomness": 0x01.., then 0x80.. (x1.0)
         return (random or bytes([next(counter) % 256])) * n if n != 2 else b"\x80\x00"
 
-    server = SrtpContext.from_keying_material(KEYING, PROFILE, client=False)
     params = MediaParams(ssrc=OURS, cname="firsthop", payload_type=PT, mid="0", mid_extension=1)
-    media = CallMedia(params, server, random=fixed)
-    return media, Caller(media)
+    media, caller = CallMedia(params, random=fixed), Caller()
+    caller.media = media
+    return media, caller
+
+
+def server_keys() -> SrtpContext:
+    return SrtpContext.from_keying_material(KEYING, PROFILE, client=False)
+
+
+def keyed(random: bytes = b"") -> tuple[CallMedia, Caller]:
+    """A call whose DTLS is done at t=0 (its clock started there)."""
+    media, caller = make(random)
+    media.start(server_keys(), 0.0, 0.0)
+    return media, caller
 
 
 def events(media: CallMedia) -> list[object]:
@@ -92,7 +105,7 @@ PACKETS = encode(tone(60), fec=True)  # 1.2 s of a 440 Hz tone, VoIP mode with i
 
 
 def test_in_order_packets_each_become_one_frame() -> None:
-    media, caller = make()
+    media, caller = keyed()
     for i in range(10):
         caller.send(caller.rtp(100 + i, 960 * i, PACKETS[i]), 0.02 * i)
     evs = events(media)
@@ -105,7 +118,7 @@ def test_in_order_packets_each_become_one_frame() -> None:
 
 
 def test_a_loss_is_repaired_from_the_next_packets_fec_and_counted() -> None:
-    media, caller = make()
+    media, caller = keyed()
     for i in range(30):
         if i != 20:
             caller.send(caller.rtp(i, 960 * i, PACKETS[i]), 0.02 * i)
@@ -121,7 +134,7 @@ def test_a_loss_is_repaired_from_the_next_packets_fec_and_counted() -> None:
 def test_reorder_costs_one_frame_once_then_the_window_absorbs_it() -> None:
     """At depth 0 (a clean link) a gap is given up on at once; the packet arriving late
     grows the window, and the next reorder of the same size loses nothing."""
-    media, caller = make()
+    media, caller = keyed()
     for i in [0, 1, 2, 4, 3, 5, 6, 8, 7, 9]:
         caller.send(caller.rtp(i, 960 * i, PACKETS[i]), 0.02 * i)
     frames = audio(events(media))
@@ -134,7 +147,7 @@ def test_reorder_costs_one_frame_once_then_the_window_absorbs_it() -> None:
 
 
 def test_a_duplicate_is_a_replay_dropped_by_srtp() -> None:
-    media, caller = make()
+    media, caller = keyed()
     first = caller.rtp(1, 0, PACKETS[0])
     caller.send(first, 0.0)
     caller.send(first, 0.001)
@@ -143,7 +156,7 @@ def test_a_duplicate_is_a_replay_dropped_by_srtp() -> None:
 
 
 def test_forged_srtp_is_a_counted_drop_that_takes_no_stream_place() -> None:
-    media, caller = make()
+    media, caller = keyed()
     stranger = SrtpContext.from_keying_material(os.urandom(60), PROFILE, client=True)
     for ssrc in (1, 2, 3):  # three forged streams...
         forged = stranger.protect_rtp(rtp.RtpPacket(PT, 1, 0, ssrc, PACKETS[0]).encode())
@@ -157,7 +170,7 @@ def test_forged_srtp_is_a_counted_drop_that_takes_no_stream_place() -> None:
 
 
 def test_ssrc_change_starts_the_stream_clean_and_a_third_is_refused_unread() -> None:
-    media, caller = make()
+    media, caller = keyed()
     for i in range(3):
         caller.send(caller.rtp(500 + i, 960 * i, PACKETS[i]), 0.02 * i)
     for i in range(3):  # replaceTrack: a new SSRC, its own sequence space
@@ -171,7 +184,7 @@ def test_ssrc_change_starts_the_stream_clean_and_a_third_is_refused_unread() -> 
 
 
 def test_sequence_and_timestamp_wrap() -> None:
-    media, caller = make()
+    media, caller = keyed()
     for i in range(12):
         seq, ts = (65530 + i) & 0xFFFF, (0xFFFFFFFF - 960 * 5 + 960 * i) & 0xFFFFFFFF
         caller.send(caller.rtp(seq, ts, PACKETS[i]), 0.02 * i)
@@ -181,7 +194,7 @@ def test_sequence_and_timestamp_wrap() -> None:
 
 
 def test_other_payload_types_and_non_media_are_counted_drops() -> None:
-    media, caller = make()
+    media, caller = keyed()
     caller.send(caller.rtp(1, 0, b"\x00" * 4, pt=126), 0.0)  # telephone-event, say
     caller.send(b"\x16\xfe\xfd" + bytes(20), 0.0)  # DTLS: not the core's
     caller.send(b"\x80", 0.0)
@@ -193,7 +206,7 @@ def test_other_payload_types_and_non_media_are_counted_drops() -> None:
 @settings(max_examples=300)
 @given(st.binary(min_size=0, max_size=200), st.integers(128, 191))
 def test_no_datagram_raises(data: bytes, first: int) -> None:
-    media, caller = make()
+    media, caller = keyed()
     media.receive_datagram(bytes([first]) + data, 0.0)
     media.receive_datagram(bytes([first, 200]) + data, 0.0)  # as RTCP
     # ...nor does a malformed packet that authenticates
@@ -214,7 +227,7 @@ def pcm_tone(frames: int, level: int = 8000) -> bytes:
 
 def test_silence_until_the_agent_speaks_then_its_first_frame_goes_at_once() -> None:
     media, caller = make()
-    media.start(10.0, 1_700_000_000.0)
+    media.start(server_keys(), 10.0, 1_700_000_000.0)
     assert media.get_timer() == 10.0
     media.handle_timer(10.0)  # the first slot: silence
     caller.collect()
@@ -235,7 +248,7 @@ def test_silence_until_the_agent_speaks_then_its_first_frame_goes_at_once() -> N
 
 def test_a_late_mid_speech_frame_gets_its_grace_and_keeps_the_phase() -> None:
     media, caller = make()
-    media.start(0.0, 0.0)
+    media.start(server_keys(), 0.0, 0.0)
     media.push_audio(pcm_tone(3), now=0.0)
     for t in (0.0, 0.02, 0.04):
         media.handle_timer(t)
@@ -258,7 +271,7 @@ def test_a_late_mid_speech_frame_gets_its_grace_and_keeps_the_phase() -> None:
 
 def test_the_frame_cutter_holds_a_part_frame_then_pads_it_in_its_slot() -> None:
     media, caller = make()
-    media.start(0.0, 0.0)
+    media.start(server_keys(), 0.0, 0.0)
     media.handle_timer(0.0)  # silence
     said = pcm_tone(2)
     media.push_audio(said[: FRAME_BYTES // 2], now=0.005)  # half a frame: held
@@ -278,7 +291,7 @@ def test_the_frame_cutter_holds_a_part_frame_then_pads_it_in_its_slot() -> None:
 
 def test_clear_drops_what_waits_and_tags_report_drops() -> None:
     media, caller = make()
-    media.start(0.0, 0.0)
+    media.start(server_keys(), 0.0, 0.0)
     media.handle_timer(0.0)
     media.push_audio(pcm_tone(OutputQueue[object]().max_frames + 5), tag="t", now=0.001)
     evs = events(media)
@@ -290,7 +303,7 @@ def test_clear_drops_what_waits_and_tags_report_drops() -> None:
 
 def test_after_a_stall_the_clock_plays_a_few_slots_then_rephases() -> None:
     media, caller = make()
-    media.start(0.0, 0.0)
+    media.start(server_keys(), 0.0, 0.0)
     media.handle_timer(0.0)
     media.handle_timer(1.0)  # 50 slots missed
     caller.collect()
@@ -300,7 +313,7 @@ def test_after_a_stall_the_clock_plays_a_few_slots_then_rephases() -> None:
 
 def test_the_agents_voice_decodes_to_what_it_said() -> None:
     media, caller = make()
-    media.start(0.0, 0.0)
+    media.start(server_keys(), 0.0, 0.0)
     said = pcm_tone(20)
     media.push_audio(said, now=0.0)
     t = 0.0
@@ -321,7 +334,7 @@ def test_the_agents_voice_decodes_to_what_it_said() -> None:
 
 def test_sender_reports_reception_reports_and_rtt() -> None:
     media, caller = make()
-    media.start(0.0, 1_700_000_000.0)
+    media.start(server_keys(), 0.0, 1_700_000_000.0)
     t = 0.0
     for i in range(60):  # 1.2 s: packets both ways, one of the caller's lost
         if i != 30:
@@ -353,16 +366,59 @@ def test_sender_reports_reception_reports_and_rtt() -> None:
     assert media.remote_loss == 2 and media.remote_jitter == 30
 
 
-def test_a_receiver_report_before_we_send_and_a_forged_rtcp() -> None:
-    media, caller = make()
-    media._rtcp_at = None
-    media.start(0.0, 0.0)
-    media.out.pts = 0
-    media.counts["rtp_packets_out"] = 0
-    media._send_rtcp(0.5)
+def test_a_call_that_only_receives_sends_receiver_reports_and_no_rtp() -> None:
+    params = MediaParams(ssrc=OURS, cname="firsthop", payload_type=PT, sending=False)
+    media = CallMedia(params)
+    caller = Caller()
+    caller.media = media
+    media.start(server_keys(), 0.0, 0.0)
+    media.push_audio(pcm_tone(5), now=0.0)
+    timer = media.get_timer()
+    assert timer is not None and 0.5 <= timer <= 1.5  # RTCP's, no output slot
+    media.handle_timer(timer)
     caller.collect()
-    assert isinstance(caller.rtcp[0], rtcp.ReceiverReport) and caller.rtcp[0].reports == ()
+    assert caller.heard == [] and isinstance(caller.rtcp[0], rtcp.ReceiverReport)
+    assert caller.rtcp[0].reports == ()
     forged = bytearray(caller.srtp.protect_rtcp(rtcp.encode_rtcp([rtcp.Goodbye((THEIRS,))])))
     forged[5] ^= 1
-    caller.send(bytes(forged), 0.6)
+    caller.send(bytes(forged), 2.0)
     assert media.stats()["srtp_auth_fail"] == 1 and media.stats()["rtcp_bye_in"] == 0
+
+
+def test_before_the_keys_media_is_dropped_and_the_agents_audio_waits() -> None:
+    media, caller = make()
+    caller.send(caller.rtp(1, 0, PACKETS[0]), 0.0)
+    assert media.stats()["srtp_before_keys"] == 1 and media.get_timer() is None
+    media.push_audio(pcm_tone(2), now=0.1)  # the greeting, before DTLS is done
+    media.start(server_keys(), 0.3, 0.0)
+    assert media.get_timer() == 0.3
+    media.handle_timer(0.3)
+    media.handle_timer(0.32)
+    caller.collect()
+    assert media.stats()["agent_frames_played"] == 2 and len(caller.heard) == 2
+
+
+def test_speech_after_a_gap_or_a_pause_decodes_at_its_level_at_once() -> None:
+    """Moved from the asyncio track: a silent slot is encoded by the call's own encoder for
+    the first few (the decoder's energy prediction stays in step), then the cached frame."""
+    from firsthop.services.call.caller import tone_power
+
+    media, caller = keyed()
+    script = [True] * 10 + [False] + [True] * 6 + [False] * 15 + [True] * 6
+    full_tone = pcm_tone(len(script), level=9830)
+    t = 0.0
+    for i, speaks in enumerate(script):
+        if speaks:
+            media.push_audio(full_tone[i * FRAME_BYTES : (i + 1) * FRAME_BYTES])
+        media.handle_timer(t)
+        media.handle_timer(t + core.LATE_GRACE)
+        t = round(t + 0.02, 6)
+    caller.collect()
+    sent = [p.payload for p in caller.heard]
+    decoder = OpusDecoder()
+    power = [tone_power(decoder.decode(p), 440.0) for p in sent]
+    full = min(power[5:10])
+    assert full > 0.01
+    assert min(power[12:17]) > 0.5 * full, power[11:17]  # from the second frame on
+    assert min(power[33:38]) > 0.5 * full, power[32:38]
+    assert sent[21:32] == [core.OPUS_SILENCE] * 11

@@ -6,12 +6,16 @@ import pytest
 
 from firsthop.shared.sdp import (
     SdpError,
+    answering_direction,
     ask_for_opus_fec,
+    audio_direction,
+    audio_stream,
     check_offer,
     classify_candidate,
     mark_ice_lite,
     only_opus,
     sdpfrag_credentials,
+    set_audio_direction,
     strip_candidates,
 )
 
@@ -139,3 +143,38 @@ def test_only_opus_is_answered_and_an_offer_without_it_is_refused() -> None:
     g711 = offer.replace("0 111 8", "0 8").replace("a=rtpmap:111 opus/48000/2\r\n", "")
     with pytest.raises(SdpError, match="no Opus"):
         check_offer(g711)
+
+
+ANSWER = (
+    "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0 1\r\n"
+    "m=audio 9 UDP/TLS/RTP/SAVPF 96\r\na=extmap:1 urn:ietf:params:rtp-hdrext:sdes:mid\r\n"
+    "a=extmap:2 urn:ietf:params:rtp-hdrext:ssrc-audio-level\r\na=mid:0\r\n"
+    "a=msid:s t\r\na=rtcp-mux\r\na=ssrc:3093377801 cname:d377d782\r\n"
+    "a=rtpmap:96 opus/48000/2\r\na=inactive\r\n"
+    "m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\na=mid:1\r\na=sendrecv\r\n"
+)
+
+
+def test_the_answers_audio_stream_for_the_media_core() -> None:
+    stream = audio_stream(ANSWER)
+    assert (stream.ssrc, stream.cname, stream.payload_type) == (3093377801, "d377d782", 96)
+    assert (stream.mid, stream.mid_extension, stream.direction) == ("0", 1, "inactive")
+    with pytest.raises(SdpError):
+        audio_stream(ANSWER.replace("a=ssrc:3093377801 cname:d377d782\r\n", ""))
+    with pytest.raises(SdpError):
+        audio_stream("v=0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n")
+
+
+@pytest.mark.parametrize(
+    ("offered", "answered"),
+    [("sendrecv", "sendrecv"), ("sendonly", "recvonly"), ("recvonly", "sendonly"),
+     ("inactive", "inactive"), (None, "sendrecv")],
+)  # fmt: skip
+def test_the_answer_says_what_the_core_does_and_only_in_the_audio_section(
+    offered: str | None, answered: str
+) -> None:
+    offer = OFFER if offered is None else OFFER.replace("a=mid:0", f"a=mid:0\r\na={offered}")
+    assert answering_direction(offer) == answered
+    sdp = set_audio_direction(ANSWER, answered)
+    assert audio_direction(sdp) == answered and "a=inactive" not in sdp.replace(f"a={answered}", "")
+    assert sdp.split("m=application")[1].count("a=sendrecv") == 1  # the data channel's

@@ -46,7 +46,7 @@ from firsthop.services.transceiver.media.pacing import (
     SAMPLE_RATE,
     OutputQueue,
 )
-from firsthop.services.transceiver.media.srtp import SrtpContext
+from firsthop.services.transceiver.media.srtp import SrtpContext, SrtpCounts
 from firsthop.shared.wire import rtcp, rtp
 
 MAX_SSRCS = 2  # RTP streams a caller may send (one audio track; one more for a switch)
@@ -110,6 +110,7 @@ class MediaParams:
     ssrc: int  # ours, as the answer's a=ssrc says
     cname: str
     payload_type: int = 111  # Opus, as negotiated
+    sending: bool = True  # the answer's direction lets us send (sendrecv, sendonly)
     mid: str | None = None
     mid_extension: int | None = None  # the extmap id of urn:ietf:params:rtp-hdrext:sdes:mid
 
@@ -186,15 +187,11 @@ class _Reception:
 
 
 class CallMedia:
-    def __init__(
-        self,
-        params: MediaParams,
-        srtp: SrtpContext,
-        *,
-        random: Callable[[int], bytes] = os.urandom,
-    ) -> None:
+    def __init__(self, params: MediaParams, *, random: Callable[[int], bytes] = os.urandom) -> None:
         self.params = params
-        self._srtp = srtp
+        self._srtp: SrtpContext | None = None  # the keys, once DTLS has them (`start`)
+        self._srtp_counts: SrtpCounts | None = None  # what they counted, once closed
+        self._closed = False
         self._random = random
         self._events: deque[MediaEvent] = deque()
         self._outbox: list[bytes] = []
@@ -236,24 +233,25 @@ class CallMedia:
 
     # -- the clock ----------------------------------------------------------------------------
 
-    def start(self, now: float, wall: float) -> None:
-        """Media may flow (the keys are here): the output clock and RTCP start. `wall` is the
-        Unix time at `now` (for the NTP timestamps of SRs)."""
-        if self._slot is not None:
+    def start(self, srtp: SrtpContext, now: float, wall: float) -> None:
+        """The keys are here (the DTLS handshake is done): media flows, the output clock (if
+        the call sends) and RTCP start. `wall` is the Unix time at `now` (for the NTP
+        timestamps of SRs). What the agent queued before plays from now."""
+        if self._srtp is not None or self._closed:
             return
+        self._srtp = srtp
         self._wall = wall - now
-        self._slot = self.out.next_deadline(now)
+        if self.params.sending:
+            self._slot = self.out.next_deadline(now)
         self._rtcp_at = now + self._rtcp_interval()
 
     def get_timer(self) -> float | None:
         if self._slot is None:
-            return None
+            return self._rtcp_at
         slot = self._slot + LATE_GRACE if self._grace else self._slot
         return min(slot, self._rtcp_at) if self._rtcp_at is not None else slot
 
     def handle_timer(self, now: float) -> None:
-        if self._slot is None:
-            return
         played = 0
         while self._slot is not None and now >= self._slot:
             if played >= MAX_BEHIND:  # a stall: play from now, not every missed slot
@@ -357,6 +355,7 @@ class CallMedia:
             extension=bool(self._ext),
         )
         self._seq = (self._seq + 1) & 0xFFFF
+        assert self._srtp is not None  # (the clock runs once the keys are here)
         self._outbox.append(self._srtp.protect_rtp(head + self._ext + payload))
         self.counts["rtp_packets_out"] += 1
         self.counts["rtp_bytes_out"] += len(payload)
@@ -370,8 +369,12 @@ class CallMedia:
         if len(data) < 8 or not 127 < data[0] < 192:
             self.counts["media_malformed"] += 1
             return
+        srtp = self._srtp
+        if srtp is None:
+            self.counts["srtp_after_close" if self._closed else "srtp_before_keys"] += 1
+            return
         if rtp.is_rtcp(data):
-            self._receive_rtcp(data, now)
+            self._receive_rtcp(srtp, data, now)
             return
         if len(data) < rtp.HEADER:
             self.counts["rtp_malformed"] += 1
@@ -380,7 +383,7 @@ class CallMedia:
         if ssrc not in self._ssrcs and len(self._ssrcs) >= MAX_SSRCS:
             self.counts["ssrc_refused"] += 1
             return
-        plain = self._srtp.unprotect_rtp(data)
+        plain = srtp.unprotect_rtp(data)
         if plain is None:
             return  # (counted by the SRTP context)
         self._ssrcs.add(ssrc)  # it authenticated: it may hold a place
@@ -432,8 +435,8 @@ class CallMedia:
             self._event(FirstAudioReceived())
         self._event(AudioReceived(pcm))
 
-    def _receive_rtcp(self, data: bytes, now: float) -> None:
-        plain = self._srtp.unprotect_rtcp(data)
+    def _receive_rtcp(self, srtp: SrtpContext, data: bytes, now: float) -> None:
+        plain = srtp.unprotect_rtcp(data)
         if plain is None:
             return
         try:
@@ -488,6 +491,7 @@ class CallMedia:
         else:
             packet = rtcp.ReceiverReport(params.ssrc, blocks)
         sdes = rtcp.SourceDescription(((params.ssrc, ((rtcp.SDES_CNAME, params.cname.encode()),)),))
+        assert self._srtp is not None
         self._outbox.append(self._srtp.protect_rtcp(rtcp.encode_rtcp([packet, sdes])))
         self.counts["rtcp_packets_out"] += 1
 
@@ -509,10 +513,11 @@ class CallMedia:
     def stats(self) -> dict[str, int]:
         """The call's counters (summed into the transceiver's at its end)."""
         stats = dict(self.counts)
-        srtp = self._srtp.counts
-        stats["srtp_auth_fail"] = srtp.auth_failed
-        stats["srtp_replay_fail"] = srtp.replayed
-        stats["srtp_malformed"] = srtp.malformed
+        srtp = self._srtp.counts if self._srtp is not None else self._srtp_counts
+        if srtp is not None:
+            stats["srtp_auth_fail"] = srtp.auth_failed
+            stats["srtp_replay_fail"] = srtp.replayed
+            stats["srtp_malformed"] = srtp.malformed
         stats["jitter_late"] = self._late_before + self._jitter.late
         stats["jitter_skipped"] = self._skipped_before + self._jitter.skipped
         stats["rtp_lost"] = max(0, self._stream.lost) if self._stream is not None else 0
@@ -521,11 +526,17 @@ class CallMedia:
         return stats
 
     def close(self) -> None:
+        """The call is over: codecs freed, queue dropped; from now on the core is inert (what
+        still arrives is dropped, its timer is None), its `stats()` still readable."""
         self.clear()
-        if self._decoder is not None:
-            self._decoder.close()
-        if self._encoder is not None:
-            self._encoder.close()
+        self._slot = self._rtcp_at = None
+        self._srtp_counts = self._srtp.counts if self._srtp is not None else None
+        self._srtp = None
+        self._closed = True
+        for codec in (self._decoder, self._encoder):
+            if codec is not None:
+                codec.close()
+        self._decoder = self._encoder = None
 
 
 STATS = (
@@ -533,5 +544,5 @@ STATS = (
     "rtcp_packets_out", "rtcp_malformed", "rtcp_bye_in", "rtp_malformed", "media_malformed",
     "rtp_payload_type_unknown", "ssrc_refused", "ssrc_changed", "frames_decoded",
     "frames_repaired", "frames_repaired_fec", "opus_decode_error", "agent_frames_played",
-    "media_events_dropped",
+    "media_events_dropped", "srtp_before_keys", "srtp_after_close",
 )  # fmt: skip

@@ -26,12 +26,12 @@ The bends, per ICE connection (`make_lite`):
 * `query_consent` does nothing: consent is the caller's job towards a lite agent (RFC 7675);
   the session table watches the caller's checks instead.
 
-And per receiver and DTLS transport: a zero-delay jitter buffer feeding the decoder thread
-straight (`low_latency_receiver`), and SRTP failures counted (`count_srtp_failures`).
+And per DTLS transport, once connected: the two SRTP sessions its handshake keyed
+(`srtp_sessions`), which the call's media core (`media/core.py`) then uses alone. aiortc
+itself moves no RTP: the session makes its transceivers inactive.
 
-And per session, its media in-line (`media_path`): a non-STUN datagram skips aioice's STUN
-parse, and SRTP/SRTCP is unprotected and handled on the spot, as the DTLS transport's task
-would, instead of through aioice's queue and a task wake-up per packet.
+And for the bench's aiortc callers (not the transceiver): a zero-delay jitter buffer in a
+stock receiver (`low_latency_receiver`).
 
 And per peer connection and DTLS transport, in `dtls_hooks.py` (under the same version check,
 its reaches in `hook_points` too): DTLS with peers that have RSA certificates
@@ -43,7 +43,7 @@ caller's data channels make aiortc keep (`bound_sctp`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -318,127 +318,13 @@ async def _receive_without_decoder(receiver: Any, parameters: Any) -> None:
     receiver._RTCRtpReceiver__started = True
 
 
-class CountingSrtp:
-    """Wraps a receive-side pylibsrtp session to count auth and replay failures, which
-    aiortc only logs at debug level and drops."""
-
-    def __init__(self, inner: Any, count: Callable[[str], None]) -> None:
-        self._inner = inner
-        self._count = count
-
-    def _failed(self, exc: Exception) -> None:
-        text = str(exc).lower()
-        self._count("srtp_replay_fail" if "replay" in text else "srtp_auth_fail")
-
-    def unprotect(self, data: bytes) -> bytes:
-        try:
-            return bytes(self._inner.unprotect(data))
-        except pylibsrtp.Error as exc:
-            self._failed(exc)
-            raise
-
-    def unprotect_rtcp(self, data: bytes) -> bytes:
-        try:
-            return bytes(self._inner.unprotect_rtcp(data))
-        except pylibsrtp.Error as exc:
-            self._failed(exc)
-            raise
-
-
-def count_srtp_failures(dtls_transport: Any, count: Callable[[str], None]) -> None:
-    """Once DTLS is up: count SRTP auth and replay failures (aiortc only logs them)."""
-    if dtls_transport._rx_srtp is not None:
-        dtls_transport._rx_srtp = CountingSrtp(dtls_transport._rx_srtp, count)
-
-
-# -- the media path in-line ------------------------------------------------------------------
-
-
-MAX_SSRCS = 2  # RTP streams a caller may send (one audio track; one more for a switch)
-
-
-def media_path(
-    pc: RTCPeerConnection,
-    protocol: aioice.ice.StunProtocol,
-    count: Callable[[str], None] = lambda name: None,
-) -> Callable[[bytes], None]:
-    """What takes `protocol`'s non-STUN datagrams (RFC 7983: a first byte over 3; the caller
-    checks), in place of `StunProtocol.datagram_received`: it parses every datagram as STUN
-    first (a raised ValueError per media packet) before queueing it for the DTLS transport's
-    task. Here DTLS records go to that queue straight, and SRTP/SRTCP (first byte 128-191),
-    once the keys are there and nothing waits in the queue before it, is unprotected and
-    handled right away, as that task would (`RTCDtlsTransport._recv_next`, aiortc 1.16): no
-    queue, no task wake-up per packet. Order holds: with anything queued, SRTP queues too.
-    Only while the transport is connected, when that task runs (it starts there and sets
-    "closed" when it ends: `stop()`, the peer's `close_notify`): SRTP after that is left in
-    the queue, unread, as aiortc leaves it, not handed to receivers that were stopped.
-    At most `MAX_SSRCS` RTP streams per call: libsrtp keeps a stream and aiortc's receiver an
-    entry for every SSRC that authenticates, forever, and its RTCP walks them all; an RTP
-    packet of one more SSRC is dropped unread (`ssrc_refused`). A stream counts once a packet
-    of it has authenticated, so packets spoofed from the caller's address take no place."""
-    conn = protocol.receiver
-    queue: asyncio.Queue[Any] = conn._queue
-    component = protocol.local_candidate.component
-    transports = pc._RTCPeerConnection__dtlsTransports  # type: ignore[attr-defined]
-    dtls = next((t for t in transports if t.transport._connection is conn), None)
-    connected = aiortc.rtcdtlstransport.State.CONNECTED
-    ssrcs: set[bytes] = set()
-
-    def deliver(data: bytes) -> None:
-        rtp = 127 < data[0] < 192 and len(data) >= 12 and not aiortc.rtp.is_rtcp(data)
-        ssrc = data[8:12] if rtp else b""
-        if rtp and ssrc not in ssrcs and len(ssrcs) >= MAX_SSRCS:
-            count("ssrc_refused")
-            return
-        if (
-            dtls is None
-            or not 127 < data[0] < 192
-            or dtls._rx_srtp is None
-            or dtls._state is not connected
-            or queue.qsize()
-        ):
-            queue.put_nowait((data, component))
-            return
-        dtls._RTCDtlsTransport__rx_bytes += len(data)
-        dtls._RTCDtlsTransport__rx_packets += 1
-        arrival_time_ms = aiortc.clock.current_ms()
-        try:
-            if aiortc.rtp.is_rtcp(data):
-                _run_in_line(dtls._handle_rtcp_data(dtls._rx_srtp.unprotect_rtcp(data)))
-            else:
-                plain = dtls._rx_srtp.unprotect(data)
-                ssrcs.add(ssrc)  # (it authenticated)
-                _run_in_line(dtls._handle_rtp_data(plain, arrival_time_ms=arrival_time_ms))
-        except pylibsrtp.Error:
-            pass  # (aiortc logs it at debug level; `count_srtp_failures` counts it)
-
-    return deliver
-
-
-def _run_in_line(coro: Coroutine[Any, Any, None]) -> None:
-    """Run `coro` now, to its end. aiortc's RTP and RTCP handlers never wait on anything for
-    audio (their awaits end in synchronous sends); if one ever does, a task finishes it."""
-    try:
-        awaited = coro.send(None)
-    except StopIteration:
-        return
-    asyncio.ensure_future(_finish(coro, awaited))
-
-
-async def _finish(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
-    """Carry on `coro` where it waited (as its own task would have)."""
-    try:
-        while True:
-            try:
-                await awaited
-            except Exception:
-                pass  # (the coroutine sees the outcome itself when resumed)
-            try:
-                awaited = coro.send(None)
-            except StopIteration:
-                return
-    finally:
-        coro.close()
+def srtp_sessions(dtls_transport: Any) -> tuple[pylibsrtp.Session, pylibsrtp.Session]:
+    """The (inbound, outbound) libsrtp sessions a connected DTLS transport keyed from its
+    handshake (RFC 5764 §4.2; `RTCDtlsTransport._setup_srtp`)."""
+    inbound, outbound = dtls_transport._rx_srtp, dtls_transport._tx_srtp
+    if inbound is None or outbound is None:
+        raise RuntimeError("the DTLS transport has no SRTP keys yet")
+    return inbound, outbound
 
 
 def hook_points() -> dict[str, bool]:
@@ -471,6 +357,9 @@ def hook_points() -> dict[str, bool]:
         "StunProtocol.datagram_received": hasattr(aioice.ice.StunProtocol, "datagram_received"),
         "Connection._queue": hasattr(conn, "_queue"),
         "RTCDtlsTransport._rx_srtp": "_rx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
+        "RTCDtlsTransport._tx_srtp": "_tx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
+        "RTCDtlsTransport._setup_srtp: both sessions": {"_rx_srtp", "_tx_srtp"}
+        <= set(RTCDtlsTransport._setup_srtp.__code__.co_names),
         "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
         "RTCPeerConnection.__dtlsTransports": hasattr(pc, "_RTCPeerConnection__dtlsTransports"),
         **dtls_hooks.hook_points(pc, receiver.transport),
@@ -490,39 +379,8 @@ def hook_points() -> dict[str, bool]:
             )
         },
         "RTCRtpReceiver._run_rtcp": hasattr(receiver, "_run_rtcp"),
-        **_media_path_points(conn, receiver.transport),
         "RTCRtpReceiver.receive: decoder thread": (
             "decoder_worker" in RTCRtpReceiver.receive.__code__.co_names
             and "_register_rtp_receiver" in RTCRtpReceiver.receive.__code__.co_names
         ),
-    }
-
-
-def _media_path_points(conn: aioice.Connection, dtls: Any) -> dict[str, bool]:
-    """`media_path`'s reach: the queue it feeds and the SRTP branch it runs in-line."""
-    from aiortc.rtcdtlstransport import RTCDtlsTransport
-
-    recv_next = RTCDtlsTransport._recv_next.__code__
-    return {
-        "Connection.data_received: _queue": (
-            "_queue" in aioice.Connection.data_received.__code__.co_names
-        ),
-        "StunProtocol.receiver": "receiver" in aioice.ice.StunProtocol.__init__.__code__.co_names,
-        "RTCDtlsTransport._state": (
-            "_state" in RTCDtlsTransport.__init__.__code__.co_names
-            and hasattr(aiortc.rtcdtlstransport.State, "CONNECTED")
-            and "_set_state" in RTCDtlsTransport._RTCDtlsTransport__run.__code__.co_names  # type: ignore[attr-defined]
-        ),
-        "RTCDtlsTransport.__rx_bytes": hasattr(dtls, "_RTCDtlsTransport__rx_bytes"),
-        "RTCDtlsTransport.__rx_packets": hasattr(dtls, "_RTCDtlsTransport__rx_packets"),
-        "RTCDtlsTransport._recv_next: SRTP branch": all(
-            name in recv_next.co_names
-            for name in ("_rx_srtp", "unprotect", "unprotect_rtcp", "current_ms")
-        )
-        and {"_handle_rtp_data", "_handle_rtcp_data"} <= set(recv_next.co_names),
-        "RTCDtlsTransport._handle_rtp_data": hasattr(dtls, "_handle_rtp_data"),
-        "RTCDtlsTransport._handle_rtcp_data": hasattr(dtls, "_handle_rtcp_data"),
-        "RTCDtlsTransport.transport": hasattr(dtls, "transport"),
-        "clock.current_ms": hasattr(aiortc.clock, "current_ms"),
-        "rtp.is_rtcp": hasattr(aiortc.rtp, "is_rtcp"),
     }

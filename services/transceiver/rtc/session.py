@@ -1,5 +1,14 @@
-"""One call's peer connection: a stock aiortc `RTCPeerConnection` made an ICE-lite agent on
-the shared socket (`hooks.py`), with the agent's voice as its outgoing track.
+"""One call's peer connection: a stock aiortc `RTCPeerConnection`, made an ICE-lite agent on
+the shared socket (`hooks.py`), for offer/answer, the DTLS handshake and the data channel
+(SCTP); the call's media is the project's own core (`media/core.py`), not aiortc's.
+
+aiortc answers with its audio transceivers inactive, so it starts no RTP sender or
+receiver of its own: the answer the caller gets says what the core does (`sendrecv`, with
+aiortc's SSRC and CNAME lines). Once DTLS is connected, the core takes the SRTP sessions
+the handshake keyed (`hooks.srtp_sessions`). From then on every SRTP/SRTCP datagram of the
+call goes to the core, on the loop thread, as it arrives. What the core sends goes to the
+path the session table selected. Its timer is the process's one media clock
+(`media_clock.py`).
 
 It reports what happens through `SessionCallbacks`, on the loop thread: decoded audio,
 connection states (aiortc's own words: "connected", "failed", "closed", ...), the caller's
@@ -10,21 +19,31 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aioice
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
-from firsthop.services.transceiver.media.opus import OpusDecoder, OpusError
+from firsthop.services.transceiver.media.core import (
+    AudioReceived,
+    CallMedia,
+    FirstAudioReceived,
+    FirstAudioSent,
+    FramePlayed,
+    FramesDropped,
+    MediaParams,
+)
+from firsthop.services.transceiver.media.srtp import SrtpContext
 from firsthop.services.transceiver.rtc import dtls_hooks, hooks, sctp_hooks
-from firsthop.services.transceiver.rtc.audio import AgentAudioTrack
+from firsthop.services.transceiver.rtc.media_clock import MediaClock, clock_of
 from firsthop.shared.address import Address
+from firsthop.shared.sdp import answering_direction, audio_stream, set_audio_direction
 from firsthop.shared.wire.demux import STUN_LAST
 
-MAX_RECEIVE_QUEUE = 256  # datagrams waiting for DTLS/SRTP in one session
+MAX_RECEIVE_QUEUE = 256  # DTLS records waiting for aiortc's DTLS task in one session
 MAX_CHANNEL_BACKLOG = 1 << 20  # bytes of events queued on a caller's data channel
 
 
@@ -49,6 +68,8 @@ class SessionCallbacks:
     selected: Callable[[], Address | None]  # the media path the session table chose
     milestone: Callable[[Milestone], None]
     count: Callable[[str], None]
+    # something raised while handling the call's media: that call fails (`Session.fail`)
+    failed: Callable[[str, BaseException], None] = lambda stage, exc: None
 
 
 @dataclass
@@ -58,25 +79,20 @@ class RtcSession:
     callbacks: SessionCallbacks
     tcp_candidates: list[Address] = field(default_factory=list)  # ICE-TCP ingress, passive
     pc: RTCPeerConnection = field(init=False)
-    output: AgentAudioTrack = field(init=False)
     channel: Any = field(init=False, default=None)
+    media: CallMedia | None = field(init=False, default=None)  # from the answer on
+    on_played: Callable[[Hashable], None] | None = field(init=False, default=None)
+    on_dropped: Callable[[Hashable], None] | None = field(init=False, default=None)
+    timer_at: float | None = field(init=False, default=None)  # (the media clock's entry)
     _protocols: list[Callable[[], aioice.ice.StunProtocol | None]] = field(
         init=False, default_factory=list
     )
-    _tasks: set[asyncio.Task[None]] = field(init=False, default_factory=set)
-    _jitter: list[LowLatencyJitterBuffer] = field(init=False, default_factory=list)
-    _decoder: OpusDecoder | None = field(init=False, default=None)
-    _media: Callable[[bytes], None] | None = field(init=False, default=None)
-    _audio_started: bool = field(init=False, default=False)
-    _decoded: int = field(init=False, default=0)
-    _repaired: int = field(init=False, default=0)
-    _from_fec: int = field(init=False, default=0)
+    _clock: MediaClock | None = field(init=False, default=None)
+    _counted: bool = field(init=False, default=False)  # its totals were handed over
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         dtls_hooks.dtls_for_any_peer(self.pc)  # RSA peers too; our certificate stays ECDSA
-        self.output = AgentAudioTrack()
-        self.output.on_first_audio = lambda: self.callbacks.milestone(Milestone.FIRST_AUDIO_OUT)
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("iceconnectionstatechange", self._on_ice_state)
         self.pc.on("datachannel", self._on_datachannel)
@@ -87,7 +103,8 @@ class RtcSession:
         """Apply the offer (candidates already stripped) and return the answer SDP, with our
         ICE credentials `local` = (ufrag, password): the session table's, set in aioice."""
         await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
-        self.pc.addTrack(self.output)
+        for transceiver in self.pc.getTransceivers():
+            transceiver.direction = "inactive"  # aiortc moves no RTP: the media core does
         for conn in hooks.ice_connections(self.pc):
             hooks.set_credentials(conn, local)
             self._protocols.append(
@@ -99,23 +116,35 @@ class RtcSession:
                     selected=self.callbacks.selected,
                 )
             )
-        for transceiver in self.pc.getTransceivers():
-            if transceiver.kind == "audio":
-                receiver = transceiver.receiver
-                self._jitter.append(hooks.low_latency_receiver(receiver, self._on_opus))
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
+        direction = answering_direction(offer_sdp)
+        sdp = set_audio_direction(str(self.pc.localDescription.sdp), direction)
+        stream = audio_stream(sdp)
+        self.media = CallMedia(
+            MediaParams(
+                ssrc=stream.ssrc,
+                cname=stream.cname,
+                payload_type=stream.payload_type,
+                sending=direction in ("sendrecv", "sendonly"),
+                mid=stream.mid,
+                mid_extension=stream.mid_extension,
+            )
+        )
+        self._clock = clock_of(asyncio.get_running_loop())
+        audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
         media = {t.receiver.transport for t in self.pc.getTransceivers()}
         for dtls in media:
-            dtls.on("statechange", self._make_dtls_watch(dtls))
+            dtls.on("statechange", self._make_dtls_watch(dtls, dtls is audio.receiver.transport))
         for dtls in media | ({self.pc.sctp.transport} if self.pc.sctp else set()):
             dtls_hooks.close_with_renegotiation(dtls)  # a browser's connection fails at once
         if self.pc.sctp is not None:  # what the caller's data channels make aiortc keep
             sctp_hooks.bound_sctp(self.pc.sctp, self.callbacks.count)
-        return str(self.pc.localDescription.sdp)
+        return sdp
 
     def select_path(self, addr: Address) -> bool:
-        """Send the media to `addr` (validated by the session table)."""
+        """Send to `addr` (validated by the session table): DTLS and SCTP through aioice's
+        pair, media through `send` to the table's selected path."""
         return any([hooks.select_path(conn, addr) for conn in hooks.ice_connections(self.pc)])
 
     def forget_path(self, addr: Address) -> None:
@@ -130,21 +159,83 @@ class RtcSession:
     # -- datagrams from the shared socket --------------------------------------------------
 
     def datagram_received(self, data: bytes, addr: Address) -> bool:
-        """Hand one datagram to ICE; False if it was dropped because the session's receive
-        queue is full (aioice's own queue is unbounded)."""
+        """One datagram of the call's validated caller: SRTP/SRTCP to the media core, an
+        authenticated check or a DTLS record to aioice (which queues DTLS for aiortc's
+        task); False if DTLS was dropped because that queue is full (aioice's own queue
+        is unbounded)."""
+        first = data[0]
+        if 127 < first < 192:  # RTP/RTCP (RFC 7983)
+            media = self.media
+            if media is not None:
+                try:
+                    media.receive_datagram(data, time.monotonic())
+                    self._pump(media)
+                except Exception as exc:
+                    self.callbacks.failed("media", exc)
+            return True
         protocol = self._protocols[0]() if self._protocols else None
         if protocol is None:
             return False
-        if data[0] <= STUN_LAST:
-            protocol.datagram_received(data, addr)
-            return True
-        if hooks.receive_backlog(protocol) >= MAX_RECEIVE_QUEUE:
+        if first > STUN_LAST and hooks.receive_backlog(protocol) >= MAX_RECEIVE_QUEUE:
             return False
-        media = self._media
-        if media is None:
-            media = self._media = hooks.media_path(self.pc, protocol, self.callbacks.count)
-        media(data)  # DTLS queued for aiortc's task; SRTP handled here (`hooks.media_path`)
+        protocol.datagram_received(data, addr)  # (DTLS fails its STUN parse: queued)
         return True
+
+    # -- the agent's audio -----------------------------------------------------------------
+
+    def push_audio(self, pcm: bytes, tag: Hashable | None = None) -> None:
+        """Queue the agent's PCM16 mono 48 kHz (any length) to play into the call; frames
+        dropped doing so are reported through `on_dropped`."""
+        media = self.media
+        if media is not None:
+            media.push_audio(pcm, tag, time.monotonic())
+            self._pump(media)
+
+    def clear_audio(self) -> None:
+        if self.media is not None:
+            self.media.clear()
+
+    def configure_output(self, max_frames: int, drain_quiet: bool) -> None:
+        if self.media is not None:
+            self.media.configure_output(max_frames, drain_quiet)
+
+    # -- the media core's I/O ------------------------------------------------------------------
+
+    def on_timer(self, now: float) -> None:
+        media = self.media
+        if media is None:
+            return
+        try:
+            media.handle_timer(now)
+            self._pump(media)
+        except Exception as exc:
+            self.callbacks.failed("media", exc)
+
+    def _pump(self, media: CallMedia) -> None:
+        """Carry out what the core has for the world, then re-arm its timer."""
+        datagrams = media.datagrams_to_send()
+        if datagrams:
+            addr = self.callbacks.selected()
+            if addr is not None:
+                for data in datagrams:
+                    self.send(data, addr)
+        while (event := media.next_event()) is not None:
+            match event:
+                case AudioReceived(pcm):
+                    self.callbacks.audio(pcm)
+                case FramePlayed(tag):
+                    if self.on_played is not None:
+                        self.on_played(tag)
+                case FramesDropped(tags):
+                    for tag in tags:
+                        if self.on_dropped is not None:
+                            self.on_dropped(tag)
+                case FirstAudioReceived():
+                    self.callbacks.milestone(Milestone.FIRST_RTP_IN)
+                case FirstAudioSent():
+                    self.callbacks.milestone(Milestone.FIRST_AUDIO_OUT)
+        if self._clock is not None:
+            self._clock.arm(self, media.get_timer())
 
     # -- events ------------------------------------------------------------------------------
 
@@ -155,40 +246,19 @@ class RtcSession:
         if self.pc.iceConnectionState == "completed":
             self.callbacks.milestone(Milestone.ICE_CONNECTED)
 
-    def _make_dtls_watch(self, transport: Any) -> Callable[[], None]:
+    def _make_dtls_watch(self, transport: Any, audio: bool) -> Callable[[], None]:
         def watch() -> None:
             if transport.state == "connected":
                 self.callbacks.milestone(Milestone.DTLS_CONNECTED)
-                hooks.count_srtp_failures(transport, self.callbacks.count)
+                media = self.media
+                if audio and media is not None:  # the keys are here: media flows
+                    inbound, outbound = hooks.srtp_sessions(transport)
+                    media.start(SrtpContext(inbound, outbound), time.monotonic(), time.time())
+                    self._pump(media)
             elif transport.state == "failed":
                 self.callbacks.milestone(Milestone.DTLS_FAILED)
 
         return watch
-
-    def _on_opus(self, frame: Frame) -> None:
-        """One Opus frame from the jitter buffer, decoded here on the loop (about 20 us; no
-        decoder thread, no queue hop): a lost one is repaired from the next packet's FEC or
-        concealed, so the agent hears every 20 ms."""
-        decoder = self._decoder
-        if decoder is None:
-            decoder = self._decoder = OpusDecoder()
-        try:
-            if frame.lost:
-                if not self._audio_started:
-                    return
-                pcm, from_fec = decoder.recover(frame.data)
-                self._repaired += 1
-                self._from_fec += from_fec
-            else:
-                pcm = decoder.decode(frame.data)
-                self._decoded += 1
-        except OpusError:
-            self.callbacks.count("opus_decode_error")
-            return
-        if not self._audio_started:
-            self._audio_started = True
-            self.callbacks.milestone(Milestone.FIRST_RTP_IN)
-        self.callbacks.audio(pcm)
 
     def _on_datachannel(self, channel: Any) -> None:
         self.channel = channel
@@ -212,27 +282,22 @@ class RtcSession:
             self.callbacks.count("event_dropped_too_big_for_caller")
         return True
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def live_stats(self) -> dict[str, int]:
+        """What this call has counted so far (for /metrics while it lasts)."""
+        if self._counted or self.media is None:
+            return {}
+        return self.media.stats()
 
     def totals(self) -> dict[str, int]:
-        """What this call counted that the transceiver's metrics add up at its end."""
-        return {
-            "jitter_late": sum(j.late for j in self._jitter),
-            "jitter_skipped": sum(j.skipped for j in self._jitter),
-            "frames_decoded": self._decoded,
-            "frames_repaired": self._repaired,
-            "frames_repaired_fec": self._from_fec,
-            "agent_frames_played": self.output.frames_out,
-        }
+        """What this call counted, handed once to the transceiver's counters at its end."""
+        stats = self.live_stats()
+        self._counted = True
+        return stats
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        self.output.stop()
-        self.output.clear()  # (up to 30 s of a backend's audio: gone with the call)
+        media = self.media
+        if media is not None:
+            if self._clock is not None:
+                self._clock.arm(self, None)
+            media.close()  # (up to 30 s of a backend's audio: gone with the call)
         await self.pc.close()
-        if self._decoder is not None:
-            self._decoder.close()

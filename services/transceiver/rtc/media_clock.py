@@ -1,0 +1,109 @@
+"""One timer for every call's media core, on the asyncio host loop.
+
+Each call's core (`media/core.py`) says when it next needs the clock (`get_timer()`): its
+output frame every 20 ms, its next RTCP report. A task or a timer per call would wake the
+loop 50 times a second per call. Here all of them share one `loop.call_at`. When it fires,
+every core that is due within `COALESCE` is handled in the same wake-up, so calls whose
+slots fall close together cost one wake-up: a frame goes out up to `COALESCE` early, never
+late. Each owner re-arms after every call into its core (aioquic's adapters re-read
+`get_timer()` the same way). An owner has one live entry, and a replaced one is skipped
+when it comes up. `after_tick` runs once per wake-up, after every due owner: that is
+where a tick's sends can go out together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger("firsthop.transceiver.media_clock")
+
+COALESCE = 0.002  # seconds: owners due this soon are handled in the same wake-up
+
+
+class ClockOwner(Protocol):
+    timer_at: float | None  # the one live entry's time (set by `MediaClock.arm`)
+
+    def on_timer(self, now: float) -> None: ...
+
+
+class MediaClock:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, after_tick: Callable[[], None] | None = None
+    ) -> None:
+        self._loop = loop
+        self._heap: list[tuple[float, int, ClockOwner]] = []
+        self._seq = itertools.count()
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_at = math.inf
+        self._live = 0  # owners with an entry
+        self.after_tick = after_tick
+        self.wakeups = 0
+
+    def arm(self, owner: ClockOwner, when: float | None) -> None:
+        """`owner`'s next deadline is `when` (None: it needs none)."""
+        if owner.timer_at == when:
+            return
+        if owner.timer_at is None and when is not None:
+            self._live += 1
+        elif owner.timer_at is not None and when is None:
+            self._live -= 1
+        owner.timer_at = when
+        if when is None:
+            return
+        heapq.heappush(self._heap, (when, next(self._seq), owner))
+        if len(self._heap) > 4 * self._live + 64:  # replaced entries: sweep them out
+            self._heap = [e for e in self._heap if e[2].timer_at == e[0]]
+            heapq.heapify(self._heap)
+        if when < self._armed_at:
+            self._schedule(when)
+
+    def _schedule(self, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._armed_at = when
+        self._handle = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._handle, self._armed_at = None, math.inf
+        self.wakeups += 1
+        now = self._loop.time()
+        heap = self._heap
+        due: list[tuple[float, ClockOwner]] = []
+        while heap and heap[0][0] <= now + COALESCE:
+            when, _, owner = heapq.heappop(heap)
+            if owner.timer_at == when:  # (else replaced since)
+                owner.timer_at = None
+                self._live -= 1
+                due.append((when, owner))
+        for when, owner in due:
+            try:
+                # An owner due a little later is told it is its time: its frame goes out
+                # up to COALESCE early (and what it re-arms waits for the next wake-up).
+                owner.on_timer(max(now, when))
+            except Exception:  # the owner's own failure handling missed it: its call only
+                log.exception("a media timer raised")
+        if self.after_tick is not None:
+            self.after_tick()
+        while heap and heap[0][2].timer_at != heap[0][0]:
+            heapq.heappop(heap)
+        if heap:
+            self._schedule(heap[0][0])
+
+
+_clocks: dict[asyncio.AbstractEventLoop, MediaClock] = {}
+
+
+def clock_of(loop: asyncio.AbstractEventLoop) -> MediaClock:
+    """The loop's one media clock (made on first use; gone with the loop)."""
+    clock = _clocks.get(loop)
+    if clock is None:
+        for old in [old for old in _clocks if old.is_closed()]:
+            del _clocks[old]
+        clock = _clocks[loop] = MediaClock(loop)
+    return clock
