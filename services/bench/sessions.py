@@ -64,8 +64,11 @@ from firsthop.services.call.caller import Caller, ToneTrack
 
 FRAME_S = 0.02
 SETUP_CONCURRENCY = 8  # offers in flight per worker (the relay limits pending flows per IP)
-# Issue #14's targets, x stock aiortc with no loss: the transceiver alone, and the whole path.
-TARGET_RATIOS = {"transceiver": 4.0, "transceiver+agent": 3.0, "transceiver+agent+relay": 3.0}
+# The media core's targets (issue #21), x stock aiortc with no loss: the transceiver alone,
+# and the whole path; and the transceiver's CPU per call at most this many times the floor.
+TARGET_RATIOS = {"transceiver": 6.0, "transceiver+agent+relay": 4.0}
+FLOOR_TARGET = 2.5
+FLOOR_SECONDS = 1.5  # CPU time the codec floor is measured over, each time
 DEFAULTS: dict[str, Any] = {"calls": "10", "seconds": 10.0, "rounds": 2, "warmup": 2.0}
 QUICK: dict[str, Any] = {"calls": "3", "seconds": 3.0, "rounds": 1, "warmup": 1.0}
 TARGETS = ("firsthop", "stock", "stock-mono")
@@ -345,6 +348,7 @@ def run(
         log_file = tempfile.TemporaryFile()
         stack_exit.enter_context(log_file)
         os.sched_setaffinity(0, {server_cpu} if server_cpu is not None else set(mask))
+        floors = [codec_floor()]  # on the services' core, before and after the rounds
         stack = Stack()
         stack_exit.callback(stack.stop)  # also what a failed start left running
         stack.start(stock=True)
@@ -365,6 +369,9 @@ def run(
             log_file.seek(0)
             tail = "\n".join(log_file.read().decode(errors="replace").splitlines()[-20:])
             raise BenchError(f"{exc}\n--- the workers' last stderr lines ---\n{tail}") from exc
+        stack.stop()
+        os.sched_setaffinity(0, {server_cpu} if server_cpu is not None else set(mask))
+        floors.append(codec_floor())
     config = {
         "calls": calls,
         "seconds": seconds,
@@ -374,10 +381,53 @@ def run(
         "server_cpu": server_cpu,
         "caller_cpu": caller_cpu,
     }
-    return {"config": config, "rows": rows, "summary": summarize(rows, calls)}
+    floor = round(statistics.median(floors), 3)
+    return {
+        "config": config,
+        "rows": rows,
+        "summary": summarize(rows, calls, floor),
+        "floor": floor,
+    }
 
 
-def summarize(rows: list[dict[str, Any]], calls: list[int]) -> dict[str, Any]:
+def codec_floor(seconds: float = FLOOR_SECONDS) -> float:
+    """What transcoding alone costs, % of one core per call: a call's 50 frames a second of
+    a caller's Opus decoded (aiortc's own encoder made them, as the callers' are) and 50 of
+    the answer encoded (the transceiver's encoder), in a tight loop on this thread's core."""
+    import fractions
+
+    import numpy as np
+    from av import AudioFrame, CodecContext
+
+    from firsthop.services.transceiver.media.core import OPUS_BITRATE
+    from firsthop.services.transceiver.media.opus import FRAME_SAMPLES, OpusDecoder, OpusEncoder
+
+    t = np.arange(50 * FRAME_SAMPLES) / 48000
+    tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+    codec = CodecContext.create("libopus", "w")  # what aiortc's RTCRtpSender encodes with
+    codec.bit_rate, codec.format, codec.layout, codec.sample_rate = 32000, "s16", "mono", 48000
+    codec.time_base = fractions.Fraction(1, 48000)
+    packets: list[bytes] = []
+    pcm = [tone[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES].tobytes() for i in range(50)]
+    for i, chunk in enumerate(pcm):
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(chunk)
+        frame.pts, frame.sample_rate = i * FRAME_SAMPLES, 48000
+        frame.time_base = fractions.Fraction(1, 48000)
+        packets += [bytes(p) for p in codec.encode(frame)]
+    decoder, encoder = OpusDecoder(), OpusEncoder(OPUS_BITRATE)
+    frames, start = 0, time.thread_time()
+    while (spent := time.thread_time() - start) < seconds:
+        for packet, chunk in zip(packets, pcm, strict=False):
+            decoder.decode(packet)
+            encoder.encode(chunk)
+        frames += len(packets)
+    return 100 * spent / (frames * FRAME_S)  # % of a core for 1 s of one call
+
+
+def summarize(
+    rows: list[dict[str, Any]], calls: list[int], floor: float | None = None
+) -> dict[str, Any]:
     """Medians over the rounds per call count; firsthop's sessions per core over each
     reference's, for each way of counting firsthop's cost; the target against `stock`."""
     out: dict[str, Any] = {}
@@ -402,7 +452,14 @@ def summarize(rows: list[dict[str, Any]], calls: list[int]) -> dict[str, Any]:
         loss = {t: max(r["loss_pct_max"] or 0.0 for r in mine if r["target"] == t) for t in TARGETS}
         heard = {t: all(r["all_heard_own"] for r in mine if r["target"] == t) for t in TARGETS}
         clean = loss["firsthop"] == 0 and heard["firsthop"]
+        per_call = [
+            r["costs"]["transceiver"]["cpu_pct_per_session"]
+            for r in mine
+            if r["target"] == "firsthop" and r["costs"]["transceiver"]["cpu_pct_per_session"]
+        ]
+        over_floor = round(statistics.median(per_call) / floor, 2) if per_call and floor else None
         out[str(n)] = {
+            "over_floor": over_floor,
             "sessions_per_core": spc,
             "ratio_to": ratios,
             "loss_pct_max": loss,
@@ -412,8 +469,10 @@ def summarize(rows: list[dict[str, Any]], calls: list[int]) -> dict[str, Any]:
                 "reference": "stock",
                 "met": {
                     label: clean and (ratios["stock"][label] or 0.0) >= TARGET_RATIOS[label]
-                    for label in COSTS["firsthop"]
+                    for label in TARGET_RATIOS
                 },
+                "floor_ratio": FLOOR_TARGET,
+                "floor_met": over_floor is not None and over_floor <= FLOOR_TARGET,
             },
         }
     return out
@@ -471,6 +530,13 @@ def render(result: dict[str, Any]) -> str:
             + "; every caller heard its own tone: "
             + ", ".join(f"{t} {'yes' if heard[t] else 'NO'}" for t in TARGETS)
         )
+        if result.get("floor"):
+            lines.append(
+                f"    codec floor (decode + encode of a call's frames in a tight loop, same core): "
+                f"{result['floor']:.2f} % of a core per call; the transceiver is "
+                f"{_fmt(s.get('over_floor'), '.2f')}x it (target <= {FLOOR_TARGET}x: "
+                f"{'met' if s['target'].get('floor_met') else 'MISSED'})"
+            )
         met = s["target"]["met"]
         lines.append(
             "    target, x stock with no loss: "

@@ -2,7 +2,8 @@
 
 The transceiver is an ICE-lite agent (RFC 8445 §2.5): it sends no checks of its own to set a
 call up; the caller's checks, arriving through the relay, both prove the caller and choose
-the path. This module decides, for every STUN datagram of a session, before aioice sees it:
+the path. This module is the session's one ICE agent: it decides for every STUN datagram of
+a session, and answers the checks it accepts (nothing else parses or answers STUN):
 
 * A Binding request counts only if its USERNAME is ``<our ufrag>:<their ufrag>`` and its
   MESSAGE-INTEGRITY verifies with our password (RFC 8445 §7.3, RFC 8489 §9.1.3), and its
@@ -17,8 +18,8 @@ the path. This module decides, for every STUN datagram of a session, before aioi
   is the caller: we send it our own Binding request, signed with the caller's password, and
   move only on a success response that verifies with it (a return-routability check, like
   QUIC path validation, RFC 9000 §8.2). Until then the media stays where it is, and the new
-  address gets, per check it sent, one STUN response (aioice answers each check once; the
-  relay needs that success response to carry the flow at all) and at most one validation
+  address gets, per check it sent, one STUN response (`Accepted.response`; the relay needs
+  that success response to carry the flow at all) and at most one validation
   request — never retransmitted on its own, so nothing goes to an unproven address that it
   did not ask for. This is how a NAT rebinding recovers, at the caller's next check.
 * Bounds: at most `MAX_PATHS` addresses per session (the least recently checked yields), one
@@ -35,7 +36,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from firsthop.shared.address import Address
 from firsthop.shared.wire import stun
@@ -59,10 +60,13 @@ class Credentials:
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    """An authenticated check: hand it to aioice (it answers); send `probe` if any."""
+    """An authenticated check: send `response` back to its source; send `probe` if any."""
 
     selects: bool  # this check selected the session's first media path
     probe: bytes | None = None  # our Binding request to the check's source (validation)
+    # The Binding success response (RFC 8489 §7.3.1, RFC 8445 §7.3.1.1): XOR-MAPPED-ADDRESS
+    # of the source, signed with our password, FINGERPRINT; smaller than the check.
+    response: bytes = field(default=b"", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +131,31 @@ class LiteIce:
             self._recent[msg.transaction_id] = client
         self.last_check = now
         self._note_path(client, now)
+        response = self._success(msg.transaction_id, client)
         if self.selected is None:
             self.selected = client
             self._validated.add(client)
-            return Accepted(selects=True)
+            return Accepted(selects=True, response=response)
         if client in self._validated:
-            return Accepted(selects=False)
-        return Accepted(selects=False, probe=self._start_probe(now, client))
+            return Accepted(selects=False, response=response)
+        return Accepted(selects=False, probe=self._start_probe(now, client), response=response)
+
+    def _success(self, transaction_id: bytes, client: Address) -> bytes:
+        """The answer to an authenticated check from `client` (RFC 8445 §7.3.1.1): the one
+        ICE agent of the session is this one; nothing else parses or answers a check."""
+        return stun.build_stun(
+            stun.BINDING,
+            stun.SUCCESS,
+            transaction_id,
+            [
+                (
+                    stun.XOR_MAPPED_ADDRESS,
+                    stun.encode_xor_address(client[0], client[1], transaction_id),
+                )
+            ],
+            integrity_key=stun.short_term_key(self.creds.local_pwd),
+            fingerprint=True,
+        )
 
     def _note_path(self, client: Address, now: float) -> None:
         paths = self._paths

@@ -34,11 +34,9 @@ from firsthop.services.transceiver.table import (
     LINGER,
     Command,
     PathChanged,
-    PathForgotten,
     Refusal,
     Send,
     SessionTable,
-    ToIce,
     ToMedia,
 )
 from firsthop.shared import memory
@@ -210,26 +208,18 @@ class Transceiver:
 
     def _carry_out(self, command: Command[Session]) -> None:
         match command:
-            case ToMedia(session, payload, client) | ToIce(session, payload, client):
+            case ToMedia(session, payload, client):
                 self._to_rtc(session, payload, client)
             case Send(data, dest):
                 self._send(data, dest)
-            case PathChanged(session, client):
-                try:
-                    session.rtc.select_path(client)
-                except Exception as exc:
-                    session.fail("media", exc)
-            case PathForgotten(session, client):
-                try:
-                    session.rtc.forget_path(client)
-                except Exception as exc:
-                    session.fail("media", exc)
+            case PathChanged(session, _):
+                session.rtc.path_selected()
 
     def _to_rtc(self, session: Session, payload: bytes, client: Address) -> None:
         try:
             if not session.rtc.datagram_received(payload, client):
                 self.counters["session_queue_full"] += 1
-        except Exception:  # aioice raises struct.error & co on crafted STUN
+        except Exception:  # (the session's own handlers catch what they raise)
             self.counters["session_datagram_error"] += 1
             log.debug("datagram for session %s raised", session.session_id, exc_info=True)
 

@@ -88,15 +88,6 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
-class ToIce(Generic[H]):
-    """An authenticated check for the session's ICE agent (aioice answers it)."""
-
-    handle: H
-    payload: bytes
-    client: Address
-
-
-@dataclass(frozen=True, slots=True)
 class ToMedia(Generic[H]):
     """DTLS, SRTP or RTCP from a validated client of the session."""
 
@@ -108,14 +99,6 @@ class ToMedia(Generic[H]):
 @dataclass(frozen=True, slots=True)
 class PathChanged(Generic[H]):
     """The session's media now goes to `client`, which proved it is the caller."""
-
-    handle: H
-    client: Address
-
-
-@dataclass(frozen=True, slots=True)
-class PathForgotten(Generic[H]):
-    """The session let go of a path (too many): ICE may drop its pair."""
 
     handle: H
     client: Address
@@ -133,7 +116,7 @@ class Ended(Generic[H]):
     reason: str
 
 
-Command = Send | ToIce[H] | ToMedia[H] | PathChanged[H] | PathForgotten[H]
+Command = Send | ToMedia[H] | PathChanged[H]
 
 
 class Refusal(Exception):
@@ -271,13 +254,15 @@ class SessionTable(Generic[H]):
         commands: list[Command[H]] = []
         for gone in ice.forgotten:
             self.mux.forget(entry, gone)
-            commands.append(PathForgotten(entry.handle, gone))
         ice.forgotten.clear()
+        answer = self.frame_for(client, verdict.response)  # (the route was just noted)
+        if answer is not None:
+            commands.append(answer)
         if verdict.selects:
             self.mux.validated(entry, client)
+            commands.append(PathChanged(entry.handle, client))  # DTLS may start
             if d.stream:  # the caller reached the relay over ICE-TCP (PROXY v2 STREAM)
                 self.counters["ice_tcp_path_selected"] += 1
-        commands.append(ToIce(entry.handle, payload, client))  # aioice answers it
         if verdict.probe is not None:
             self.mux.expect(entry, client)
             probe = self.frame_for(client, verdict.probe)

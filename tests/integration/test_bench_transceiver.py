@@ -58,6 +58,10 @@ def test_quick_sessions_bench_measures_firsthop_and_stock() -> None:
     summary = next(iter(result["summary"].values()))
     assert set(summary["ratio_to"]) == {"stock", "stock-mono"}
     assert all(v is not None and v > 0 for v in summary["ratio_to"]["stock"].values())
+    # the codec floor, measured in the same run, and the transceiver's cost over it
+    assert 0 < result["floor"] < 5  # % of a core per call: decode + encode alone
+    assert summary["over_floor"] > 1  # the transceiver does more than transcode
+    assert set(summary["target"]["met"]) == {"transceiver", "transceiver+agent+relay"}
 
 
 def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> None:

@@ -196,3 +196,25 @@ def test_garbage_is_refused_never_raises(data: bytes, as_response: bool) -> None
     else:
         assert isinstance(ice.on_request(T0, ELSEWHERE, data), Refused)
     assert ice.selected == CALLER
+
+
+def test_each_accepted_check_is_answered_signed_naming_its_source_and_smaller() -> None:
+    """The one ICE agent answers what it accepts (RFC 8445 §7.3.1.1): XOR-MAPPED-ADDRESS
+    of the check's source, MESSAGE-INTEGRITY with our password, FINGERPRINT; an answer
+    never bigger than the question. A refused check gets nothing."""
+    ice = agent()
+    for source in (CALLER, ("2001:db8::5", 5555), ELSEWHERE):
+        request = check()
+        verdict = ice.on_request(T0, source, request)
+        assert isinstance(verdict, Accepted)
+        response = verdict.response
+        msg = stun.parse_stun(response)
+        assert (msg.method, msg.cls) == (stun.BINDING, stun.SUCCESS)
+        assert msg.transaction_id == stun.parse_stun(request).transaction_id
+        stun.verify_message_integrity(response, msg, stun.short_term_key(CREDS.local_pwd))
+        stun.verify_fingerprint(response, msg)
+        mapped = msg.get(stun.XOR_MAPPED_ADDRESS)
+        assert mapped is not None
+        assert stun.decode_xor_address(mapped, msg.transaction_id) == source
+        assert len(response) < len(request)
+    assert isinstance(ice.on_request(T0, CALLER, check(pwd=b"wrong-password-xxxxxxx")), Refused)

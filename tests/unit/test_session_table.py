@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from typing import TypedDict, Unpack
 
 import pytest
@@ -20,7 +19,6 @@ from firsthop.services.transceiver.table import (
     Refusal,
     Send,
     SessionTable,
-    ToIce,
     ToMedia,
 )
 from firsthop.shared.wire import stun
@@ -136,7 +134,8 @@ def test_ice_restart_routes_the_new_ufrag_and_only_the_new_credentials_authentic
     assert t.on_datagram(T0 + 1, RELAY, framed(check(old))) == ()  # routed, refused
     assert t.counters["stun_auth_fail"] == 1
     commands = t.on_datagram(T0 + 1, RELAY, framed(check(new)))
-    assert [type(c) for c in commands] == [ToIce]
+    assert [type(c) for c in commands] == [Send]  # answered (the path stays)
+    answered(commands[0], new)
     # both ufrags are revoked at the relay when the session ends
     t.end("s1", "deleted")
     notices = t.remove("s1")
@@ -172,7 +171,7 @@ def test_a_caller_flooding_its_own_session_is_held_to_its_budget() -> None:
     assert t.on_datagram(T0 + 1, RELAY, framed(check(creds))) == ()  # its checks too
     other = opened(t, "s2")
     other_check = t.on_datagram(T0 + 1, RELAY, framed(check(other), MOVED))
-    assert [type(c) for c in other_check] == [ToIce]
+    assert [type(c) for c in other_check] == [Send, PathChanged]
     assert t.on_datagram(T0 + 1.5, RELAY, framed(rtp())) != ()  # refilled: audio goes on
 
 
@@ -181,11 +180,14 @@ def test_media_flows_only_from_validated_clients_and_moves_only_after_validation
     creds = opened(t)
     assert t.on_datagram(T0, RELAY, framed(rtp())) == ()  # nothing before a check
     first = t.on_datagram(T0, RELAY, framed(check(creds)))
-    assert first == [ToIce("handle-s1", check_payload(first), CALLER)]
+    assert [type(c) for c in first] == [Send, PathChanged]  # answered; DTLS may start
+    answered(first[0], creds)
+    assert first[1] == PathChanged("handle-s1", CALLER)
     assert t.on_datagram(T0, RELAY, framed(rtp())) == (ToMedia("handle-s1", rtp(), CALLER),)
     # the caller's NAT rebinds: its check from the new port is answered and validated
     moved = t.on_datagram(T0 + 5, RELAY, framed(check(creds), MOVED))
-    assert [type(c) for c in moved] == [ToIce, Send]
+    assert [type(c) for c in moved] == [Send, Send]  # answered there, and probed
+    answered(moved[0], creds, MOVED)
     probe = moved[1]
     assert isinstance(probe, Send) and probe.dest == RELAY
     assert t.on_datagram(T0 + 5, RELAY, framed(rtp(), MOVED)) == ()  # not yet
@@ -235,10 +237,23 @@ def test_why_sessions_ended_is_remembered_within_a_bound() -> None:
     assert len(t.ended) == 10_000 and "s0" not in t.ended and "s10004" in t.ended
 
 
-def check_payload(commands: Sequence[Command[str]]) -> bytes:
-    (command,) = commands
-    assert isinstance(command, ToIce)
-    return command.payload
+def answered(
+    command: Command[str], creds: Credentials, client: tuple[str, int] = CALLER
+) -> stun.StunMessage:
+    """`command` carries our signed success response to `client`'s check, through the relay,
+    naming the address it came from (RFC 8445 §7.3.1.1): the table is the one ICE agent."""
+    assert isinstance(command, Send) and command.dest == RELAY
+    header = parse_proxy_v2(command.data)
+    assert (header.src, header.dst) == (INGRESS, client)
+    response = command.data[header.payload_offset :]
+    msg = stun.parse_stun(response)
+    assert (msg.method, msg.cls) == (stun.BINDING, stun.SUCCESS)
+    stun.verify_message_integrity(response, msg, stun.short_term_key(creds.local_pwd))
+    stun.verify_fingerprint(response, msg)
+    mapped = msg.get(stun.XOR_MAPPED_ADDRESS)
+    assert mapped is not None
+    assert stun.decode_xor_address(mapped, msg.transaction_id) == client
+    return msg
 
 
 def caller_answers(request: bytes, creds: Credentials) -> bytes:
@@ -259,7 +274,7 @@ def test_an_ice_tcp_caller_is_counted_and_told_apart_in_every_frame_back() -> No
     creds = opened(t)
     tcp = build_proxy_v2(CALLER, INGRESS, stream=True)
     commands = t.on_datagram(T0, RELAY, tcp + check(creds))
-    assert any(isinstance(c, ToIce) for c in commands)
+    assert [type(c) for c in commands] == [Send, PathChanged]
     assert t.counters["ice_tcp_path_selected"] == 1
     framed_back = t.frame_for(CALLER, b"answer")
     assert framed_back is not None and parse_proxy_v2(framed_back.data).stream

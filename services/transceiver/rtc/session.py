@@ -24,7 +24,6 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aioice
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from firsthop.services.transceiver.media.core import (
@@ -38,12 +37,12 @@ from firsthop.services.transceiver.media.core import (
 )
 from firsthop.services.transceiver.media.srtp import SrtpContext
 from firsthop.services.transceiver.rtc import dtls_hooks, hooks, sctp_hooks
+from firsthop.services.transceiver.rtc.lite_connection import LiteConnection
 from firsthop.services.transceiver.rtc.media_clock import MediaClock, clock_of
 from firsthop.shared.address import Address
 from firsthop.shared.sdp import answering_direction, audio_stream, set_audio_direction
 from firsthop.shared.wire.demux import STUN_LAST
 
-MAX_RECEIVE_QUEUE = 256  # DTLS records waiting for aiortc's DTLS task in one session
 MAX_CHANNEL_BACKLOG = 1 << 20  # bytes of events queued on a caller's data channel
 
 
@@ -84,9 +83,7 @@ class RtcSession:
     on_played: Callable[[Hashable], None] | None = field(init=False, default=None)
     on_dropped: Callable[[Hashable], None] | None = field(init=False, default=None)
     timer_at: float | None = field(init=False, default=None)  # (the media clock's entry)
-    _protocols: list[Callable[[], aioice.ice.StunProtocol | None]] = field(
-        init=False, default_factory=list
-    )
+    ice: LiteConnection | None = field(init=False, default=None)  # from the answer on
     _clock: MediaClock | None = field(init=False, default=None)
     _counted: bool = field(init=False, default=False)  # its totals were handed over
 
@@ -105,17 +102,15 @@ class RtcSession:
         await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
         for transceiver in self.pc.getTransceivers():
             transceiver.direction = "inactive"  # aiortc moves no RTP: the media core does
-        for conn in hooks.ice_connections(self.pc):
-            hooks.set_credentials(conn, local)
-            self._protocols.append(
-                hooks.make_lite(
-                    conn,
-                    candidates=self.candidates,
-                    tcp_candidates=self.tcp_candidates,
-                    send=self.send,
-                    selected=self.callbacks.selected,
-                )
-            )
+        self.ice = LiteConnection(
+            local,
+            candidates=self.candidates,
+            tcp_candidates=self.tcp_candidates,
+            send=self.send,
+            selected=self.callbacks.selected,
+        )
+        for ice_transport in hooks.ice_transports(self.pc):
+            hooks.use_lite_connection(ice_transport, self.ice)
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
         direction = answering_direction(offer_sdp)
@@ -142,27 +137,23 @@ class RtcSession:
             sctp_hooks.bound_sctp(self.pc.sctp, self.callbacks.count)
         return sdp
 
-    def select_path(self, addr: Address) -> bool:
-        """Send to `addr` (validated by the session table): DTLS and SCTP through aioice's
-        pair, media through `send` to the table's selected path."""
-        return any([hooks.select_path(conn, addr) for conn in hooks.ice_connections(self.pc)])
-
-    def forget_path(self, addr: Address) -> None:
-        for conn in hooks.ice_connections(self.pc):
-            hooks.forget_path(conn, addr)
+    def path_selected(self) -> None:
+        """The session table selected a path (or moved it): everything the call sends goes
+        there (`callbacks.selected`); the first one lets DTLS start."""
+        if self.ice is not None:
+            self.ice.path_selected()
 
     def restart_ice(self, ufrag: str, pwd: str, remote_ufrag: str, remote_pwd: str) -> None:
         """ICE restart (RFC 8445 §9): new credentials both ways; DTLS and SRTP carry on."""
-        for conn in hooks.ice_connections(self.pc):
-            hooks.set_credentials(conn, (ufrag, pwd), (remote_ufrag, remote_pwd))
+        if self.ice is not None:
+            self.ice.restart((ufrag, pwd), (remote_ufrag, remote_pwd))
 
     # -- datagrams from the shared socket --------------------------------------------------
 
     def datagram_received(self, data: bytes, addr: Address) -> bool:
-        """One datagram of the call's validated caller: SRTP/SRTCP to the media core, an
-        authenticated check or a DTLS record to aioice (which queues DTLS for aiortc's
-        task); False if DTLS was dropped because that queue is full (aioice's own queue
-        is unbounded)."""
+        """One datagram of the call's validated caller (never STUN: the session table
+        answers checks): SRTP/SRTCP to the media core, a DTLS record to aiortc's DTLS task
+        through the call's `LiteConnection`; False if that queue was full (dropped)."""
         first = data[0]
         if 127 < first < 192:  # RTP/RTCP (RFC 7983)
             media = self.media
@@ -173,13 +164,10 @@ class RtcSession:
                 except Exception as exc:
                     self.callbacks.failed("media", exc)
             return True
-        protocol = self._protocols[0]() if self._protocols else None
-        if protocol is None:
+        ice = self.ice
+        if ice is None or first <= STUN_LAST:
             return False
-        if first > STUN_LAST and hooks.receive_backlog(protocol) >= MAX_RECEIVE_QUEUE:
-            return False
-        protocol.datagram_received(data, addr)  # (DTLS fails its STUN parse: queued)
-        return True
+        return ice.deliver(data)
 
     # -- the agent's audio -----------------------------------------------------------------
 
