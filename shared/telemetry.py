@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -83,16 +81,3 @@ def traceparent_of(span: Span | None = None) -> str | None:
     ctx = trace.set_span_in_context(span) if span is not None else None
     _PROPAGATOR.inject(carrier, context=ctx)
     return carrier.get("traceparent")
-
-
-@contextmanager
-def attached(ctx: otel_context.Context | None) -> Iterator[None]:
-    """Make `ctx` current for the block (no-op for None)."""
-    if ctx is None:
-        yield
-        return
-    token = otel_context.attach(ctx)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)

@@ -39,7 +39,6 @@ import os
 import queue
 import select
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -174,7 +173,6 @@ class DataPlane:
         self._handled = 0  # datagrams received in this wake-up
         self._more = False
         self.snapshot: dict[str, Any] = self._make_snapshot()
-        self.thread_id: int | None = None
 
     # -- control (any thread) ---------------------------------------------------------------
 
@@ -188,7 +186,6 @@ class DataPlane:
     # -- the loop (its own thread) ----------------------------------------------------------
 
     def run(self) -> None:
-        self.thread_id = threading.get_native_id()
         if self.cpu is not None:
             try:
                 os.sched_setaffinity(0, {self.cpu})  # this thread only (pid 0 = caller)

@@ -667,7 +667,6 @@ class FlowTable:
         self._sweep_pos = stop
         if stop >= len(batch):
             self._sweep = None
-        self.events.expired += expired
         return expired
 
     def _is_live(self, flow: Flow) -> bool:

@@ -135,7 +135,6 @@ class FlowEvents:
     """What happened since the I/O layer last asked (for the cache, traces and metrics)."""
 
     established: list[Flow] = field(default_factory=list)
-    expired: int = 0
 
 
 def is_binding_success(data: bytes, offset: int) -> bool:

@@ -32,18 +32,12 @@ from firsthop.shared.address import (
     normalize_host,
     parse_hostport,
 )
+from firsthop.shared.agent_url import PREFIXES
 from firsthop.shared.config import add_option, hostport_arg
 from firsthop.shared.redis_store import TransceiverInfo
 from firsthop.shared.session_config import MAX_SESSION_BYTES
 
-AGENT_SCHEMES = (
-    "ws://",
-    "wss://",
-    "realtime+ws://",
-    "realtime+wss://",
-    "twilio+ws://",
-    "twilio+wss://",
-)
+AGENT_SCHEMES = PREFIXES  # (their one owner: shared/agent_url.py)
 
 
 @dataclass

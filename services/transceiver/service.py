@@ -11,6 +11,7 @@ ends sessions through it. aiortc runs on the asyncio host loop behind `rtc/`.
 from __future__ import annotations
 
 import base64
+import errno
 import logging
 import math
 import os
@@ -28,7 +29,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from firsthop.services.transceiver.agents import TLS_SCHEMES
 from firsthop.services.transceiver.ice_lite import Credentials
-from firsthop.services.transceiver.rtc import Milestone, call_asyncio, watch_readable
+from firsthop.services.transceiver.rtc import Milestone, call_asyncio, soon, watch_readable
 from firsthop.services.transceiver.session import Session
 from firsthop.services.transceiver.table import (
     LINGER,
@@ -39,7 +40,7 @@ from firsthop.services.transceiver.table import (
     SessionTable,
     ToMedia,
 )
-from firsthop.shared import memory
+from firsthop.shared import memory, mmsg
 from firsthop.shared.address import Address
 from firsthop.shared.metrics import Histogram
 from firsthop.shared.sdp import (
@@ -56,7 +57,8 @@ from firsthop.shared.wire.route_token import encode_route_token, fresh_nonce
 log = logging.getLogger("firsthop.transceiver")
 
 RECV_BUFFER = 2048
-DRAIN_BATCH = 64  # datagrams read per readiness callback before yielding to the loop
+DRAIN_BATCH = 64  # datagrams read per readiness callback (one recvmmsg) before yielding
+SEND_BATCH = 64  # datagrams queued for one sendmmsg (what one loop iteration sent)
 TRACER = tracer("firsthop.transceiver")
 SETUP_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 END_REASON_GRACE = 5.0  # after a drain, how long signaling may take to read why calls ended
@@ -117,6 +119,8 @@ class Transceiver:
         # (ufrag, traceparent) pairs for the Redis trace hand-off; None without Redis.
         self.trace_writes: trio.MemorySendChannel[tuple[str, str]] | None = None
         self._sock: socket.socket | None = None
+        self._out = mmsg.Sender(SEND_BATCH)  # this loop iteration's sends, in one syscall
+        self._flush_due = False
         self._sessions_nursery: trio.Nursery | None = None
         self._session_removed = trio.Event()
         self._went_idle = trio.Event()  # the last live call ended
@@ -158,15 +162,38 @@ class Transceiver:
             self._send(framed.data, framed.dest)
 
     def _send(self, data: bytes, dest: Address) -> None:
+        """Queue one datagram for the shared socket: what this loop iteration sends (a
+        tick's frames of every call due, a read batch's answers) leaves in one sendmmsg,
+        right after the iteration's callbacks (`_flush`)."""
         if self._sock is None:
             return
+        out = self._out
+        if out.full():
+            self._flush()
         try:
-            self._sock.sendto(data, dest)
-            self.counters["packets_out"] += 1
-        except (BlockingIOError, InterruptedError):
-            self.counters["send_would_block"] += 1
-        except OSError:
+            out.add_buffer(data, dest)
+        except (OSError, ValueError):  # (an address this socket's family cannot name)
             self.counters["send_error"] += 1
+            return
+        if not self._flush_due:
+            self._flush_due = True
+            soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        out, sock = self._out, self._sock
+        if not out.pending:
+            return
+        if sock is None:  # closed meanwhile: what was queued goes nowhere
+            out.pending = 0
+            return
+        errors = out.errnos.copy()
+        self.counters["packets_out"] += out.flush(sock.fileno())
+        if out.dropped:
+            new = out.errnos - errors
+            would_block = new[errno.EAGAIN] + new[errno.EWOULDBLOCK]
+            self.counters["send_would_block"] += would_block
+            self.counters["send_error"] += out.dropped - would_block
 
     async def _receive_loop(self, sock: socket.socket) -> None:
         """Own the media socket's reading for as long as this task lives.
@@ -176,22 +203,20 @@ class Transceiver:
         main-thread CPU); this task starts and stops that reader, so Trio still owns when the
         socket is read and closed.
         """
-        buf = bytearray(RECV_BUFFER)
-        view = memoryview(buf)
-        v6 = sock.family == socket.AF_INET6
+        batch = mmsg.Receiver(DRAIN_BATCH, RECV_BUFFER)
+        fd = sock.fileno()
 
         def drain() -> None:
-            for _ in range(DRAIN_BATCH):
-                try:
-                    n, src = sock.recvfrom_into(buf)
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError:
-                    self.counters["recv_error"] += 1
+            got = batch.receive(fd)
+            if batch.errors:
+                self.counters["recv_error"] += batch.errors
+                batch.errors = 0
+            sources, payload, truncated = batch.sources, batch.payload, batch.truncated
+            for i in range(got):
+                if truncated(i):  # past RECV_BUFFER: no datagram of ours is
+                    self.counters["recv_oversize"] += 1
                     continue
-                if v6:  # (host, port, flowinfo, scope_id): keyed as (host, port) throughout
-                    src = (src[0], src[1])
-                self._on_datagram(src, bytes(view[:n]))
+                self._on_datagram(sources[i], bytes(payload(i)))
 
         stop = watch_readable(sock, drain)
         try:

@@ -49,3 +49,18 @@ def test_parse_mapping() -> None:
     assert parse_mapping(["2=h:1"], "peer") == {"2": "h:1"}
     with pytest.raises(ValueError):
         parse_mapping(["2"], "peer")
+
+
+def test_agent_url_schemes_have_one_owner() -> None:
+    """Signaling accepts exactly the schemes the transceiver can dial (shared/agent_url.py)."""
+    from firsthop.services.signaling.config import AGENT_SCHEMES
+    from firsthop.services.transceiver.agents import PROTOCOLS, agent_kind
+    from firsthop.shared.agent_url import SCHEMES, TLS_SCHEMES, split_agent_url
+
+    assert AGENT_SCHEMES == tuple(SCHEMES)
+    for prefix, (kind, ws) in SCHEMES.items():
+        url = prefix + "agent.example:9000/x"
+        assert split_agent_url(url) == (kind, ws + "agent.example:9000/x")
+        assert agent_kind(url).protocol is PROTOCOLS[kind]
+        assert (prefix in TLS_SCHEMES) == (ws == "wss://")
+    assert split_agent_url("http://agent.example") is None

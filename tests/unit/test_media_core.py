@@ -422,3 +422,12 @@ def test_speech_after_a_gap_or_a_pause_decodes_at_its_level_at_once() -> None:
     assert min(power[12:17]) > 0.5 * full, power[11:17]  # from the second frame on
     assert min(power[33:38]) > 0.5 * full, power[32:38]
     assert sent[21:32] == [core.OPUS_SILENCE] * 11
+
+
+def test_a_long_outage_is_repaired_for_five_frames_then_silence() -> None:
+    media, caller = keyed()
+    for i in list(range(10)) + list(range(20, 30)):  # 10 packets lost in a row
+        caller.send(caller.rtp(i, 960 * i, PACKETS[i]), 0.02 * i)
+    stats = media.stats()
+    assert stats["jitter_skipped"] == 10 and stats["jitter_concealed"] == 5
+    assert stats["frames_repaired"] == 5 and len(audio(events(media))) == 25

@@ -7,7 +7,7 @@ WebSocket messages for the agent, and the agent's messages into `AgentEvent`s fo
 `rtc/agent_link.py`'s; the session (`session.py`) connects the two.
 
 Adding an agent kind: a module here with a class that has the `AgentProtocol` methods, and
-its scheme in `SCHEMES`.
+its scheme in `shared/agent_url.py` and its class in `PROTOCOLS`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from firsthop.services.transceiver.agents.events import AgentEvent, CallInfo, Me
 from firsthop.services.transceiver.agents.native import NativeProtocol
 from firsthop.services.transceiver.agents.realtime import RealtimeProtocol
 from firsthop.services.transceiver.agents.twilio import TwilioProtocol
+from firsthop.shared.agent_url import PREFIXES, TLS_SCHEMES, split_agent_url
 
 
 class AgentProtocol(Protocol):
@@ -71,25 +72,22 @@ class AgentKind:
     protocol: Callable[[CallInfo], AgentProtocol]
 
 
-# URL prefix -> (kind, the WebSocket's own scheme, protocol)
-SCHEMES: dict[str, tuple[str, str, Callable[[CallInfo], AgentProtocol]]] = {
-    "ws://": ("native", "ws://", NativeProtocol),
-    "wss://": ("native", "wss://", NativeProtocol),
-    "realtime+ws://": ("realtime", "ws://", RealtimeProtocol),
-    "realtime+wss://": ("realtime", "wss://", RealtimeProtocol),
-    "twilio+ws://": ("twilio", "ws://", TwilioProtocol),
-    "twilio+wss://": ("twilio", "wss://", TwilioProtocol),
+PROTOCOLS: dict[str, Callable[[CallInfo], AgentProtocol]] = {
+    "native": NativeProtocol,
+    "realtime": RealtimeProtocol,
+    "twilio": TwilioProtocol,
 }
-TLS_SCHEMES = ("wss://", "realtime+wss://", "twilio+wss://")  # agents reached over TLS
 
 
 def agent_kind(url: str) -> AgentKind:
-    """Which protocol an agent URL names, and where its WebSocket goes."""
-    for prefix, (name, ws_scheme, protocol) in SCHEMES.items():
-        if url.startswith(prefix):
-            return AgentKind(name, ws_scheme + url[len(prefix) :], protocol)
-    schemes = ", ".join(SCHEMES)
-    raise AgentUrlError(f"agent URL {url[:80]!r} does not start with one of: {schemes}")
+    """Which protocol an agent URL names, and where its WebSocket goes (the schemes are
+    `shared/agent_url.py`'s)."""
+    split = split_agent_url(url)
+    if split is None:
+        schemes = ", ".join(PREFIXES)
+        raise AgentUrlError(f"agent URL {url[:80]!r} does not start with one of: {schemes}")
+    name, ws_url = split
+    return AgentKind(name, ws_url, PROTOCOLS[name])
 
 
 __all__ = [

@@ -200,7 +200,8 @@ class CallMedia:
         self._ssrcs: set[int] = set()  # streams that authenticated (at most MAX_SSRCS)
         self._stream: _Reception | None = None
         self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
-        self._late_before = self._skipped_before = 0  # of the streams before this one
+        # of the streams before this one
+        self._late_before = self._skipped_before = self._concealed_before = 0
         self._decoder: OpusDecoder | None = None
         self._audio_started = False
         self._their_lsr = 0  # the caller's last SR (middle 32 bits of its NTP time)
@@ -401,6 +402,7 @@ class CallMedia:
                 self.counts["ssrc_changed"] += 1
                 self._late_before += self._jitter.late
                 self._skipped_before += self._jitter.skipped
+                self._concealed_before += self._jitter.concealed
                 self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
             stream = self._stream = _Reception(ssrc, header.sequence_number)
         stream.update(header.sequence_number, header.timestamp, now)
@@ -520,6 +522,8 @@ class CallMedia:
             stats["srtp_malformed"] = srtp.malformed
         stats["jitter_late"] = self._late_before + self._jitter.late
         stats["jitter_skipped"] = self._skipped_before + self._jitter.skipped
+        # lost frames the buffer gave the decoder to repair (past 5 in a row: silence)
+        stats["jitter_concealed"] = self._concealed_before + self._jitter.concealed
         stats["rtp_lost"] = max(0, self._stream.lost) if self._stream is not None else 0
         stats["output_dropped_full"] = self.out.dropped_full
         stats["output_dropped_quiet"] = self.out.dropped_quiet

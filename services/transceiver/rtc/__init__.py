@@ -11,7 +11,12 @@
 """
 
 from firsthop.services.transceiver.rtc.agent_link import AgentLink, AgentLinkError
-from firsthop.services.transceiver.rtc.bridge import call_asyncio, run_trio_guest, watch_readable
+from firsthop.services.transceiver.rtc.bridge import (
+    call_asyncio,
+    run_trio_guest,
+    soon,
+    watch_readable,
+)
 from firsthop.services.transceiver.rtc.hooks import check_pinned_versions, hook_points
 from firsthop.services.transceiver.rtc.session import Milestone, RtcSession, SessionCallbacks
 
@@ -25,5 +30,6 @@ __all__ = [
     "check_pinned_versions",
     "hook_points",
     "run_trio_guest",
+    "soon",
     "watch_readable",
 ]
