@@ -255,5 +255,16 @@ def transceiver_metrics(tx: Transceiver) -> str:
     )
     released.add(tx.memory_released)
     return render(
-        [sessions, received, drops, events, draining, resident, released, tx.setup_seconds]
+        [
+            sessions,
+            received,
+            drops,
+            events,
+            draining,
+            resident,
+            released,
+            tx.setup_seconds,
+            tx.call_rtt,
+            tx.call_jitter,
+        ]
     )

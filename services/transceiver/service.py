@@ -61,6 +61,8 @@ DRAIN_BATCH = 64  # datagrams read per readiness callback (one recvmmsg) before 
 SEND_BATCH = 64  # datagrams queued for one sendmmsg (what one loop iteration sent)
 TRACER = tracer("firsthop.transceiver")
 SETUP_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8)
+JITTER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08)
 END_REASON_GRACE = 5.0  # after a drain, how long signaling may take to read why calls ended
 ANSWER_FLUSH = 0.5  # time for an answer in flight to leave before the API goes down
 # Seconds idle (no live call) before freed memory is handed back: an ended call's session
@@ -114,6 +116,16 @@ class Transceiver:
             "firsthop_session_setup_seconds",
             "Offer received to ICE+DTLS connected",
             SETUP_BUCKETS,
+        )
+        self.call_rtt = Histogram(
+            "firsthop_call_rtt_seconds",
+            "Round-trip time to the caller (RTCP), at call end",
+            RTT_BUCKETS,
+        )
+        self.call_jitter = Histogram(
+            "firsthop_call_jitter_seconds",
+            "Interarrival jitter of the caller's audio, at call end",
+            JITTER_BUCKETS,
         )
         self.media_addr: Address | None = None
         # (ufrag, traceparent) pairs for the Redis trace hand-off; None without Redis.
@@ -426,6 +438,11 @@ class Transceiver:
             self._session_removed.set()
             if len(self.table) == 0:
                 self._went_idle.set()
+            quality = session.rtc.quality()
+            if "rtt_s" in quality:
+                self.call_rtt.observe(quality["rtt_s"])
+            if "jitter_s" in quality:
+                self.call_jitter.observe(quality["jitter_s"])
             setup = session.milestones.get(Milestone.DTLS_CONNECTED)
             if setup is not None:
                 self.setup_seconds.observe(setup)

@@ -72,6 +72,12 @@ STAGES = ("setup", "agent_connect", "agent", "media", "events", "close")
 MAX_SIDEBANDS = 4  # sideband sockets per session
 SIDEBAND_QUEUE = 256  # events waiting for one sideband socket
 AHEAD_FRAMES = 1500  # 30 s of a backend's answer sent ahead, queued to play
+# The media core's counters set on the call's span at its end (`firsthop.media.<name>`).
+SPAN_STATS = (
+    "rtp_packets_in", "rtp_packets_out", "rtp_bytes_in", "rtp_bytes_out", "rtp_lost",
+    "frames_decoded", "frames_repaired", "frames_repaired_fec", "jitter_late",
+    "agent_frames_played", "output_dropped_full", "output_dropped_quiet", "srtp_auth_fail",
+)  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -294,7 +300,13 @@ class Session:
         try:
             with trio.move_on_after(5):
                 await call_asyncio(self.rtc.close())
-            self.counters.update(self.rtc.totals())
+            totals = self.rtc.totals()
+            self.counters.update(totals)
+            if self.span is not None:  # the call's media, on its span
+                for name in SPAN_STATS:
+                    self.span.set_attribute(f"firsthop.media.{name}", totals.get(name, 0))
+                for name, value in self.rtc.quality().items():
+                    self.span.set_attribute(f"firsthop.media.{name}", value)
         except Exception as exc:
             self.fail("close", exc)
         if self.span is not None:

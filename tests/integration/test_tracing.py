@@ -117,6 +117,12 @@ def test_one_trace_covers_signaling_transceiver_relay_and_agent() -> None:
         assert tx_span.parent_id == place.span_id
         assert tx_span.attributes["firsthop.call_id"] == session["location"].rsplit("/", 1)[1]
         assert tx_span.attributes["firsthop.end_reason"] == "deleted"
+        # the call's media, as the core counted it, on its span
+        media = {k: v for k, v in tx_span.attributes.items() if k.startswith("firsthop.media.")}
+        assert int(media["firsthop.media.rtp_packets_in"]) > 20, media
+        assert int(media["firsthop.media.agent_frames_played"]) > 20, media
+        assert int(media["firsthop.media.srtp_auth_fail"]) == 0
+        assert 0 <= float(media["firsthop.media.jitter_s"]) < 0.1, media
         events = [name for name, _ in sorted(tx_span.events, key=lambda e: e[1])]
         milestones = [e for e in events if e in SETUP_EVENTS]
         assert milestones[:2] == ["ice_connected", "dtls_connected"]

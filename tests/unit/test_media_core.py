@@ -431,3 +431,15 @@ def test_a_long_outage_is_repaired_for_five_frames_then_silence() -> None:
     stats = media.stats()
     assert stats["jitter_skipped"] == 10 and stats["jitter_concealed"] == 5
     assert stats["frames_repaired"] == 5 and len(audio(events(media))) == 25
+
+
+def test_the_summary_gives_rtt_jitter_and_loss_as_both_ends_saw_them() -> None:
+    media, caller = keyed()
+    assert media.summary() == {}
+    for i in range(20):
+        if i != 10:
+            caller.send(caller.rtp(i, 960 * i, PACKETS[i]), 0.02 * i + (0.004 if i % 2 else 0))
+    summary = media.summary()
+    assert summary["loss_in"] == pytest.approx(1 / 20)
+    assert 0.001 < summary["jitter_s"] < 0.004  # 4 ms of alternate-packet jitter, smoothed
+    assert "rtt_s" not in summary  # no report of ours yet

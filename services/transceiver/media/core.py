@@ -529,6 +529,21 @@ class CallMedia:
         stats["output_dropped_quiet"] = self.out.dropped_quiet
         return stats
 
+    def summary(self) -> dict[str, float]:
+        """The call's quality, as both ends saw it (for its span and the histograms): RTT,
+        the inbound jitter we measured, and what the caller's last report said of ours."""
+        out: dict[str, float] = {}
+        if self.rtt is not None:
+            out["rtt_s"] = round(self.rtt, 6)
+        if self._stream is not None:
+            out["jitter_s"] = round(self._stream.jitter / SAMPLE_RATE, 6)
+            expected = self._stream.extended_max - self._stream.base + 1
+            out["loss_in"] = round(max(0, self._stream.lost) / expected, 4) if expected else 0.0
+        if self.remote_jitter or self.remote_loss:
+            out["remote_jitter_s"] = round(self.remote_jitter / SAMPLE_RATE, 6)
+            out["remote_lost"] = float(self.remote_loss)
+        return out
+
     def close(self) -> None:
         """The call is over: codecs freed, queue dropped; from now on the core is inert (what
         still arrives is dropped, its timer is None), its `stats()` still readable."""

@@ -276,6 +276,10 @@ class RtcSession:
             return {}
         return self.media.stats()
 
+    def quality(self) -> dict[str, float]:
+        """RTT, jitter and loss of the call (`CallMedia.summary`)."""
+        return self.media.summary() if self.media is not None else {}
+
     def totals(self) -> dict[str, int]:
         """What this call counted, handed once to the transceiver's counters at its end."""
         stats = self.live_stats()
