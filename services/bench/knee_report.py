@@ -117,12 +117,20 @@ def render(result: dict[str, Any]) -> str:
         lines += ["", "reference: stock aiortc alone on that core, the same callers, loss alone"]
         lines += [HEADER] + [step_line(r) for r in ref["rows"]]
         ratio = f"{s['knee_calls'] / rs['knee_calls']:.2f}x" if rs["knee_calls"] else "-"
+        # per call at each knee: what one core would hold of each, the bench's core aside
+        mine, theirs = s["measured_cpu_pct_at_knee"], rs["measured_cpu_pct_at_knee"]
+        per_call = (
+            f"{(theirs / rs['knee_calls']) / (mine / s['knee_calls']):.2f}x"
+            if mine and theirs and s["knee_calls"] and rs["knee_calls"]
+            else "-"
+        )
         lines += [
             f"stock knee: {rs['knee_calls']} calls on one core (stock "
             f"{_fmt(rs['measured_cpu_pct_at_knee'])} % of it, RSS "
             f"{_fmt(rs['rss_kib_per_session'])} KiB per session); first failing step "
             f"{rs['first_failing_calls'] or '-'} ({', '.join(rs['failed_on']) or '-'})",
             f"knee over stock's: {ratio} ({measured} on one core vs stock alone on it; "
-            f"issue #14's targets: transceiver >= 4x, whole path >= 3x)",
+            f"targets: transceiver >= 6x, whole path >= 4x); CPU per call at the knees: "
+            f"stock's over firsthop's {per_call}",
         ]
     return "\n".join(lines)

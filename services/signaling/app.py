@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
@@ -33,15 +32,11 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from firsthop.services.signaling import realtime_api
-from firsthop.services.signaling.auth import DEV_ISSUER, Authenticator
-from firsthop.services.signaling.bodies import Bodies
-from firsthop.services.signaling.calls import CallRequest, Calls, Stats, parse_offer_body
-from firsthop.services.signaling.client_address import ClientAddresses
-from firsthop.services.signaling.config import SignalingConfig
+from firsthop.services.signaling.auth import DEV_ISSUER
+from firsthop.services.signaling.calls import CallRequest, parse_offer_body
+from firsthop.services.signaling.context import Context
 from firsthop.services.signaling.errors import Problem
-from firsthop.services.signaling.ratelimit import RateLimiter
 from firsthop.services.signaling.responses import answer_response, json_response
-from firsthop.services.signaling.stores import EkSessions
 from firsthop.services.signaling.transceivers import SDPFRAG
 from firsthop.services.signaling.trickle import parse_fragment
 from firsthop.services.signaling.ws import WsSession
@@ -74,19 +69,6 @@ BODY_DRAIN_TIMEOUT = 2.0
 # after the per-IP budget is spent, its connection closed, and counted as "other": a metric
 # label takes its values from a closed set.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-
-
-@dataclass
-class Context:
-    config: SignalingConfig
-    auth: Authenticator
-    calls: Calls
-    ip_limiter: RateLimiter
-    key_limiter: RateLimiter
-    stats: Stats
-    bodies: Bodies
-    ek_sessions: EkSessions = field(default_factory=lambda: EkSessions(None))
-    clients: ClientAddresses = field(default_factory=ClientAddresses)
 
 
 def problem_response(problem: Problem) -> Response:

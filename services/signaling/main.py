@@ -16,7 +16,7 @@ import httpx
 import trio
 from hypercorn.trio import serve
 
-from firsthop.services.signaling.app import Context, create_app
+from firsthop.services.signaling.app import create_app
 from firsthop.services.signaling.auth import (
     ApiKeys,
     Authenticator,
@@ -27,6 +27,7 @@ from firsthop.services.signaling.bodies import Bodies
 from firsthop.services.signaling.calls import Calls, Stats
 from firsthop.services.signaling.client_address import ClientAddresses
 from firsthop.services.signaling.config import SignalingConfig, config_from_args, register_flags
+from firsthop.services.signaling.context import Context
 from firsthop.services.signaling.placement import RegionTable
 from firsthop.services.signaling.ratelimit import ClientLimiter, RateLimiter, Slots
 from firsthop.services.signaling.stores import (

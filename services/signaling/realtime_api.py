@@ -55,7 +55,7 @@ from firsthop.shared.sdp import MAX_SDP_BYTES
 from firsthop.shared.session_config import MAX_SESSION_BYTES, merge_sessions
 
 if TYPE_CHECKING:
-    from firsthop.services.signaling.app import Context
+    from firsthop.services.signaling.context import Context
 
 log = logging.getLogger("firsthop.signaling.realtime")
 

@@ -38,7 +38,7 @@ from firsthop.shared.redis_store import CallRecord
 from firsthop.shared.sdp import MAX_SDP_BYTES
 
 if TYPE_CHECKING:
-    from firsthop.services.signaling.app import Context
+    from firsthop.services.signaling.context import Context
 
 log = logging.getLogger("firsthop.signaling.ws")
 

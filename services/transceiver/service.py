@@ -240,8 +240,7 @@ class Transceiver:
         commands = self.table.on_datagram(time.monotonic(), src, data)
         for command in commands:
             self._carry_out(command)
-        if commands and type(commands[0]) is not ToMedia:
-            self._timers_may_have_moved()  # a check may have started a path validation
+        self._rearm()
 
     def _carry_out(self, command: Command[Session]) -> None:
         match command:
@@ -262,7 +261,10 @@ class Transceiver:
 
     # -- the table's clock ---------------------------------------------------------------------
 
-    def _timers_may_have_moved(self) -> None:
+    def _rearm(self) -> None:
+        """Re-read the table's timer: called after every call into the table that takes the
+        time (as aioquic's adapters re-read `get_timer()`), not where a timer might move;
+        cheap (the heap's top)."""
         deadline = self.table.next_deadline()
         if deadline is not None and deadline < self._timer_at:
             self._timer_moved.set()
@@ -299,7 +301,7 @@ class Transceiver:
         """aiortc's connection state for `session` (called on the loop thread)."""
         if state == "connected":
             self.table.connected(time.monotonic(), session.session_id)
-            self._timers_may_have_moved()
+            self._rearm()
         elif state in ("failed", "closed"):
             self.end_session(session.session_id, f"connection_{state}")
 
@@ -401,7 +403,7 @@ class Transceiver:
             self.counters["session_error_setup"] += 1
             log.exception("session setup for call %s failed", call_id)
             raise Refusal(500, "session setup failed") from exc
-        self._timers_may_have_moved()
+        self._rearm()
         self.trace_handoff(creds.local_ufrag, span)
         self._sessions_nursery.start_soon(self._run_session, session)
         return session_id, answer
@@ -434,7 +436,7 @@ class Transceiver:
         finally:
             for notice in self.table.remove(session.session_id, time.monotonic()):
                 self._send(notice.data, notice.dest)  # its relays stop routing its tokens
-            self._timers_may_have_moved()  # it lingers: its revocations are due later
+            self._rearm()  # it lingers: its revocations are due later
             self._session_removed.set()
             if len(self.table) == 0:
                 self._went_idle.set()
@@ -449,6 +451,7 @@ class Transceiver:
 
     def restart_ice(self, session_id: str, remote_ufrag: str, remote_pwd: str) -> Credentials:
         creds = self.table.restart_ice(session_id, remote_ufrag, remote_pwd)
+        self._rearm()
         session = self.table.entries[session_id].handle
         session.rtc.restart_ice(
             creds.local_ufrag, creds.local_pwd, creds.remote_ufrag, creds.remote_pwd
@@ -471,6 +474,7 @@ class Transceiver:
     def end_session(self, session_id: str, reason: str) -> bool:
         """End a live session (False: no such session, or it is already ending)."""
         ended = self.table.end(session_id, reason)
+        self._rearm()
         if ended is None:
             return False
         ended.handle.end(ended.reason)
@@ -479,7 +483,7 @@ class Transceiver:
     def start_drain(self, grace: float) -> None:
         """Admit no more sessions; end those left after `grace` seconds."""
         self.table.drain(time.monotonic(), grace)
-        self._timers_may_have_moved()
+        self._rearm()
 
     async def drain(self, grace: float) -> None:
         """`start_drain`, then wait until every session is gone."""
