@@ -9,18 +9,23 @@ import sys
 FORBIDDEN = ("trio", "asyncio", "redis", "opentelemetry", "aiortc", "aioice", "quart")
 
 
-def test_wire_imports_no_io_frameworks() -> None:
-    code = (
-        "import json, sys\n"
-        "import firsthop.shared.wire.stun, firsthop.shared.wire.route_token\n"
-        "import firsthop.shared.wire.proxy_v2, firsthop.shared.wire.demux\n"
-        "import firsthop.shared.wire.g711, firsthop.shared.wire.websocket\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
-    )
+def imported_by(*modules: str) -> list[str]:
+    """Every module a fresh interpreter holds after importing `modules`."""
+    code = "import json, sys\n" + "".join(f"import {m}\n" for m in modules)
+    code += "print(json.dumps(sorted(sys.modules)))\n"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    modules = json.loads(out)
+    loaded: list[str] = json.loads(out)
+    return loaded
+
+
+def test_wire_imports_no_io_frameworks() -> None:
+    modules = imported_by(
+        *(f"firsthop.shared.wire.{m}" for m in ("stun", "route_token", "proxy_v2", "demux")),
+        "firsthop.shared.wire.g711",
+        "firsthop.shared.wire.websocket",
+    )
     leaked = [m for m in modules if m.split(".")[0] in FORBIDDEN]
     assert leaked == []
     assert "firsthop.shared.wire.stun" in modules
@@ -28,15 +33,7 @@ def test_wire_imports_no_io_frameworks() -> None:
 
 def test_agent_protocols_import_no_io_frameworks() -> None:
     """The agent protocols (services/transceiver/agents/) are sans-IO codecs too."""
-    code = (
-        "import json, sys\n"
-        "import firsthop.services.transceiver.agents\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    modules = json.loads(out)
+    modules = imported_by("firsthop.services.transceiver.agents")
     assert [m for m in modules if m.split(".")[0] in FORBIDDEN] == []
     assert "firsthop.services.transceiver.agents.realtime" in modules
 
@@ -48,16 +45,11 @@ def test_the_media_core_imports_no_io() -> None:
     import ast
     import pathlib
 
-    code = (
-        "import json, sys\n"
-        "import firsthop.services.transceiver.media.core\n"
-        "import firsthop.shared.wire.rtp, firsthop.shared.wire.rtcp\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
+    modules = imported_by(
+        "firsthop.services.transceiver.media.core",
+        "firsthop.shared.wire.rtp",
+        "firsthop.shared.wire.rtcp",
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    modules = json.loads(out)
     assert [m for m in modules if m.split(".")[0] in FORBIDDEN] == []
     assert "firsthop.services.transceiver.media.core" in modules
     import firsthop
