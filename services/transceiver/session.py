@@ -42,6 +42,7 @@ from firsthop.services.transceiver.agents.events import (
     ClearAudio,
     Malformed,
     PlayAudio,
+    Tag,
     ToAgent,
     ToCaller,
     ToSender,
@@ -423,17 +424,18 @@ class Session:
 
     def _played(self, agent: AgentProtocol, tag: object) -> None:
         """The media core played a tagged frame (on the loop thread, from the media clock)."""
-        if isinstance(tag, tuple):
-            try:
-                self._apply(agent, agent.played(tag))
-            except Exception as exc:
-                self.fail("media", exc)
+        self._tagged(agent.played, tag)
 
     def _dropped(self, agent: AgentProtocol, tag: object) -> None:
         """A tagged frame of the agent's will never play (the output queue's bound)."""
+        self._tagged(agent.dropped, tag)
+
+    def _tagged(self, report: Callable[[Tag], list[AgentEvent]], tag: object) -> None:
         if isinstance(tag, tuple):
+            agent = self._agent
             try:
-                self._apply(agent, agent.dropped(tag))
+                if agent is not None:
+                    self._apply(agent, report(tag))
             except Exception as exc:
                 self.fail("media", exc)
 
