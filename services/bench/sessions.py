@@ -402,7 +402,8 @@ def codec_floor(seconds: float = FLOOR_SECONDS) -> float:
     from av import AudioFrame
 
     from firsthop.services.transceiver.media.core import OPUS_BITRATE
-    from firsthop.services.transceiver.media.opus import FRAME_SAMPLES, OpusDecoder, OpusEncoder
+    from firsthop.services.transceiver.media.frames import FRAME_SAMPLES
+    from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder
 
     t = np.arange(50 * FRAME_SAMPLES) / 48000
     tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)

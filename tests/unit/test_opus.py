@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from av import AudioFrame, CodecContext
 
-from firsthop.services.transceiver.media.opus import FRAME_SAMPLES, OpusDecoder, OpusError
+from firsthop.services.transceiver.media.frames import FRAME_SAMPLES
+from firsthop.services.transceiver.media.opus import OpusDecoder, OpusError
 
 RATE = 48000
 

@@ -28,8 +28,9 @@ from firsthop.services.transceiver.agents.events import (
     ToAgent,
     ToCaller,
 )
+from firsthop.services.transceiver.media.frames import CALL_RATE
 
-SAMPLE_RATE = 48000
+SAMPLE_RATE = CALL_RATE
 FRAME_MS = 20
 MAX_EVENT_BYTES = 64 * 1024  # an event for the caller's data channel, or from it
 

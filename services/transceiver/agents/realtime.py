@@ -60,12 +60,11 @@ from firsthop.services.transceiver.agents.realtime_events import (
     event,
     new_event_id,
 )
+from firsthop.services.transceiver.media.frames import CALL_RATE, FrameCutter
 from firsthop.services.transceiver.resample import Resampler
 from firsthop.shared.session_config import SessionConfigError, merge_update
 from firsthop.shared.wire.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
-CALL_RATE = 48000
-FRAME_BYTES = 1920  # 20 ms at 48 kHz, PCM16 mono
 MAX_ITEMS = 32  # items whose audio length is remembered (for truncates)
 
 _ENCODE: dict[str, Callable[[bytes], bytes]] = {"pcmu": ulaw_encode, "pcma": alaw_encode}
@@ -87,7 +86,7 @@ class RealtimeProtocol:
         self._up = Resampler(FORMATS["pcm"][0], CALL_RATE)
         self._set_formats(self.session)
         self.playout = Playout()
-        self._out = bytearray()  # 48 kHz audio of `_out_tag` short of a whole frame
+        self._out = FrameCutter()  # 48 kHz audio of `_out_tag` short of a whole frame
         self._out_tag: Tag | None = None
         self._created_seen = False
         self._sent_samples: OrderedDict[str, int] = OrderedDict()  # item -> samples of audio
@@ -248,18 +247,12 @@ class RealtimeProtocol:
         self._sent_samples.move_to_end(item)
         while len(self._sent_samples) > MAX_ITEMS:
             self._sent_samples.popitem(last=False)
-        self._out += self._up.push(pcm)
-        return out + self._frames(whole_only=True)
+        return out + self._frames(self._out.cut(self._up.push(pcm)))
 
-    def _frames(self, *, whole_only: bool) -> list[AgentEvent]:
+    def _frames(self, frames: list[bytes]) -> list[AgentEvent]:
         tag = self._out_tag
         if tag is None:
             return []
-        if not whole_only and len(self._out) % FRAME_BYTES:
-            self._out += bytes(FRAME_BYTES - len(self._out) % FRAME_BYTES)  # pad the last
-        n = len(self._out) // FRAME_BYTES
-        frames = [bytes(self._out[i * FRAME_BYTES : (i + 1) * FRAME_BYTES]) for i in range(n)]
-        del self._out[: n * FRAME_BYTES]
         if frames:
             self.playout.queued(tag, len(frames))
         return [PlayAudio(f, tag) for f in frames]
@@ -268,8 +261,9 @@ class RealtimeProtocol:
         """The end of one stream of audio: the filter's tail, and a last padded frame."""
         if self._out_tag is None:
             return []
-        self._out += self._up.flush()
-        out = self._frames(whole_only=False)
+        frames = self._out.cut(self._up.flush())
+        last = self._out.pad()  # the stream's end: its part-frame, padded, plays
+        out = self._frames(frames + [last] if last is not None else frames)
         self._out_tag = None
         return out
 

@@ -39,11 +39,10 @@ from firsthop.services.transceiver.agents.events import (
     Tag,
     ToAgent,
 )
+from firsthop.services.transceiver.media.frames import CALL_RATE, FrameCutter
 from firsthop.services.transceiver.resample import Resampler
 from firsthop.shared.wire.g711 import ulaw_decode, ulaw_encode
 
-CALL_RATE = 48000
-FRAME_BYTES = 1920  # 20 ms at 48 kHz, PCM16 mono
 CHUNK_SAMPLES = 160  # 20 ms at 8 kHz: one `media` message to the bot
 
 
@@ -59,7 +58,7 @@ class TwilioProtocol:
         self.call_sid = tw.sid("CA", call.call_id)
         self._down = Resampler(CALL_RATE, tw.RATE)
         self._up = Resampler(tw.RATE, CALL_RATE)
-        self._out = bytearray()  # 48 kHz PCM of the bot short of a whole frame
+        self._out = FrameCutter()  # 48 kHz PCM of the bot short of a whole frame
         self.seq = self.chunk = self.sent_samples = 0
         self.epoch = 0
         self._up_started = False  # the bot's audio has begun since the last reset
@@ -86,8 +85,8 @@ class TwilioProtocol:
         wire = self._down.push(pcm)
         if not wire:
             return None
-        if not self.chunk:  # see _aligned
-            wire = _aligned(wire, 2 * CHUNK_SAMPLES)
+        if not self.chunk:  # (`FrameCutter.lead`)
+            wire = FrameCutter.lead(wire, 2 * CHUNK_SAMPLES)
         ulaw = ulaw_encode(wire)
         self.chunk += 1
         timestamp = self.sent_samples * 1000 // tw.RATE
@@ -142,32 +141,26 @@ class TwilioProtocol:
 
     def _media(self, ulaw: bytes) -> list[AgentEvent]:
         pcm = self._up.push(ulaw_decode(ulaw))
-        if not self._up_started and pcm:  # see _aligned
+        if not self._up_started and pcm:  # (`FrameCutter.lead`)
             self._up_started = True
-            pcm = _aligned(pcm, FRAME_BYTES)
-        self._out += pcm
-        n = len(self._out) // FRAME_BYTES
-        frames = [bytes(self._out[i * FRAME_BYTES : (i + 1) * FRAME_BYTES]) for i in range(n)]
-        return self._queue(frames)
+            pcm = FrameCutter.lead(pcm)
+        return self._queue(self._out.cut(pcm))
 
     def _queue(self, frames: list[bytes]) -> list[AgentEvent]:
-        del self._out[: len(frames) * FRAME_BYTES]
         self.marks.add_frames(len(frames))
         tag = self._tag()
         return [PlayAudio(f, tag) for f in frames]
 
     def _padded(self) -> list[AgentEvent]:
         """The part-frame left over, padded to 20 ms with silence and queued."""
-        if not self._out:
-            return []
-        self._out += bytes(FRAME_BYTES - len(self._out))
-        return self._queue([bytes(self._out)])
+        frame = self._out.pad()
+        return self._queue([frame]) if frame is not None else []
 
     def _mark(self, name: str) -> list[AgentEvent]:
         out: list[AgentEvent] = []
         if self.marks.idle:  # nothing playing: the part-frame can go now, with no gap
             out += self._padded()
-        position = self.marks.queued + (1 if self._out else 0)
+        position = self.marks.queued + (1 if self._out.held else 0)
         due = self.marks.add(name, position)
         if due is None:
             return [*out, Malformed("twilio_mark_dropped")]
@@ -182,7 +175,7 @@ class TwilioProtocol:
         if tag != self._tag():
             return []  # a frame from before a clear
         out = self._echo(self.marks.frame_left())
-        if self.marks.idle and self.marks.pending and self._out:
+        if self.marks.idle and self.marks.pending and self._out.held:
             out += self._padded()  # the queue ran dry: play what a mark still waits for
         return out
 
@@ -194,13 +187,3 @@ class TwilioProtocol:
         self._up.reset()
         self._up_started = False
         self._out.clear()
-
-
-def _aligned(pcm: bytes, unit: int) -> bytes:
-    """A stream's first output of the resampler, led by silence to a whole `unit` (a chunk
-    to the bot, a frame to the call). The filter holds a few samples back at first, so the
-    first 20 ms in gives a little under 20 ms out and every later one exactly 20 ms: padded
-    once in front, each output is whole and goes at once, where cutting the stream into
-    whole units would hold back most of one (~20 ms each way)."""
-    short = -len(pcm) % unit
-    return bytes(short) + pcm

@@ -39,13 +39,11 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from firsthop.services.transceiver.media.frames import CALL_RATE as SAMPLE_RATE
+from firsthop.services.transceiver.media.frames import FRAME_BYTES, FrameCutter
 from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder, OpusError
-from firsthop.services.transceiver.media.pacing import (
-    FRAME_BYTES,
-    SAMPLE_RATE,
-    OutputQueue,
-)
+from firsthop.services.transceiver.media.pacing import OutputQueue
 from firsthop.services.transceiver.media.srtp import SrtpContext, SrtpCounts
 from firsthop.shared.wire import rtcp, rtp
 
@@ -208,8 +206,8 @@ class CallMedia:
         self._their_lsr_at = 0.0
         # outbound
         self.out: OutputQueue[Hashable] = OutputQueue()
-        self._part = b""  # the agent's audio short of a whole frame
-        self._part_tag: Hashable | None = None
+        self._cutter = FrameCutter()  # the agent's audio short of a whole frame...
+        self._part_tag: Hashable | None = None  # ...and whose it is
         self._encoder: OpusEncoder | None = None
         self._seq = int.from_bytes(random(2), "big")
         self._ts_base = int.from_bytes(random(4), "big")
@@ -278,15 +276,14 @@ class CallMedia:
     def push_audio(self, pcm: bytes, tag: Hashable | None = None, now: float | None = None) -> None:
         """Queue the agent's PCM16 mono 48 kHz, any length: cut into 20 ms frames here (a
         part-frame waits for the rest). An idle call's first frame goes out at once."""
-        if self._part:
-            pcm = self._part + pcm
-            tag = self._part_tag if tag is None else tag
-        whole = len(pcm) - len(pcm) % FRAME_BYTES
-        self._part, self._part_tag = pcm[whole:], (tag if whole < len(pcm) else None)
-        if not whole:
+        if self._cutter.held and tag is None:
+            tag = self._part_tag
+        frames = self._cutter.cut(pcm)
+        self._part_tag = tag if self._cutter.held else None
+        if not frames:
             return
         was_idle = self.out.may_start_early()
-        dropped = self.out.push(pcm[:whole], tag)
+        dropped = self.out.push_frames(frames, tag)
         if dropped:
             self._event(FramesDropped(tuple(dropped)))
         if now is None or self._slot is None or not self.out.frames:
@@ -303,7 +300,8 @@ class CallMedia:
     def clear(self) -> None:
         """Drop the agent's queued audio (barge-in)."""
         self.out.clear()
-        self._part, self._part_tag = b"", None
+        self._cutter.clear()
+        self._part_tag = None
 
     def configure_output(self, max_frames: int, drain_quiet: bool) -> None:
         """A backend that sends a whole answer ahead: a bigger queue, its pauses kept."""
@@ -312,9 +310,11 @@ class CallMedia:
     def _play(self, now: float) -> None:
         """The current slot's frame: the agent's, its padded part-frame, or silence."""
         out = self.out
-        if not out.frames and self._part:  # its slot is due: padded, it plays
-            out.push(self._part + bytes(FRAME_BYTES - len(self._part)), self._part_tag)
-            self._part, self._part_tag = b"", None
+        if not out.frames and self._cutter.held:  # its slot is due: padded, it plays
+            padded = self._cutter.pad()
+            assert padded is not None
+            out.push_frames([padded], self._part_tag)
+            self._part_tag = None
         pcm = out.pop()
         if pcm is None:
             self._silent_run += 1

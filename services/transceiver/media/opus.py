@@ -35,8 +35,10 @@ from typing import Any
 
 import av
 
-SAMPLE_RATE = 48000
-FRAME_SAMPLES = 960  # 20 ms: what is concealed when the lost frame's length is unknown
+from firsthop.services.transceiver.media.frames import CALL_RATE, FRAME_SAMPLES
+
+SAMPLE_RATE = CALL_RATE
+# FRAME_SAMPLES (20 ms): what is concealed when the lost frame's length is unknown
 MAX_SAMPLES = 5760  # 120 ms, the longest Opus packet (RFC 6716 §3.2.5)
 MAX_PACKET = 1500  # bytes an encoded frame may take (far above 20 ms at 48 kb/s: 120)
 APPLICATION_VOIP = 2048  # OPUS_APPLICATION_VOIP

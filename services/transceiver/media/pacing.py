@@ -26,11 +26,11 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from firsthop.services.transceiver.media.frames import CALL_RATE, FRAME_BYTES, FRAME_SAMPLES
+
 Tag = TypeVar("Tag")
 
-SAMPLE_RATE = 48000
-FRAME_SAMPLES = 960  # 20 ms
-FRAME_BYTES = FRAME_SAMPLES * 2
+SAMPLE_RATE = CALL_RATE
 MAX_FRAMES = 50  # 1 s of agent audio waiting to be played
 BACKLOG = 2  # frames queued beyond which quiet frames are dropped
 QUIET_PEAK = 64  # |sample| at or below this is silence (about -54 dBFS)
@@ -62,9 +62,16 @@ class OutputQueue(Generic[Tag]):
 
     def push(self, pcm: bytes, tag: Tag | None = None) -> list[Tag]:
         """Queue whole 20 ms frames of `pcm`; the tags of the frames dropped doing so."""
+        frames = [
+            pcm[off : off + FRAME_BYTES]
+            for off in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES)
+        ]
+        return self.push_frames(frames, tag)
+
+    def push_frames(self, frames: list[bytes], tag: Tag | None = None) -> list[Tag]:
+        """Queue 20 ms frames (`frames.FrameCutter` made them); the tags dropped doing so."""
         dropped: list[Tag] = []
-        for off in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):
-            frame = pcm[off : off + FRAME_BYTES]
+        for frame in frames:
             if self.drain_quiet and len(self.frames) >= BACKLOG and is_quiet(frame):
                 self.dropped_quiet += 1
                 if tag is not None:
