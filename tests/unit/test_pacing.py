@@ -3,9 +3,9 @@ from __future__ import annotations
 import array
 import math
 
+from firsthop.services.transceiver.media.frames import FRAME_BYTES
 from firsthop.services.transceiver.media.pacing import (
     BACKLOG,
-    FRAME_BYTES,
     IDLE_AFTER,
     MAX_FRAMES,
     OutputQueue,
