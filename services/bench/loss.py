@@ -28,13 +28,13 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from firsthop.services.bench import caller_hooks
 from firsthop.services.bench.impair import ImpairedPath, Impairment
 from firsthop.services.bench.measure import report, settings
 from firsthop.services.bench.procs import Stack
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
 from firsthop.services.transceiver.media.jitter import Frame
 from firsthop.services.transceiver.media.opus import OpusDecoder
-from firsthop.services.transceiver.rtc import hooks
 
 FREQ = 440.0
 DELAY = 0.010
@@ -59,7 +59,7 @@ class SlotCaller(Caller):
         self._first: int | None = None
         self._decoder = OpusDecoder()
         for transceiver in self.pc.getTransceivers():
-            hooks.low_latency_receiver(transceiver.receiver, self._on_frame, min_depth=3)
+            caller_hooks.low_latency_receiver(transceiver.receiver, self._on_frame, min_depth=3)
 
     def _on_frame(self, frame: Frame) -> None:
         if self._first is None:

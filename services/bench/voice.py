@@ -345,11 +345,11 @@ class ListeningCaller(Caller):
 
     async def start(self, signal: Signal) -> None:
         await super().start(signal)
-        from firsthop.services.transceiver.rtc import hooks
+        from firsthop.services.bench import caller_hooks
 
         for transceiver in self.pc.getTransceivers():
             if transceiver.kind == "audio":
-                buffer = hooks.low_latency_receiver(transceiver.receiver)
+                buffer = caller_hooks.low_latency_receiver(transceiver.receiver)
                 buffer.sink = self._noting(buffer.sink)
 
     def _noting(self, sink: Callable[[Any], None] | None) -> Callable[[Any], None]:

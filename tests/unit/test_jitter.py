@@ -16,7 +16,7 @@ class Pkt:
     sequence_number: int
     timestamp: int
     payload_type: int = 111
-    _data: bytes = b""
+    payload: bytes = b""
 
 
 def feed(buf: LowLatencyJitterBuffer, seqs: list[int], lost: bool = False) -> list[int]:
@@ -25,7 +25,7 @@ def feed(buf: LowLatencyJitterBuffer, seqs: list[int], lost: bool = False) -> li
     out: list[Frame] = []
     buf.sink = out.append
     for s in seqs:
-        buf.add(Pkt(s & 0xFFFF, (s * 960) & 0xFFFFFFFF, _data=s.to_bytes(4, "big", signed=True)))
+        buf.add(Pkt(s & 0xFFFF, (s * 960) & 0xFFFFFFFF, payload=s.to_bytes(4, "big", signed=True)))
     return [
         -1 - int.from_bytes(f.data or bytes(4), "big") if f.lost else int.from_bytes(f.data, "big")
         for f in out
@@ -38,7 +38,7 @@ def test_in_order_packets_are_released_at_once() -> None:
     out: list[Frame] = []
     buf.sink = out.append
     for s in range(5):
-        buf.add(Pkt(s, s * 960, _data=bytes([s])))
+        buf.add(Pkt(s, s * 960, payload=bytes([s])))
         assert len(out) == s + 1  # no added delay on a clean link
     assert buf.depth == 0
 
@@ -71,7 +71,7 @@ def test_sequence_wraparound() -> None:
 
 def test_without_sink_returns_one_frame_per_packet() -> None:
     buf = LowLatencyJitterBuffer()
-    _, frame = buf.add(Pkt(10, 0, _data=b"a"))
+    _, frame = buf.add(Pkt(10, 0, payload=b"a"))
     assert frame is not None and frame.data == b"a"
 
 
@@ -80,7 +80,7 @@ def test_a_lost_packet_leaves_a_lost_frame_carrying_the_next_packet_for_its_fec(
     assert feed(buf, [1, 2, 4, 5], lost=True) == [1, 2, -1 - 4, 4, 5]
     frames: list[Frame] = []
     buf.sink = frames.append
-    buf.add(Pkt(7, 7 * 960, _data=b"seven"))  # 6 lost, 7 here: its FEC may carry 6
+    buf.add(Pkt(7, 7 * 960, payload=b"seven"))  # 6 lost, 7 here: its FEC may carry 6
     lost = frames[0]
     assert lost.lost and lost.data == b"seven" and lost.timestamp == 6 * 960
     assert lost.payload_type == 111 and buf.concealed == 2

@@ -116,13 +116,13 @@ class MediaParams:
 class _Packet:
     """What the jitter buffer reads of a packet (`jitter.py`'s duck type)."""
 
-    __slots__ = ("sequence_number", "timestamp", "payload_type", "_data")
+    __slots__ = ("sequence_number", "timestamp", "payload_type", "payload")
 
     def __init__(self, seq: int, timestamp: int, payload_type: int, data: bytes) -> None:
         self.sequence_number = seq
         self.timestamp = timestamp
         self.payload_type = payload_type
-        self._data = data
+        self.payload = data
 
 
 class _Reception:

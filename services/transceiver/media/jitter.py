@@ -19,7 +19,7 @@ Policy (one Opus frame per RTP packet, as WebRTC sends audio):
   after `CALM` consecutive in-order packets. A clean link runs at depth 0: zero added delay.
 
 The interface is aiortc's (`add(packet) -> (pli_flag, frame | None)`, `capacity`); packets are
-duck-typed (`sequence_number`, `timestamp`, `payload_type`, `_data`). aiortc takes at most one
+duck-typed (`sequence_number`, `timestamp`, `payload_type`, `payload`). aiortc takes at most one
 frame per packet, but filling a gap releases several at once, so when a `sink` is set every
 released frame goes to it, in order, and `add` returns None (the transceiver's sink feeds the
 receiver's decoder queue). Pure: no I/O, no clock.
@@ -103,7 +103,7 @@ class LowLatencyJitterBuffer:
         while True:
             packet = self.held.pop(self.next_seq, None)
             if packet is not None:
-                frame = Frame(packet._data, packet.timestamp, packet.payload_type)
+                frame = Frame(packet.payload, packet.timestamp, packet.payload_type)
                 self.released.append(frame)
                 self._last = frame
                 self._lost_run = 0
@@ -125,7 +125,7 @@ class LowLatencyJitterBuffer:
         self._lost_run += 1
         after = self.held.get((self.next_seq + 1) & 0xFFFF)
         timestamp = (last.timestamp + 960 * self._lost_run) & 0xFFFFFFFF  # 20 ms frames
-        data = after._data if after is not None else b""
+        data = after.payload if after is not None else b""
         self.released.append(Frame(data, timestamp, last.payload_type, lost=True))
         self.concealed += 1
 

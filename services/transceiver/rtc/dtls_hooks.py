@@ -73,8 +73,11 @@ def dtls_for_any_peer(
         own: RTCCertificate = pc._RTCPeerConnection__certificates[0]  # type: ignore[attr-defined]
         certificate = DtlsCertificate(own._key, own._cert)
     pc._RTCPeerConnection__certificates = [certificate]  # type: ignore[attr-defined]
-    for transport in pc._RTCPeerConnection__dtlsTransports:  # type: ignore[attr-defined]
-        transport._RTCDtlsTransport__local_certificate = certificate
+    transports = {t.receiver.transport for t in pc.getTransceivers()}
+    if pc.sctp is not None:
+        transports.add(pc.sctp.transport)
+    for transport in transports:  # (the ones made already; later ones take __certificates)
+        transport._RTCDtlsTransport__local_certificate = certificate  # type: ignore[attr-defined]
     return certificate
 
 

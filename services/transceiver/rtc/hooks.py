@@ -22,15 +22,10 @@ The bends:
   a close that makes a browser's connection fail at once (`close_with_renegotiation`);
   in `sctp_hooks.py`: bounds on what a caller's data channels make aiortc keep
   (`bound_sctp`);
-* for the bench's aiortc callers (not the transceiver): a zero-delay jitter buffer in a
-  stock receiver (`low_latency_receiver`).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import aioice
@@ -43,11 +38,9 @@ import pylibsrtp
 from aiortc import (
     RTCConfiguration,
     RTCPeerConnection,
-    RTCRtpReceiver,
 )
 from aiortc.rtcicetransport import RTCIceGatherer, RTCIceTransport
 
-from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.services.transceiver.rtc import dtls_hooks, sctp_hooks
 from firsthop.services.transceiver.rtc.lite_connection import LiteConnection
 
@@ -85,55 +78,9 @@ def use_lite_connection(transport: RTCIceTransport, connection: LiteConnection) 
 # -- RTP and SRTP -------------------------------------------------------------------------------
 
 
-def low_latency_receiver(
-    receiver: Any, opus: Callable[[Frame], None] | None = None, min_depth: int = 0
-) -> LowLatencyJitterBuffer:
-    """Replace the receiver's jitter buffer with ours. With `opus`, Opus frames (lost ones
-    too) go to it, decoded in-line by the session (`opus.py`: it repairs losses, which
-    aiortc's decoder cannot), and the receiver starts no decoder thread of its own (one per
-    call, reclaimed late); the transceiver answers Opus alone (`sdp.only_opus`), so no other
-    codec comes. Without, frames go to the receiver's decoder thread, as aiortc's own receive
-    path sends the one frame its buffer returns (a lost frame is skipped there)."""
-
-    codecs = receiver._RTCRtpReceiver__codecs  # payload type -> codec, once negotiated
-
-    def sink(frame: Frame) -> None:
-        if opus is not None:  # (the answer has Opus alone: `sdp.only_opus`)
-            if frame.payload_type in codecs:
-                opus(frame)
-            return
-        codec = codecs.get(frame.payload_type)
-        if codec is None:
-            return
-        if receiver._RTCRtpReceiver__decoder_thread is None or frame.lost:
-            return
-        frame.timestamp = receiver._RTCRtpReceiver__timestamp_mapper.map(frame.timestamp)
-        receiver._RTCRtpReceiver__decoder_queue.put((codec, frame))
-
-    buffer = LowLatencyJitterBuffer(sink=sink, min_depth=min_depth)
-    receiver._RTCRtpReceiver__jitter_buffer = buffer
-    if opus is not None:
-        receiver.receive = partial(_receive_without_decoder, receiver)
-    return buffer
-
-
-async def _receive_without_decoder(receiver: Any, parameters: Any) -> None:
-    """`RTCRtpReceiver.receive` (aiortc 1.16) without starting its decoder thread."""
-    if receiver._RTCRtpReceiver__started:
-        return
-    for codec in parameters.codecs:
-        receiver._RTCRtpReceiver__codecs[codec.payloadType] = codec
-    for encoding in parameters.encodings:
-        if encoding.rtx:
-            receiver._RTCRtpReceiver__rtx_ssrc[encoding.rtx.ssrc] = encoding.ssrc
-    receiver._RTCRtpReceiver__transport._register_rtp_receiver(receiver, parameters)
-    receiver._RTCRtpReceiver__rtcp_task = asyncio.ensure_future(receiver._run_rtcp())
-    receiver._RTCRtpReceiver__started = True
-
-
 def srtp_sessions(dtls_transport: Any) -> tuple[pylibsrtp.Session, pylibsrtp.Session]:
     """The (inbound, outbound) libsrtp sessions a connected DTLS transport keyed from its
-    handshake (RFC 5764 §4.2; `RTCDtlsTransport._setup_srtp`)."""
+    handshake (RFC 5764 §4.2)."""
     inbound, outbound = dtls_transport._rx_srtp, dtls_transport._tx_srtp
     if inbound is None or outbound is None:
         raise RuntimeError("the DTLS transport has no SRTP keys yet")
@@ -174,28 +121,7 @@ def hook_points() -> dict[str, bool]:
         },  # fmt: skip
         "RTCDtlsTransport._rx_srtp": "_rx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
         "RTCDtlsTransport._tx_srtp": "_tx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
-        "RTCDtlsTransport._setup_srtp: both sessions": {"_rx_srtp", "_tx_srtp"}
-        <= set(RTCDtlsTransport._setup_srtp.__code__.co_names),
         "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
         **dtls_hooks.hook_points(pc, receiver.transport),
         **sctp_hooks.hook_points(RTCSctpTransport(receiver.transport)),
-        **{
-            f"RTCRtpReceiver.{name}": hasattr(receiver, f"_RTCRtpReceiver{name}")
-            for name in (
-                "__jitter_buffer",
-                "__decoder_thread",
-                "__decoder_queue",
-                "__codecs",
-                "__timestamp_mapper",
-                "__started",
-                "__rtx_ssrc",
-                "__transport",
-                "__rtcp_task",
-            )
-        },
-        "RTCRtpReceiver._run_rtcp": hasattr(receiver, "_run_rtcp"),
-        "RTCRtpReceiver.receive: decoder thread": (
-            "decoder_worker" in RTCRtpReceiver.receive.__code__.co_names
-            and "_register_rtp_receiver" in RTCRtpReceiver.receive.__code__.co_names
-        ),
     }
