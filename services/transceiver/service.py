@@ -29,7 +29,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from firsthop.services.transceiver.agents import TLS_SCHEMES
 from firsthop.services.transceiver.ice_lite import Credentials
-from firsthop.services.transceiver.rtc import Milestone, call_asyncio, soon, watch_readable
+from firsthop.services.transceiver.rtc import Milestone, around_ticks, call_asyncio, watch_readable
 from firsthop.services.transceiver.session import Session
 from firsthop.services.transceiver.table import (
     LINGER,
@@ -58,7 +58,7 @@ log = logging.getLogger("firsthop.transceiver")
 
 RECV_BUFFER = 2048
 DRAIN_BATCH = 64  # datagrams read per readiness callback (one recvmmsg) before yielding
-SEND_BATCH = 64  # datagrams queued for one sendmmsg (what one loop iteration sent)
+SEND_BATCH = 64  # datagrams a sendmmsg takes (a read batch's or a media tick's sends)
 TRACER = tracer("firsthop.transceiver")
 SETUP_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8)
@@ -131,8 +131,8 @@ class Transceiver:
         # (ufrag, traceparent) pairs for the Redis trace hand-off; None without Redis.
         self.trace_writes: trio.MemorySendChannel[tuple[str, str]] | None = None
         self._sock: socket.socket | None = None
-        self._out = mmsg.Sender(SEND_BATCH)  # this loop iteration's sends, in one syscall
-        self._flush_due = False
+        self._out = mmsg.Sender(SEND_BATCH)  # a batch's sends, in one syscall
+        self._batch: list[tuple[bytes, Address]] | None = None
         self._sessions_nursery: trio.Nursery | None = None
         self._session_removed = trio.Event()
         self._went_idle = trio.Event()  # the last live call ended
@@ -174,38 +174,54 @@ class Transceiver:
             self._send(framed.data, framed.dest)
 
     def _send(self, data: bytes, dest: Address) -> None:
-        """Queue one datagram for the shared socket: what this loop iteration sends (a
-        tick's frames of every call due, a read batch's answers) leaves in one sendmmsg,
-        right after the iteration's callbacks (`_flush`)."""
-        if self._sock is None:
+        """One datagram onto the shared socket: at once, or, inside a batch (a read batch, a
+        media clock tick: `_batch_start`), with the batch's others in one sendmmsg."""
+        sock = self._sock
+        if sock is None:
             return
-        out = self._out
-        if out.full():
-            self._flush()
+        batch = self._batch
+        if batch is not None:
+            batch.append((data, dest))
+            return
         try:
-            out.add_buffer(data, dest)
-        except (OSError, ValueError):  # (an address this socket's family cannot name)
+            sock.sendto(data, dest)
+            self.counters["packets_out"] += 1
+        except (BlockingIOError, InterruptedError):
+            self.counters["send_would_block"] += 1
+        except OSError:
             self.counters["send_error"] += 1
-            return
-        if not self._flush_due:
-            self._flush_due = True
-            soon(self._flush)
 
-    def _flush(self) -> None:
-        self._flush_due = False
-        out, sock = self._out, self._sock
-        if not out.pending:
+    def _batch_start(self) -> None:
+        self._batch = []
+
+    def _batch_end(self) -> None:
+        """Send what the batch queued: one datagram as it is, more in sendmmsg calls."""
+        batch, self._batch = self._batch, None
+        if not batch:
             return
-        if sock is None:  # closed meanwhile: what was queued goes nowhere
-            out.pending = 0
+        if len(batch) == 1 or self._sock is None:
+            for data, dest in batch:
+                self._send(data, dest)
             return
+        out, fd = self._out, self._sock.fileno()
         errors = out.errnos.copy()
-        self.counters["packets_out"] += out.flush(sock.fileno())
-        if out.dropped:
-            new = out.errnos - errors
-            would_block = new[errno.EAGAIN] + new[errno.EWOULDBLOCK]
-            self.counters["send_would_block"] += would_block
-            self.counters["send_error"] += out.dropped - would_block
+        for data, dest in batch:
+            if out.full():
+                self._flush(fd)
+            try:
+                out.add_buffer(data, dest)
+            except (OSError, ValueError):  # (an address this socket's family cannot name)
+                self.counters["send_error"] += 1
+        self._flush(fd)
+        new = out.errnos - errors
+        would_block = new[errno.EAGAIN] + new[errno.EWOULDBLOCK]
+        self.counters["send_would_block"] += would_block
+        self.counters["send_error"] += new.total() - would_block
+
+    def _flush(self, fd: int) -> None:
+        out = self._out
+        if out.pending:
+            self.counters["packets_out"] += out.flush(fd)
 
     async def _receive_loop(self, sock: socket.socket) -> None:
         """Own the media socket's reading for as long as this task lives.
@@ -220,6 +236,7 @@ class Transceiver:
 
         def drain() -> None:
             got = batch.receive(fd)
+            self._batch_start()
             if batch.errors:
                 self.counters["recv_error"] += batch.errors
                 batch.errors = 0
@@ -229,7 +246,9 @@ class Transceiver:
                     self.counters["recv_oversize"] += 1
                     continue
                 self._on_datagram(sources[i], bytes(payload(i)))
+            self._batch_end()
 
+        around_ticks(self._batch_start, self._batch_end)  # a media tick's frames go together
         stop = watch_readable(sock, drain)
         try:
             await trio.sleep_forever()

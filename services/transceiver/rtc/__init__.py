@@ -14,10 +14,10 @@ from firsthop.services.transceiver.rtc.agent_link import AgentLink, AgentLinkErr
 from firsthop.services.transceiver.rtc.bridge import (
     call_asyncio,
     run_trio_guest,
-    soon,
     watch_readable,
 )
 from firsthop.services.transceiver.rtc.hooks import check_pinned_versions, hook_points
+from firsthop.services.transceiver.rtc.media_clock import around_ticks
 from firsthop.services.transceiver.rtc.session import Milestone, RtcSession, SessionCallbacks
 
 __all__ = [
@@ -26,10 +26,10 @@ __all__ = [
     "Milestone",
     "RtcSession",
     "SessionCallbacks",
+    "around_ticks",
     "call_asyncio",
     "check_pinned_versions",
     "hook_points",
     "run_trio_guest",
-    "soon",
     "watch_readable",
 ]

@@ -69,9 +69,3 @@ def watch_readable(sock: socket.socket, callback: Callable[[], None]) -> Callabl
         loop.remove_reader(fd)
 
     return stop
-
-
-def soon(callback: Callable[[], None]) -> None:
-    """Call `callback` once the host loop has run what is ready now (`call_soon`): what one
-    wake-up queued is then handled together (the shared socket's sends, in one syscall)."""
-    asyncio.get_running_loop().call_soon(callback)

@@ -7,8 +7,8 @@ every core that is due within `COALESCE` is handled in the same wake-up, so call
 slots fall close together cost one wake-up: a frame goes out up to `COALESCE` early, never
 late. Each owner re-arms after every call into its core (aioquic's adapters re-read
 `get_timer()` the same way). An owner has one live entry, and a replaced one is skipped
-when it comes up. `after_tick` runs once per wake-up, after every due owner: that is
-where a tick's sends can go out together.
+when it comes up. `before_tick` and `after_tick` run once per wake-up, around every due
+owner: that is where a tick's sends can go out together.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ class ClockOwner(Protocol):
 
 class MediaClock:
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, after_tick: Callable[[], None] | None = None
+        self,
+        loop: asyncio.AbstractEventLoop,
+        after_tick: Callable[[], None] | None = None,
+        before_tick: Callable[[], None] | None = None,
     ) -> None:
         self._loop = loop
         self._heap: list[tuple[float, int, ClockOwner]] = []
@@ -43,6 +46,7 @@ class MediaClock:
         self._armed_at = math.inf
         self._live = 0  # owners with an entry
         self.after_tick = after_tick
+        self.before_tick = before_tick
         self.wakeups = 0
 
     def arm(self, owner: ClockOwner, when: float | None) -> None:
@@ -81,6 +85,8 @@ class MediaClock:
                 owner.timer_at = None
                 self._live -= 1
                 due.append((when, owner))
+        if self.before_tick is not None:
+            self.before_tick()
         for when, owner in due:
             try:
                 # An owner due a little later is told it is its time: its frame goes out
@@ -97,6 +103,12 @@ class MediaClock:
 
 
 _clocks: dict[asyncio.AbstractEventLoop, MediaClock] = {}
+
+
+def around_ticks(before: Callable[[], None], after: Callable[[], None]) -> None:
+    """Run `before` and `after` around every wake-up of the running loop's media clock."""
+    clock = clock_of(asyncio.get_running_loop())
+    clock.before_tick, clock.after_tick = before, after
 
 
 def clock_of(loop: asyncio.AbstractEventLoop) -> MediaClock:
