@@ -236,17 +236,19 @@ class Transceiver:
 
         def drain() -> None:
             got = batch.receive(fd)
-            self._batch_start()
             if batch.errors:
                 self.counters["recv_error"] += batch.errors
                 batch.errors = 0
             sources, payload, truncated = batch.sources, batch.payload, batch.truncated
-            for i in range(got):
-                if truncated(i):  # past RECV_BUFFER: no datagram of ours is
-                    self.counters["recv_oversize"] += 1
-                    continue
-                self._on_datagram(sources[i], bytes(payload(i)))
-            self._batch_end()
+            self._batch_start()
+            try:
+                for i in range(got):
+                    if truncated(i):  # past RECV_BUFFER: no datagram of ours is
+                        self.counters["recv_oversize"] += 1
+                        continue
+                    self._on_datagram(sources[i], bytes(payload(i)))
+            finally:  # (a raise must not leave the batch open: every send would wait in it)
+                self._batch_end()
 
         around_ticks(self._batch_start, self._batch_end)  # a media tick's frames go together
         stop = watch_readable(sock, drain)

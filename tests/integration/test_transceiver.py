@@ -127,6 +127,9 @@ def test_ten_sessions_on_one_socket_each_hear_only_their_own_tone(stack: Stack) 
         await asyncio.to_thread(
             wait_until, lambda: event_count(tx, "memory_releases") == releases + 1
         )
+        # each call's quality, observed at its end (the media core's RTCP and jitter)
+        jitter = await asyncio.to_thread(metric, tx, "firsthop_call_jitter_seconds_count")
+        assert jitter >= len(callers)
         return out
 
     results = asyncio.run(main())

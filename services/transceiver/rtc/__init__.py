@@ -2,10 +2,12 @@
 
 * `bridge`: Trio as a guest of the asyncio host loop, and the calls between the two;
 * `hooks`: every private aiortc/aioice attribute firsthop touches (the DTLS ones in
-  `dtls_hooks`), with the pinned-version check (the ICE-lite agent on the shared socket is
-  built there);
-* `session`: one call's peer connection (`RtcSession`), reporting through callbacks;
-* `audio`: the agent's voice out (paced, Opus-encoded here) and decoded frames in;
+  `dtls_hooks`, the SCTP ones in `sctp_hooks`), with the pinned-version check;
+* `lite_connection`: the ICE connection aiortc's transports run on (DTLS only; the session
+  table's `LiteIce` is the one ICE agent);
+* `session`: one call's peer connection (`RtcSession`), for offer/answer, DTLS and the data
+  channel, and the I/O of its media core (`media/core.py`), reporting through callbacks;
+* `media_clock`: one timer for every call's media core;
 * `agent_link`: the WebSocket to an agent, on the host loop (the protocol spoken over it is
   `services/transceiver/agents/`' business).
 """

@@ -29,11 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import aioice
-import aioice.ice
 import aiortc
-import aiortc.clock
-import aiortc.rtcdtlstransport
-import aiortc.rtp
 import pylibsrtp
 from aiortc import (
     RTCConfiguration,

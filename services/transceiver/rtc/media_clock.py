@@ -87,15 +87,17 @@ class MediaClock:
                 due.append((when, owner))
         if self.before_tick is not None:
             self.before_tick()
-        for when, owner in due:
-            try:
-                # An owner due a little later is told it is its time: its frame goes out
-                # up to COALESCE early (and what it re-arms waits for the next wake-up).
-                owner.on_timer(max(now, when))
-            except Exception:  # the owner's own failure handling missed it: its call only
-                log.exception("a media timer raised")
-        if self.after_tick is not None:
-            self.after_tick()
+        try:
+            for when, owner in due:
+                try:
+                    # An owner due a little later is told it is its time: its frame goes
+                    # out up to COALESCE early (what it re-arms waits for the next wake-up).
+                    owner.on_timer(max(now, when))
+                except Exception:  # its own failure handling missed it: its call only
+                    log.exception("a media timer raised")
+        finally:
+            if self.after_tick is not None:
+                self.after_tick()
         while heap and heap[0][2].timer_at != heap[0][0]:
             heapq.heappop(heap)
         if heap:

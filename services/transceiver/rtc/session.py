@@ -240,9 +240,12 @@ class RtcSession:
                 self.callbacks.milestone(Milestone.DTLS_CONNECTED)
                 media = self.media
                 if audio and media is not None:  # the keys are here: media flows
-                    inbound, outbound = hooks.srtp_sessions(transport)
-                    media.start(SrtpContext(inbound, outbound), time.monotonic(), time.time())
-                    self._pump(media)
+                    try:  # (in aiortc's DTLS task: a raise there would leave the call mute)
+                        inbound, outbound = hooks.srtp_sessions(transport)
+                        media.start(SrtpContext(inbound, outbound), time.monotonic(), time.time())
+                        self._pump(media)
+                    except Exception as exc:
+                        self.callbacks.failed("media", exc)
             elif transport.state == "failed":
                 self.callbacks.milestone(Milestone.DTLS_FAILED)
 
