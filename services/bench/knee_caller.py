@@ -229,7 +229,7 @@ def judge(
     heard = tone_powers(pcm, freq) > HEARD_SLOT if len(arrivals) else np.zeros(0, dtype=bool)
     lost = 0
     runs: list[list[Any]] = []
-    middle: np.ndarray | None = None
+    best: tuple[int, np.ndarray] | None = None  # (frames missed, the burst's middle 10 slots)
     for onset in judged:
         hits = [
             i
@@ -241,15 +241,17 @@ def judge(
             span = hits[-1] - hits[0] + 1
             missed = max(span, burst) - len(hits)
             holes = [sizes[i] for i in range(hits[0], hits[-1]) if not heard[i]]
-            if middle is None and missed == 0:
-                centre = (hits[0] + hits[-1]) // 2
-                middle = pcm[centre - 5 : centre + 5].reshape(-1)
+            # whose tone this is, judged on the burst heard most whole: a frame lost is loss
+            # (counted above), not a reason to say the caller heard someone else
+            if len(hits) >= 10 and (best is None or missed < best[0]):
+                centre = hits[len(hits) // 2]
+                best = (missed, pcm[max(centre - 5, 0) : centre + 5].reshape(-1))
         if missed:
             lost += missed
             runs.append([round(onset - start, 2), missed, holes[:10]])
     heard_own = False
-    if middle is not None:
-        row = middle.reshape(1, -1)
+    if best is not None:
+        row = best[1].reshape(1, -1)
         powers = {f: float(tone_powers(row, f)[0]) for f in freqs}
         heard_own = max(powers, key=lambda f: powers[f]) == freq and powers[freq] > HEARD_SLOT
     return Verdict(len(judged), len(judged) * burst, lost, runs[:10], heard_own)

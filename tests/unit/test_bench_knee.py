@@ -94,6 +94,15 @@ def test_an_echo_dropped_for_silence_or_never_sent_is_a_lost_frame() -> None:
     assert judged(encode(pcm))[:2] == (1, 1)
 
 
+def test_a_frame_lost_in_every_burst_is_loss_not_another_callers_tone() -> None:
+    # the quick knee sweep judges one burst per call: a frame lost there is counted as lost,
+    # and the caller still heard its own tone
+    pcm: list[bytes | None] = list(echo_pcm())
+    for k in range(CYCLES):
+        pcm[k * PERIOD_FRAMES + 20] = SILENT_PCM
+    assert judged(encode(pcm)) == (CYCLES, CYCLES, True)
+
+
 def test_a_burst_that_never_came_back_loses_all_its_frames() -> None:
     slots = encode(list(echo_pcm()))
     for i in range(PERIOD_FRAMES, 2 * PERIOD_FRAMES):
