@@ -1,6 +1,9 @@
-# syntax=docker/dockerfile:1
 # One image for every firsthop service; the subcommand picks the service:
 #   docker run IMAGE relay | transceiver | signaling | agent --kind echo | ...
+#
+# No `# syntax=` line: that makes BuildKit fetch a frontend image from Docker Hub first, so
+# every build fails where the Hub cannot be reached (air-gapped sites); nothing here needs a
+# newer frontend than the engine's own. `--build-arg PYTHON_IMAGE=` takes a local base.
 #
 # Native code: every compiled dependency is a manylinux wheel that bundles the libraries it
 # links (av carries FFmpeg, libopus and libvpx in av.libs/; pylibsrtp links libsrtp

@@ -19,10 +19,17 @@ from tests.integration.deploy.manifests import (
     effective_config,
 )
 
+FIRSTHOP_IMAGE = "firsthop:dev"
 
-def compose() -> Obj:
-    """compose.yaml with every ${VAR:-default} at its default (all of them must have one)."""
-    text = re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", (ROOT / "compose.yaml").read_text())
+
+def compose(**env: str) -> Obj:
+    """compose.yaml with each ${VAR:-default} at `env[VAR]`, else its default (all of them
+    must have one)."""
+
+    def value(m: re.Match[str]) -> str:
+        return env.get(m[1], m[2])
+
+    text = re.sub(r"\$\{([A-Z0-9_]+):-([^}]*)\}", value, (ROOT / "compose.yaml").read_text())
     assert "${" not in text, "every variable in compose.yaml needs a default"
     loaded = yaml.safe_load(text)
     assert isinstance(loaded, dict)
@@ -30,7 +37,7 @@ def compose() -> Obj:
 
 
 def ours(services: Obj) -> dict[str, Obj]:
-    return {name: s for name, s in services.items() if "build" in s}
+    return {name: s for name, s in services.items() if s["image"] == FIRSTHOP_IMAGE}
 
 
 def compose_config(service: Obj, mp: pytest.MonkeyPatch) -> Any:
@@ -62,13 +69,23 @@ def probe_host(addr: tuple[str, int]) -> tuple[str, int]:
     return ("127.0.0.1" if addr[0] == "0.0.0.0" else addr[0], addr[1])
 
 
-def test_compose_builds_every_firsthop_service_from_the_one_dockerfile() -> None:
+def test_compose_builds_the_one_image_once_and_every_firsthop_service_runs_it() -> None:
     services = compose()["services"]
+    builders = [name for name, s in services.items() if "build" in s]
+    assert builders == ["relay"], "one service builds; the classic builder built it 7 times"
+    build = services["relay"]["build"]
+    assert build["context"] == "." and "dockerfile" not in build
+    assert build["args"]["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
+    assert services["relay"]["pull_policy"] == "build"
     for name, service in services.items():
         if name in ours(services):
-            assert service["build"] in (".", {"context": "."}), name
             assert service["command"][0] in SUBCOMMANDS
             assert "healthcheck" in service, name
+            if name != "relay":  # run the built image, never look for it on a registry
+                assert service["pull_policy"] == "never", name
+            # a read-only root, and a writable /tmp (the assistant dies without one)
+            assert service["read_only"] is True, name
+            assert any(t.split(":")[0] == "/tmp" for t in service["tmpfs"]), name
         else:
             assert service["image"].startswith(THIRD_PARTY_IMAGES), name
     assert services["redis"]["healthcheck"]
@@ -78,19 +95,49 @@ def test_compose_builds_every_firsthop_service_from_the_one_dockerfile() -> None
     ]
 
 
-def test_compose_publishes_only_the_public_ports() -> None:
-    services = compose()["services"]
+# a second stack beside the first: every published port, the network and the addresses moved
+MOVED = {
+    "FIRSTHOP_RELAY_PORT": "4478",
+    "FIRSTHOP_RELAY_TCP_PORT": "4443",
+    "FIRSTHOP_SIGNALING_PORT": "9080",
+    "FIRSTHOP_JAEGER_PORT": "26686",
+    "FIRSTHOP_NET": "10.78.1",
+    "FIRSTHOP_PUBLIC_HOST": "192.0.2.7",
+    "FIRSTHOP_BIND": "0.0.0.0",
+}
+DEFAULTS = {
+    "FIRSTHOP_RELAY_PORT": "3478",
+    "FIRSTHOP_RELAY_TCP_PORT": "3478",
+    "FIRSTHOP_SIGNALING_PORT": "8080",
+    "FIRSTHOP_JAEGER_PORT": "16686",
+    "FIRSTHOP_PUBLIC_HOST": "127.0.0.1",
+}
+ENVS = pytest.mark.parametrize("env", [{}, MOVED], ids=["defaults", "moved"])
+
+
+@ENVS
+def test_compose_publishes_only_the_public_ports(env: dict[str, str]) -> None:
+    services = compose(**env)["services"]
+    port = {k: int(v) for k, v in {**DEFAULTS, **env}.items() if k.endswith("_PORT")}
     ports = {name: published(s) for name, s in services.items() if published(s)}
     assert ports == {
-        "relay": [(3478, "udp"), (3478, "tcp")],
-        "signaling": [(8080, "tcp")],
-        "jaeger": [(16686, "tcp")],
+        "relay": [(port["FIRSTHOP_RELAY_PORT"], "udp"), (port["FIRSTHOP_RELAY_TCP_PORT"], "tcp")],
+        "signaling": [(port["FIRSTHOP_SIGNALING_PORT"], "tcp")],
+        "jaeger": [(port["FIRSTHOP_JAEGER_PORT"], "tcp")],
     }
+    bind = env.get("FIRSTHOP_BIND", "127.0.0.1")
+    assert all(str(p).startswith(f"{bind}:") for s in services.values() for p in s.get("ports", []))
     assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
 
 
-def test_compose_services_get_only_what_their_cli_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
-    doc = compose()
+@ENVS
+def test_compose_services_get_only_what_their_cli_accepts(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = compose(**env)
+    host = {**DEFAULTS, **env}["FIRSTHOP_PUBLIC_HOST"]
+    udp_port = int({**DEFAULTS, **env}["FIRSTHOP_RELAY_PORT"])
+    tcp_port = int({**DEFAULTS, **env}["FIRSTHOP_RELAY_TCP_PORT"])
     services = ours(doc["services"])
     configs = {name: compose_config(s, monkeypatch) for name, s in services.items()}
     subnet = ipaddress.ip_network(doc["networks"]["edge"]["ipam"]["config"][0]["subnet"])
@@ -100,12 +147,14 @@ def test_compose_services_get_only_what_their_cli_accepts(monkeypatch: pytest.Mo
     assert not signaling.dev
     assert healthcheck_target(services["signaling"]) == probe_host(signaling.listen)
     (ingress,) = signaling.ingress[signaling.region]
-    assert ingress == "127.0.0.1:3478" and hostport_arg(ingress) == relay.ingress
-    assert relay.ingress[1] == published(services["relay"])[0][0]
+    # the port a caller sends to is the one published, the relay's own and what it writes into
+    # frames: inside and out the same
+    assert ingress == f"{host}:{udp_port}" and hostport_arg(ingress) == relay.ingress
+    assert relay.listen[1] == relay.ingress[1] == published(services["relay"])[0][0] == udp_port
     # ICE-TCP: the relay listens, compose publishes it, signaling advertises it
     (ingress_tcp,) = signaling.ingress_tcp[signaling.region]
-    assert relay.ingress_tcp == hostport_arg(ingress_tcp) == ("127.0.0.1", 3478)
-    assert (relay.listen_tcp[1], "tcp") in published(services["relay"])
+    assert relay.ingress_tcp == hostport_arg(ingress_tcp) == (host, tcp_port)
+    assert (relay.listen_tcp[1], "tcp") == published(services["relay"])[1]
     assert set(signaling.agents) == {"echo", "parrot", "assistant"}
     assert signaling.default_agent == "assistant"
     assert signaling.agents["assistant"] == "realtime+ws://agent-assistant:8090/v1/realtime"

@@ -14,6 +14,9 @@ from tests.integration.deploy.manifests import ROOT
 
 
 def test_dockerfile_is_multi_stage_non_root_with_the_firsthop_entrypoint() -> None:
+    first = (ROOT / "Dockerfile").read_text().splitlines()[0]
+    # a `# syntax=` directive makes BuildKit pull a frontend from Docker Hub before building
+    assert not re.match(r"#\s*syntax\s*=", first, re.I), first
     lines = [ln for ln in (ROOT / "Dockerfile").read_text().splitlines() if not ln.startswith("#")]
     stages = [ln for ln in lines if ln.startswith("FROM ")]
     assert len(stages) >= 2
