@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "agent": (
         "firsthop.services.agent.server",
-        "reference agent backend (echo or parrot) over WebSocket",
+        "a reference agent: echo, parrot, or the offline voice assistant",
     ),
     "call": ("firsthop.services.call.main", "call a firsthop signaling server (aiortc client)"),
     "up": ("firsthop.services.up", "run the whole local stack on loopback"),

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
@@ -96,6 +97,15 @@ def _tone(freq: float, amplitude: float, start: int, samples: int) -> bytes:
 @functools.cache
 def _tone_second(freq: float, amplitude: float) -> bytes:
     return _tone(freq, amplitude, 0, SAMPLE_RATE)
+
+
+AUDIBLE_RMS = 0.002  # of full scale (about -54 dBFS): above the codec's comfort noise
+
+
+def audible(pcm: bytes) -> bool:
+    """Whether a frame of PCM16 carries sound rather than (near-)silence."""
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+    return bool(samples.size) and float(np.sqrt(np.mean(samples**2))) / 32768 > AUDIBLE_RMS
 
 
 def to_mono(frame: AudioFrame) -> bytes:
@@ -179,12 +189,16 @@ class Caller:
             except MediaStreamError:
                 return
             assert isinstance(frame, AudioFrame)
-            self.mark("first_audio_in")
+            self.mark("first_audio_in")  # the first packet, silent or not
             self.on_audio(frame)
 
     def on_audio(self, frame: AudioFrame) -> None:
-        """One decoded frame: by default its PCM (mono) goes to `on_frame`, timed now."""
-        self.on_frame(time.monotonic(), to_mono(frame))
+        """One decoded frame: by default its PCM (mono) goes to `on_frame`, timed now; the
+        first audible one marks `first_sound_in`."""
+        pcm = to_mono(frame)
+        if "first_sound_in" not in self.result.timeline and audible(pcm):
+            self.mark("first_sound_in")
+        self.on_frame(time.monotonic(), pcm)
 
     def on_frame(self, arrived: float, pcm: bytes) -> None:
         """One received frame (PCM16 mono): kept in `result`; subclasses may do otherwise."""

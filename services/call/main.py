@@ -1,8 +1,9 @@
 """`firsthop call`: dial a firsthop signaling server like any WebRTC client would.
 
 Sends a WAV file or a beeping tone, records the reply to a WAV, and prints the setup
-timeline (signaling answer, ICE+DTLS connected, first audio back) and, against the echo
-agent, the mouth-to-ear echo delay of each beep (sent frame -> its echo heard).
+timeline (signaling answer, ICE+DTLS connected, first packet and first audible audio back),
+against the echo agent the mouth-to-ear echo delay of each beep (sent frame -> its echo
+heard), and against a Realtime agent (the assistant) what each side said.
 Signaling over HTTP (WHIP-style `POST /v1/calls`) by default, or the WebSocket with `--ws`.
 """
 
@@ -91,6 +92,33 @@ def ws_signal(base: str, token: str, agent: str, info: dict[str, str]) -> Any:
     return signal
 
 
+# What a Realtime agent (the assistant, a Realtime backend) says on `oai-events`, as one line
+SAID = {
+    "conversation.item.input_audio_transcription.completed": "you said",
+    "response.output_audio_transcript.done": "agent said",
+    "response.audio_transcript.done": "agent said",  # the beta protocol's name
+}
+
+
+def transcript_lines(events: list[Any]) -> list[str]:
+    """The lines worth printing from data-channel events: what each side said, and errors.
+    Anything else (deltas, session and buffer events, what is not JSON) is skipped."""
+    lines = []
+    for raw in events:
+        try:
+            event = json.loads(raw)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("type")
+        if kind in SAID and isinstance(event.get("transcript"), str):
+            lines.append(f"{SAID[kind]}: {event['transcript'].strip()}")
+        elif kind == "error" and isinstance(event.get("error"), dict):
+            lines.append(f"error: {event['error'].get('message', '')}")
+    return lines
+
+
 async def place_call(args: argparse.Namespace) -> int:
     pcm = load_wav(args.wav) if args.wav else None
     track = ToneTrack(args.tone, pcm=pcm, beep=None if pcm else (BEEP_EVERY, BEEP_LENGTH))
@@ -106,12 +134,20 @@ async def place_call(args: argparse.Namespace) -> int:
     print(f"  answer from signaling  {tl['answer'] * 1000:7.1f} ms")
     print(f"  ICE + DTLS connected   {tl['state_connected'] * 1000:7.1f} ms")
     deadline = t0 + args.seconds
+    shown = 0  # events of the data channel printed so far
     while time.monotonic() < deadline:
         await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         heard = len(caller.result.received) / 2 / SAMPLE_RATE
         print(f"  ... {time.monotonic() - t0:4.1f} s: heard {heard:4.1f} s of audio", flush=True)
+        events, shown = caller.result.events[shown:], len(caller.result.events)
+        for line in transcript_lines(events):
+            print(f"  {line}", flush=True)
     if "first_audio_in" in tl:
-        print(f"  first audio back       {tl['first_audio_in'] * 1000:7.1f} ms")
+        print(f"  first packet back      {tl['first_audio_in'] * 1000:7.1f} ms")
+    if "first_sound_in" in tl:  # the first audible frame: what a listener hears first
+        print(f"  first audio back       {tl['first_sound_in'] * 1000:7.1f} ms")
+    else:
+        print("  first audio back       (nothing audible came back)")
     if pcm is None and args.agent == "echo":
         delays = beep_onsets(caller)
         if delays:
@@ -155,7 +191,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     p = sub.add_parser("call", help=help)
     p.add_argument("url", nargs="?", default="http://127.0.0.1:8080", help="signaling base URL")
     add_option(p, "--api-key", default=None, help="API key or client secret")
-    add_option(p, "--agent", default="echo", help="echo | parrot")
+    add_option(
+        p,
+        "--agent",
+        default="echo",
+        help="the agent signaling names: echo, parrot, assistant (firsthop up) or any "
+        "--agent-url of yours",
+    )
     add_option(p, "--wav", default=None, help="audio file to send (default: beeping tone)")
     add_option(p, "--tone", default=440.0, type=float, help="tone frequency, Hz")
     add_option(p, "--seconds", default=6.0, type=float, help="call length")

@@ -69,11 +69,22 @@ def test_call_prints_the_timeline_and_echo_delay_and_saves_the_reply(
     for line in (
         "answer from signaling",
         "ICE + DTLS connected",
+        "first packet back",
         "first audio back",
         "echo delay (mouth to ear)",
         f"reply saved to {out}",
     ):
         assert line in text, text
+    # the first audible frame, not the transceiver's first (silent) packet: the echo of the
+    # first beep, which leaves after the call connects
+    times = {
+        key: float(line.split()[-2])
+        for line in text.splitlines()
+        for key in ("first packet back", "first audio back", "ICE + DTLS connected")
+        if line.strip().startswith(key)
+    }
+    assert times["first audio back"] >= times["first packet back"], text
+    assert times["first audio back"] > times["ICE + DTLS connected"], text
     with wave.open(str(out)) as w:
         assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 48000)
         assert w.getnframes() > 48000 * 2  # more than 2 s of audio came back
