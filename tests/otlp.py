@@ -25,7 +25,7 @@ class SpanRecord:
 
 
 class OtlpCollector:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.spans: list[SpanRecord] = []
         self.lock = threading.Lock()
         collector = self
@@ -46,12 +46,16 @@ class OtlpCollector:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
     def env(self, service: str) -> dict[str, str]:
         return {"OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint, "OTEL_SERVICE_NAME": service}

@@ -225,17 +225,27 @@ def create_app(tx: Transceiver) -> QuartTrio:
     return app
 
 
+# Exported from the start, at 0, so that the alert rules' rate() sees the first one
+# (monitoring/rules.yml): a series that first appears at 1 shows no increase.
+ALERTED_EVENTS = frozenset({"agent_failures", "session_errors"})
+
+
 def transceiver_metrics(tx: Transceiver) -> str:
     sessions = MetricFamily("firsthop_transceiver_sessions", "gauge", "Live sessions")
     sessions.add(len(tx.table))
+    capacity = MetricFamily(
+        "firsthop_transceiver_capacity", "gauge", "Most concurrent sessions (--capacity)"
+    )
+    capacity.add(tx.config.capacity)
     drops = MetricFamily(
         "firsthop_transceiver_drops_total", "counter", "Datagrams dropped by the mux, by reason"
     )
     for reason, n in sorted(tx.table.mux.drops.items()):
         drops.add(n, reason=reason)
     events = MetricFamily("firsthop_transceiver_events_total", "counter", "Counted events")
-    for name, n in sorted(tx.event_counts().items()):
-        events.add(n, event=name)
+    counts = tx.event_counts()
+    for name in sorted(counts.keys() | ALERTED_EVENTS):
+        events.add(counts[name], event=name)
     received = MetricFamily(
         "firsthop_transceiver_packets_total", "counter", "Datagrams on the media socket"
     )
@@ -257,6 +267,7 @@ def transceiver_metrics(tx: Transceiver) -> str:
     return render(
         [
             sessions,
+            capacity,
             received,
             drops,
             events,

@@ -14,6 +14,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,18 +87,17 @@ def edge() -> Iterator[Edge]:
                 p.kill()
 
 
-@pytest.fixture
-def page(edge: Edge) -> Iterator[Page]:
+@contextmanager
+def chromium_in(ns: Namespace, origin: str) -> Iterator[Page]:
+    """A page of headless Chromium running inside `ns`, for a demo page served at `origin`
+    (http://HOST:PORT) across the veth."""
     profile = tempfile.mkdtemp(prefix="firsthop-chromium-")
     # Playwright drives Chromium over a pipe (fds 3 and 4), which `ip netns exec` passes on.
     wrapper = Path(profile) / "chromium-in-namespace"
-    wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {edge.ns.name} {CHROMIUM} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {ns.name} {CHROMIUM} "$@"\n')
     wrapper.chmod(0o755)
-    args = [
-        *CHROMIUM_ARGS,
-        # getUserMedia wants a secure context; the page is served over the veth, not loopback
-        f"--unsafely-treat-insecure-origin-as-secure=http://{edge.ns.host}:{edge.sig.port}",
-    ]
+    # getUserMedia wants a secure context; the page is served over the veth, not loopback
+    args = [*CHROMIUM_ARGS, f"--unsafely-treat-insecure-origin-as-secure={origin}"]
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(Path(profile) / "data"), executable_path=str(wrapper), args=args, headless=True
@@ -107,6 +107,12 @@ def page(edge: Edge) -> Iterator[Page]:
         finally:
             context.close()
     shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def page(edge: Edge) -> Iterator[Page]:
+    with chromium_in(edge.ns, f"http://{edge.ns.host}:{edge.sig.port}") as page:
+        yield page
 
 
 def call_and_hear_the_echo(edge: Edge, page: Page) -> dict[str, float]:

@@ -16,7 +16,10 @@ from tests.integration.deploy.manifests import (
     SUBCOMMANDS,
     THIRD_PARTY_IMAGES,
     Obj,
+    container_port,
     effective_config,
+    firsthop_containers,
+    rendered,
 )
 
 FIRSTHOP_IMAGE = "firsthop:dev"
@@ -201,3 +204,58 @@ def test_compose_waits_for_healthy_dependencies() -> None:
             if cond["condition"] == "service_healthy":
                 assert "healthcheck" in services[dep], dep
     assert services["signaling"]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def _probe(container: Obj) -> tuple[str, int | str]:
+    """A k8s container's readiness check as (HTTP path or "tcp", port number)."""
+    probe = container["readinessProbe"]
+    if "tcpSocket" in probe:
+        return "tcp", container_port(container, probe["tcpSocket"]["port"])["containerPort"]
+    get = probe["httpGet"]
+    return get["path"], container_port(container, get["port"])["containerPort"]
+
+
+def _healthcheck(service: Obj) -> tuple[str, int]:
+    """A compose service's health check as (HTTP path or "tcp", port number)."""
+    code = service["healthcheck"]["test"][3]
+    m = re.search(r"http://[\d.]+:(\d+)(/\w+)", code)
+    if m:
+        return m[2], int(m[1])
+    return "tcp", healthcheck_target(service)[1]
+
+
+@pytest.mark.parametrize("target", ["base", "dev", "prod"])
+def test_kubernetes_runs_what_the_compose_test_proves(target: str) -> None:
+    """tests/e2e/test_compose_stack.py runs compose.yaml on a real engine; k8s/ (which no
+    cluster here can run) uses the same image, user, read-only root with a writable /tmp,
+    health checks and drain."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    (uid,) = re.findall(r"^USER (\d+):\d+$", dockerfile, re.M)
+    services = ours(compose()["services"])
+    by_command: dict[str, list[Obj]] = {}
+    for service in services.values():
+        by_command.setdefault(str(service["command"][0]), []).append(service)
+    objects = list(rendered(target))
+    seen = set()
+    for workload, container in firsthop_containers(objects):
+        pod = workload["spec"]["template"]["spec"]
+        assert container["image"].split(":")[0].rsplit("/", 1)[-1] == "firsthop"
+        pod_user = pod["securityContext"].get("runAsUser")
+        user = container.get("securityContext", {}).get("runAsUser", pod_user)
+        assert str(user) == uid, workload["metadata"]["name"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        (tmp,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == tmp["name"]]
+        assert "emptyDir" in volume
+        command = container["args"][0]
+        seen.add(command)
+        if command == "agent":  # the same kind of agent in both
+            (kind,) = [e["value"] for e in container["env"] if e["name"] == "FIRSTHOP_KIND"]
+            twins = [s for s in by_command["agent"] if kind in s["command"]]
+        else:
+            twins = by_command[command]
+        assert {_healthcheck(s) for s in twins} == {_probe(container)}, command
+        if command == "transceiver":  # a stop drains: preStop in k8s, SIGTERM in compose
+            assert container["lifecycle"]["preStop"]
+            assert all("--drain-seconds" in s["command"] for s in twins)
+    assert seen == {"relay", "transceiver", "signaling", "agent"}
