@@ -28,8 +28,8 @@ RUN python -c 'import os, tomllib; p = tomllib.load(open("pyproject.toml", "rb")
  && /opt/firsthop/bin/pip install --only-binary=:all: -r /tmp/requirements.txt
 COPY shared ./shared
 COPY services ./services
-# firsthop/ names the two folders as one package (symlinks: the wheel holds the files).
-COPY firsthop ./firsthop
+# src/firsthop/ names the two folders as one package (symlinks: the wheel holds the files).
+COPY src ./src
 # -P keeps /src off sys.path, so this imports the installed package (with its demo page).
 RUN /opt/firsthop/bin/pip install --no-deps . \
  && /opt/firsthop/bin/python -P -c 'import firsthop.services.signaling.app' \

@@ -21,12 +21,12 @@ system-deps:
 	@./scripts/ensure-system-deps
 
 lint: $(STAMP)
-	$(BIN)/ruff check shared services tests
-	$(BIN)/ruff format --check shared services tests
+	$(BIN)/ruff check shared services tests examples
+	$(BIN)/ruff format --check shared services tests examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy -p firsthop
-	$(BIN)/mypy tests
+	$(BIN)/mypy tests examples
 
 pytest: $(STAMP) system-deps
 	$(BIN)/pytest

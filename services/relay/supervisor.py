@@ -508,7 +508,10 @@ async def _serve_relay(
             "relay cluster %d ready: %d worker(s) on %s, internal %s, metrics %s",
             config.cluster,
             len(workers),
-            ", ".join(format_hostport(a) for a in (*config.listens, *config.listens_tcp)),
+            ", ".join(
+                [f"{format_hostport(a)} UDP" for a in config.listens]
+                + [f"{format_hostport(a)} TCP (ICE-TCP)" for a in config.listens_tcp]
+            ),
             format_hostport(config.internal),
             format_hostport(metrics),
         )

@@ -12,13 +12,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_wheel_holds_one_top_level_package_with_its_data(tmp_path: Path) -> None:
-    src = tmp_path / "src"
+def project_copy(tmp_path: Path) -> Path:
+    """What the package's build reads, copied (symlinks kept) to `tmp_path / "project"`."""
+    project = tmp_path / "project"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("firsthop", "services", "shared"):
-        shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
+    for name in ("src", "services", "shared"):
+        shutil.copytree(ROOT / name, project / name, symlinks=True, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
+        shutil.copy(ROOT / name, project / name)
+    return project
+
+
+def test_the_wheel_holds_one_top_level_package_with_its_data(tmp_path: Path) -> None:
+    src = project_copy(tmp_path)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
         + ["-w", str(tmp_path / "dist"), str(src)],
@@ -35,6 +41,27 @@ def test_the_wheel_holds_one_top_level_package_with_its_data(tmp_path: Path) -> 
     assert "firsthop/services/agent/assistant/session.py" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "firsthop = firsthop.services.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_an_editable_install_is_silent_and_puts_only_the_package_on_the_path(
+    tmp_path: Path,
+) -> None:
+    # a new user's `make test`/`pip install -e .`: no setuptools warning about a folder
+    # named like the package (the package sits under src/, a plain path entry)
+    project = project_copy(tmp_path)
+    target = tmp_path / "target"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q"]
+        + ["--target", str(target), "-e", str(project)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    noise = [ln for ln in done.stderr.splitlines() if not ln.startswith("WARNING: Location")]
+    assert not any("Warning" in ln or "!!" in ln for ln in noise), done.stderr
+    (pth,) = target.glob("__editable__.firsthop-*.pth")
+    assert pth.read_text().split() == [str(project / "src")]
 
 
 def test_nothing_imports_services_or_shared_as_top_level_modules() -> None:

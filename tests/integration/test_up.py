@@ -4,6 +4,7 @@ leaves no process behind."""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import subprocess
@@ -49,6 +50,10 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
         # the relay takes ICE-TCP callers too, and the answers offer it (below UDP)
         tcp_port = int(up.said("relay ICE-TCP").rsplit(":", 1)[1])
         socket.create_connection(("127.0.0.1", tcp_port), timeout=5).close()
+        # the relay's ready line says which address is UDP and which ICE-TCP
+        ready = next(line for line in lines if "worker(s) on" in line)
+        udp_tcp = rf"127\.0\.0\.1:\d+ UDP, 127\.0\.0\.1:{tcp_port} TCP \(ICE-TCP\)"
+        assert re.search(udp_tcp, ready), ready
 
         answers: list[str] = []
 
