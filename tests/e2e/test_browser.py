@@ -80,10 +80,10 @@ def demo_call(page: Page, url: str, key: str | None = None) -> dict[str, str]:
     page.wait_for_function(
         "document.getElementById('state').textContent === 'connected'", timeout=20_000
     )
-    # the echo agent's audio reaches the browser: inbound audio energy grows
+    # the echo agent's audio reaches the browser: t-audio is marked at the first audible
+    # frame of it (the page's analyser, every 10 ms); and the page's agent meter moves: the
+    # fake microphone's tone, echoed, is above -60 dBFS at the browser
     page.wait_for_function("document.getElementById('t-audio').textContent !== '–'", timeout=15_000)
-    # (t-audio is marked once getStats counts inbound audio energy); and the page's agent
-    # meter moves: the fake microphone's tone, echoed, is above -60 dBFS at the browser
     page.wait_for_function(
         "parseFloat(document.getElementById('meter-out').style.width || '0') > 0",
         timeout=15_000,
@@ -114,12 +114,64 @@ def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
     ingress = page.inner_text("#s-ingress")
     assert ingress == f"127.0.0.1:{relay.listen[1]}"
     assert page.inner_text("#s-tx") == tx.api  # a static --transceiver list names them by URL
-    page.click("#stop")
-    page.wait_for_function("document.getElementById('state').textContent === 'idle'")
+    # the agent's audio goes through the relay (a second of it while the call is up)
     assert (
         relay.wait_metric("firsthop_relay_packets_total", before + 50, direction="downstream")
         >= before + 50
     )
+    page.click("#stop")
+    page.wait_for_function("document.getElementById('state').textContent === 'idle'")
+
+
+def test_demo_page_puts_the_conversation_first_times_the_echo_and_hangs_up_cleanly(
+    stack: Stack, page: Page
+) -> None:
+    _, _, sig = stack
+    timeline = demo_call(page, sig.url + "/")
+    # the conversation comes right after the call controls, above levels, timeline and stats
+    order = page.evaluate("[...document.querySelectorAll('fieldset')].map((f) => f.id || '')")
+    assert order.index("conversation") == 1, order
+    # first audio is the first audible frame, after DTLS, not a 1 s stats tick
+    assert float(timeline["audio"]) > float(timeline["dtls"]), timeline
+    # echo mode: the delay from each microphone beep (Chromium's fake device beeps every
+    # second) to its echo
+    page.wait_for_function(
+        "document.getElementById('t-echo').textContent.startsWith('p50')", timeout=10_000
+    )
+    echo = page.inner_text("#t-echo").split()
+    assert echo[0] == "p50" and 0 < float(echo[1]) < 1000 and int(echo[3]) >= 1, echo
+    page.click("#stop")
+    page.wait_for_function("document.getElementById('state').textContent === 'idle'")
+    # the levels drop with the call instead of freezing, and the log says it was hung up
+    meters = ("meter-in", "meter-out")
+    widths = [page.evaluate(f"document.getElementById('{m}').style.width") for m in meters]
+    assert widths == ["0%", "0%"], widths
+    assert "hung up" in page.inner_text("#log")
+
+
+def test_demo_page_marks_where_an_interrupted_answer_was_cut(stack: Stack, page: Page) -> None:
+    # the page's own handler, fed the events a barge-in brings on `oai-events`
+    _, _, sig = stack
+    page.goto(sig.url + "/")
+    page.evaluate(
+        """() => {
+          const send = (ev) => onServerEvent(JSON.stringify(ev));
+          send({ type: "conversation.item.input_audio_transcription.completed",
+                 item_id: "u1", transcript: "tell me a long story" });
+          send({ type: "response.output_audio_transcript.delta", item_id: "a1", delta: "Once " });
+          send({ type: "response.output_audio_transcript.done", item_id: "a1",
+                 transcript: "Once upon a time there was a relay." });
+          send({ type: "output_audio_buffer.cleared", response_id: "r1" });
+        }"""
+    )
+    cut = "#transcript p[data-who=assistant] .cut"
+    assert page.inner_text(cut) == "✂ interrupted"
+    page.evaluate(
+        """() => onServerEvent(JSON.stringify({ type: "conversation.item.truncated",
+             item_id: "a1", content_index: 0, audio_end_ms: 1200 }))"""
+    )
+    assert page.inner_text(cut) == "✂ interrupted after 1.2 s of audio"
+    assert page.query_selector("#transcript p[data-who=user] .cut") is None
 
 
 def test_a_deleted_call_fails_the_browsers_dtls_transport_at_once(stack: Stack, page: Page) -> None:
