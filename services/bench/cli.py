@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-from firsthop.services.bench import churn, echo, faults, loss, relay, sessions, setup, voice, wire
+from firsthop.services.bench import (
+    churn,
+    echo,
+    faults,
+    knee,
+    loss,
+    relay,
+    sessions,
+    setup,
+    voice,
+    wire,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str) -> None:
@@ -13,9 +24,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     wire.register(benches)
     relay.register(benches)
     setup.register(benches)
-    sessions.register(benches)
+    sessions.register(benches).set_defaults(func=sessions_or_knee)
     churn.register(benches)
     echo.register(benches)
     voice.register(benches)
     loss.register(benches)
     faults.register(benches)
+
+
+def sessions_or_knee(args: argparse.Namespace) -> int:
+    """`bench sessions`, or with --knee the sweep (knee.py builds on sessions.py, so the
+    choice is made here, not in sessions.py)."""
+    return knee.main(args) if args.knee else sessions.main(args)

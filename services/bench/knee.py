@@ -48,6 +48,7 @@ with no live session on the server measured, or says how many were left.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -73,10 +74,18 @@ from firsthop.services.bench.knee_caller import (
 from firsthop.services.bench.knee_report import (
     MAX_LOSS_PCT,
     MAX_RESIDENCE_P99_MS,
+    render,
     step_line,
     summarize,
 )
-from firsthop.services.bench.measure import BenchError, LineTool, children_of, cpu_sample
+from firsthop.services.bench.measure import (
+    BenchError,
+    LineTool,
+    children_of,
+    cpu_sample,
+    report,
+    settings,
+)
 from firsthop.services.bench.procs import Stack
 from firsthop.services.bench.sessions import connect_all, emit, frequencies, worker_main
 
@@ -563,3 +572,24 @@ def _with_log(bench: Bench, exc: BenchError) -> BenchError:
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
     asyncio.run(worker_main(_worker))
+
+
+def main(args: argparse.Namespace) -> int:
+    """`bench sessions --knee`."""
+    chosen = settings(args, KNEE_QUICK if args.quick else KNEE_DEFAULTS)
+
+    def measure() -> dict[str, Any]:
+        start, top = int(chosen["calls"]), int(chosen["max_calls"])
+        if start < 1 or top < start or int(chosen["resolution"]) < 1:
+            raise ValueError("--knee needs 1 <= calls <= max-calls and resolution >= 1")
+        return run(
+            start,
+            max_calls=top,
+            resolution=int(chosen["resolution"]),
+            seconds=float(chosen["seconds"]),
+            warmup=float(chosen["warmup"]),
+            workers=args.workers,
+            pinned="path" if args.whole_path else "transceiver",
+        )
+
+    return report("sessions --knee", args, measure, render)

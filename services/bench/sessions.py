@@ -549,9 +549,8 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _main(args: argparse.Namespace) -> int:
-    if args.knee:
-        return _knee_main(args)
+def main(args: argparse.Namespace) -> int:
+    """`bench sessions` without --knee (bench/cli.py sends --knee to knee.main)."""
     chosen = settings(args, QUICK if args.quick else DEFAULTS)
 
     def measure() -> dict[str, Any]:
@@ -569,29 +568,10 @@ def _main(args: argparse.Namespace) -> int:
     return report("sessions", args, measure, render)
 
 
-def _knee_main(args: argparse.Namespace) -> int:
-    from firsthop.services.bench import knee, knee_report  # (they build on this module)
-
-    chosen = settings(args, knee.KNEE_QUICK if args.quick else knee.KNEE_DEFAULTS)
-
-    def measure() -> dict[str, Any]:
-        start, top = int(chosen["calls"]), int(chosen["max_calls"])
-        if start < 1 or top < start or int(chosen["resolution"]) < 1:
-            raise ValueError("--knee needs 1 <= calls <= max-calls and resolution >= 1")
-        return knee.run(
-            start,
-            max_calls=top,
-            resolution=int(chosen["resolution"]),
-            seconds=float(chosen["seconds"]),
-            warmup=float(chosen["warmup"]),
-            workers=args.workers,
-            pinned="path" if args.whole_path else "transceiver",
-        )
-
-    return report("sessions --knee", args, measure, knee_report.render)
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """The `sessions` parser; the caller sets what runs it (main, or knee.main for --knee)."""
     p = sub.add_parser("sessions", help="server CPU per echoed call and loss vs stock aiortc")
     p.add_argument("--calls", help="concurrent calls per round; a list sweeps (10,20,30)")
     p.add_argument("--seconds", type=float, help="steady measuring window per round")
@@ -617,7 +597,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--quick", action="store_true", help="3 calls, 3 s, 1 round (--knee: 2 then 4 calls)"
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_main)
+    return p
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
