@@ -149,8 +149,9 @@ def test_a_udp_blocked_browser_connects_over_ice_tcp_and_hears_the_echo(
     timeline = call_and_hear_the_echo(edge, page)
     local, remote, port = page.evaluate(SELECTED_PAIR_JS)
     assert (local, remote, port) == ("tcp", "tcp", edge.tcp[1])
-    assert relay.metric("firsthop_relay_tcp_accepted_total") >= accepted + 1
-    assert relay.metric("firsthop_relay_tcp_connections") >= 1
+    # (the workers' counts reach /metrics in periodic snapshots: the call may be quicker)
+    assert relay.wait_metric("firsthop_relay_tcp_accepted_total", accepted + 1) >= accepted + 1
+    assert relay.wait_metric("firsthop_relay_tcp_connections", 1) >= 1
     relay.wait_metric("firsthop_relay_packets_total", downstream + 50, direction="downstream")
     # and the transceiver can tell: the relay marked the caller's transport TCP
     assert event_count(edge.tx, "ice_tcp_path_selected") >= 1
