@@ -153,8 +153,15 @@ Signal = Callable[[str], Awaitable[str]]
 class Caller:
     """One call: `await start(signal)`, then `await wait_connected()`, ..., `await close()`."""
 
-    def __init__(self, track: MediaStreamTrack | None = None, *, data_channel: bool = False):
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    def __init__(
+        self,
+        track: MediaStreamTrack | None = None,
+        *,
+        data_channel: bool = False,
+        pc: RTCPeerConnection | None = None,
+    ):
+        # `pc`: a new peer connection prepared by the caller (e.g. with its own certificate)
+        self.pc = pc or RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.track = track or ToneTrack()
         self.pc.addTrack(self.track)
         self.result = CallResult()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
 from firsthop.services.transceiver.rtc import dtls_hooks
@@ -59,6 +59,13 @@ def create_session(tx: TransceiverProcess, relay: RelayProcess, offer: str) -> s
     return str(body["answer_sdp"])
 
 
+def peer_with(certificate: Any) -> RTCPeerConnection:
+    """A new aiortc peer connection whose DTLS uses `certificate`."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    dtls_hooks.dtls_for_any_peer(pc, certificate)
+    return pc
+
+
 def rsa_call(
     tx: TransceiverProcess, relay: RelayProcess, certificate: Any, edit: Callable[[str], str]
 ) -> tuple[str, bytes]:
@@ -66,8 +73,7 @@ def rsa_call(
     second of its tone came back: the answer SDP and the last half second heard."""
 
     async def main() -> tuple[str, bytes]:
-        c = Caller(ToneTrack(440))
-        dtls_hooks.dtls_for_any_peer(c.pc, certificate)
+        c = Caller(ToneTrack(440), pc=peer_with(certificate))
 
         async def signal(offer: str) -> str:
             return await asyncio.to_thread(create_session, tx, relay, edit(offer))
@@ -113,8 +119,7 @@ def test_an_rsa_peer_with_a_wrong_fingerprint_is_rejected(stack: Stack) -> None:
     before = event_count(tx, "ended_connection_failed")
 
     async def main() -> bytes:
-        c = Caller(ToneTrack(440))
-        dtls_hooks.dtls_for_any_peer(c.pc, rsa_certificate())
+        c = Caller(ToneTrack(440), pc=peer_with(rsa_certificate()))
 
         async def forged(offer: str) -> str:
             lines = offer.splitlines()

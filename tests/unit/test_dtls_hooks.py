@@ -11,12 +11,13 @@ import struct
 
 import aiortc
 import pytest
-from aiortc import RTCCertificate, RTCPeerConnection
+from aiortc import RTCCertificate, RTCPeerConnection, RTCSessionDescription
 from aiortc.rtcdtlstransport import SRTP_PROFILES
 from cryptography.hazmat.primitives.asymmetric import ec
 from OpenSSL import SSL
 
 from firsthop.services.transceiver.rtc import RtcSession, SessionCallbacks, dtls_hooks, hooks
+from tests.support import eventually
 
 RSA_SUITES = {"ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384", "ECDHE-RSA-AES128-SHA"}
 ECDSA_SUITES = {"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES128-SHA"}
@@ -74,16 +75,26 @@ def test_a_session_answers_with_its_own_ecdsa_p256_certificate_and_the_wide_suit
     assert "a=setup:active" in answer  # we are the DTLS client: the peer's suites choose
 
 
-def test_an_existing_transport_takes_the_certificate_too() -> None:
-    """A peer connection that already has a transceiver (a caller's) is hooked as well: its
-    offer carries the new certificate's fingerprint."""
+def test_a_peer_connection_with_transports_is_refused() -> None:
+    """A transport takes the certificate of the moment it is made: one made before the hook
+    would answer with aiortc's own certificate, so the hook refuses rather than half-apply."""
 
+    async def main() -> None:
+        for make in ("addTransceiver", "createDataChannel"):
+            pc = RTCPeerConnection()
+            getattr(pc, make)("audio")
+            with pytest.raises(ValueError, match="DTLS transports already"):
+                dtls_hooks.dtls_for_any_peer(pc)
+            await pc.close()
+
+    asyncio.run(main())
+
+
+def test_a_new_peer_connection_offers_the_hooked_certificate() -> None:
     async def main() -> tuple[str, str]:
         pc = RTCPeerConnection()
+        certificate = dtls_hooks.dtls_for_any_peer(pc)
         pc.addTransceiver("audio")
-        certificate = dtls_hooks.dtls_for_any_peer(
-            pc, dtls_hooks.DtlsCertificate.generateCertificate()
-        )
         await pc.setLocalDescription(await pc.createOffer())
         await pc.close()
         fingerprint = next(f for f in certificate.getFingerprints() if f.algorithm == "sha-256")
@@ -106,7 +117,7 @@ def test_the_dtls_hook_points_are_where_expected() -> None:
 
     points = asyncio.run(main())
     dtls = {k: v for k, v in points.items() if "Certificate" in k or "certificate" in k}
-    assert len(dtls) >= 5 and all(dtls.values()), dtls
+    assert len(dtls) >= 2 and all(dtls.values()), dtls
 
 
 # -- the close: renegotiation request, then close_notify ---------------------------------------
@@ -220,4 +231,50 @@ def test_the_hook_points_cover_dtls_hooks_too() -> None:
         return set(points), hooks.hook_points()
 
     mine, everything = asyncio.run(main())
-    assert len(mine) >= 9 and mine <= set(everything)
+    assert len(mine) >= 6 and mine <= set(everything)
+
+
+# -- the SRTP keys the media core takes from the handshake -------------------------------------
+
+
+@pytest.mark.parametrize("offer_setup", ["actpass", "active"], ids=["we-client", "we-server"])
+def test_srtp_keyed_from_the_export_talks_to_aiortcs_own_sessions(offer_setup: str) -> None:
+    """`hooks.srtp_keying` plus `SrtpContext.from_keying_material` give the keys aiortc's own
+    DTLS transport derives (RFC 5764 §4.2): what ours protects, the peer's aiortc unprotects,
+    and the other way round, with the transceiver as the DTLS client (an actpass offer) and
+    as the server (an offer that is active)."""
+    from firsthop.services.transceiver.media.srtp import SrtpContext
+    from firsthop.shared.wire.rtp import pack_header
+
+    async def main() -> tuple[bytes, bytes, bytes]:
+        caller, answerer = RTCPeerConnection(), RTCPeerConnection()
+        dtls_hooks.dtls_for_any_peer(answerer)
+        caller.addTransceiver("audio")
+        await caller.setLocalDescription(await caller.createOffer())
+        offer = caller.localDescription.sdp.replace("a=setup:actpass", f"a=setup:{offer_setup}")
+        await answerer.setRemoteDescription(RTCSessionDescription(offer, "offer"))
+        await answerer.setLocalDescription(await answerer.createAnswer())
+        answer = answerer.localDescription.sdp
+        await caller.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+
+        def connected() -> bool:
+            return {caller.connectionState, answerer.connectionState} == {"connected"}
+
+        await eventually(connected, 15)
+        material, profile = hooks.srtp_keying(answerer.getTransceivers()[0].receiver.transport)
+        ours = SrtpContext.from_keying_material(
+            material, profile, client="a=setup:active" in answer
+        )
+        theirs = caller.getTransceivers()[0].receiver.transport  # the caller's aiortc sessions
+        rtp = pack_header(111, 7, 960, 0x1234) + b"voice"
+        heard_by_them = theirs._rx_srtp.unprotect(ours.protect_rtp(rtp))
+        heard_by_us = ours.unprotect_rtp(
+            theirs._tx_srtp.protect(pack_header(111, 9, 0, 99) + b"hi")
+        )
+        await caller.close()
+        await answerer.close()
+        return rtp, heard_by_them, heard_by_us or b""
+
+    sent, heard_by_them, heard_by_us = asyncio.run(main())
+    assert heard_by_them == sent
+    assert heard_by_us.endswith(b"hi")

@@ -66,18 +66,16 @@ class DtlsCertificate(RTCCertificate):
 def dtls_for_any_peer(
     pc: RTCPeerConnection, certificate: DtlsCertificate | None = None
 ) -> DtlsCertificate:
-    """Make `pc`'s DTLS transports, present and future, use `certificate`: by default pc's
-    own (aiortc's fresh ECDSA P-256 key and certificate) offering `PEER_CIPHERS`. Call it
-    before the offer or answer is made (the fingerprint in the SDP is the certificate's)."""
+    """Make the DTLS transports `pc` will make use `certificate`: by default a fresh ECDSA
+    P-256 key and certificate (aiortc's own builder) offering `PEER_CIPHERS`. Call it on a
+    new peer connection, before any transceiver or data channel (each makes its transport
+    then, with the certificate of that moment) and before the offer or answer (the SDP's
+    fingerprint is the certificate's)."""
+    if pc.getTransceivers() or pc.sctp is not None:
+        raise ValueError("dtls_for_any_peer: the peer connection has DTLS transports already")
     if certificate is None:
-        own: RTCCertificate = pc._RTCPeerConnection__certificates[0]  # type: ignore[attr-defined]
-        certificate = DtlsCertificate(own._key, own._cert)
+        certificate = DtlsCertificate.generateCertificate()
     pc._RTCPeerConnection__certificates = [certificate]  # type: ignore[attr-defined]
-    transports = {t.receiver.transport for t in pc.getTransceivers()}
-    if pc.sctp is not None:
-        transports.add(pc.sctp.transport)
-    for transport in transports:  # (the ones made already; later ones take __certificates)
-        transport._RTCDtlsTransport__local_certificate = certificate  # type: ignore[attr-defined]
     return certificate
 
 
@@ -162,13 +160,8 @@ def hook_points(pc: RTCPeerConnection, dtls: Any) -> dict[str, bool]:
         "RTCDtlsTransport.stop: shutdown": ("shutdown" in RTCDtlsTransport.stop.__code__.co_names),
         "RTCIceTransport._send": hasattr(dtls.transport, "_send"),
         "RTCPeerConnection.__certificates": hasattr(pc, "_RTCPeerConnection__certificates"),
-        "RTCDtlsTransport.__local_certificate": hasattr(
-            dtls, "_RTCDtlsTransport__local_certificate"
-        ),
         "RTCCertificate._create_ssl_context": hasattr(RTCCertificate, "_create_ssl_context"),
         "RTCDtlsTransport.start: _create_ssl_context": (
             "_create_ssl_context" in RTCDtlsTransport.start.__code__.co_names
         ),
-        "RTCCertificate._key": hasattr(dtls_certificate(pc), "_key"),
-        "RTCCertificate._cert": hasattr(dtls_certificate(pc), "_cert"),
     }

@@ -15,9 +15,10 @@ The bends:
   `_recv`/`_send` (bound at its construction), before the answer is made. aioice then
   parses and answers nothing: the session table's `LiteIce` authenticates and answers
   every check and selects the path; the connection carries DTLS to and from it;
-* per DTLS transport, once connected: the two SRTP sessions its handshake keyed
-  (`srtp_sessions`), which the call's media core (`media/core.py`) then uses alone. aiortc
-  itself moves no RTP: the session makes its transceivers inactive;
+* per DTLS transport, once connected: the SRTP keying material its handshake exports
+  (`srtp_keying`, read through its `_ssl`), from which the call's media core
+  (`media/core.py`) keys its own SRTP sessions. aiortc itself moves no RTP: the session
+  makes its transceivers inactive, and the SRTP sessions aiortc keyed too are never used;
 * in `dtls_hooks.py`: DTLS with peers that have RSA certificates (`dtls_for_any_peer`), and
   a close that makes a browser's connection fail at once (`close_with_renegotiation`);
   in `sctp_hooks.py`: bounds on what a caller's data channels make aiortc keep
@@ -30,17 +31,20 @@ from typing import Any
 
 import aioice
 import aiortc
-import pylibsrtp
 from aiortc import (
     RTCConfiguration,
     RTCPeerConnection,
 )
 from aiortc.rtcicetransport import RTCIceGatherer, RTCIceTransport
 
+from firsthop.services.transceiver.media.srtp import PROFILES
 from firsthop.services.transceiver.rtc import dtls_hooks, sctp_hooks
 from firsthop.services.transceiver.rtc.lite_connection import LiteConnection
 
 PINNED = {"aiortc": "1.16.", "aioice": "0.13."}
+
+# RFC 5764 §4.2: a client and a server master key, then a client and a server master salt.
+SRTP_KEYING_BYTES = {name: 2 * (key + salt) for name, (_, key, salt) in PROFILES.items()}
 
 
 def check_pinned_versions() -> None:
@@ -58,8 +62,11 @@ def check_pinned_versions() -> None:
 
 
 def ice_transports(pc: RTCPeerConnection) -> list[RTCIceTransport]:
-    """Every ICE transport the peer connection made (one with BUNDLE)."""
-    return list(pc._RTCPeerConnection__iceTransports)  # type: ignore[attr-defined]
+    """Every ICE transport under the peer connection's DTLS transports (one with BUNDLE)."""
+    dtls = [t.receiver.transport for t in pc.getTransceivers()]
+    if pc.sctp is not None:
+        dtls.append(pc.sctp.transport)
+    return list({id(d.transport): d.transport for d in dtls}.values())
 
 
 def use_lite_connection(transport: RTCIceTransport, connection: LiteConnection) -> None:
@@ -74,18 +81,23 @@ def use_lite_connection(transport: RTCIceTransport, connection: LiteConnection) 
 # -- RTP and SRTP -------------------------------------------------------------------------------
 
 
-def srtp_sessions(dtls_transport: Any) -> tuple[pylibsrtp.Session, pylibsrtp.Session]:
-    """The (inbound, outbound) libsrtp sessions a connected DTLS transport keyed from its
-    handshake (RFC 5764 §4.2)."""
-    inbound, outbound = dtls_transport._rx_srtp, dtls_transport._tx_srtp
-    if inbound is None or outbound is None:
-        raise RuntimeError("the DTLS transport has no SRTP keys yet")
-    return inbound, outbound
+def srtp_keying(dtls_transport: Any) -> tuple[bytes, str]:
+    """The SRTP keying material a connected DTLS transport's handshake exports (RFC 5764
+    §4.2), and the protection profile it negotiated (§4.1.2): the call's media core keys its
+    own SRTP sessions from them (`SrtpContext.from_keying_material`); aiortc's stay unused."""
+    ssl = dtls_transport._ssl
+    profile = ssl.get_selected_srtp_profile() if ssl is not None else b""
+    if not profile:
+        raise RuntimeError("the DTLS transport negotiated no SRTP profile")
+    name = profile.decode()
+    if name not in SRTP_KEYING_BYTES:
+        raise RuntimeError(f"the DTLS transport negotiated {name}, which firsthop does not key")
+    material = ssl.export_keying_material(b"EXTRACTOR-dtls_srtp", SRTP_KEYING_BYTES[name])
+    return bytes(material), name
 
 
 def hook_points() -> dict[str, bool]:
     """Whether every aiortc/aioice internal this module relies on is where we expect it."""
-    from aiortc.rtcdtlstransport import RTCDtlsTransport
     from aiortc.rtcsctptransport import RTCSctpTransport
 
     conn = aioice.Connection(ice_controlling=False)
@@ -115,9 +127,9 @@ def hook_points() -> dict[str, bool]:
                 "ice_controlling",
             )
         },  # fmt: skip
-        "RTCDtlsTransport._rx_srtp": "_rx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
-        "RTCDtlsTransport._tx_srtp": "_tx_srtp" in RTCDtlsTransport.__init__.__code__.co_names,
-        "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
+        "RTCDtlsTransport.transport is its RTCIceTransport": isinstance(
+            receiver.transport.transport, RTCIceTransport
+        ),
         **dtls_hooks.hook_points(pc, receiver.transport),
         **sctp_hooks.hook_points(RTCSctpTransport(receiver.transport)),
     }

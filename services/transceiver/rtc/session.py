@@ -4,11 +4,11 @@ the shared socket (`hooks.py`), for offer/answer, the DTLS handshake and the dat
 
 aiortc answers with its audio transceivers inactive, so it starts no RTP sender or
 receiver of its own: the answer the caller gets says what the core does (`sendrecv`, with
-aiortc's SSRC and CNAME lines). Once DTLS is connected, the core takes the SRTP sessions
-the handshake keyed (`hooks.srtp_sessions`). From then on every SRTP/SRTCP datagram of the
-call goes to the core, on the loop thread, as it arrives. What the core sends goes to the
-path the session table selected. Its timer is the process's one media clock
-(`media_clock.py`).
+aiortc's SSRC and CNAME lines). Once DTLS is connected, the core keys its SRTP sessions
+from the material the handshake exports (`hooks.srtp_keying`). From then on every
+SRTP/SRTCP datagram of the call goes to the core, on the loop thread, as it arrives. What
+the core sends goes to the path the session table selected. Its timer is the process's one
+media clock (`media_clock.py`).
 
 It reports what happens through `SessionCallbacks`, on the loop thread: decoded audio,
 connection states (aiortc's own words: "connected", "failed", "closed", ...), the caller's
@@ -86,6 +86,7 @@ class RtcSession:
     ice: LiteConnection | None = field(init=False, default=None)  # from the answer on
     _clock: MediaClock | None = field(init=False, default=None)
     _counted: bool = field(init=False, default=False)  # its totals were handed over
+    _dtls_client: bool = field(init=False, default=True)  # our answer's a=setup:active
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -116,6 +117,9 @@ class RtcSession:
         direction = answering_direction(offer_sdp)
         sdp = set_audio_direction(str(self.pc.localDescription.sdp), direction)
         stream = audio_stream(sdp)
+        # RFC 5763 §5: a=setup:active is the DTLS client, which keys SRTP with the client's
+        # half of the exported material (RFC 5764 §4.2); we answer active unless the offer was.
+        self._dtls_client = "a=setup:active" in sdp
         self.media = CallMedia(
             MediaParams(
                 ssrc=stream.ssrc,
@@ -241,8 +245,11 @@ class RtcSession:
                 media = self.media
                 if audio and media is not None:  # the keys are here: media flows
                     try:  # (in aiortc's DTLS task: a raise there would leave the call mute)
-                        inbound, outbound = hooks.srtp_sessions(transport)
-                        media.start(SrtpContext(inbound, outbound), time.monotonic(), time.time())
+                        material, profile = hooks.srtp_keying(transport)
+                        srtp = SrtpContext.from_keying_material(
+                            material, profile, client=self._dtls_client
+                        )
+                        media.start(srtp, time.monotonic(), time.time())
                         self._pump(media)
                     except Exception as exc:
                         self.callbacks.failed("media", exc)
