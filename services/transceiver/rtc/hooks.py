@@ -62,11 +62,8 @@ def check_pinned_versions() -> None:
 
 
 def ice_transports(pc: RTCPeerConnection) -> list[RTCIceTransport]:
-    """Every ICE transport under the peer connection's DTLS transports (one with BUNDLE)."""
-    dtls = [t.receiver.transport for t in pc.getTransceivers()]
-    if pc.sctp is not None:
-        dtls.append(pc.sctp.transport)
-    return list({id(d.transport): d.transport for d in dtls}.values())
+    """Every ICE transport the peer connection made (one with BUNDLE)."""
+    return list(pc._RTCPeerConnection__iceTransports)  # type: ignore[attr-defined]
 
 
 def use_lite_connection(transport: RTCIceTransport, connection: LiteConnection) -> None:
@@ -127,9 +124,7 @@ def hook_points() -> dict[str, bool]:
                 "ice_controlling",
             )
         },  # fmt: skip
-        "RTCDtlsTransport.transport is its RTCIceTransport": isinstance(
-            receiver.transport.transport, RTCIceTransport
-        ),
+        "RTCPeerConnection.__iceTransports": hasattr(pc, "_RTCPeerConnection__iceTransports"),
         **dtls_hooks.hook_points(pc, receiver.transport),
         **sctp_hooks.hook_points(RTCSctpTransport(receiver.transport)),
     }
