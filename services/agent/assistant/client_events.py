@@ -7,19 +7,45 @@ the core turns into an `error` event with the client's `event_id`.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from firsthop.services.agent.assistant import brain
 from firsthop.services.agent.assistant.audio import BYTES_PER_MS, AudioError, decode_audio
 from firsthop.services.agent.assistant.commands import ClientError, new_id
-from firsthop.services.agent.assistant.config import ConfigError
+from firsthop.services.agent.assistant.config import ConfigError, SessionConfig
+from firsthop.services.agent.assistant.turns import SpeechStopped, TurnDetector
 
-if TYPE_CHECKING:
-    from firsthop.services.agent.assistant.session import RealtimeSession
 
-Handler = Callable[["RealtimeSession", dict[str, Any], datetime], None]
+class SessionState(Protocol):
+    """What a handler reads and changes of the session core (`session.RealtimeSession`)."""
+
+    config: SessionConfig
+    turns: TurnDetector | None
+    buffer: bytearray  # manual-commit audio
+    items: OrderedDict[str, dict[str, Any]]
+    output_ms: dict[str, int]  # assistant item -> its audio sent so far
+    turn_item: str | None  # the item of the turn in progress (server VAD)
+
+    @property
+    def response_id(self) -> str | None: ...
+    def emit(self, kind: str, **fields: Any) -> None: ...
+    def reset_turns(self) -> None: ...
+    def append(self, pcm: bytes) -> None: ...
+    def speech_stopped(self, ev: SpeechStopped) -> None: ...
+    def commit(
+        self, item_id: str, audio: bytes, *, respond: bool, hangover_ms: int | None = None
+    ) -> None: ...
+    def add_item(self, item: dict[str, Any], previous: str | None = None) -> None: ...
+    def persona(self) -> brain.Persona: ...
+    def heard_for_response(self, instructions: str | None) -> str: ...
+    def start_response(self, text: str) -> None: ...
+    def cancel_response(self, reason: str) -> None: ...
+
+
+Handler = Callable[[SessionState, dict[str, Any], datetime], None]
 HANDLERS: dict[str, Handler] = {}
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than this
@@ -47,19 +73,18 @@ def _str(event: dict[str, Any], key: str) -> str:
 
 
 @handles("session.update")
-def session_update(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def session_update(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     try:
         vad_changed = s.config.update(event.get("session", {}))
     except ConfigError as exc:
         raise ClientError(str(exc), param="session") from exc
     if vad_changed:
-        s.turns = s._detector()
-        s.buffer.clear()
-    s._emit("session.updated", session=s.config.describe())
+        s.reset_turns()
+    s.emit("session.updated", session=s.config.describe())
 
 
 @handles("input_audio_buffer.append")
-def buffer_append(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def buffer_append(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     try:
         pcm = decode_audio(event.get("audio"), s.config.input_format)
     except AudioError as exc:
@@ -68,7 +93,7 @@ def buffer_append(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> 
 
 
 @handles("input_audio_buffer.commit")
-def buffer_commit(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def buffer_commit(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     if s.turns is not None:  # server VAD: commit the turn in progress, if any
         stopped = s.turns.stop()
         if stopped is None:
@@ -76,7 +101,7 @@ def buffer_commit(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> 
                 "Error committing input audio buffer: buffer is empty",
                 code="input_audio_buffer_commit_empty",
             )
-        s._speech_stopped(stopped)
+        s.speech_stopped(stopped)
         return
     if len(s.buffer) < MIN_COMMIT_MS * BYTES_PER_MS:
         raise ClientError(
@@ -85,20 +110,20 @@ def buffer_commit(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> 
         )
     audio = bytes(s.buffer)
     s.buffer.clear()
-    s._commit(new_id("item"), audio, respond=False)
+    s.commit(new_id("item"), audio, respond=False)
 
 
 @handles("input_audio_buffer.clear")
-def buffer_clear(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def buffer_clear(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     s.buffer.clear()
     if s.turns is not None:
         s.turns.clear()
-    s._turn_item = None
-    s._emit("input_audio_buffer.cleared")
+    s.turn_item = None
+    s.emit("input_audio_buffer.cleared")
 
 
 @handles("conversation.item.create")
-def item_create(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def item_create(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     item = event.get("item")
     if not isinstance(item, dict):
         raise ClientError("Missing 'item'", code="missing_required_parameter", param="item")
@@ -132,11 +157,11 @@ def item_create(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> No
         "status": "completed",
         "content": content,
     }
-    s._add_item(stored, previous if isinstance(previous, str) else None)
+    s.add_item(stored, previous if isinstance(previous, str) else None)
 
 
 @handles("conversation.item.truncate")
-def item_truncate(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def item_truncate(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     item_id = _str(event, "item_id")
     item = s.items.get(item_id)
     if item is None or item.get("role") != "assistant":
@@ -153,7 +178,7 @@ def item_truncate(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> 
     for part in item.get("content") or []:
         if isinstance(part, dict) and "transcript" in part:
             part["transcript"] = None
-    s._emit(
+    s.emit(
         "conversation.item.truncated",
         item_id=item_id,
         content_index=event.get("content_index", 0),
@@ -162,41 +187,41 @@ def item_truncate(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> 
 
 
 @handles("conversation.item.delete")
-def item_delete(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def item_delete(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     item_id = _str(event, "item_id")
     if s.items.pop(item_id, None) is None:
         raise ClientError(f"No item {item_id!r}", param="item_id")
-    s._emit("conversation.item.deleted", item_id=item_id)
+    s.emit("conversation.item.deleted", item_id=item_id)
 
 
 @handles("conversation.item.retrieve")
-def item_retrieve(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def item_retrieve(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     item_id = _str(event, "item_id")
     item = s.items.get(item_id)
     if item is None:
         raise ClientError(f"No item {item_id!r}", param="item_id")
-    s._emit("conversation.item.retrieved", item=item)
+    s.emit("conversation.item.retrieved", item=item)
 
 
 @handles("response.create")
-def response_create(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def response_create(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     options = event.get("response")
     if options is not None and not isinstance(options, dict):
         raise ClientError("response must be an object", param="response")
     instructions = (options or {}).get("instructions")
-    if s.response is not None:
+    if s.response_id is not None:
         raise ClientError(
             "Conversation already has an active response in progress",
             code="conversation_already_has_active_response",
         )
     heard = s.heard_for_response(instructions if isinstance(instructions, str) else None)
-    s.start_response(brain.answer(heard, wall, s._persona()))
+    s.start_response(brain.answer(heard, wall, s.persona()))
 
 
 @handles("response.cancel")
-def response_cancel(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def response_cancel(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     wanted = event.get("response_id")
-    if s.response is None or (isinstance(wanted, str) and wanted != s.response.id):
+    if s.response_id is None or (isinstance(wanted, str) and wanted != s.response_id):
         raise ClientError(
             "Cancellation failed: no active response found", code="response_cancel_not_active"
         )
@@ -204,7 +229,7 @@ def response_cancel(s: RealtimeSession, event: dict[str, Any], wall: datetime) -
 
 
 @handles("output_audio_buffer.clear")
-def output_clear(s: RealtimeSession, event: dict[str, Any], wall: datetime) -> None:
+def output_clear(s: SessionState, event: dict[str, Any], wall: datetime) -> None:
     # WebRTC only: the transceiver owns the played buffer. Over a WebSocket there is nothing
     # buffered here (audio goes out as it is made), so it is accepted and does nothing.
     return

@@ -75,10 +75,10 @@ class RealtimeSession:
         self._turns_origin_ms = 0
         self.turns = self._detector()
         self.buffer = bytearray()  # manual mode only
-        self._turn_item: str | None = None
+        self.turn_item: str | None = None
         self._answered: set[str] = set()
         self._seq = itertools.count(1)
-        self._emit("session.created", session=self.config.describe())
+        self.emit("session.created", session=self.config.describe())
 
     # ---- what the I/O layer drains -------------------------------------------------------
 
@@ -117,7 +117,7 @@ class RealtimeSession:
         if item is None:
             return  # deleted meanwhile
         item["content"][0]["transcript"] = transcript
-        self._emit(
+        self.emit(
             "conversation.item.input_audio_transcription.completed",
             item_id=item_id,
             content_index=0,
@@ -125,7 +125,7 @@ class RealtimeSession:
         )
         if respond and transcript.strip() and self.response is None:
             self._answered.add(item_id)
-            self.start_response(brain.answer(transcript, wall, self._persona()))
+            self.start_response(brain.answer(transcript, wall, self.persona()))
 
     def spoken(self, response_id: str, sentence: str, pcm: bytes) -> None:
         """A synthesized sentence (24 kHz PCM16): its transcript delta, then its audio."""
@@ -135,14 +135,14 @@ class RealtimeSession:
         ids = self._ids(r)
         delta = sentence if not r.spoken else " " + sentence
         r.spoken.append(sentence)
-        self._emit("response.output_audio_transcript.delta", **ids, delta=delta)
+        self.emit("response.output_audio_transcript.delta", **ids, delta=delta)
         step = DELTA_MS * BYTES_PER_MS
         for offset in range(0, len(pcm), step):
             chunk = pcm[offset : offset + step]
             r.audio_ms += duration_ms(chunk)
             self.output_ms[r.item_id] = r.audio_ms
             wire = encode_audio(chunk, self.config.output_format)
-            self._emit("response.output_audio.delta", **ids, delta=wire)
+            self.emit("response.output_audio.delta", **ids, delta=wire)
 
     def speech_done(self, response_id: str) -> None:
         if self.response is not None and self.response.id == response_id:
@@ -150,7 +150,7 @@ class RealtimeSession:
 
     # ---- outputs --------------------------------------------------------------------------
 
-    def _emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, kind: str, **fields: Any) -> None:
         self.events.append({"type": kind, "event_id": f"event_{next(self._seq)}", **fields})
 
     def error(
@@ -162,7 +162,7 @@ class RealtimeSession:
         event_id: str | None = None,
         kind: str = "invalid_request_error",
     ) -> None:
-        self._emit(
+        self.emit(
             "error",
             error={
                 "type": kind,
@@ -178,21 +178,27 @@ class RealtimeSession:
     def _last_item_id(self) -> str | None:
         return next(reversed(self.items), None)
 
-    def _add_item(self, item: dict[str, Any], previous: str | None = None) -> None:
+    def add_item(self, item: dict[str, Any], previous: str | None = None) -> None:
         previous = previous if previous is not None else self._last_item_id()
         self.items[item["id"]] = item
         while len(self.items) > MAX_ITEMS:
             dropped, _ = self.items.popitem(last=False)
             self.output_ms.pop(dropped, None)
             self._answered.discard(dropped)
-        self._emit("conversation.item.added", previous_item_id=previous, item=item)
+        self.emit("conversation.item.added", previous_item_id=previous, item=item)
         if item.get("status") == "completed":
-            self._emit("conversation.item.done", previous_item_id=previous, item=item)
+            self.emit("conversation.item.done", previous_item_id=previous, item=item)
 
-    def _persona(self) -> brain.Persona:
+    def persona(self) -> brain.Persona:
         return brain.Persona.from_instructions(self.config.instructions)
 
     # ---- input audio ----------------------------------------------------------------------
+
+    def reset_turns(self) -> None:
+        """A new turn detector for the session's (changed) turn_detection; audio waiting for a
+        manual commit is dropped."""
+        self.turns = self._detector()
+        self.buffer.clear()
 
     def _detector(self) -> TurnDetector | None:
         td = self.config.turn_detection
@@ -220,37 +226,37 @@ class RealtimeSession:
             if isinstance(ev, SpeechStarted):
                 self._speech_started(ev.audio_start_ms + self._turns_origin_ms)
             else:
-                self._speech_stopped(ev)
+                self.speech_stopped(ev)
 
     def _speech_started(self, audio_start_ms: int) -> None:
         td = self.config.turn_detection
         if self.response is not None and td is not None and td.interrupt_response:
             self._finish("cancelled", reason="turn_detected")
-        self._turn_item = new_id("item")
-        self._emit(
+        self.turn_item = new_id("item")
+        self.emit(
             "input_audio_buffer.speech_started",
             audio_start_ms=max(0, audio_start_ms),
-            item_id=self._turn_item,
+            item_id=self.turn_item,
         )
 
-    def _speech_stopped(self, ev: SpeechStopped) -> None:
-        item_id = self._turn_item or new_id("item")
-        self._turn_item = None
+    def speech_stopped(self, ev: SpeechStopped) -> None:
+        item_id = self.turn_item or new_id("item")
+        self.turn_item = None
         end_ms = ev.audio_end_ms + self._turns_origin_ms
-        self._emit("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=item_id)
+        self.emit("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=item_id)
         td = self.config.turn_detection
-        self._commit(
+        self.commit(
             item_id,
             ev.audio,
             respond=bool(td and td.create_response),
             hangover_ms=ev.audio_end_ms - ev.speech_end_ms,
         )
 
-    def _commit(
+    def commit(
         self, item_id: str, audio: bytes, *, respond: bool, hangover_ms: int | None = None
     ) -> None:
         previous = self._last_item_id()
-        self._emit("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
+        self.emit("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
         item = {
             "id": item_id,
             "object": "realtime.item",
@@ -259,7 +265,7 @@ class RealtimeSession:
             "status": "completed",
             "content": [{"type": "input_audio", "transcript": None}],
         }
-        self._add_item(item, previous)
+        self.add_item(item, previous)
         self.commands.append(Transcribe(item_id, audio, respond, hangover_ms))
 
     # ---- responses ------------------------------------------------------------------------
@@ -306,11 +312,11 @@ class RealtimeSession:
             )
         r = Response(id=new_id("resp"), item_id=new_id("item"), text=text)
         self.response = r
-        self._emit("response.created", response=self._response_object(r, "in_progress", []))
+        self.emit("response.created", response=self._response_object(r, "in_progress", []))
         item = self._assistant_item(r, "in_progress")
-        self._emit("response.output_item.added", response_id=r.id, output_index=0, item=item)
-        self._add_item(item)
-        self._emit(
+        self.emit("response.output_item.added", response_id=r.id, output_index=0, item=item)
+        self.add_item(item)
+        self.emit(
             "response.content_part.added",
             **self._ids(r),
             part={"type": "audio", "transcript": ""},
@@ -325,20 +331,24 @@ class RealtimeSession:
             self.commands.append(StopSpeaking(r.id))
         ids = self._ids(r)
         transcript = " ".join(r.spoken)
-        self._emit("response.output_audio.done", **ids)
-        self._emit("response.output_audio_transcript.done", **ids, transcript=transcript)
-        self._emit(
+        self.emit("response.output_audio.done", **ids)
+        self.emit("response.output_audio_transcript.done", **ids, transcript=transcript)
+        self.emit(
             "response.content_part.done", **ids, part={"type": "audio", "transcript": transcript}
         )
         item = self._assistant_item(r, "completed" if status == "completed" else "incomplete")
         if r.item_id in self.items:
             self.items[r.item_id] = item
-        self._emit("response.output_item.done", response_id=r.id, output_index=0, item=item)
-        self._emit("conversation.item.done", previous_item_id=None, item=item)
+        self.emit("response.output_item.done", response_id=r.id, output_index=0, item=item)
+        self.emit("conversation.item.done", previous_item_id=None, item=item)
         done = self._response_object(r, status, [item])
         if reason is not None:
             done["status_details"] = {"type": status, "reason": reason}
-        self._emit("response.done", response=done)
+        self.emit("response.done", response=done)
+
+    @property
+    def response_id(self) -> str | None:
+        return self.response.id if self.response is not None else None
 
     def cancel_response(self, reason: str) -> None:
         if self.response is not None:
