@@ -27,20 +27,20 @@ import signal
 import socket
 import subprocess
 import sys
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
 
 from firsthop.services.relay.config import RelayConfig
+from firsthop.services.relay.stats import relay_metrics, sum_worker_stats
 from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.worker import CONFIG_ENV, STANDBY_ARG, udp_socket
 from firsthop.shared.address import Address, format_hostport
 from firsthop.shared.claim import AddressInUse, claim, lock
 from firsthop.shared.http import serve_simple
 from firsthop.shared.lifecycle import announce
-from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
+from firsthop.shared.metrics import CONTENT_TYPE
 
 log = logging.getLogger("firsthop.relay")
 
@@ -246,24 +246,7 @@ class RelayHandle:
     processes: Processes | None = None
 
     def totals(self) -> dict[str, Any]:
-        out: dict[str, float] = {}
-        drops: Counter[str] = Counter()
-        evictions: Counter[str] = Counter()
-        tcp_closed: Counter[str] = Counter()
-        for w in self.workers:
-            for key, value in w.stats.items():
-                if key == "drops":
-                    drops.update(value)
-                elif key == "evictions":
-                    evictions.update(value)
-                elif key == "tcp_closed":
-                    tcp_closed.update(value)
-                elif isinstance(value, int | float):
-                    out[key] = out.get(key, 0) + value
-        result: dict[str, Any] = dict(out)
-        result["drops"] = dict(drops)
-        result["evictions"] = dict(evictions)
-        result["tcp_closed"] = dict(tcp_closed)
+        result = sum_worker_stats(w.stats for w in self.workers)
         result["workers_ready"] = sum(1 for w in self.workers if w.ready)
         result["worker_restarts"] = sum(w.restarts for w in self.workers)
         result["takeovers"] = sum(w.takeovers for w in self.workers)
@@ -272,129 +255,6 @@ class RelayHandle:
         result["standby_flows"] = processes.standby_flows if processes else 0
         result["standby_copy_age"] = processes.standby_copy_age if processes else -1.0
         return result
-
-
-# One-number families: (name, type, help, key in the workers' summed stats).
-SCALARS = [
-    (
-        "firsthop_relay_revocations_total",
-        "counter",
-        "Route tokens revoked by their transceiver (session gone)",
-        "revocations",
-    ),
-    ("firsthop_relay_revoked_tokens", "gauge", "Revoked route tokens remembered", "revoked"),
-    ("firsthop_relay_flows", "gauge", "Established flows", "flows"),
-    ("firsthop_relay_pending_flows", "gauge", "Flows awaiting their first answer", "pending"),
-    (
-        "firsthop_relay_recoveries_total",
-        "counter",
-        "Flows rebuilt from the Redis cache",
-        "recoveries",
-    ),
-    ("firsthop_relay_redis_errors_total", "counter", "Failed Redis calls", "redis_errors"),
-    ("firsthop_relay_redis_writes_total", "counter", "Flows written to Redis", "redis_writes"),
-    (
-        "firsthop_relay_redis_lookups_total",
-        "counter",
-        "Unknown clients looked up in Redis",
-        "redis_lookups",
-    ),
-    (
-        "firsthop_relay_redis_hits_total",
-        "counter",
-        "Lookups the flow cache answered",
-        "redis_hits",
-    ),
-    (
-        "firsthop_relay_redis_dropped_writes_total",
-        "counter",
-        "Flow writes dropped: too many waiting while Redis was down",
-        "redis_dropped_writes",
-    ),
-    (
-        "firsthop_relay_redis_pending_writes",
-        "gauge",
-        "Flow writes waiting for Redis",
-        "redis_pending_writes",
-    ),
-    ("firsthop_relay_tcp_connections", "gauge", "Open ICE-TCP connections", "tcp_connections"),
-    (
-        "firsthop_relay_tcp_accepted_total",
-        "counter",
-        "ICE-TCP connections accepted",
-        "tcp_accepted",
-    ),
-    (
-        "firsthop_relay_tcp_queued_bytes",
-        "gauge",
-        "Bytes waiting for slow ICE-TCP readers",
-        "tcp_queued_bytes",
-    ),
-    ("firsthop_relay_workers", "gauge", "Worker processes ready", "workers_ready"),
-    ("firsthop_relay_worker_restarts_total", "counter", "Worker restarts", "worker_restarts"),
-    (
-        "firsthop_relay_takeovers_total",
-        "counter",
-        "Dead workers replaced by the warm standby",
-        "takeovers",
-    ),
-    (
-        "firsthop_relay_standby_workers",
-        "gauge",
-        "Warm standby workers ready to take a dead worker's place",
-        "standby_ready",
-    ),
-    (
-        "firsthop_relay_standby_flows",
-        "gauge",
-        "Flows in the standby's copy of the flow cache",
-        "standby_flows",
-    ),
-    (
-        "firsthop_relay_standby_copy_age_seconds",
-        "gauge",
-        "Age of the standby's copy of the flow cache (-1: none)",
-        "standby_copy_age",
-    ),
-    (
-        "firsthop_relay_snapshot_hits_total",
-        "counter",
-        "Look-ups Redis could not answer, answered from the standby's copy of the flow cache",
-        "snapshot_hits",
-    ),
-]
-# Families by one label: (name, help, key of a reason -> count dict, label).
-BY_LABEL = [
-    ("firsthop_relay_drops_total", "Datagrams dropped, by reason", "drops", "reason"),
-    ("firsthop_relay_evictions_total", "Flows that yielded their slot, by cap", "evictions", "cap"),
-    (
-        "firsthop_relay_tcp_closed_total",
-        "ICE-TCP connections closed or refused, by reason",
-        "tcp_closed",
-        "reason",
-    ),
-]
-
-
-def relay_metrics(totals: dict[str, Any], workers: int) -> str:
-    g = totals.get
-    packets = MetricFamily("firsthop_relay_packets_total", "counter", "Datagrams forwarded")
-    packets.add(g("upstream", 0), direction="upstream").add(
-        g("downstream", 0), direction="downstream"
-    )
-    octets = MetricFamily("firsthop_relay_bytes_total", "counter", "Payload bytes forwarded")
-    octets.add(g("upstream_bytes", 0), direction="upstream")
-    octets.add(g("downstream_bytes", 0), direction="downstream")
-    families = [packets, octets]
-    for name, help_, key, label in BY_LABEL:
-        family = MetricFamily(name, "counter", help_)
-        for value, n in sorted(g(key, {}).items()):
-            family.add(n, **{label: value})
-        families.append(family)
-    families += [
-        MetricFamily(name, kind, help_).add(g(key, 0)) for name, kind, help_, key in SCALARS
-    ]
-    return render(families)
 
 
 async def serve_relay(
