@@ -30,6 +30,9 @@ COPY shared ./shared
 COPY services ./services
 # src/firsthop/ names the two folders as one package (symlinks: the wheel holds the files).
 COPY src ./src
+# setup.py builds the relay's C data path where the builder has a compiler (it has none by
+# default, as above: the relay then runs its Python loop, and says so when it starts).
+COPY setup.py ./
 # -P keeps /src off sys.path, so this imports the installed package (with its demo page).
 RUN /opt/firsthop/bin/pip install --no-deps . \
  && /opt/firsthop/bin/python -P -c 'import firsthop.services.signaling.app' \

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test up lint typecheck pytest system-deps clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py services/relay/_fastpath.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "firsthop needs Python >= 3.11 (found %s)" % sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

@@ -8,6 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from firsthop.services.relay.dataplane import datapath_in_use
 from firsthop.services.relay.flows import RelayLimits
 from firsthop.shared.address import (
     Address,
@@ -19,6 +20,7 @@ from firsthop.shared.address import (
 from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
 from firsthop.shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys
 
+DATAPATHS = ("auto", "c", "python")
 DEFAULT_ALLOW_DEST = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7,127.0.0.0/8,::1/128"
 # ICE-TCP bounds (RelayLimits fields), each a flag of its own: --tcp-max-connections, ...
 TCP_LIMITS = {
@@ -53,6 +55,7 @@ class RelayConfig:
     listen_other: Address | None = None
     listen_tcp_other: Address | None = None
     public_other: Address | None = None
+    datapath: str = "auto"  # the data plane's common cases: "c" (_fastpath.c), "python", "auto"
 
     @property
     def ingress(self) -> Address:
@@ -197,6 +200,14 @@ def register(
     add_option(p, "--no-pin", action="store_true", help="do not pin workers to CPUs")
     add_option(
         p,
+        "--datapath",
+        default="auto",
+        help="the data plane's common cases: c (services/relay/_fastpath.c, built with the "
+        "package where a compiler is), python, or auto (c when built)",
+        metavar="|".join(DATAPATHS),
+    )
+    add_option(
+        p,
         "--no-standby",
         action="store_true",
         help="no warm standby worker (a dead worker is then cold-started after 0.5 s)",
@@ -231,6 +242,9 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             if not sep:
                 raise ValueError(f"--peer {item!r} is not CLUSTER=HOST:PORT")
             peers[int(cluster)] = parse_hostport(addr)
+        if args.datapath not in DATAPATHS:
+            raise ValueError(f"--datapath is one of {', '.join(DATAPATHS)}, not {args.datapath!r}")
+        datapath_in_use(args.datapath)  # (c when it was not built: refused here)
         listen = per_family(args.listen, "--listen")
         if not listen:
             raise ValueError("--listen needs an address")
@@ -257,6 +271,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             workers=max(1, args.workers),
             standby=not args.no_standby,
             pin_cpus=not args.no_pin,
+            datapath=args.datapath,
             limits=RelayLimits(
                 max_flows=args.max_flows,
                 token_max_age=args.token_max_age,

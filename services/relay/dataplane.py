@@ -18,10 +18,17 @@ sendmmsg per destination socket when the batch is done, or earlier, before a dat
 the slow path, so a flow's datagrams keep their order. What the kernel refuses is a counted
 `send_error` drop, a receive error a counted `recv_error`/`upstream_error`, as before.
 Wake-ups, not syscalls, dominate what a batch saves, so a busy wake-up (`GATHER_MIN`
-datagrams or more) that emptied its sockets sleeps `GATHER` (0.5 ms) before the next epoll
-wait: the next batch gathers meanwhile, and no datagram waits longer than that for it
-(socket buffers are 4 MiB: at 150,000/s half a millisecond is 75 datagrams). An idle relay,
-or one at a call's rates, never sleeps this way. The
+datagrams or more, or any one while the worker carries `BUSY_RATE` a second) that emptied
+its sockets sleeps before the next epoll wait: as long as `GATHER_BATCH` datagrams take to
+come at the last window's rate, 0.2-0.7 ms. The next batch gathers meanwhile, and no
+datagram waits longer than that for it (socket buffers are 4 MiB: at 150,000/s 0.7 ms is
+105 datagrams). An idle relay, or one at a few calls' rates, never sleeps this way.
+
+The common cases of `_drain_public` and `_drain_upstream` run in C when it was built
+(`_fastpath.c`, `--datapath`): one call receives a batch, one forwards it up to the first
+datagram that is not a common case, which takes the full path here; no bytecode runs per
+datagram, and the flow table stays the one owner of the flows (C reads its dicts and writes
+a flow's `last_seen`, as `known_client`/`known_return` do). The
 table is touched only by this thread; Trio talks to it through `commands` (a queue plus an
 eventfd that wakes the epoll wait) and gets events back through `outbox`.
 
@@ -46,21 +53,46 @@ from dataclasses import dataclass
 from typing import Any
 
 from firsthop.services.relay.flow_table import FlowTable
-from firsthop.services.relay.flows import Deliver, Drop, Flow, Forward, Recover, ReturnToPeer
+from firsthop.services.relay.flows import (
+    MAX_DATAGRAM,
+    Deliver,
+    Drop,
+    Flow,
+    Forward,
+    Recover,
+    ReturnToPeer,
+)
 from firsthop.services.relay.tcp_ingress import Connection, TcpIngress
 from firsthop.shared.address import ip_family
 from firsthop.shared.mmsg import Receiver, Sender
+from firsthop.shared.wire.demux import STUN_LAST
 from firsthop.shared.wire.proxy_v2 import FAMILY_INET6_STREAM, V4_HEADER, V6_HEADER
+
+try:  # built with the package where a C compiler is (setup.py); else the Python loop
+    from firsthop.services.relay import _fastpath
+except ImportError:  # pragma: no cover - depends on the build
+    _fastpath = None  # type: ignore[assignment]
 
 log = logging.getLogger("firsthop.relay")
 
 RECV_BUFFER = 2048  # > headroom + MAX_DATAGRAM: oversize is seen, not truncated
 BATCH = 256  # datagrams per recvmmsg: one call per readable socket per wake-up
-GATHER = 0.0005  # seconds a wake-up that carried traffic lets the next batch gather
+GATHER = 0.0007  # seconds, at most, a wake-up that carried traffic lets the next batch gather
 # Datagrams in a wake-up for it to count as busy: at a voice call's rates (one datagram a
 # wake-up) a sleep only adds a syscall and a context switch (measured: the relay's CPU at 4
 # calls 2.0-2.3 % of a core without, 2.6-3.2 % with a gather after every wake-up).
 GATHER_MIN = 4
+# A worker carrying this many datagrams a second or more (measured over RATE_WINDOW) gathers
+# after every wake-up that carried any: at such rates datagrams come spread out (one or two a
+# wake-up, each wake-up an epoll_wait, a dispatch and a batch call of their own), and the
+# wake-ups, not the datagrams, become what a core spends. 5000/s is some 50 calls.
+BUSY_RATE = 5000.0
+RATE_WINDOW = 0.05  # seconds
+# How long a gather lasts: what GATHER_BATCH datagrams take to come at the rate of the last
+# window, between GATHER_FLOOR and GATHER (at 40,000/s 0.7 ms, at 150,000/s 0.2 ms): enough
+# to amortise a wake-up, and the less added latency the busier the worker.
+GATHER_BATCH = 32
+GATHER_FLOOR = 0.0002
 MAX_SENDERS = 64  # destinations batched at once; beyond, what is queued goes first
 TICK = 0.25  # housekeeping period, seconds
 SWEEP_MIN = 1000  # flows looked at per tick, at least
@@ -117,6 +149,31 @@ class CacheFailed:
 Command = Stop | CacheAnswered | CacheFailed
 
 
+def datapath_in_use(datapath: str) -> str:
+    """What --datapath ("c", "python", "auto": c when built) runs: "c" or "python"."""
+    if datapath == "c" and _fastpath is None:
+        raise ValueError("--datapath c: the relay's C data path was not built (setup.py)")
+    return "c" if datapath != "python" and _fastpath is not None else "python"
+
+
+def native_forwarder(datapath: str) -> Any:
+    """The C forwarder for `datapath`, or None (the Python loop)."""
+    if datapath_in_use(datapath) == "python":
+        return None
+    assert _fastpath is not None
+    return _fastpath.Forwarder(
+        count=BATCH,
+        size=RECV_BUFFER - HEADROOM,
+        headroom=HEADROOM,
+        flow_type=Flow,
+        v4_header=V4_HEADER,
+        v6_header=V6_HEADER,
+        v6_family_min=FAMILY_INET6_STREAM,
+        stun_last=STUN_LAST,
+        max_datagram=MAX_DATAGRAM,
+    )
+
+
 class DataPlane:
     def __init__(
         self,
@@ -129,6 +186,7 @@ class DataPlane:
         cpu: int | None = None,
         tcp: list[socket.socket] | None = None,
         public_other: socket.socket | None = None,
+        datapath: str = "auto",
     ) -> None:
         self.table = table
         # ICE-TCP callers (optional): their connections join this thread's epoll set
@@ -169,6 +227,8 @@ class DataPlane:
         # One arena for every socket's batch (drains run one at a time, and each flushes
         # its sends before the next receive reuses the slots).
         self._rx = Receiver(BATCH, RECV_BUFFER - HEADROOM, headroom=HEADROOM)
+        self.native = native_forwarder(datapath)  # the common cases in C, or None
+        self._upstream_fds: dict[tuple[str, int], int] = {}  # for `native`: dest -> fd
         self._to_public4 = Sender(BATCH)
         self._to_public6 = Sender(BATCH)
         self._to_peer = Sender(BATCH)
@@ -214,6 +274,8 @@ class DataPlane:
         view = memoryview(buf)
         next_tick = 0.0
         upstream_by_fd = self._upstream_by_fd
+        window, window_at, busy = 0, time.time(), False  # datagrams per RATE_WINDOW
+        gather = GATHER
         try:
             while not self._stopping:
                 now = time.time()
@@ -246,8 +308,17 @@ class DataPlane:
                 # Wake-ups, not syscalls, are what a batch has to amortise: when this one
                 # carried traffic and emptied its sockets, let the next batch gather for
                 # GATHER before asking again (a datagram waits at most that much longer).
-                if self._handled >= GATHER_MIN and not self._more:
-                    time.sleep(GATHER)
+                handled = self._handled
+                if handled:
+                    window += handled
+                    if now - window_at >= RATE_WINDOW:
+                        rate = window / (now - window_at)
+                        # long enough for GATHER_BATCH datagrams to come, within bounds
+                        gather = min(GATHER, max(GATHER_FLOOR, GATHER_BATCH / max(rate, 1.0)))
+                        busy = rate >= BUSY_RATE
+                        window, window_at = 0, now
+                    if (busy or handled >= GATHER_MIN) and not self._more:
+                        time.sleep(gather)
         finally:
             if tcp is not None:
                 tcp.close_all()
@@ -286,12 +357,16 @@ class DataPlane:
             self.table.count_drop("upstream_socket_error")
             return None
         self.upstreams[dest] = sock
+        self._upstream_fds[dest] = sock.fileno()
         self._upstream_by_fd[sock.fileno()] = (sock, dest)
         if self._ep is not None:
             self._ep.register(sock.fileno(), select.EPOLLIN)
         return sock
 
     def _drain_public(self, public: socket.socket, now: float) -> None:
+        if self.native is not None:
+            self._drain_public_native(self.native, public, now)
+            return
         # One recvmmsg; each datagram lands past room for its frame header, which is
         # written in front of it in place, so the frame leaves as one slice of the arena.
         # The forwards go in one sendmmsg per upstream socket at the end.
@@ -338,6 +413,9 @@ class DataPlane:
 
     def _drain_upstream(self, entry: tuple[socket.socket, tuple[str, int]], now: float) -> None:
         sock, peer = entry
+        if self.native is not None:
+            self._drain_upstream_native(self.native, sock, peer, now)
+            return
         rx = self._rx
         got = rx.receive(sock.fileno(), sources=False)  # connected: only `peer` gets here
         if rx.errors:  # e.g. ECONNREFUSED: ICMP port unreachable from the peer
@@ -382,6 +460,72 @@ class DataPlane:
         self._flush()
         self.downstream += out
         self.downstream_bytes += out_bytes
+
+    # The same two drains in C (`_fastpath.c`): it forwards the common cases, in order, and
+    # stops at the first datagram that is not one; that one takes the full path here, and C
+    # goes on after it. What C queued before the stop has left by then (order kept).
+
+    def _drain_public_native(self, fp: Any, public: socket.socket, now: float) -> None:
+        table, fds = self.table, self._upstream_fds
+        sent, nbytes = self._native_batch(
+            fp,
+            public.fileno(),
+            "recv_error",
+            lambda start: fp.forward_clients(start, table.flows, fds, now),
+            lambda i, data: table.on_client(fp.source(i), data, now),
+        )
+        self.upstream += sent
+        self.upstream_bytes += nbytes
+
+    def _drain_upstream_native(
+        self, fp: Any, sock: socket.socket, peer: tuple[str, int], now: float
+    ) -> None:
+        table = self.table
+        fds = (self._public4.fileno(), self._public6.fileno(), self.peer.fileno())
+        sent, nbytes = self._native_batch(
+            fp,
+            sock.fileno(),
+            "upstream_error",  # e.g. ECONNREFUSED: ICMP port unreachable from the peer
+            lambda start: fp.forward_returns(start, table.by_return, peer, now, *fds),
+            lambda _, data: table.on_return(peer, data, now),
+            sources=False,  # connected: only `peer` gets here
+        )
+        self.downstream += sent
+        self.downstream_bytes += nbytes
+
+    def _native_batch(
+        self,
+        fp: Any,
+        fd: int,
+        receive_error: str,
+        forward: Callable[[int], tuple[int, int, int, int]],
+        full_path: Callable[[int, bytes], object],
+        *,
+        sources: bool = True,
+    ) -> tuple[int, int]:
+        """One receive on `fd`, then `forward(start)` (C) up to each datagram that is not a
+        common case, which `full_path(i, data)` decides here. Returns what C sent: (datagrams,
+        payload bytes); the full path's sends count themselves (`_carry_out`)."""
+        got: int = fp.receive(fd, sources)
+        errors = fp.take_rx_errors()
+        if errors:
+            self.table.count_drop(receive_error, errors)
+        if not got:
+            return 0, 0
+        self._handled += got
+        self._more |= got == BATCH
+        total = total_bytes = start = 0
+        while True:
+            stop, sent, nbytes, dropped = forward(start)
+            total += sent
+            total_bytes += nbytes
+            if dropped:
+                self.table.count_drop("send_error", dropped)
+            if stop >= got:
+                return total, total_bytes
+            data = fp.datagram(stop)
+            self._carry_out(full_path(stop, data), data, len(data))
+            start = stop + 1
 
     def _drain_own(self, buf: bytearray, view: memoryview, now: float) -> None:
         # Only when more destinations exist than upstream sockets (MAX_UPSTREAM).

@@ -33,6 +33,7 @@ from typing import Any
 import trio
 
 from firsthop.services.relay.config import RelayConfig
+from firsthop.services.relay.dataplane import datapath_in_use
 from firsthop.services.relay.stats import relay_metrics, sum_worker_stats
 from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.worker import CONFIG_ENV, STANDBY_ARG, udp_socket
@@ -365,7 +366,7 @@ async def _serve_relay(
                 tcp_probe.close()
         metrics = await nursery.start(serve_simple, http, config.metrics)
         log.info(
-            "relay cluster %d ready: %d worker(s) on %s, internal %s, metrics %s",
+            "relay cluster %d ready: %d worker(s) on %s, internal %s, metrics %s, data path %s",
             config.cluster,
             len(workers),
             ", ".join(
@@ -374,6 +375,7 @@ async def _serve_relay(
             ),
             format_hostport(config.internal),
             format_hostport(metrics),
+            datapath_in_use(config.datapath),
         )
         more = {
             name: getattr(config, name)

@@ -173,6 +173,7 @@ async def serve_worker(
         cpu=cpu,
         tcp=tcp,
         public_other=public_other,
+        datapath=config.datapath,
     )
     if cache is None and config.redis:
         cache = FlowCache(config.redis)

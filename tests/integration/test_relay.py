@@ -47,9 +47,10 @@ def foreign_key_token(addr: tuple[str, int]) -> bytes:
     ).encode()
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[RelayProcess]:
-    proc = RelayProcess().start()
+@pytest.fixture(scope="module", params=["c", "python"])
+def relay(request: pytest.FixtureRequest) -> Iterator[RelayProcess]:
+    # Both data paths: the C common cases (`_fastpath.c`) and the Python loop behind them
+    proc = RelayProcess("--datapath", request.param).start()
     yield proc
     proc.kill()
 

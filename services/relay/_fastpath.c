@@ -1,0 +1,641 @@
+/* The relay data plane's common cases in C: a batch of datagrams received, looked up and
+ * forwarded without a Python bytecode per datagram (`dataplane.py` says when it is used).
+ *
+ * What it does is exactly `FlowTable.known_client` / `known_return` and the loop around them
+ * in `dataplane.py`, on the same Python objects: the flow table stays the only owner of the
+ * flows (its dicts are read here, never written), and whatever is not the common case stops
+ * the batch at that datagram, so Python takes it down the full path and resumes after it.
+ *
+ *   fp = Forwarder(count, size, headroom, flow_type, ...)   one arena, allocated once
+ *   got = fp.receive(fd, sources)                           one recvmmsg, MSG_DONTWAIT
+ *   stop, sent, sent_bytes, dropped = fp.forward_clients(start, flows, upstream_fds, now)
+ *   stop, sent, sent_bytes, dropped = fp.forward_returns(start, by_return, peer, now, fd4, fd6,
+ *                                                        fd_peer)
+ *
+ * `stop` is the first datagram it did not forward (== got: all of them); everything it
+ * queued before `stop` has been sent (one sendmmsg per destination socket, in order), so a
+ * flow's datagrams keep their order when Python handles `stop` and calls again at stop + 1.
+ *
+ * No allocation per datagram: a source address is decoded to its (host, port) tuple once
+ * per distinct sockaddr (a bounded table; a flood of spoofed sources costs a decode each,
+ * never memory), a destination's sockaddr encoded once per client tuple (bounded the same
+ * way), a return header is looked up through one reused bytes object, and a flow's slots
+ * (`dest`, `header`, `last_seen`, ...) are read and written at their offsets in the Flow
+ * object (the class is checked once, here, and every object's type on each use).
+ *
+ * Errors never raise: EINTR is retried, EAGAIN ends a receive or drops the rest of a send,
+ * any other errno is counted (`errors`, `errnos`) and, for a send, skips that datagram.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define SOURCE_SLOTS 8192   /* open addressing, half full at most: MAX_SOURCES entries */
+#define MAX_SOURCES 4096
+#define MAX_DESTINATIONS 4096
+#define KEY_MAX 28          /* sizeof(struct sockaddr_in6) */
+
+typedef struct {
+    unsigned char key[KEY_MAX];
+    uint8_t len;            /* 0: empty */
+    PyObject *addr;         /* (host, port), a strong reference */
+} SourceSlot;
+
+typedef struct {
+    PyObject_HEAD
+    unsigned int count;
+    Py_ssize_t size, headroom, stride;
+    unsigned char *arena;
+    struct mmsghdr *rx;
+    struct iovec *rx_iov;
+    struct sockaddr_storage *names;
+    unsigned int got, filled;
+    PyObject **sources;     /* per message of the last receive: strong references */
+    SourceSlot *cache;
+    unsigned int cache_used;
+    /* the batch being sent */
+    struct mmsghdr *tx;     /* queued, in arrival order */
+    struct iovec *tx_iov;
+    int *tx_fd;
+    unsigned int tx_n;
+    struct mmsghdr *tx_run; /* one destination's datagrams, contiguous, for sendmmsg */
+    PyObject *dest_names;   /* client tuple -> bytes (its sockaddr) */
+    PyObject *key4, *key6;  /* reused lookup keys for return headers */
+    Py_ssize_t v4_header, v6_header;
+    int v6_family_min, stun_last;
+    Py_ssize_t max_datagram;
+    /* Flow's slot offsets */
+    PyTypeObject *flow_type;
+    Py_ssize_t off_dest, off_header, off_last_seen, off_client, off_established, off_via,
+        off_stream;
+    unsigned long long errors, rx_errors;
+    PyObject *errnos;       /* errno -> count */
+} Forwarder;
+
+static void count_errno(Forwarder *self, int err) {
+    self->errors++;
+    PyObject *key = PyLong_FromLong(err);
+    if (key == NULL) { PyErr_Clear(); return; }
+    PyObject *old = PyDict_GetItemWithError(self->errnos, key);
+    long n = old ? PyLong_AsLong(old) : 0;
+    PyObject *val = PyLong_FromLong(n + 1);
+    if (val == NULL || PyDict_SetItem(self->errnos, key, val) < 0) PyErr_Clear();
+    Py_XDECREF(val);
+    Py_DECREF(key);
+}
+
+static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
+    PyObject *descr = PyDict_GetItemString(type->tp_dict, name);
+    if (descr == NULL || !PyObject_TypeCheck(descr, &PyMemberDescr_Type)) {
+        PyErr_Format(PyExc_TypeError, "%s has no slot %s", type->tp_name, name);
+        return -1;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY)) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot", type->tp_name, name);
+        return -1;
+    }
+    return member->offset;
+}
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+static void clear_sources(Forwarder *self) {
+    for (unsigned int i = 0; i < self->got; i++) Py_CLEAR(self->sources[i]);
+}
+
+static void clear_cache(Forwarder *self) {
+    for (unsigned int i = 0; i < SOURCE_SLOTS; i++) {
+        if (self->cache[i].len) {
+            Py_CLEAR(self->cache[i].addr);
+            self->cache[i].len = 0;
+        }
+    }
+    self->cache_used = 0;
+}
+
+static int Forwarder_init(Forwarder *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"count", "size", "headroom", "flow_type", "v4_header", "v6_header",
+                             "v6_family_min", "stun_last", "max_datagram", NULL};
+    unsigned int count;
+    Py_ssize_t size, headroom, v4, v6, max_datagram;
+    int v6_family_min, stun_last;
+    PyObject *flow_type;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "InnO!nniin", kwlist, &count, &size, &headroom,
+                                     &PyType_Type, &flow_type, &v4, &v6, &v6_family_min,
+                                     &stun_last, &max_datagram))
+        return -1;
+    if (self->arena != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Forwarder is initialised once");
+        return -1;
+    }
+    if (count < 1 || count > 1024 || size < 1 || headroom < v6 || v4 > v6) {
+        PyErr_SetString(PyExc_ValueError, "bad Forwarder sizes");
+        return -1;
+    }
+    PyTypeObject *type = (PyTypeObject *)flow_type;
+    if ((self->off_dest = slot_offset(type, "dest")) < 0 ||
+        (self->off_header = slot_offset(type, "header")) < 0 ||
+        (self->off_last_seen = slot_offset(type, "last_seen")) < 0 ||
+        (self->off_client = slot_offset(type, "client")) < 0 ||
+        (self->off_established = slot_offset(type, "established")) < 0 ||
+        (self->off_via = slot_offset(type, "via")) < 0 ||
+        (self->off_stream = slot_offset(type, "stream")) < 0)
+        return -1;
+    Py_INCREF(type);
+    self->flow_type = type;
+    self->count = count;
+    self->size = size;
+    self->headroom = headroom;
+    self->stride = (headroom + size + 7) / 8 * 8;
+    self->v4_header = v4;
+    self->v6_header = v6;
+    self->v6_family_min = v6_family_min;
+    self->stun_last = stun_last;
+    self->max_datagram = max_datagram;
+    self->arena = PyMem_Calloc(count, self->stride);
+    self->rx = PyMem_Calloc(count, sizeof(struct mmsghdr));
+    self->rx_iov = PyMem_Calloc(count, sizeof(struct iovec));
+    self->names = PyMem_Calloc(count, sizeof(struct sockaddr_storage));
+    self->sources = PyMem_Calloc(count, sizeof(PyObject *));
+    self->cache = PyMem_Calloc(SOURCE_SLOTS, sizeof(SourceSlot));
+    self->tx = PyMem_Calloc(count, sizeof(struct mmsghdr));
+    self->tx_iov = PyMem_Calloc(count, sizeof(struct iovec));
+    self->tx_fd = PyMem_Calloc(count, sizeof(int));
+    self->tx_run = PyMem_Calloc(count, sizeof(struct mmsghdr));
+    self->dest_names = PyDict_New();
+    self->errnos = PyDict_New();
+    self->key4 = PyBytes_FromStringAndSize(NULL, v4);
+    self->key6 = PyBytes_FromStringAndSize(NULL, v6);
+    if (!self->arena || !self->rx || !self->rx_iov || !self->names || !self->sources ||
+        !self->cache || !self->tx || !self->tx_iov || !self->tx_fd || !self->tx_run) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (!self->dest_names || !self->errnos || !self->key4 || !self->key6) return -1;
+    for (unsigned int i = 0; i < count; i++) {
+        self->rx_iov[i].iov_base = self->arena + i * self->stride + headroom;
+        self->rx_iov[i].iov_len = size;
+        self->rx[i].msg_hdr.msg_iov = &self->rx_iov[i];
+        self->rx[i].msg_hdr.msg_iovlen = 1;
+        self->rx[i].msg_hdr.msg_name = &self->names[i];
+        self->rx[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
+        self->tx[i].msg_hdr.msg_iov = &self->tx_iov[i];
+        self->tx[i].msg_hdr.msg_iovlen = 1;
+    }
+    return 0;
+}
+
+static void Forwarder_dealloc(Forwarder *self) {
+    if (self->sources) clear_sources(self);
+    if (self->cache) clear_cache(self);
+    PyMem_Free(self->arena);
+    PyMem_Free(self->rx);
+    PyMem_Free(self->rx_iov);
+    PyMem_Free(self->names);
+    PyMem_Free(self->sources);
+    PyMem_Free(self->cache);
+    PyMem_Free(self->tx);
+    PyMem_Free(self->tx_iov);
+    PyMem_Free(self->tx_fd);
+    PyMem_Free(self->tx_run);
+    Py_XDECREF(self->dest_names);
+    Py_XDECREF(self->errnos);
+    Py_XDECREF(self->key4);
+    Py_XDECREF(self->key6);
+    Py_XDECREF(self->flow_type);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* (host, port) of a sockaddr, as `mmsg.decode_sockaddr` makes it (("", 0): another family) */
+static PyObject *decode_sockaddr(const struct sockaddr_storage *ss) {
+    char host[INET6_ADDRSTRLEN + IF_NAMESIZE + 2];
+    int port = 0;
+    host[0] = 0;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host);
+        port = ntohs(sin->sin_port);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof host);
+        port = ntohs(sin6->sin6_port);
+        if (sin6->sin6_scope_id) {
+            size_t at = strlen(host);
+            char name[IF_NAMESIZE];
+            if (if_indextoname(sin6->sin6_scope_id, name) != NULL)
+                snprintf(host + at, sizeof host - at, "%%%s", name);
+            else
+                snprintf(host + at, sizeof host - at, "%%%u", sin6->sin6_scope_id);
+        }
+    }
+    return Py_BuildValue("(si)", host, port);
+}
+
+static PyObject *source_of(Forwarder *self, const struct sockaddr_storage *ss) {
+    unsigned char key[KEY_MAX];
+    uint8_t len;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
+        len = 8;
+        memcpy(key, &sin->sin_family, 2);
+        memcpy(key + 2, &sin->sin_port, 2);
+        memcpy(key + 4, &sin->sin_addr, 4);
+    } else {
+        len = KEY_MAX;
+        memcpy(key, ss, KEY_MAX);
+        if (ss->ss_family == AF_INET6) memset(key + 4, 0, 4);  /* flowinfo is no part of it */
+    }
+    uint32_t h = 2166136261u;
+    for (unsigned int i = 0; i < len; i++) h = (h ^ key[i]) * 16777619u;
+    unsigned int at = h & (SOURCE_SLOTS - 1);
+    while (self->cache[at].len) {
+        SourceSlot *slot = &self->cache[at];
+        if (slot->len == len && memcmp(slot->key, key, len) == 0) return slot->addr;
+        at = (at + 1) & (SOURCE_SLOTS - 1);
+    }
+    if (self->cache_used >= MAX_SOURCES) {  /* full: start again (each entry costs a decode) */
+        clear_cache(self);
+        at = h & (SOURCE_SLOTS - 1);
+    }
+    PyObject *addr = decode_sockaddr(ss);
+    if (addr == NULL) return NULL;
+    SourceSlot *slot = &self->cache[at];
+    memcpy(slot->key, key, len);
+    slot->len = len;
+    slot->addr = addr;
+    self->cache_used++;
+    return addr;
+}
+
+static PyObject *Forwarder_receive(Forwarder *self, PyObject *args) {
+    int fd, sources = 1;
+    if (!PyArg_ParseTuple(args, "i|p", &fd, &sources)) return NULL;
+    clear_sources(self);
+    self->got = 0;
+    /* the kernel wrote the length it used into msg_namelen: give the room back */
+    for (unsigned int i = 0; i < self->filled; i++)
+        self->rx[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
+    self->filled = 0;
+    int got, err = 0;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        got = recvmmsg(fd, self->rx, self->count, MSG_DONTWAIT, NULL);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (got >= 0 || err != EINTR) break;
+    }
+    if (got < 0) {
+        /* e.g. ECONNREFUSED on a connected socket: reported once, later datagrams follow */
+        if (err != EAGAIN && err != EWOULDBLOCK) {
+            count_errno(self, err);
+            self->rx_errors++;
+        }
+        return PyLong_FromLong(0);
+    }
+    self->filled = got;
+    if (sources) {
+        for (int i = 0; i < got; i++) {
+            PyObject *addr = source_of(self, &self->names[i]);
+            if (addr == NULL) {
+                self->got = i;
+                return NULL;
+            }
+            Py_INCREF(addr);
+            self->sources[i] = addr;
+        }
+    }
+    self->got = got;
+    return PyLong_FromLong(got);
+}
+
+static int check_index(Forwarder *self, Py_ssize_t i) {
+    if (i < 0 || (size_t)i >= self->got) {
+        PyErr_SetString(PyExc_IndexError, "no such datagram in the last receive");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Forwarder_datagram(Forwarder *self, PyObject *arg) {
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if ((i == -1 && PyErr_Occurred()) || check_index(self, i) < 0) return NULL;
+    return PyBytes_FromStringAndSize((char *)self->arena + i * self->stride + self->headroom,
+                                     self->rx[i].msg_len);
+}
+
+static PyObject *Forwarder_source(Forwarder *self, PyObject *arg) {
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if ((i == -1 && PyErr_Occurred()) || check_index(self, i) < 0) return NULL;
+    PyObject *addr = self->sources[i];
+    if (addr == NULL) {
+        PyErr_SetString(PyExc_ValueError, "that receive decoded no sources");
+        return NULL;
+    }
+    Py_INCREF(addr);
+    return addr;
+}
+
+static inline void queue(Forwarder *self, int fd, void *base, size_t len, void *name,
+                         socklen_t namelen) {
+    unsigned int j = self->tx_n++;
+    self->tx_iov[j].iov_base = base;
+    self->tx_iov[j].iov_len = len;
+    self->tx[j].msg_hdr.msg_name = name;
+    self->tx[j].msg_hdr.msg_namelen = namelen;
+    self->tx_fd[j] = fd;
+}
+
+/* Send what is queued: one sendmmsg run per destination socket, each in its order. Returns
+ * how many were dropped. */
+static unsigned int flush(Forwarder *self) {
+    unsigned int n = self->tx_n, dropped = 0;
+    if (n == 0) return 0;
+    char done_fd[1024] = {0};  /* count <= 1024 */
+    for (unsigned int first = 0; first < n; first++) {
+        if (done_fd[first]) continue;
+        int fd = self->tx_fd[first];
+        unsigned int k = 0;
+        for (unsigned int j = first; j < n; j++) {
+            if (!done_fd[j] && self->tx_fd[j] == fd) {
+                self->tx_run[k++].msg_hdr = self->tx[j].msg_hdr;
+                done_fd[j] = 1;
+            }
+        }
+        unsigned int sent = 0;
+        while (sent < k) {
+            int r, err = 0;
+            Py_BEGIN_ALLOW_THREADS
+            r = sendmmsg(fd, self->tx_run + sent, k - sent, MSG_DONTWAIT);
+            err = errno;
+            Py_END_ALLOW_THREADS
+            if (r > 0) {
+                sent += r;
+                continue;
+            }
+            if (r == 0) err = EIO;
+            if (err == EINTR) continue;
+            count_errno(self, err);
+            if (err == EAGAIN || err == EWOULDBLOCK) {
+                dropped += k - sent;
+                break;
+            }
+            dropped++;  /* this one datagram failed (ECONNREFUSED, EMSGSIZE, ...) */
+            sent++;
+        }
+    }
+    self->tx_n = 0;
+    return dropped;
+}
+
+/* The end of a forward call: what it queued is sent (also when an error stops it), and the
+ * Python side learns (stop, sent, bytes offered, dropped); bytes, like the Python loop's,
+ * count the payloads queued. */
+static PyObject *finish(Forwarder *self, unsigned int stop, unsigned int queued,
+                        unsigned long long bytes) {
+    unsigned int dropped = flush(self);
+    if (PyErr_Occurred()) return NULL;
+    return Py_BuildValue("IIKI", stop, queued - dropped, bytes, dropped);
+}
+
+/* Datagrams from clients, from `start`: each one with a flow in `flows` (client tuple ->
+ * Flow) whose destination has an upstream socket in `upstream_fds` (dest tuple -> fd) goes
+ * there with the flow's header in front of it, as `known_client` and `_drain_public` do. */
+static PyObject *Forwarder_forward_clients(Forwarder *self, PyObject *args) {
+    Py_ssize_t start;
+    PyObject *flows, *upstream_fds, *now;
+    if (!PyArg_ParseTuple(args, "nO!O!O!", &start, &PyDict_Type, &flows, &PyDict_Type,
+                          &upstream_fds, &PyFloat_Type, &now))
+        return NULL;
+    unsigned int i = start < 0 ? 0 : (unsigned int)start;
+    unsigned long long bytes = 0;
+    unsigned int fwd = 0;
+    for (; i < self->got; i++) {
+        Py_ssize_t n = self->rx[i].msg_len;
+        unsigned char *at = self->arena + i * self->stride + self->headroom;
+        PyObject *client = self->sources[i];
+        if (client == NULL || n <= 0 || n > self->max_datagram || at[0] <= self->stun_last) break;
+        PyObject *flow = PyDict_GetItemWithError(flows, client);
+        if (flow == NULL || Py_TYPE(flow) != self->flow_type) break;
+        PyObject *dest = SLOT(flow, self->off_dest), *header = SLOT(flow, self->off_header);
+        if (dest == NULL || header == NULL || !PyBytes_CheckExact(header)) break;
+        PyObject *fdobj = PyDict_GetItemWithError(upstream_fds, dest);
+        if (fdobj == NULL || !PyLong_CheckExact(fdobj)) break;
+        Py_ssize_t hlen = PyBytes_GET_SIZE(header);
+        if (hlen > self->headroom) break;
+        int fd = (int)PyLong_AsLong(fdobj);
+        PyObject *old = SLOT(flow, self->off_last_seen);
+        Py_INCREF(now);
+        SLOT(flow, self->off_last_seen) = now;
+        Py_XDECREF(old);
+        memcpy(at - hlen, PyBytes_AS_STRING(header), hlen);
+        queue(self, fd, at - hlen, n + hlen, NULL, 0);
+        fwd++;
+        bytes += n;
+    }
+    return finish(self, i, fwd, bytes);
+}
+
+/* The sockaddr of a (host, port) tuple, encoded once (None, no error: not one this path
+ * sends to, e.g. a scoped IPv6 address); `*v6` says its family. */
+static PyObject *dest_name(Forwarder *self, PyObject *client, int *v6) {
+    PyObject *name = PyDict_GetItemWithError(self->dest_names, client);
+    if (name != NULL) {
+        *v6 = PyBytes_GET_SIZE(name) == sizeof(struct sockaddr_in6);
+        return name;
+    }
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_CheckExact(client) || PyTuple_GET_SIZE(client) != 2) return NULL;
+    PyObject *hostobj = PyTuple_GET_ITEM(client, 0), *portobj = PyTuple_GET_ITEM(client, 1);
+    if (!PyUnicode_Check(hostobj) || !PyLong_Check(portobj)) return NULL;
+    const char *host = PyUnicode_AsUTF8(hostobj);
+    long port = PyLong_AsLong(portobj);
+    if (host == NULL || port < 0 || port > 65535 || strchr(host, '%')) {
+        PyErr_Clear();
+        return NULL;  /* a scoped address: the Python path */
+    }
+    struct sockaddr_in6 ss;
+    memset(&ss, 0, sizeof ss);
+    Py_ssize_t len;
+    *v6 = strchr(host, ':') != NULL;
+    if (*v6) {
+        if (inet_pton(AF_INET6, host, &ss.sin6_addr) != 1) return NULL;
+        ss.sin6_family = AF_INET6;
+        ss.sin6_port = htons((uint16_t)port);
+        len = sizeof(struct sockaddr_in6);
+    } else {
+        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+        if (inet_pton(AF_INET, host, &sin->sin_addr) != 1) return NULL;
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons((uint16_t)port);
+        len = sizeof(struct sockaddr_in);
+    }
+    name = PyBytes_FromStringAndSize((const char *)&ss, len);
+    if (name == NULL) return NULL;
+    int r = PyDict_SetItem(self->dest_names, client, name);
+    Py_DECREF(name);  /* the dict holds it until the next call's start at least */
+    return r < 0 ? NULL : name;
+}
+
+static PyObject *return_key(Forwarder *self, PyObject **slot, const unsigned char *header,
+                            Py_ssize_t hlen) {
+    PyObject *key = *slot;
+#if PY_VERSION_HEX < 0x030E0000
+    /* Ours alone (a dict lookup keeps no key): rewritten in place, its cached hash forgotten
+     * (ob_shash: deprecated for readers since 3.11, still the bytes hash cache through 3.13). */
+    if (Py_REFCNT(key) == 1) {
+        memcpy(PyBytes_AS_STRING(key), header, hlen);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+        ((PyBytesObject *)key)->ob_shash = -1;
+#pragma GCC diagnostic pop
+        return key;
+    }
+#endif
+    PyObject *fresh = PyBytes_FromStringAndSize((const char *)header, hlen);
+    if (fresh == NULL) return NULL;
+    Py_SETREF(*slot, fresh);
+    return fresh;
+}
+
+/* Framed replies from `peer` (a connected upstream socket's destination), from `start`: each
+ * one whose exact header is an established UDP flow's return key in `by_return`, that flow
+ * pointing at `peer`, goes as `known_return` and `_drain_upstream` say: to the flow's client
+ * from the public socket of its family (fd4, fd6), header cut off; on a second hop, as it is
+ * to the first-hop relay (`via`) from the peer socket (fd_peer). */
+static PyObject *Forwarder_forward_returns(Forwarder *self, PyObject *args) {
+    Py_ssize_t start;
+    PyObject *by_return, *peer, *now;
+    int fd4, fd6, fd_peer;
+    if (!PyArg_ParseTuple(args, "nO!OO!iii", &start, &PyDict_Type, &by_return, &peer,
+                          &PyFloat_Type, &now, &fd4, &fd6, &fd_peer))
+        return NULL;
+    if (PyDict_Size(self->dest_names) >= MAX_DESTINATIONS) PyDict_Clear(self->dest_names);
+    unsigned int i = start < 0 ? 0 : (unsigned int)start;
+    unsigned long long bytes = 0;
+    unsigned int out = 0;
+    for (; i < self->got; i++) {
+        Py_ssize_t n = self->rx[i].msg_len;
+        unsigned char *at = self->arena + i * self->stride + self->headroom;
+        int v6 = n >= self->v6_header && at[13] >= self->v6_family_min;
+        Py_ssize_t hlen = v6 ? self->v6_header : self->v4_header;
+        if (n < hlen || n - hlen > self->max_datagram) break;
+        PyObject *key = return_key(self, v6 ? &self->key6 : &self->key4, at, hlen);
+        if (key == NULL) break;
+        PyObject *flow = PyDict_GetItemWithError(by_return, key);
+        if (flow == NULL || Py_TYPE(flow) != self->flow_type) break;
+        PyObject *dest = SLOT(flow, self->off_dest), *via = SLOT(flow, self->off_via);
+        if (SLOT(flow, self->off_established) != Py_True || SLOT(flow, self->off_stream) != Py_False ||
+            dest == NULL || via == NULL)
+            break;
+        if (dest != peer && PyObject_RichCompareBool(dest, peer, Py_EQ) != 1) break;
+        int to_v6;
+        PyObject *to = via == Py_None ? SLOT(flow, self->off_client) : via;
+        PyObject *name = to == NULL ? NULL : dest_name(self, to, &to_v6);
+        if (name == NULL) break;
+        PyObject *old = SLOT(flow, self->off_last_seen);
+        Py_INCREF(now);
+        SLOT(flow, self->off_last_seen) = now;
+        Py_XDECREF(old);
+        char *sa = PyBytes_AS_STRING(name);
+        socklen_t salen = (socklen_t)PyBytes_GET_SIZE(name);
+        if (via == Py_None)
+            queue(self, to_v6 ? fd6 : fd4, at + hlen, n - hlen, sa, salen);
+        else
+            queue(self, fd_peer, at, n, sa, salen);
+        out++;
+        bytes += n - hlen;  /* payloads, as the Python loop counts them */
+    }
+    return finish(self, i, out, bytes);
+}
+
+static PyObject *Forwarder_truncated(Forwarder *self, PyObject *arg) {
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if ((i == -1 && PyErr_Occurred()) || check_index(self, i) < 0) return NULL;
+    return PyBool_FromLong(self->rx[i].msg_hdr.msg_flags & MSG_TRUNC);
+}
+
+static PyObject *Forwarder_take_rx_errors(Forwarder *self, PyObject *Py_UNUSED(ignored)) {
+    unsigned long long n = self->rx_errors;
+    self->rx_errors = 0;
+    return PyLong_FromUnsignedLongLong(n);
+}
+
+static PyMethodDef Forwarder_methods[] = {
+    {"receive", (PyCFunction)Forwarder_receive, METH_VARARGS,
+     "receive(fd, sources=True) -> datagrams received (0: none, or an error, counted)"},
+    {"datagram", (PyCFunction)Forwarder_datagram, METH_O, "datagram(i) -> a copy of it"},
+    {"source", (PyCFunction)Forwarder_source, METH_O, "source(i) -> (host, port)"},
+    {"truncated", (PyCFunction)Forwarder_truncated, METH_O, "was datagram i cut (MSG_TRUNC)?"},
+    {"forward_clients", (PyCFunction)Forwarder_forward_clients, METH_VARARGS,
+     "forward_clients(start, flows, upstream_fds, now) -> (stop, sent, bytes, dropped)"},
+    {"forward_returns", (PyCFunction)Forwarder_forward_returns, METH_VARARGS,
+     "forward_returns(start, by_return, peer, now, fd4, fd6, fd_peer) -> (stop, sent, bytes, "
+     "dropped)"},
+    {"take_rx_errors", (PyCFunction)Forwarder_take_rx_errors, METH_NOARGS,
+     "receive errors since the last call (every error, by errno: `errnos`, cumulative)"},
+    {NULL}};
+
+static PyObject *Forwarder_get_errnos(Forwarder *self, void *closure) {
+    return PyDict_Copy(self->errnos);
+}
+
+static PyObject *Forwarder_get_got(Forwarder *self, void *closure) {
+    return PyLong_FromUnsignedLong(self->got);
+}
+
+static PyObject *Forwarder_get_sources_cached(Forwarder *self, void *closure) {
+    return PyLong_FromUnsignedLong(self->cache_used);
+}
+
+static PyObject *Forwarder_get_destinations_cached(Forwarder *self, void *closure) {
+    return PyLong_FromSsize_t(PyDict_Size(self->dest_names));
+}
+
+static PyGetSetDef Forwarder_getset[] = {
+    {"errnos", (getter)Forwarder_get_errnos, NULL, "errno -> count, since it was made", NULL},
+    {"got", (getter)Forwarder_get_got, NULL, "datagrams of the last receive", NULL},
+    {"sources_cached", (getter)Forwarder_get_sources_cached, NULL, "decoded sources kept", NULL},
+    {"destinations_cached", (getter)Forwarder_get_destinations_cached, NULL,
+     "encoded destinations kept", NULL},
+    {NULL}};
+
+static PyTypeObject ForwarderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "firsthop.services.relay._fastpath.Forwarder",
+    .tp_basicsize = sizeof(Forwarder),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A batch of datagrams received, looked up in the flow table's dicts and forwarded",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Forwarder_init,
+    .tp_dealloc = (destructor)Forwarder_dealloc,
+    .tp_methods = Forwarder_methods,
+    .tp_getset = Forwarder_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_fastpath",
+    "The relay data plane's common cases in C (see dataplane.py).", -1, NULL, NULL, NULL, NULL,
+    NULL};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    if (PyType_Ready(&ForwarderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&ForwarderType);
+    if (PyModule_AddObject(m, "Forwarder", (PyObject *)&ForwarderType) < 0) {
+        Py_DECREF(&ForwarderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "MAX_SOURCES", MAX_SOURCES);
+    PyModule_AddIntConstant(m, "MAX_DESTINATIONS", MAX_DESTINATIONS);
+    return m;
+}

@@ -1,0 +1,270 @@
+"""The relay's C common cases (`services/relay/_fastpath.c`) on real loopback sockets.
+
+It must do exactly what `FlowTable.known_client` / `known_return` and the Python loop do
+for the datagrams it takes, and stop at every other one (so the full path sees it), with
+the flow table's own dicts as the only state it reads. `test_relay.py` runs the whole relay
+over both data paths; these pin the batch contract itself.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from firsthop.services.relay import _fastpath
+from firsthop.services.relay.dataplane import datapath_in_use, native_forwarder
+from firsthop.services.relay.flows import MAX_DATAGRAM, Flow
+from firsthop.shared.wire.proxy_v2 import build_proxy_v2
+
+INGRESS = ("127.0.0.1", 3478)
+Address = tuple[str, int]
+
+
+def udp(host: str = "127.0.0.1") -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    sock.bind((host, 0))
+    sock.settimeout(2.0)
+    return sock
+
+
+@pytest.fixture
+def socks() -> Iterator[list[socket.socket]]:
+    made: list[socket.socket] = []
+    yield made
+    for sock in made:
+        sock.close()
+
+
+def new(socks: list[socket.socket], host: str = "127.0.0.1") -> socket.socket:
+    sock = udp(host)
+    socks.append(sock)
+    return sock
+
+
+def addr(sock: socket.socket) -> Address:
+    host, port = sock.getsockname()[:2]
+    return host, port
+
+
+def flow(client: Address, dest: Address, *, established: bool = True, **more: object) -> Flow:
+    values: dict[str, object] = dict(
+        client=client,
+        dest=dest,
+        token=b"t",
+        header=build_proxy_v2(client, INGRESS),
+        return_key=build_proxy_v2(INGRESS, client),
+        via=None,
+        ingress=INGRESS,
+        established=established,
+        created=0.0,
+        last_seen=0.0,
+    )
+    values.update(more)
+    return Flow(**values)  # type: ignore[arg-type]
+
+
+def fill(sock: socket.socket) -> None:
+    """Wait until `sock` is readable (loopback queues a datagram within its sendto)."""
+    assert select.select([sock], [], [], 2.0)[0]
+
+
+def drain(sock: socket.socket) -> list[bytes]:
+    got = []
+    sock.setblocking(False)
+    try:
+        while True:
+            got.append(sock.recv(4096))
+    except BlockingIOError:
+        pass
+    finally:
+        sock.settimeout(2.0)
+    return got
+
+
+def test_the_c_data_path_is_built_and_auto_picks_it() -> None:
+    assert datapath_in_use("auto") == "c"
+    assert datapath_in_use("python") == "python"
+    assert native_forwarder("python") is None
+    assert isinstance(native_forwarder("c"), _fastpath.Forwarder)
+
+
+def test_client_datagrams_go_upstream_framed_in_order_and_stop_where_python_must_look(
+    socks: list[socket.socket],
+) -> None:
+    fp = native_forwarder("c")
+    public, upstream, client, stranger = new(socks), new(socks), new(socks), new(socks)
+    up_conn = new(socks)
+    up_conn.connect(addr(upstream))  # the relay's connected upstream socket
+    f = flow(addr(client), addr(upstream))
+    flows = {addr(client): f}
+    fds = {addr(upstream): up_conn.fileno()}
+    for i in range(3):
+        client.sendto(bytes([0x80, i]) + b"rtp", addr(public))
+    client.sendto(b"\x00\x01stun", addr(public))  # STUN: the full path's
+    client.sendto(bytes([0x80, 9]) + b"rtp", addr(public))
+    stranger.sendto(bytes([0x80, 7]) + b"rtp", addr(public))  # no flow
+    fill(public)
+    got = fp.receive(public.fileno())
+    assert got == 6
+    stop, sent, nbytes, dropped = fp.forward_clients(0, flows, fds, 12.5)
+    assert (stop, sent, nbytes, dropped) == (3, 3, 15, 0)
+    assert f.last_seen == 12.5
+    assert fp.datagram(stop) == b"\x00\x01stun" and fp.source(stop) == addr(client)
+    stop, sent, _, _ = fp.forward_clients(stop + 1, flows, fds, 13.0)
+    assert (stop, sent) == (5, 1)
+    assert fp.source(5) == addr(stranger)
+    assert fp.forward_clients(6, flows, fds, 13.0)[:2] == (6, 0)
+    frames = [upstream.recv(4096) for _ in range(4)]
+    header = f.header
+    assert frames == [header + bytes([0x80, i]) + b"rtp" for i in (0, 1, 2, 9)]
+    assert drain(upstream) == []
+
+
+def test_no_upstream_socket_oversize_or_empty_is_the_full_paths(
+    socks: list[socket.socket],
+) -> None:
+    fp = native_forwarder("c")
+    public, upstream, client = new(socks), new(socks), new(socks)
+    f = flow(addr(client), addr(upstream))
+    client.sendto(b"\x80" * (MAX_DATAGRAM + 1), addr(public))
+    client.sendto(b"", addr(public))
+    client.sendto(b"\x80rtp", addr(public))
+    fill(public)
+    assert fp.receive(public.fileno()) == 3
+    flows = {addr(client): f}
+    assert fp.forward_clients(0, flows, {}, 1.0)[0] == 0  # oversize
+    assert fp.forward_clients(1, flows, {}, 1.0)[0] == 1  # empty
+    assert fp.forward_clients(2, flows, {}, 1.0)[0] == 2  # no upstream socket yet
+    assert f.last_seen == 0.0  # nothing it took
+
+
+def test_replies_reach_established_clients_only_from_their_destination(
+    socks: list[socket.socket],
+) -> None:
+    fp = native_forwarder("c")
+    public, client, pending_client, up = new(socks), new(socks), new(socks), new(socks)
+    transceiver, other = new(socks), new(socks)
+    up.connect(addr(transceiver))
+    peer_sock = new(socks)
+    good = flow(addr(client), addr(transceiver))
+    pending = flow(addr(pending_client), addr(transceiver), established=False)
+    by_return = {good.return_key: good, pending.return_key: pending}
+    transceiver.sendto(good.return_key + b"\x80one", addr(up))
+    transceiver.sendto(pending.return_key + b"\x80two", addr(up))  # not established
+    transceiver.sendto(good.return_key + b"\x80three", addr(up))
+    transceiver.sendto(b"\x0d\x0a\x0d\x0a" + bytes(30), addr(up))  # no such header
+    fill(up)
+    assert fp.receive(up.fileno(), False) == 4
+    fd = public.fileno()
+    args = (by_return, addr(transceiver), 5.0, fd, fd, peer_sock.fileno())
+    stop, sent, nbytes, _ = fp.forward_returns(0, *args)
+    assert (stop, sent, nbytes) == (1, 1, 4)
+    stop, sent, _, _ = fp.forward_returns(2, *args)
+    assert (stop, sent) == (3, 1)
+    assert good.last_seen == 5.0 and pending.last_seen == 0.0
+    assert [client.recv(4096), client.recv(4096)] == [b"\x80one", b"\x80three"]
+    assert drain(pending_client) == []
+    # the same reply, said to come from another destination than the flow's: not taken
+    transceiver.sendto(good.return_key + b"\x80four", addr(up))
+    fill(up)
+    assert fp.receive(up.fileno(), False) == 1
+    assert fp.forward_returns(0, by_return, addr(other), 6.0, fd, fd, fd)[:2] == (0, 0)
+    assert good.last_seen == 5.0
+
+
+def test_second_hop_replies_go_back_to_the_first_relay_as_they_are_and_tcp_is_pythons(
+    socks: list[socket.socket],
+) -> None:
+    fp = native_forwarder("c")
+    peer_sock, first_hop, up, transceiver = new(socks), new(socks), new(socks), new(socks)
+    up.connect(addr(transceiver))
+    hop = flow(("198.51.100.7", 5000), addr(transceiver), via=addr(first_hop))
+    tcp = flow(("198.51.100.8", 5000), addr(transceiver), stream=True)
+    by_return = {hop.return_key: hop, tcp.return_key: tcp}
+    transceiver.sendto(hop.return_key + b"\x80hop", addr(up))
+    transceiver.sendto(tcp.return_key + b"\x80tcp", addr(up))
+    fill(up)
+    assert fp.receive(up.fileno(), False) == 2
+    stop, sent, _, _ = fp.forward_returns(
+        0, by_return, addr(transceiver), 1.0, -1, -1, peer_sock.fileno()
+    )
+    assert (stop, sent) == (1, 1)
+    assert first_hop.recv(4096) == hop.return_key + b"\x80hop"
+
+
+def test_ipv6_clients_both_ways(socks: list[socket.socket]) -> None:
+    fp = native_forwarder("c")
+    public6, client6 = new(socks, "::1"), new(socks, "::1")
+    upstream, up, public4 = new(socks), new(socks), new(socks)
+    up.connect(addr(upstream))
+    ingress6 = ("::1", 3478)
+    f = flow(
+        addr(client6),
+        addr(upstream),
+        header=build_proxy_v2(addr(client6), ingress6),
+        return_key=build_proxy_v2(ingress6, addr(client6)),
+        ingress=ingress6,
+    )
+    client6.sendto(b"\x80six", addr(public6))
+    fill(public6)
+    assert fp.receive(public6.fileno()) == 1
+    assert fp.source(0) == addr(client6)
+    fds = {addr(upstream): up.fileno()}
+    assert fp.forward_clients(0, {addr(client6): f}, fds, 1.0)[:2] == (1, 1)
+    assert upstream.recv(4096) == f.header + b"\x80six"
+    upstream.sendto(f.return_key + b"\x80back", addr(up))
+    fill(up)
+    assert fp.receive(up.fileno(), False) == 1
+    args = ({f.return_key: f}, addr(upstream), 2.0, public4.fileno(), public6.fileno(), -1)
+    assert fp.forward_returns(0, *args)[:2] == (1, 1)
+    assert client6.recv(4096) == b"\x80back"
+
+
+def test_a_flood_of_sources_costs_decodes_never_memory(socks: list[socket.socket]) -> None:
+    fp = native_forwarder("c")
+    public = new(socks)
+    seen = 0
+    for i in range(_fastpath.MAX_SOURCES + 300):
+        # a new source address each time (127.1.x.y), as a spoofing flood's would be
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as src:
+            src.bind((f"127.1.{i // 250}.{i % 250 + 1}", 0))
+            src.sendto(b"\x80x", addr(public))
+        if i % 200 == 199:
+            fill(public)
+            seen += fp.receive(public.fileno())
+            assert fp.sources_cached <= _fastpath.MAX_SOURCES
+    assert seen > _fastpath.MAX_SOURCES
+    assert fp.sources_cached <= _fastpath.MAX_SOURCES
+
+
+def test_a_refused_send_is_a_counted_drop_and_the_rest_still_go(
+    socks: list[socket.socket],
+) -> None:
+    import errno
+
+    fp = native_forwarder("c")
+    public, client, client2, gone, alive = (new(socks) for _ in range(5))
+    to_gone, to_alive = new(socks), new(socks)
+    gone_addr = addr(gone)
+    to_gone.connect(gone_addr)
+    to_alive.connect(addr(alive))
+    gone.close()
+    to_gone.send(b"x")  # the ICMP port unreachable it draws fails the next send there
+    flows = {
+        addr(client): flow(addr(client), gone_addr),
+        addr(client2): flow(addr(client2), addr(alive)),
+    }
+    fds = {gone_addr: to_gone.fileno(), addr(alive): to_alive.fileno()}
+    for _ in range(2):
+        client.sendto(b"\x80a", addr(public))
+        client2.sendto(b"\x80b", addr(public))
+    fill(public)
+    assert fp.receive(public.fileno()) == 4
+    stop, sent, _, dropped = fp.forward_clients(0, flows, fds, 1.0)
+    assert (stop, sent, dropped) == (4, 3, 1)
+    assert fp.errnos == {errno.ECONNREFUSED: 1}
+    assert [alive.recv(4096) for _ in range(2)] == [flows[addr(client2)].header + b"\x80b"] * 2
