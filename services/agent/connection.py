@@ -25,19 +25,13 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, RejectConnection, Request
 from wsproto.utilities import RemoteProtocolError
 
-from firsthop.shared.wire.websocket import (
-    BINARY,
-    CLOSE,
-    PONG,
-    TEXT,
-    Close,
-    Event,
-    Ping,
-    WebSocketError,
-    WebSocketReader,
-    close_payload,
-    encode_frame,
-    split_handshake,
+from firsthop.shared.wire.websocket import split_handshake
+from firsthop.shared.wire.websocket_connection import (
+    TOO_BIG,
+    VIOLATION,
+    ConnectionEnded,
+    Ended,
+    WebSocketConnection,
 )
 
 RECEIVE_SIZE = 65536
@@ -53,35 +47,31 @@ class ConnectionClosed(Exception):
 
 
 class AgentConnection:
-    """One accepted WebSocket (see the module docstring)."""
+    """One accepted WebSocket (see the module docstring): the I/O around the connection's
+    rules, which are `WebSocketConnection`'s."""
 
     def __init__(self, stream: trio.SocketStream, max_message: int, early: bytes = b"") -> None:
         self._stream = stream
         self._sock = stream.socket  # the per-frame reads and writes skip the stream's layer
-        self._reader = WebSocketReader(masked=True, max_message=max_message)
-        self._events: deque[Event] = deque()
+        self._ws = WebSocketConnection(client=False, max_message=max_message)
+        self._messages: deque[str | bytes] = deque()
         self._early = early  # what came right behind the upgrade request
         self._send_lock = trio.Lock()
-        self._close_sent = False
-        self._failure: WebSocketError | None = None  # the peer broke the protocol
         self.closed = False
 
     async def get_message(self) -> str | bytes:
         """The next whole message; `ConnectionClosed` once the WebSocket is closed."""
+        ws = self._ws
         while True:
-            while self._events:
-                event = self._events.popleft()
-                if isinstance(event, (bytes, str)):
-                    return event
-                if isinstance(event, Ping):
-                    await self._send(encode_frame(PONG, event.payload))
-                elif isinstance(event, Close):
-                    if not self._close_sent:  # RFC 6455 §5.5.1: answer it, echoing its code
-                        self._close_sent = True
-                        await self._send(encode_frame(CLOSE, close_payload(event.code)))
-                    await self._lost()
-            if self._failure is not None:
-                await self._fail(self._failure)
+            if self._messages:
+                return self._messages.popleft()
+            answers = ws.data_to_send()  # Pongs, the answer to a Close or to a bad frame
+            if answers:
+                await self._send(answers)
+            if ws.ended is not None:
+                if ws.ended.how in (VIOLATION, TOO_BIG):
+                    await self._fail(ws.ended)
+                await self._lost()
             if self.closed:
                 raise ConnectionClosed
             await self._receive()
@@ -94,21 +84,15 @@ class AgentConnection:
             except (OSError, trio.ClosedResourceError):
                 data = b""
             if not data:
+                self._ws.connection_lost()
                 await self._lost()
-        try:
-            self._events.extend(self._reader.feed(data))
-        except WebSocketError as exc:
-            self._events.extend(exc.events)  # (handed out before the connection fails)
-            self._failure = exc
+        self._messages.extend(self._ws.receive_data(data))
 
-    async def _fail(self, exc: WebSocketError) -> None:
-        """RFC 6455 §7.1.7, "Fail the WebSocket Connection": say why, then hang up. What
-        the peer sends after the bad frame cannot be read: it is discarded until the peer
-        hangs up (briefly), so closing the socket does not reset it under our Close."""
-        log.warning("a WebSocket peer broke the protocol (%d): %s", exc.code, exc.reason)
-        if not self._close_sent:
-            self._close_sent = True
-            await self._send(encode_frame(CLOSE, close_payload(exc.code, exc.reason)))
+    async def _fail(self, ended: Ended) -> None:
+        """RFC 6455 §7.1.7, "Fail the WebSocket Connection": the Close saying why is sent;
+        what the peer sends after the bad frame cannot be read: it is discarded until the
+        peer hangs up (briefly), so closing the socket does not reset it under our Close."""
+        log.warning("a WebSocket peer broke the protocol (%d): %s", ended.code, ended.reason)
         with trio.move_on_after(CLOSE_TIMEOUT):
             try:
                 while await self._stream.receive_some(RECEIVE_SIZE):
@@ -119,12 +103,13 @@ class AgentConnection:
 
     async def send_message(self, message: str | bytes) -> None:
         """Send one whole message; `ConnectionClosed` if the WebSocket is closed."""
-        if self.closed or self._close_sent:
+        if self.closed:
             raise ConnectionClosed
-        if isinstance(message, str):
-            await self._send(encode_frame(TEXT, message.encode()))
-        else:
-            await self._send(encode_frame(BINARY, message))
+        try:
+            frame = self._ws.send(message)
+        except ConnectionEnded:
+            raise ConnectionClosed from None
+        await self._send(frame)
 
     async def _send(self, data: bytes) -> None:
         try:
@@ -144,15 +129,13 @@ class AgentConnection:
         """Close the WebSocket (Close frame, the peer's Close awaited briefly), then the socket."""
         if self.closed:
             return
+        ws = self._ws
         try:
-            if not self._close_sent:
-                self._close_sent = True
-                await self._send(encode_frame(CLOSE, close_payload(code, reason)))
+            if not ws.close_sent:
+                await self._send(ws.close(code, reason))
                 with trio.move_on_after(CLOSE_TIMEOUT):
-                    while self._failure is None and not any(
-                        isinstance(e, Close) for e in self._events
-                    ):
-                        self._events.clear()  # (no one reads what comes after our Close)
+                    while ws.ended is None:  # (no one reads what comes after our Close)
+                        self._messages.clear()
                         await self._receive()
         except ConnectionClosed:
             return

@@ -205,7 +205,7 @@ async def test_what_comes_after_our_close_is_not_kept() -> None:
     async def close_under_a_flood(ws: AgentConnection) -> None:
         await ws.get_message()  # the flood has begun
         await ws.aclose()
-        held.append(len(ws._events))
+        held.append(len(ws._messages))
         done.set()
 
     async with trio.open_nursery() as nursery:

@@ -25,6 +25,7 @@ def test_wire_imports_no_io_frameworks() -> None:
         *(f"firsthop.shared.wire.{m}" for m in ("stun", "route_token", "proxy_v2", "demux")),
         "firsthop.shared.wire.g711",
         "firsthop.shared.wire.websocket",
+        "firsthop.shared.wire.websocket_connection",
     )
     leaked = [m for m in modules if m.split(".")[0] in FORBIDDEN]
     assert leaked == []

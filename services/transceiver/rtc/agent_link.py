@@ -11,7 +11,6 @@ the handshake.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import ssl
 from collections.abc import Callable
@@ -19,21 +18,13 @@ from collections.abc import Callable
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, RejectConnection, Request
 
-from firsthop.shared.wire.websocket import (
-    BINARY,
-    CLOSE,
-    PONG,
-    TEXT,
-    Close,
-    Event,
-    MessageTooBig,
-    Ping,
-    Pong,
-    WebSocketError,
-    WebSocketReader,
-    close_payload,
-    encode_frame,
-    split_handshake,
+from firsthop.shared.wire.websocket import split_handshake
+from firsthop.shared.wire.websocket_connection import (
+    LOST,
+    PEER_CLOSED,
+    TOO_BIG,
+    ConnectionEnded,
+    WebSocketConnection,
 )
 
 
@@ -86,8 +77,7 @@ class AgentLink:
         self.open = False
         self.hung_up = False  # it closed because the agent closed it (not a failure)
         self._out = bytearray()
-        self.reader = WebSocketReader(masked=False, max_message=self.MAX_MESSAGE)
-        self._close_sent = False
+        self.conn = WebSocketConnection(client=True, max_message=self.MAX_MESSAGE)
 
     async def connect(self, first: list[str | bytes] | None = None) -> None:
         """Open the socket and do the WebSocket handshake (wrap in a timeout); `first` are
@@ -194,9 +184,11 @@ class AgentLink:
         """Queue one whole message (text or binary); False if the link is not open."""
         if not self.open:
             return False
-        if isinstance(message, str):
-            return self._send(encode_frame(TEXT, message.encode(), os.urandom(4)))
-        return self._send(encode_frame(BINARY, message, os.urandom(4)))
+        try:
+            frame = self.conn.send(message)
+        except ConnectionEnded:
+            return False
+        return self._send(frame)
 
     def _send(self, data: bytes) -> bool:
         sock = self.sock
@@ -265,42 +257,25 @@ class AgentLink:
             self._received(plain)
 
     def _received(self, data: bytes) -> None:
-        try:
-            events = self.reader.feed(data)
-        except WebSocketError as exc:
-            self._handle(exc.events)  # (the messages before the bad frame)
-            if self.sock is None:
-                return
-            if not self._close_sent:  # §7.1.7: say why (best effort), then hang up
-                self._close_sent = True
-                self._send(encode_frame(CLOSE, close_payload(exc.code, exc.reason), os.urandom(4)))
-                if self.sock is None:
-                    return
-            if isinstance(exc, MessageTooBig):
-                self._fail("agent message over 1 MiB")
-            else:  # (as a Close with the violation's code: the agent broke the link)
-                self.hung_up = True
-                self._fail(f"agent closed the WebSocket ({exc.code}): {exc.reason}")
-            return
-        self._handle(events)
-
-    def _handle(self, events: list[Event]) -> None:
-        for event in events:
+        conn = self.conn
+        for message in conn.receive_data(data):
             if self.sock is None:
                 return  # a message before this one ended the link
-            if isinstance(event, (bytes, str)):
-                self.on_message(event)
-            elif isinstance(event, Ping):
-                self._send(encode_frame(PONG, event.payload, os.urandom(4)))
-            elif isinstance(event, Close):
-                if not self._close_sent:  # RFC 6455 §5.5.1: answer it, echoing its code
-                    self._close_sent = True
-                    self._send(encode_frame(CLOSE, close_payload(event.code), os.urandom(4)))
-                self.hung_up = True
-                self._fail(f"agent closed the WebSocket ({event.code})")
-                return
-            elif not isinstance(event, Pong):
-                raise AssertionError(event)
+            self.on_message(message)
+        answers = conn.data_to_send()  # Pongs, the answer to a Close or to a bad frame
+        if answers and self.sock is not None:
+            self._send(answers)
+        ended = conn.ended
+        if ended is None or self.sock is None:
+            return
+        if ended.how == TOO_BIG:
+            self._fail("agent message over 1 MiB")
+            return
+        self.hung_up = ended.how != LOST  # the agent ended it (a violation is the agent's)
+        if ended.how == PEER_CLOSED:
+            self._fail(f"agent closed the WebSocket ({ended.code})")
+        else:
+            self._fail(f"agent closed the WebSocket ({ended.code}): {ended.reason}")
 
     def _fail(self, reason: str) -> None:
         if self.sock is not None:
@@ -318,10 +293,9 @@ class AgentLink:
 
     def close(self) -> None:
         """Say goodbye (a close frame, best effort) and drop the connection; no callback."""
-        if self.sock is not None and self.open and not self._close_sent:
-            self._close_sent = True
+        if self.sock is not None and self.open and not self.conn.close_sent:
             try:  # behind what is still queued (a frame may be part sent)
-                close = self._wrap(encode_frame(CLOSE, close_payload(1000), os.urandom(4)))
+                close = self._wrap(self.conn.close(1000))
                 self.sock.send(bytes(self._out) + close)
             except (OSError, ssl.SSLError):
                 pass

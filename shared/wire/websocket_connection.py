@@ -1,0 +1,140 @@
+"""A WebSocket connection's rules after the opening handshake (RFC 6455 §5.5, §7), for
+either end: sans-IO, one owner for what the agents' server (`services/agent/connection.py`,
+Trio) and the transceiver's agent link (`services/transceiver/rtc/agent_link.py`, asyncio)
+both do.
+
+    conn = WebSocketConnection(client=True, max_message=1 << 20)
+    messages = conn.receive_data(data)   # whole messages, in order
+    out = conn.data_to_send()            # Pongs and the Close answer these frames called for
+    frame = conn.send(message)           # one frame to write (ConnectionEnded once closing)
+    frame = conn.close(1000)             # our Close (b"": one was sent already)
+    conn.ended                           # None while open; then why it is over
+
+The rules: a Ping is answered with a Pong carrying its payload; a Close is answered once,
+echoing its code (§5.5.1), and ends the connection: nothing after it is read; a frame that
+breaks the protocol, or a message over `max_message`, ends it too, after the messages that
+came before it, and is answered with a Close carrying the violation's code (§7.1.7, §7.4.1);
+once our Close is sent no message may be (§5.5.1). A client masks every frame it sends
+with a fresh key (§5.3), a server none. The I/O layers keep what is theirs: sockets, TLS,
+backlogs, and how long to wait for the peer's Close.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from firsthop.shared.wire.websocket import (
+    BINARY,
+    CLOSE,
+    PONG,
+    TEXT,
+    Close,
+    MessageTooBig,
+    Ping,
+    WebSocketError,
+    WebSocketReader,
+    close_payload,
+    encode_frame,
+)
+
+# Why a connection ended (`Ended.how`)
+PEER_CLOSED = "peer_closed"  # the peer's Close frame
+VIOLATION = "violation"  # the peer broke the protocol (a bad frame, invalid text)
+TOO_BIG = "too_big"  # a message over the bound
+LOST = "lost"  # the socket went away without a Close
+
+
+class ConnectionEnded(Exception):
+    """The connection is closing or closed: no message may be sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    how: str  # PEER_CLOSED, VIOLATION, TOO_BIG or LOST
+    code: int  # the Close code received (PEER_CLOSED) or answered with (VIOLATION, TOO_BIG)
+    reason: str = ""
+
+
+class WebSocketConnection:
+    """One open WebSocket's state (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        client: bool,
+        max_message: int,
+        mask_key: Callable[[], bytes] = lambda: os.urandom(4),
+    ) -> None:
+        self.client = client
+        self._key = mask_key if client else None
+        self._reader = WebSocketReader(masked=not client, max_message=max_message)
+        self._out: list[bytes] = []
+        self._close: tuple[int, str] | None = None  # a Close to answer with, not yet taken
+        self.close_sent = False
+        self.ended: Ended | None = None
+
+    def _frame(self, opcode: int, payload: bytes) -> bytes:
+        return encode_frame(opcode, payload, self._key() if self._key is not None else None)
+
+    def receive_data(self, data: bytes) -> list[str | bytes]:
+        """The whole messages `data` completes, in order; control frames are dealt with
+        (their answers wait in `data_to_send`). Nothing is read once the connection ended."""
+        if self.ended is not None:
+            return []
+        failure: WebSocketError | None = None
+        try:
+            events = self._reader.feed(data)
+        except WebSocketError as exc:
+            events, failure = exc.events, exc  # (the frames before the bad one stand)
+        messages: list[str | bytes] = []
+        for event in events:
+            if isinstance(event, (str, bytes)):
+                messages.append(event)
+            elif isinstance(event, Ping):
+                self._out.append(self._frame(PONG, event.payload))
+            elif isinstance(event, Close):
+                self._answer_close(event.code, "")
+                self.ended = Ended(PEER_CLOSED, event.code, event.reason)
+                return messages
+            # (a Pong needs nothing)
+        if failure is not None:
+            self._answer_close(failure.code, failure.reason)
+            how = TOO_BIG if isinstance(failure, MessageTooBig) else VIOLATION
+            self.ended = Ended(how, failure.code, failure.reason)
+        return messages
+
+    def _answer_close(self, code: int, reason: str) -> None:
+        # framed when taken (`data_to_send`): until then the messages that came before it
+        # may still be answered (§5.5.1: a Close may wait for the current message)
+        if self._close is None and not self.close_sent:
+            self._close = (code, reason)
+
+    def data_to_send(self) -> bytes:
+        """What the frames received so far call for (Pongs, then a Close), to write now."""
+        if self._close is not None:
+            code, reason = self._close
+            self._close, self.close_sent = None, True
+            self._out.append(self._frame(CLOSE, close_payload(code, reason)))
+        out, self._out = b"".join(self._out), []
+        return out
+
+    def send(self, message: str | bytes) -> bytes:
+        """The frame for one whole message; `ConnectionEnded` once our Close is sent."""
+        if self.close_sent:
+            raise ConnectionEnded
+        if isinstance(message, str):
+            return self._frame(TEXT, message.encode())
+        return self._frame(BINARY, message)
+
+    def close(self, code: int = 1000, reason: str = "") -> bytes:
+        """Our Close frame, behind the answers still queued (b"": nothing, our Close went
+        already; the answer to a peer's Close, when one is due, is the Close)."""
+        self._answer_close(code, reason)
+        return self.data_to_send()
+
+    def connection_lost(self) -> None:
+        """The socket went away (EOF, an error): the connection ended without a Close."""
+        if self.ended is None:
+            self.ended = Ended(LOST, 1006)
