@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml setup.py services/relay/_fastpath.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "firsthop needs Python >= 3.11 (found %s)" % sys.version.split()[0])'
+	@PYTHON=$(PYTHON) ./scripts/ensure-system-deps gcc python-headers  # the relay's C data path
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,assistant]'
