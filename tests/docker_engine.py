@@ -25,6 +25,7 @@ from typing import IO
 
 BASE = "firsthop-local/bookworm-minbase:latest"
 PYTHON = "firsthop-local/python:3.11"
+PYTHON_BUILD = "firsthop-local/python-build:3.11"  # the same, with gcc and Python.h
 REDIS = "firsthop-local/redis:bookworm"
 PLUGIN = Path("/usr/local/lib/docker/cli-plugins/docker-compose")
 CA_DIR = Path("/usr/local/share/ca-certificates")
@@ -180,3 +181,18 @@ def base_images() -> tuple[str, str]:
             {},
         )
     return PYTHON, REDIS
+
+
+@functools.cache
+def builder_image() -> str:
+    """The image's build stage base: the local Python base with a C compiler and Python's
+    headers (what python:3.11-bookworm is to python:3.11-slim-bookworm), built here once."""
+    python, _ = base_images()
+    if not _has_image(PYTHON_BUILD):
+        _build(
+            PYTHON_BUILD,
+            f"FROM {python}\nRUN apt-get update && apt-get install -y --no-install-recommends "
+            "gcc libc6-dev python3-dev && rm -rf /var/lib/apt/lists/*\n",
+            {},
+        )
+    return PYTHON_BUILD

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.docker_engine import base_images, docker, engine
+from tests.docker_engine import base_images, builder_image, docker, engine
 from tests.e2e.test_browser import demo_call
 from tests.e2e.test_browser_ice_tcp import SELECTED_PAIR_JS, chromium_in
 from tests.otlp import OtlpCollector
@@ -133,6 +133,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             **os.environ,
             "COMPOSE_PROJECT_NAME": f"firsthop-test-{os.getpid()}",
             "FIRSTHOP_PYTHON_IMAGE": python_image,
+            "FIRSTHOP_BUILDER_IMAGE": builder_image(),
             "FIRSTHOP_BIND": "0.0.0.0",
             "FIRSTHOP_PUBLIC_HOST": ns.host,
             "FIRSTHOP_NET": net,
@@ -188,6 +189,8 @@ def test_every_service_is_up_and_healthy_from_the_one_image(stack: Stack) -> Non
     assert out.startswith("/tmp/")
     denied = stack.compose("exec", "-T", "relay", "sh", "-c", "touch /x 2>&1 || true").stdout
     assert "Read-only file system" in denied
+    # the image's relay runs the C data path (built in the builder stage, which has gcc)
+    assert "data path c" in stack.compose("logs", "relay").stdout
 
 
 def test_a_caller_from_this_host_hears_its_echo_and_the_call_is_one_trace(stack: Stack) -> None:

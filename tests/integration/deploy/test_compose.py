@@ -79,6 +79,7 @@ def test_compose_builds_the_one_image_once_and_every_firsthop_service_runs_it() 
     build = services["relay"]["build"]
     assert build["context"] == "." and "dockerfile" not in build
     assert build["args"]["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
+    assert build["args"]["BUILDER_IMAGE"] == "python:3.11-bookworm"  # same Python, with gcc
     assert services["relay"]["pull_policy"] == "build"
     for name, service in services.items():
         if name in ours(services):
