@@ -1,7 +1,8 @@
 /* The relay data plane's common cases in C: a batch of datagrams received, looked up and
  * forwarded without a Python bytecode per datagram (`dataplane.py` says when it is used).
  *
- * What it does is exactly `FlowTable.known_client` / `known_return` and the loop around them
+ * What it does is exactly `FlowTable.known_client` / `known_return` / `known_peer` and the loops
+ * around them
  * in `dataplane.py`, on the same Python objects: the flow table stays the only owner of the
  * flows (its dicts are read here, never written), and whatever is not the common case stops
  * the batch at that datagram, so Python takes it down the full path and resumes after it.
@@ -11,6 +12,7 @@
  *   stop, sent, sent_bytes, dropped = fp.forward_clients(start, flows, upstream_fds, now)
  *   stop, sent, sent_bytes, dropped = fp.forward_returns(start, by_return, peer, now, fd4, fd6,
  *                                                        fd_peer)
+ *   stop, sent, sent_bytes, dropped = fp.forward_peers(start, hop_flows, upstream_fds, now)
  *
  * `stop` is the first datagram it did not forward (== got: all of them); everything it
  * queued before `stop` has been sent (one sendmmsg per destination socket, in order), so a
@@ -557,6 +559,48 @@ static PyObject *Forwarder_forward_returns(Forwarder *self, PyObject *args) {
     return finish(self, i, out, bytes);
 }
 
+/* Framed datagrams from first-hop relays, from `start`: each one whose exact header is a
+ * second-hop flow's in `hop_flows`, from that flow's first hop (`via`), carrying a non-STUN
+ * payload, goes as it is to the flow's destination's upstream socket in `upstream_fds`, as
+ * `known_peer` and `_drain_peer` do. */
+static PyObject *Forwarder_forward_peers(Forwarder *self, PyObject *args) {
+    Py_ssize_t start;
+    PyObject *hop_flows, *upstream_fds, *now;
+    if (!PyArg_ParseTuple(args, "nO!O!O!", &start, &PyDict_Type, &hop_flows, &PyDict_Type,
+                          &upstream_fds, &PyFloat_Type, &now))
+        return NULL;
+    unsigned int i = start < 0 ? 0 : (unsigned int)start;
+    unsigned long long bytes = 0;
+    unsigned int fwd = 0;
+    for (; i < self->got; i++) {
+        Py_ssize_t n = self->rx[i].msg_len;
+        unsigned char *at = self->arena + i * self->stride + self->headroom;
+        PyObject *src = self->sources[i];
+        int v6 = n > self->v6_header && at[13] >= self->v6_family_min;
+        Py_ssize_t hlen = v6 ? self->v6_header : self->v4_header;
+        if (src == NULL || n <= hlen || n - hlen > self->max_datagram || at[hlen] <= self->stun_last)
+            break;
+        PyObject *key = return_key(self, v6 ? &self->key6 : &self->key4, at, hlen);
+        if (key == NULL) break;
+        PyObject *flow = PyDict_GetItemWithError(hop_flows, key);
+        if (flow == NULL || Py_TYPE(flow) != self->flow_type) break;
+        PyObject *via = SLOT(flow, self->off_via), *dest = SLOT(flow, self->off_dest);
+        if (via == NULL || via == Py_None || dest == NULL) break;
+        if (via != src && PyObject_RichCompareBool(via, src, Py_EQ) != 1) break;
+        PyObject *fdobj = PyDict_GetItemWithError(upstream_fds, dest);
+        if (fdobj == NULL || !PyLong_CheckExact(fdobj)) break;
+        int fd = (int)PyLong_AsLong(fdobj);
+        PyObject *old = SLOT(flow, self->off_last_seen);
+        Py_INCREF(now);
+        SLOT(flow, self->off_last_seen) = now;
+        Py_XDECREF(old);
+        queue(self, fd, at, n, NULL, 0);
+        fwd++;
+        bytes += n - hlen;
+    }
+    return finish(self, i, fwd, bytes);
+}
+
 static PyObject *Forwarder_truncated(Forwarder *self, PyObject *arg) {
     Py_ssize_t i = PyLong_AsSsize_t(arg);
     if ((i == -1 && PyErr_Occurred()) || check_index(self, i) < 0) return NULL;
@@ -580,6 +624,8 @@ static PyMethodDef Forwarder_methods[] = {
     {"forward_returns", (PyCFunction)Forwarder_forward_returns, METH_VARARGS,
      "forward_returns(start, by_return, peer, now, fd4, fd6, fd_peer) -> (stop, sent, bytes, "
      "dropped)"},
+    {"forward_peers", (PyCFunction)Forwarder_forward_peers, METH_VARARGS,
+     "forward_peers(start, hop_flows, upstream_fds, now) -> (stop, sent, bytes, dropped)"},
     {"take_rx_errors", (PyCFunction)Forwarder_take_rx_errors, METH_NOARGS,
      "receive errors since the last call (every error, by errno: `errnos`, cumulative)"},
     {NULL}};

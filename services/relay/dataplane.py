@@ -24,7 +24,7 @@ come at the last window's rate, 0.2-0.7 ms. The next batch gathers meanwhile, an
 datagram waits longer than that for it (socket buffers are 4 MiB: at 150,000/s 0.7 ms is
 105 datagrams). An idle relay, or one at a few calls' rates, never sleeps this way.
 
-The common cases of `_drain_public` and `_drain_upstream` run in C when it was built
+The common cases of `_drain_public`, `_drain_upstream` and `_drain_peer` run in C when built
 (`_fastpath.c`, `--datapath`): one call receives a batch, one forwards it up to the first
 datagram that is not a common case, which takes the full path here; no bytecode runs per
 datagram, and the flow table stays the one owner of the flows (C reads its dicts and writes
@@ -542,6 +542,19 @@ class DataPlane:
             self._carry_out(self.table.on_return(addr, data, now), data, n)
 
     def _drain_peer(self, now: float) -> None:
+        fp = self.native
+        if fp is not None:
+            table, fds = self.table, self._upstream_fds
+            sent, nbytes = self._native_batch(
+                fp,
+                self.peer.fileno(),
+                "recv_error",
+                lambda start: fp.forward_peers(start, table.hop_flows, fds, now),
+                lambda i, data: table.on_peer(fp.source(i), data, now),
+            )
+            self.upstream += sent
+            self.upstream_bytes += nbytes
+            return
         rx = self._rx
         got = rx.receive(self.peer.fileno())
         if rx.errors:

@@ -268,3 +268,32 @@ def test_a_refused_send_is_a_counted_drop_and_the_rest_still_go(
     assert (stop, sent, dropped) == (4, 3, 1)
     assert fp.errnos == {errno.ECONNREFUSED: 1}
     assert [alive.recv(4096) for _ in range(2)] == [flows[addr(client2)].header + b"\x80b"] * 2
+
+
+def test_a_first_hops_frames_go_on_as_they_are_from_that_relay_only(
+    socks: list[socket.socket],
+) -> None:
+    fp = native_forwarder("c")
+    peer_sock, first_hop, other_relay, transceiver, up = (new(socks) for _ in range(5))
+    up.connect(addr(transceiver))
+    client = ("198.51.100.9", 6000)
+    hop = flow(client, addr(transceiver), via=addr(first_hop))
+    hop_flows = {hop.header: hop}
+    fds = {addr(transceiver): up.fileno()}
+    first_hop.sendto(hop.header + b"\x80one", addr(peer_sock))
+    first_hop.sendto(hop.header + b"\x00\x01stun", addr(peer_sock))  # the full path's
+    first_hop.sendto(hop.header + b"\x80two", addr(peer_sock))
+    other_relay.sendto(hop.header + b"\x80forged", addr(peer_sock))  # not the flow's first hop
+    fill(peer_sock)
+    assert fp.receive(peer_sock.fileno()) == 4
+    stop, sent, nbytes, _ = fp.forward_peers(0, hop_flows, fds, 3.0)
+    assert (stop, sent, nbytes) == (1, 1, 4)
+    stop, sent, _, _ = fp.forward_peers(2, hop_flows, fds, 4.0)
+    assert (stop, sent) == (3, 1)
+    assert fp.source(3) == addr(other_relay)
+    assert hop.last_seen == 4.0
+    assert [transceiver.recv(4096) for _ in range(2)] == [
+        hop.header + b"\x80one",
+        hop.header + b"\x80two",
+    ]
+    assert drain(transceiver) == []
