@@ -408,6 +408,21 @@ static PyObject *finish(Forwarder *self, unsigned int stop, unsigned int queued,
     return Py_BuildValue("IIKI", stop, queued - dropped, bytes, dropped);
 }
 
+/* The fd of `dest`'s upstream socket in `upstream_fds` (dest tuple -> fd), or -1. */
+static int upstream_fd(PyObject *upstream_fds, PyObject *dest) {
+    PyObject *fd = PyDict_GetItemWithError(upstream_fds, dest);
+    if (fd == NULL || !PyLong_CheckExact(fd)) return -1;
+    return (int)PyLong_AsLong(fd);
+}
+
+/* flow.last_seen = now (a datagram of it was taken) */
+static inline void touch(Forwarder *self, PyObject *flow, PyObject *now) {
+    PyObject *old = SLOT(flow, self->off_last_seen);
+    Py_INCREF(now);
+    SLOT(flow, self->off_last_seen) = now;
+    Py_XDECREF(old);
+}
+
 /* Datagrams from clients, from `start`: each one with a flow in `flows` (client tuple ->
  * Flow) whose destination has an upstream socket in `upstream_fds` (dest tuple -> fd) goes
  * there with the flow's header in front of it, as `known_client` and `_drain_public` do. */
@@ -429,15 +444,10 @@ static PyObject *Forwarder_forward_clients(Forwarder *self, PyObject *args) {
         if (flow == NULL || Py_TYPE(flow) != self->flow_type) break;
         PyObject *dest = SLOT(flow, self->off_dest), *header = SLOT(flow, self->off_header);
         if (dest == NULL || header == NULL || !PyBytes_CheckExact(header)) break;
-        PyObject *fdobj = PyDict_GetItemWithError(upstream_fds, dest);
-        if (fdobj == NULL || !PyLong_CheckExact(fdobj)) break;
+        int fd = upstream_fd(upstream_fds, dest);
         Py_ssize_t hlen = PyBytes_GET_SIZE(header);
-        if (hlen > self->headroom) break;
-        int fd = (int)PyLong_AsLong(fdobj);
-        PyObject *old = SLOT(flow, self->off_last_seen);
-        Py_INCREF(now);
-        SLOT(flow, self->off_last_seen) = now;
-        Py_XDECREF(old);
+        if (fd < 0 || hlen > self->headroom) break;
+        touch(self, flow, now);
         memcpy(at - hlen, PyBytes_AS_STRING(header), hlen);
         queue(self, fd, at - hlen, n + hlen, NULL, 0);
         fwd++;
@@ -543,10 +553,7 @@ static PyObject *Forwarder_forward_returns(Forwarder *self, PyObject *args) {
         PyObject *to = via == Py_None ? SLOT(flow, self->off_client) : via;
         PyObject *name = to == NULL ? NULL : dest_name(self, to, &to_v6);
         if (name == NULL) break;
-        PyObject *old = SLOT(flow, self->off_last_seen);
-        Py_INCREF(now);
-        SLOT(flow, self->off_last_seen) = now;
-        Py_XDECREF(old);
+        touch(self, flow, now);
         char *sa = PyBytes_AS_STRING(name);
         socklen_t salen = (socklen_t)PyBytes_GET_SIZE(name);
         if (via == Py_None)
@@ -587,13 +594,9 @@ static PyObject *Forwarder_forward_peers(Forwarder *self, PyObject *args) {
         PyObject *via = SLOT(flow, self->off_via), *dest = SLOT(flow, self->off_dest);
         if (via == NULL || via == Py_None || dest == NULL) break;
         if (via != src && PyObject_RichCompareBool(via, src, Py_EQ) != 1) break;
-        PyObject *fdobj = PyDict_GetItemWithError(upstream_fds, dest);
-        if (fdobj == NULL || !PyLong_CheckExact(fdobj)) break;
-        int fd = (int)PyLong_AsLong(fdobj);
-        PyObject *old = SLOT(flow, self->off_last_seen);
-        Py_INCREF(now);
-        SLOT(flow, self->off_last_seen) = now;
-        Py_XDECREF(old);
+        int fd = upstream_fd(upstream_fds, dest);
+        if (fd < 0) break;
+        touch(self, flow, now);
         queue(self, fd, at, n, NULL, 0);
         fwd++;
         bytes += n - hlen;
