@@ -525,7 +525,12 @@ class Transceiver:
         lost" (a REST-only client never asks: then the grace runs out)."""
         if self.table.reasons_unread:
             with trio.move_on_after(grace):
-                await self._all_read.wait()
+                while self.table.reasons_unread:
+                    # a fresh event: the one a read of an earlier call's reason set (unread
+                    # was empty then) says nothing about these (it let the process exit at
+                    # once, and a drained call's client heard "transceiver_lost")
+                    self._all_read = trio.Event()
+                    await self._all_read.wait()
                 await trio.sleep(ANSWER_FLUSH)  # the answer that told the last one, sent
 
     # -- serving -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import aioice
+import pytest
 import trio
 from aioice import stun as aioice_stun
 
@@ -249,10 +250,12 @@ def test_sigterm_after_an_api_drain_still_lets_calls_finish() -> None:
         relay.kill()
 
 
-async def test_a_drained_call_hears_drain_not_transceiver_lost() -> None:
+@pytest.mark.parametrize("earlier_call", [False, True])
+async def test_a_drained_call_hears_drain_not_transceiver_lost(earlier_call: bool) -> None:
     """SIGTERM drains: the transceiver ends its calls with reason `drain`, then stays up
     until signaling has read that reason (not `transceiver_lost` because it was gone before
-    the call watcher's next probe)."""
+    the call watcher's next probe). Also when an earlier call's end reason was read before
+    (that read once let it exit at once: the compose test's drain saw `transceiver_lost`)."""
     from tests.integration.test_signaling import KEY, closed_code, open_ws, recv
     from tests.unit.test_signaling_app import OFFER
 
@@ -260,6 +263,17 @@ async def test_a_drained_call_hears_drain_not_transceiver_lost() -> None:
     sig = SignalingProcess("--transceiver", tx.api, "--ingress", "127.0.0.1:3478")
     start_all(tx, sig)
     try:
+        if earlier_call:  # a call that ended, and whose reason someone read
+            status, made = await trio.to_thread.run_sync(
+                tx.create_session, OFFER, ["127.0.0.1:3478"]
+            )
+            assert status == 201, made
+            path = f"/internal/v1/sessions/{made['session_id']}"
+            status, _ = await trio.to_thread.run_sync(tx.request, "DELETE", path)
+            assert status == 204
+            sdpfrag = "application/trickle-ice-sdpfrag"
+            status, body = await trio.to_thread.run_sync(tx.request, "PATCH", path, b"", sdpfrag)
+            assert status == 404 and b'"deleted"' in body, body
         async with open_ws(sig, ("Authorization", f"Bearer {KEY}")) as ws:
             await ws.send_message(json.dumps({"type": "offer", "sdp": OFFER}))
             assert (await recv(ws))["type"] == "answer"
