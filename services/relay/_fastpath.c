@@ -26,7 +26,13 @@
  * object (the class is checked once, here, and every object's type on each use).
  *
  * Errors never raise: EINTR is retried, EAGAIN ends a receive or drops the rest of a send,
- * any other errno is counted (`errors`, `errnos`) and, for a send, skips that datagram.
+ * any other errno is counted (`errnos`; receive errors also by `take_rx_errors`) and, for a
+ * send, skips that datagram.
+ *
+ * The source table is keyed by a hash with a random seed, and a lookup probes at most
+ * MAX_PROBES slots (past them the address is decoded and not kept): sources an attacker
+ * spoofs cannot be made to pile into one run of slots, so no datagram costs more than
+ * MAX_PROBES compares and a decode.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,10 +44,12 @@
 #include <netinet/in.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 
 #define SOURCE_SLOTS 8192   /* open addressing, half full at most: MAX_SOURCES entries */
 #define MAX_SOURCES 4096
+#define MAX_PROBES 16       /* slots a lookup looks at, at most: past them, decode uncached */
 #define MAX_DESTINATIONS 4096
 #define KEY_MAX 28          /* sizeof(struct sockaddr_in6) */
 
@@ -63,6 +71,7 @@ typedef struct {
     PyObject **sources;     /* per message of the last receive: strong references */
     SourceSlot *cache;
     unsigned int cache_used;
+    uint64_t seed;          /* random per Forwarder: sources cannot be chosen to collide */
     /* the batch being sent */
     struct mmsghdr *tx;     /* queued, in arrival order */
     struct iovec *tx_iov;
@@ -78,12 +87,11 @@ typedef struct {
     PyTypeObject *flow_type;
     Py_ssize_t off_dest, off_header, off_last_seen, off_client, off_established, off_via,
         off_stream;
-    unsigned long long errors, rx_errors;
-    PyObject *errnos;       /* errno -> count */
+    unsigned long long rx_errors;
+    PyObject *errnos;       /* errno -> count, every error */
 } Forwarder;
 
 static void count_errno(Forwarder *self, int err) {
-    self->errors++;
     PyObject *key = PyLong_FromLong(err);
     if (key == NULL) { PyErr_Clear(); return; }
     PyObject *old = PyDict_GetItemWithError(self->errnos, key);
@@ -163,6 +171,10 @@ static int Forwarder_init(Forwarder *self, PyObject *args, PyObject *kwds) {
     self->v6_family_min = v6_family_min;
     self->stun_last = stun_last;
     self->max_datagram = max_datagram;
+    if (getrandom(&self->seed, sizeof self->seed, 0) != sizeof self->seed) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
     self->arena = PyMem_Calloc(count, self->stride);
     self->rx = PyMem_Calloc(count, sizeof(struct mmsghdr));
     self->rx_iov = PyMem_Calloc(count, sizeof(struct iovec));
@@ -242,6 +254,7 @@ static PyObject *decode_sockaddr(const struct sockaddr_storage *ss) {
     return Py_BuildValue("(si)", host, port);
 }
 
+/* The (host, port) of a datagram's source: a new reference, from the table when it is there */
 static PyObject *source_of(Forwarder *self, const struct sockaddr_storage *ss) {
     unsigned char key[KEY_MAX];
     uint8_t len;
@@ -256,25 +269,31 @@ static PyObject *source_of(Forwarder *self, const struct sockaddr_storage *ss) {
         memcpy(key, ss, KEY_MAX);
         if (ss->ss_family == AF_INET6) memset(key + 4, 0, 4);  /* flowinfo is no part of it */
     }
-    uint32_t h = 2166136261u;
-    for (unsigned int i = 0; i < len; i++) h = (h ^ key[i]) * 16777619u;
-    unsigned int at = h & (SOURCE_SLOTS - 1);
+    uint64_t h = self->seed;  /* FNV-1a over the key, from a secret start */
+    for (unsigned int i = 0; i < len; i++) h = (h ^ key[i]) * 1099511628211ull;
+    h ^= h >> 29;
+    unsigned int at = (unsigned int)h & (SOURCE_SLOTS - 1), probes = 0;
     while (self->cache[at].len) {
         SourceSlot *slot = &self->cache[at];
-        if (slot->len == len && memcmp(slot->key, key, len) == 0) return slot->addr;
+        if (slot->len == len && memcmp(slot->key, key, len) == 0) {
+            Py_INCREF(slot->addr);
+            return slot->addr;
+        }
+        if (++probes >= MAX_PROBES) return decode_sockaddr(ss);  /* crowded: not kept */
         at = (at + 1) & (SOURCE_SLOTS - 1);
     }
     if (self->cache_used >= MAX_SOURCES) {  /* full: start again (each entry costs a decode) */
         clear_cache(self);
-        at = h & (SOURCE_SLOTS - 1);
+        at = (unsigned int)h & (SOURCE_SLOTS - 1);
     }
     PyObject *addr = decode_sockaddr(ss);
     if (addr == NULL) return NULL;
     SourceSlot *slot = &self->cache[at];
     memcpy(slot->key, key, len);
     slot->len = len;
-    slot->addr = addr;
+    slot->addr = addr;  /* the table's reference; the caller gets its own */
     self->cache_used++;
+    Py_INCREF(addr);
     return addr;
 }
 
@@ -306,12 +325,11 @@ static PyObject *Forwarder_receive(Forwarder *self, PyObject *args) {
     self->filled = got;
     if (sources) {
         for (int i = 0; i < got; i++) {
-            PyObject *addr = source_of(self, &self->names[i]);
+            PyObject *addr = source_of(self, &self->names[i]);  /* a new reference */
             if (addr == NULL) {
                 self->got = i;
                 return NULL;
             }
-            Py_INCREF(addr);
             self->sources[i] = addr;
         }
     }
@@ -604,12 +622,6 @@ static PyObject *Forwarder_forward_peers(Forwarder *self, PyObject *args) {
     return finish(self, i, fwd, bytes);
 }
 
-static PyObject *Forwarder_truncated(Forwarder *self, PyObject *arg) {
-    Py_ssize_t i = PyLong_AsSsize_t(arg);
-    if ((i == -1 && PyErr_Occurred()) || check_index(self, i) < 0) return NULL;
-    return PyBool_FromLong(self->rx[i].msg_hdr.msg_flags & MSG_TRUNC);
-}
-
 static PyObject *Forwarder_take_rx_errors(Forwarder *self, PyObject *Py_UNUSED(ignored)) {
     unsigned long long n = self->rx_errors;
     self->rx_errors = 0;
@@ -621,7 +633,6 @@ static PyMethodDef Forwarder_methods[] = {
      "receive(fd, sources=True) -> datagrams received (0: none, or an error, counted)"},
     {"datagram", (PyCFunction)Forwarder_datagram, METH_O, "datagram(i) -> a copy of it"},
     {"source", (PyCFunction)Forwarder_source, METH_O, "source(i) -> (host, port)"},
-    {"truncated", (PyCFunction)Forwarder_truncated, METH_O, "was datagram i cut (MSG_TRUNC)?"},
     {"forward_clients", (PyCFunction)Forwarder_forward_clients, METH_VARARGS,
      "forward_clients(start, flows, upstream_fds, now) -> (stop, sent, bytes, dropped)"},
     {"forward_returns", (PyCFunction)Forwarder_forward_returns, METH_VARARGS,
@@ -637,24 +648,13 @@ static PyObject *Forwarder_get_errnos(Forwarder *self, void *closure) {
     return PyDict_Copy(self->errnos);
 }
 
-static PyObject *Forwarder_get_got(Forwarder *self, void *closure) {
-    return PyLong_FromUnsignedLong(self->got);
-}
-
 static PyObject *Forwarder_get_sources_cached(Forwarder *self, void *closure) {
     return PyLong_FromUnsignedLong(self->cache_used);
 }
 
-static PyObject *Forwarder_get_destinations_cached(Forwarder *self, void *closure) {
-    return PyLong_FromSsize_t(PyDict_Size(self->dest_names));
-}
-
 static PyGetSetDef Forwarder_getset[] = {
     {"errnos", (getter)Forwarder_get_errnos, NULL, "errno -> count, since it was made", NULL},
-    {"got", (getter)Forwarder_get_got, NULL, "datagrams of the last receive", NULL},
     {"sources_cached", (getter)Forwarder_get_sources_cached, NULL, "decoded sources kept", NULL},
-    {"destinations_cached", (getter)Forwarder_get_destinations_cached, NULL,
-     "encoded destinations kept", NULL},
     {NULL}};
 
 static PyTypeObject ForwarderType = {

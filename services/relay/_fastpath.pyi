@@ -7,9 +7,7 @@ MAX_DESTINATIONS: int
 
 class Forwarder:
     errnos: dict[int, int]
-    got: int
     sources_cached: int
-    destinations_cached: int
     def __init__(
         self,
         count: int,
@@ -25,7 +23,6 @@ class Forwarder:
     def receive(self, fd: int, sources: bool = True, /) -> int: ...
     def datagram(self, i: int, /) -> bytes: ...
     def source(self, i: int, /) -> tuple[str, int]: ...
-    def truncated(self, i: int, /) -> bool: ...
     def forward_clients(
         self, start: int, flows: dict[Any, Any], upstream_fds: dict[Any, int], now: float, /
     ) -> tuple[int, int, int, int]: ...
