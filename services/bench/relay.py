@@ -62,8 +62,8 @@ from firsthop.services.bench.measure import (
 )
 from firsthop.services.bench.wire import chrome_like_binding_request
 from firsthop.services.launch import HOST, free_port
-from firsthop.services.relay.config import DATAPATHS, RelayConfig
-from firsthop.services.relay.dataplane import datapath_in_use
+from firsthop.services.relay.config import RelayConfig
+from firsthop.services.relay.dataplane import DATAPATHS, datapath_in_use
 from firsthop.services.relay.worker import CONFIG_ENV
 from firsthop.shared.address import Address
 from firsthop.shared.metrics import parse_text

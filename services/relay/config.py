@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from firsthop.services.relay.dataplane import datapath_in_use
+from firsthop.services.relay.dataplane import DATAPATHS, datapath_in_use
 from firsthop.services.relay.flows import RelayLimits
 from firsthop.shared.address import (
     Address,
@@ -20,7 +20,6 @@ from firsthop.shared.address import (
 from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
 from firsthop.shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys
 
-DATAPATHS = ("auto", "c", "python")
 DEFAULT_ALLOW_DEST = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7,127.0.0.0/8,::1/128"
 # ICE-TCP bounds (RelayLimits fields), each a flag of its own: --tcp-max-connections, ...
 TCP_LIMITS = {
@@ -242,9 +241,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
             if not sep:
                 raise ValueError(f"--peer {item!r} is not CLUSTER=HOST:PORT")
             peers[int(cluster)] = parse_hostport(addr)
-        if args.datapath not in DATAPATHS:
-            raise ValueError(f"--datapath is one of {', '.join(DATAPATHS)}, not {args.datapath!r}")
-        datapath_in_use(args.datapath)  # (c when it was not built: refused here)
+        datapath_in_use(args.datapath)  # (another word, or c when it was not built: refused)
         listen = per_family(args.listen, "--listen")
         if not listen:
             raise ValueError("--listen needs an address")

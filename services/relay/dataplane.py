@@ -28,7 +28,7 @@ The common cases of `_drain_public`, `_drain_upstream` and `_drain_peer` run in 
 (`_fastpath.c`, `--datapath`): one call receives a batch, one forwards it up to the first
 datagram that is not a common case, which takes the full path here; no bytecode runs per
 datagram, and the flow table stays the one owner of the flows (C reads its dicts and writes
-a flow's `last_seen`, as `known_client`/`known_return` do). The
+a flow's `last_seen`, as `known_client`/`known_return`/`known_peer` do). The
 table is touched only by this thread; Trio talks to it through `commands` (a queue plus an
 eventfd that wakes the epoll wait) and gets events back through `outbox`.
 
@@ -149,8 +149,14 @@ class CacheFailed:
 Command = Stop | CacheAnswered | CacheFailed
 
 
+DATAPATHS = ("auto", "c", "python")
+
+
 def datapath_in_use(datapath: str) -> str:
-    """What --datapath ("c", "python", "auto": c when built) runs: "c" or "python"."""
+    """What --datapath ("c", "python", "auto": c when built) runs: "c" or "python";
+    ValueError for another word, or for "c" when it was not built."""
+    if datapath not in DATAPATHS:
+        raise ValueError(f"--datapath is one of {', '.join(DATAPATHS)}, not {datapath!r}")
     if datapath == "c" and _fastpath is None:
         raise ValueError("--datapath c: the relay's C data path was not built (setup.py)")
     return "c" if datapath != "python" and _fastpath is not None else "python"
@@ -461,7 +467,7 @@ class DataPlane:
         self.downstream += out
         self.downstream_bytes += out_bytes
 
-    # The same two drains in C (`_fastpath.c`): it forwards the common cases, in order, and
+    # The same three drains in C (`_fastpath.c`): it forwards the common cases, in order, and
     # stops at the first datagram that is not one; that one takes the full path here, and C
     # goes on after it. What C queued before the stop has left by then (order kept).
 
@@ -492,6 +498,18 @@ class DataPlane:
         )
         self.downstream += sent
         self.downstream_bytes += nbytes
+
+    def _drain_peer_native(self, fp: Any, now: float) -> None:
+        table, fds = self.table, self._upstream_fds
+        sent, nbytes = self._native_batch(
+            fp,
+            self.peer.fileno(),
+            "recv_error",
+            lambda start: fp.forward_peers(start, table.hop_flows, fds, now),
+            lambda i, data: table.on_peer(fp.source(i), data, now),
+        )
+        self.upstream += sent
+        self.upstream_bytes += nbytes
 
     def _native_batch(
         self,
@@ -542,18 +560,8 @@ class DataPlane:
             self._carry_out(self.table.on_return(addr, data, now), data, n)
 
     def _drain_peer(self, now: float) -> None:
-        fp = self.native
-        if fp is not None:
-            table, fds = self.table, self._upstream_fds
-            sent, nbytes = self._native_batch(
-                fp,
-                self.peer.fileno(),
-                "recv_error",
-                lambda start: fp.forward_peers(start, table.hop_flows, fds, now),
-                lambda i, data: table.on_peer(fp.source(i), data, now),
-            )
-            self.upstream += sent
-            self.upstream_bytes += nbytes
+        if self.native is not None:
+            self._drain_peer_native(self.native, now)
             return
         rx = self._rx
         got = rx.receive(self.peer.fileno())

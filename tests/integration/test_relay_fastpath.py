@@ -92,6 +92,23 @@ def test_the_c_data_path_is_built_and_auto_picks_it() -> None:
     assert isinstance(native_forwarder("c"), _fastpath.Forwarder)
 
 
+def test_the_datapath_flag_takes_its_three_words_and_is_carried_to_the_workers() -> None:
+    import argparse
+
+    from firsthop.services.relay import config as relay_config
+
+    parser = argparse.ArgumentParser()
+    relay_config.register(parser.add_subparsers(), "relay")
+    key = ["--route-keys", "1=" + "A" * 43 + "="]
+    for word in ("auto", "c", "python"):
+        config = relay_config.config_from_args(
+            parser.parse_args(["relay", *key, "--datapath", word])
+        )
+        assert relay_config.RelayConfig.from_json(config.to_json()).datapath == word
+    with pytest.raises(SystemExit, match="--datapath is one of auto, c, python, not 'fast'"):
+        relay_config.config_from_args(parser.parse_args(["relay", *key, "--datapath", "fast"]))
+
+
 def test_client_datagrams_go_upstream_framed_in_order_and_stop_where_python_must_look(
     socks: list[socket.socket],
 ) -> None:
