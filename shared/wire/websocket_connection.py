@@ -67,7 +67,6 @@ class WebSocketConnection:
         max_message: int,
         mask_key: Callable[[], bytes] = lambda: os.urandom(4),
     ) -> None:
-        self.client = client
         self._key = mask_key if client else None
         self._reader = WebSocketReader(masked=not client, max_message=max_message)
         self._out: list[bytes] = []
@@ -113,6 +112,8 @@ class WebSocketConnection:
 
     def data_to_send(self) -> bytes:
         """What the frames received so far call for (Pongs, then a Close), to write now."""
+        if not self._out and self._close is None:
+            return b""  # (the common case: asked after every read, on the media path)
         if self._close is not None:
             code, reason = self._close
             self._close, self.close_sent = None, True

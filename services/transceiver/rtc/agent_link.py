@@ -20,7 +20,6 @@ from wsproto.events import AcceptConnection, RejectConnection, Request
 
 from firsthop.shared.wire.websocket import split_handshake
 from firsthop.shared.wire.websocket_connection import (
-    LOST,
     PEER_CLOSED,
     TOO_BIG,
     ConnectionEnded,
@@ -271,7 +270,7 @@ class AgentLink:
         if ended.how == TOO_BIG:
             self._fail("agent message over 1 MiB")
             return
-        self.hung_up = ended.how != LOST  # the agent ended it (a violation is the agent's)
+        self.hung_up = True  # the agent ended it: its Close, or its violation of the protocol
         if ended.how == PEER_CLOSED:
             self._fail(f"agent closed the WebSocket ({ended.code})")
         else:
