@@ -250,12 +250,10 @@ def test_sigterm_after_an_api_drain_still_lets_calls_finish() -> None:
         relay.kill()
 
 
-@pytest.mark.parametrize("earlier_call", [False, True])
-async def test_a_drained_call_hears_drain_not_transceiver_lost(earlier_call: bool) -> None:
+async def test_a_drained_call_hears_drain_not_transceiver_lost() -> None:
     """SIGTERM drains: the transceiver ends its calls with reason `drain`, then stays up
     until signaling has read that reason (not `transceiver_lost` because it was gone before
-    the call watcher's next probe). Also when an earlier call's end reason was read before
-    (that read once let it exit at once: the compose test's drain saw `transceiver_lost`)."""
+    the call watcher's next probe)."""
     from tests.integration.test_signaling import KEY, closed_code, open_ws, recv
     from tests.unit.test_signaling_app import OFFER
 
@@ -263,17 +261,6 @@ async def test_a_drained_call_hears_drain_not_transceiver_lost(earlier_call: boo
     sig = SignalingProcess("--transceiver", tx.api, "--ingress", "127.0.0.1:3478")
     start_all(tx, sig)
     try:
-        if earlier_call:  # a call that ended, and whose reason someone read
-            status, made = await trio.to_thread.run_sync(
-                tx.create_session, OFFER, ["127.0.0.1:3478"]
-            )
-            assert status == 201, made
-            path = f"/internal/v1/sessions/{made['session_id']}"
-            status, _ = await trio.to_thread.run_sync(tx.request, "DELETE", path)
-            assert status == 204
-            sdpfrag = "application/trickle-ice-sdpfrag"
-            status, body = await trio.to_thread.run_sync(tx.request, "PATCH", path, b"", sdpfrag)
-            assert status == 404 and b'"deleted"' in body, body
         async with open_ws(sig, ("Authorization", f"Bearer {KEY}")) as ws:
             await ws.send_message(json.dumps({"type": "offer", "sdp": OFFER}))
             assert (await recv(ws))["type"] == "answer"
@@ -289,3 +276,37 @@ async def test_a_drained_call_hears_drain_not_transceiver_lost(earlier_call: boo
     finally:
         tx.kill()
         sig.kill()
+
+
+def test_after_a_drain_it_waits_for_the_drained_reasons_whatever_was_read_before() -> None:
+    """An earlier call's end reason, read before the drain, once let the process exit at
+    once after it (the wait's event was set for good): a drained call's reason, never read,
+    and its caller heard `transceiver_lost`. Now it waits (up to END_REASON_GRACE, 5 s) for
+    the drained one, and exits as soon as it is read."""
+    import subprocess
+
+    from tests.unit.test_signaling_app import OFFER
+
+    tx = TransceiverProcess("--drain-seconds", "0.5").start()
+    sdpfrag = "application/trickle-ice-sdpfrag"
+    try:
+        assert tx.proc is not None
+        status, earlier = tx.create_session(OFFER, ["127.0.0.1:3478"])
+        assert status == 201, earlier
+        path = f"/internal/v1/sessions/{earlier['session_id']}"
+        assert tx.request("DELETE", path)[0] == 204
+        status, body = tx.request("PATCH", path, b"", sdpfrag)  # its reason, read
+        assert status == 404 and b'"deleted"' in body, body
+        status, drained = tx.create_session(OFFER, ["127.0.0.1:3478"])
+        assert status == 201, drained
+        tx.proc.terminate()
+        # drained at 0.5 s; without a read of its reason, still up well after (it was gone
+        # 0.5 s after the drain before)
+        with pytest.raises(subprocess.TimeoutExpired):
+            tx.proc.wait(2.5)
+        path = f"/internal/v1/sessions/{drained['session_id']}"
+        status, body = tx.request("PATCH", path, b"", sdpfrag)
+        assert status == 404 and b'"drain"' in body, body
+        assert tx.proc.wait(5) == 0  # and gone once it was read
+    finally:
+        tx.kill()
