@@ -517,6 +517,26 @@ def start_all(*services: ServiceProcess | RelayProcess) -> None:
         raise failed
 
 
+def edge_for(
+    ingress: tuple[str, int], agents: dict[str, AgentProcess], *signaling: str
+) -> tuple[TransceiverProcess, SignalingProcess]:
+    """A transceiver whose calls go to the first of `agents`, and a signaling process that
+    places calls on it, advertises `ingress` (region "a") and names each agent by its key
+    (`--agent-url name=URL`), with `signaling`'s flags too; both started (on a failure,
+    neither is left running)."""
+    from firsthop.shared.address import format_hostport
+
+    tx = TransceiverProcess(agent_url=next(iter(agents.values())).url).start()
+    urls = [arg for name, agent in agents.items() for arg in ("--agent-url", f"{name}={agent.url}")]
+    args = ["--transceiver", tx.api, "--ingress", f"a={format_hostport(ingress)}", *urls]
+    try:
+        sig = SignalingProcess(*signaling, *args).start()
+    except BaseException:
+        tx.kill()
+        raise
+    return tx, sig
+
+
 class UpStack:
     """`firsthop up` as a subprocess on free ports (its own session: a failing test takes the
     whole tree down), its output kept in `lines`; `start()` returns once it says it is up."""

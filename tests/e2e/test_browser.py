@@ -17,6 +17,7 @@ from tests.support import (
     RelayProcess,
     SignalingProcess,
     TransceiverProcess,
+    edge_for,
     start_all,
 )
 
@@ -35,20 +36,7 @@ def stack() -> Iterator[Stack]:
     echo = AgentProcess("echo")
     parrot = AgentProcess("parrot")
     start_all(relay, echo, parrot)
-    tx = TransceiverProcess(agent_url=echo.url)
-    tx.start()
-    sig = SignalingProcess(
-        "--dev",
-        "--transceiver",
-        tx.api,
-        "--ingress",
-        f"a=127.0.0.1:{relay.listen[1]}",
-        "--agent-url",
-        f"echo={echo.url}",
-        "--agent-url",
-        f"parrot={parrot.url}",
-    )
-    sig.start()
+    tx, sig = edge_for(relay.listen, {"echo": echo, "parrot": parrot}, "--dev")
     yield relay, tx, sig
     for p in (sig, tx, echo, parrot):
         p.kill()

@@ -18,6 +18,7 @@ from tests.support import (
     RelayProcess,
     SignalingProcess,
     TransceiverProcess,
+    edge_for,
     start_all,
     wait_until,
 )
@@ -33,18 +34,7 @@ def stack() -> Iterator[Stack]:
     echo = AgentProcess("echo")
     start_all(relay, echo)
     path = ImpairedPath(relay.listen, up=Impairment(loss=0.10), seed=3).start()
-    tx = TransceiverProcess(agent_url=echo.url)
-    tx.start()
-    sig = SignalingProcess(
-        "--dev",
-        "--transceiver",
-        tx.api,
-        "--ingress",
-        f"a={path.listen[0]}:{path.listen[1]}",
-        "--agent-url",
-        f"echo={echo.url}",
-    )
-    sig.start()
+    tx, sig = edge_for(path.listen, {"echo": echo}, "--dev")
     yield tx, sig, path
     for p in (sig, tx, echo):
         p.kill()

@@ -30,7 +30,7 @@ from tests.support import (
     AgentProcess,
     RelayProcess,
     SignalingProcess,
-    TransceiverProcess,
+    edge_for,
     host_address,
     start_all,
 )
@@ -103,20 +103,7 @@ def stack() -> Iterator[Stack]:
     relay = RelayProcess(listen_host=host_address())
     echo = AgentProcess("echo")
     start_all(relay, echo)
-    tx = TransceiverProcess(agent_url=echo.url)
-    tx.start()
-    sig = SignalingProcess(
-        "--dev",
-        "--transceiver",
-        tx.api,
-        "--ingress",
-        f"a={relay.listen[0]}:{relay.listen[1]}",
-        "--agent-url",
-        f"echo={echo.url}",
-        "--cors-origin",
-        pages.origin,
-    )
-    sig.start()
+    tx, sig = edge_for(relay.listen, {"echo": echo}, "--dev", "--cors-origin", pages.origin)
     yield relay, sig, pages
     for p in (sig, tx, echo):
         p.kill()

@@ -15,7 +15,7 @@ from tests.support import (
     AgentProcess,
     RelayProcess,
     SignalingProcess,
-    TransceiverProcess,
+    edge_for,
     service_env,
     start_all,
 )
@@ -26,17 +26,7 @@ def signaling() -> Iterator[SignalingProcess]:
     relay = RelayProcess()
     agent = AgentProcess("echo")
     start_all(relay, agent)
-    tx = TransceiverProcess(agent_url=agent.url)
-    tx.start()
-    sig = SignalingProcess(
-        "--transceiver",
-        tx.api,
-        "--ingress",
-        f"a=127.0.0.1:{relay.listen[1]}",
-        "--agent-url",
-        f"echo={agent.url}",
-    )
-    sig.start()
+    tx, sig = edge_for(relay.listen, {"echo": agent})
     yield sig
     for p in (sig, tx, agent):
         p.kill()
