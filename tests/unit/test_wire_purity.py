@@ -26,6 +26,8 @@ def test_wire_imports_no_io_frameworks() -> None:
         "firsthop.shared.wire.g711",
         "firsthop.shared.wire.websocket",
         "firsthop.shared.wire.websocket_connection",
+        "firsthop.shared.wire.sip",
+        "firsthop.shared.rtp_offer",
     )
     leaked = [m for m in modules if m.split(".")[0] in FORBIDDEN]
     assert leaked == []
@@ -70,3 +72,10 @@ def test_the_media_core_imports_no_io() -> None:
                 names = [node.module]
             bad = [n for n in names if n.split(".")[0] in (*FORBIDDEN, "socket", "select")]
             assert bad == [], f"{path.name} imports {bad}"
+
+
+def test_the_sip_core_imports_no_io() -> None:
+    """services/sip/uas.py makes every SIP decision with no socket, no loop and no clock."""
+    modules = imported_by("firsthop.services.sip.uas")
+    assert [m for m in modules if m.split(".")[0] in (*FORBIDDEN, "socket", "select")] == []
+    assert "firsthop.services.sip.uas" in modules

@@ -1,0 +1,706 @@
+"""A SIP user agent server for trunks, sans-IO: transactions, dialogs, admission, bounds.
+
+The edge answers calls from SIP trunks (RFC 3261). This class makes every SIP decision; the
+Trio I/O around it (`server.py`) owns the socket, feeds it datagrams with the time, sends what
+`datagrams_to_send()` returns, calls `handle_timer(now)` when `get_timer()` says, and reads
+`next_event()` until None. The application (which agent, which media) answers what it is
+told with `ring`, `answer`, `reject` and `hangup`. A call is known by its handle: our To tag.
+
+What it owns:
+
+* **admission**: a request is looked at only if its source address is in a trunk's
+  allow-list (CIDRs); any other source gets 403, at most `FORBIDDEN_RATE` a second in all
+  (past that, a counted drop: a spoofed flood must not turn us into a reflector);
+* **server transactions** (§17.2): a retransmitted request is answered with the last
+  response again and never reaches the application; an INVITE's non-2xx final response is
+  retransmitted (Timer G) until its ACK or Timer H; a non-INVITE's is kept for Timer J;
+* **dialogs** (§12, §13.3.1.4): our 2xx to an INVITE is retransmitted (T1 doubling to T2)
+  until the ACK; without one in 64*T1 the call ends (`no_ack`) with a BYE. In-dialog
+  requests are matched by Call-ID and tags (481 otherwise) and must raise the CSeq (500);
+  BYE ends a call, CANCEL ends a ringing one (487 to its INVITE, §9.2), a re-INVITE or
+  UPDATE is a new offer for the application (491 while one is pending, §14.2);
+* **our requests**: BYE as a client transaction (§17.1.2: Timer E retransmits, Timer F gives
+  up), always to the address the trunk's requests come from (symmetric, like responses:
+  never to a host a message names);
+* **bounds**: at most `Limits.transactions` live transactions, `Limits.per_source` from one
+  source, `Limits.calls` calls; past them a new INVITE gets 503 and anything else is a
+  counted drop. A call rings at most `Limits.ring_timeout` before it is given up (480).
+
+Responses go to the source of the request (RFC 3581 symmetric response routing, whether or
+not `rport` was asked), never to the Via's sent-by. Nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import ipaddress
+import itertools
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from firsthop.shared.ratelimit import TokenBucket
+from firsthop.shared.wire import sip
+from firsthop.shared.wire.sip import SipRequest, SipResponse
+
+if TYPE_CHECKING:  # (shared.address imports socket, for its resolver)
+    from firsthop.shared.address import Address
+
+T1, T2, T4 = 0.5, 4.0, 5.0  # §17.1.1.1
+TIMEOUT = 64 * T1  # Timers B, F, H and J (UDP), and the 2xx's retransmission (§13.3.1.4)
+FORBIDDEN_RATE, FORBIDDEN_BURST = 20.0, 40.0  # 403s a second to sources of no trunk
+EVENTS = 4096  # events waiting for the application; past that the oldest are dropped
+ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
+KNOWN = {"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRACK", "INFO"}
+ENDED = {"bye", "cancel", "no_ack", "rejected", "hangup", "ring_timeout"}  # CallEnded reasons
+
+
+@dataclass(frozen=True)
+class Trunk:
+    name: str
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+
+    @classmethod
+    def of(cls, name: str, cidrs: Sequence[str]) -> Trunk:
+        return cls(name, tuple(ipaddress.ip_network(c, strict=False) for c in cidrs))
+
+
+@dataclass(frozen=True)
+class Limits:
+    transactions: int = 4096
+    per_source: int = 64
+    calls: int = 1000
+    ring_timeout: float = 60.0
+
+
+# -- events (past-tense facts for the application) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallOffered:
+    """A new call: answer it (`ring`, `answer`) or `reject` it. `request` is its INVITE
+    (the offer is its body; the Request-URI's user names what was called)."""
+
+    call: str
+    trunk: str
+    request: SipRequest
+    source: Address
+
+
+@dataclass(frozen=True)
+class CallConfirmed:
+    """The trunk acknowledged our 2xx: the call is up."""
+
+    call: str
+
+
+@dataclass(frozen=True)
+class CallReoffered:
+    """A re-INVITE or UPDATE in the call (hold, resume, a codec change): `answer` or
+    `reject` it. `request.body` is the new offer (empty: we are to offer)."""
+
+    call: str
+    request: SipRequest
+
+
+@dataclass(frozen=True)
+class CallEnded:
+    call: str
+    reason: str  # one of ENDED
+
+
+SipEvent = CallOffered | CallConfirmed | CallReoffered | CallEnded
+
+
+# -- state --------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Timed:
+    deadline: float | None = field(default=None, init=False)
+
+
+@dataclass(eq=False)
+class _ServerTx(_Timed):
+    """§17.2: one request and our answers to it, for its retransmissions."""
+
+    key: tuple[str, str, str]
+    request: SipRequest
+    source: Address
+    call: _Call | None = None
+    final: bytes | None = None  # the final response, for retransmissions
+    provisional: bytes | None = None  # the last 1xx, likewise
+    done_at: float = 0.0  # Timer H/J: when it is forgotten
+    retransmit: float = 0.0  # Timer G's interval (an INVITE's non-2xx)
+    acked: bool = False
+    failed: bool = False  # its final answer is a non-2xx (Timer G until the ACK)
+
+
+@dataclass(eq=False)
+class _ClientTx(_Timed):
+    """§17.1.2: a request of ours (BYE), retransmitted until answered."""
+
+    branch: str
+    data: bytes
+    dest: Address
+    interval: float = T1
+    give_up_at: float = 0.0
+
+
+@dataclass(eq=False)
+class _Call(_Timed):
+    tag: str  # ours: the call's handle
+    call_id: str
+    remote_tag: str
+    trunk: str
+    source: Address  # where the trunk's signaling comes from; everything goes back there
+    invite: _ServerTx
+    local_uri: str  # the INVITE's To (without our tag)
+    remote_uri: str  # its From (with their tag)
+    remote_target: str  # its Contact's URI (the Request-URI of our BYE)
+    route: tuple[str, ...]  # its Record-Route, in order (§12.1.1)
+    remote_cseq: int
+    local_cseq: int = 0
+    state: str = "ringing"  # ringing, answering (2xx sent), up, closing, ended
+    ok: bytes | None = None  # our 2xx, retransmitted until the ACK
+    ok_interval: float = T1
+    ok_give_up: float = 0.0
+    ring_until: float = 0.0
+    reoffer: _ServerTx | None = None  # a re-INVITE or UPDATE waiting for our answer
+    reoffer_ok: bytes | None = None  # our 2xx to a re-INVITE, until its ACK
+    rang: bool = False
+
+
+class SipUas:
+    def __init__(
+        self,
+        *,
+        trunks: Sequence[Trunk],
+        contact: str,
+        token: Callable[[], str],
+        now: float,
+        limits: Limits = Limits(),
+    ) -> None:
+        self.trunks = list(trunks)
+        self.contact = contact  # our Contact URI, e.g. sip:firsthop@203.0.113.5:5060
+        self.token = token  # random tags and branches (injected)
+        self.limits = limits
+        self.counters: Counter[str] = Counter()
+        self._forbidden = TokenBucket(FORBIDDEN_RATE, FORBIDDEN_BURST, now)
+        self._server: dict[tuple[str, str, str], _ServerTx] = {}
+        self._client: dict[str, _ClientTx] = {}
+        self._per_source: Counter[str] = Counter()
+        self._calls: dict[str, _Call] = {}  # by our tag
+        self._dialogs: dict[tuple[str, str], _Call] = {}  # (Call-ID, our tag)
+        self._out: list[tuple[bytes, Address]] = []
+        self._events: deque[SipEvent] = deque()
+        self._heap: list[tuple[float, int, _Timed]] = []
+        self._seq = itertools.count()
+        self._now = now  # of the datagram being handled
+
+    # -- the I/O side's interface --------------------------------------------------------------
+
+    def receive_datagram(self, data: bytes, source: Address, now: float) -> None:
+        self._now = now
+        trunk = self.trunk_of(source[0])
+        try:
+            message = sip.parse_sip(data)
+        except sip.SipError as exc:
+            self.counters[exc.reason] += 1
+            salvaged = sip.salvage_request(data) if trunk is not None else None
+            if salvaged is not None and salvaged.method != "ACK":
+                status = 513 if isinstance(exc, sip.SipTooLarge) else 400
+                self._reply(salvaged, source, status, str(exc)[:100])
+            return
+        if isinstance(message, SipResponse):
+            if trunk is not None:
+                self._on_response(message)
+            else:
+                self.counters["sip_dropped_not_trunk"] += 1
+            return
+        try:
+            message.check()
+        except sip.SipError as exc:
+            self.counters[exc.reason] += 1
+            if trunk is not None and message.method != "ACK":
+                self._reply(message, source, 400, str(exc)[:100])
+            return
+        if trunk is None:
+            self._refuse_stranger(message, source, now)
+            return
+        self._on_request(message, source, trunk, now)
+
+    def datagrams_to_send(self) -> list[tuple[bytes, Address]]:
+        out, self._out = self._out, []
+        return out
+
+    def next_event(self) -> SipEvent | None:
+        return self._events.popleft() if self._events else None
+
+    def get_timer(self) -> float | None:
+        heap = self._heap
+        while heap and heap[0][2].deadline != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def handle_timer(self, now: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            when, _, item = heapq.heappop(heap)
+            if item.deadline != when:
+                continue  # rescheduled or done since
+            item.deadline = None
+            if isinstance(item, _ServerTx):
+                self._server_timer(item, now)
+            elif isinstance(item, _ClientTx):
+                self._client_timer(item, now)
+            elif isinstance(item, _Call):
+                self._call_timer(item, now)
+
+    def trunk_of(self, host: str) -> str | None:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return None
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        for trunk in self.trunks:
+            if any(address in network for network in trunk.networks):
+                return trunk.name
+        return None
+
+    @property
+    def calls(self) -> int:
+        return len(self._calls)
+
+    @property
+    def transactions(self) -> int:
+        return len(self._server) + len(self._client)
+
+    # -- the application's answers ------------------------------------------------------------
+
+    def ring(self, call: str) -> None:
+        """180 Ringing, once, while the call rings."""
+        c = self._calls.get(call)
+        if c is None or c.state != "ringing" or c.rang:
+            return
+        c.rang = True
+        self._provisional(c.invite, 180, "Ringing")
+
+    def answer(self, call: str, sdp: bytes, now: float) -> bool:
+        """200 OK with `sdp` to the ringing call's INVITE, or to its pending re-offer."""
+        c = self._calls.get(call)
+        if c is None:
+            return False
+        if c.state == "ringing":
+            c.state = "answering"
+            c.ok = self._final_bytes(c.invite, 200, "OK", sdp, c.tag)
+            c.invite.final = c.ok
+            self._send(c.ok, c.source)
+            c.ok_interval, c.ok_give_up = T1, now + TIMEOUT
+            self._arm(c, now + T1)
+            self._forget_server(c.invite, now + TIMEOUT)  # its retransmits: answered with ok
+            return True
+        tx = c.reoffer
+        if tx is None or c.state == "ended":
+            return False
+        c.reoffer = None
+        data = self._final_bytes(tx, 200, "OK", sdp, c.tag)
+        tx.final = data
+        self._send(data, tx.source)
+        if tx.request.method == "INVITE":
+            c.reoffer_ok = data  # the ACK ends it; its retransmits are answered from `tx`
+        self._forget_server(tx, now + TIMEOUT)
+        return True
+
+    def reject(self, call: str, status: int, reason: str, now: float) -> bool:
+        """A final non-2xx (`status` 300-699) to the ringing call's INVITE (the call ends), or
+        to its pending re-offer (the call goes on as it was)."""
+        c = self._calls.get(call)
+        if c is None or not 300 <= status <= 699:
+            return False
+        if c.state == "ringing":
+            self._fail_invite(c.invite, status, reason, now)
+            self._end(c, "rejected")
+            return True
+        tx = c.reoffer
+        if tx is None:
+            return False
+        c.reoffer = None
+        if tx.request.method == "INVITE":
+            self._fail_invite(tx, status, reason, now)
+        else:
+            tx.final = self._final_bytes(tx, status, reason, b"", c.tag)
+            self._send(tx.final, tx.source)
+            self._forget_server(tx, now + TIMEOUT)
+        return True
+
+    def hangup(self, call: str, now: float) -> bool:
+        """End the call from our side: 480 if it still rings, else a BYE."""
+        c = self._calls.get(call)
+        if c is None or c.state == "ended":
+            return False
+        if c.state == "ringing":
+            self._fail_invite(c.invite, 480, "Temporarily Unavailable", now)
+        elif c.state == "answering":  # §15: no BYE before the ACK (or its timeout)
+            self._end(c, "hangup")
+            c.state = "closing"
+            self._dialogs[(c.call_id, c.tag)] = c
+            self._arm(c, c.ok_give_up)
+            return True
+        elif c.state == "up":
+            self._bye(c, now)
+        self._end(c, "hangup")
+        return True
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _on_request(self, request: SipRequest, source: Address, trunk: str, now: float) -> None:
+        via = sip.parse_via(request.vias()[0])
+        sent_by = f"{via.host}:{via.port or 5060}"
+        method = request.method
+        if method == "ACK":
+            self._on_ack(request, via.branch, sent_by)
+            return
+        key = (via.branch, sent_by, method)
+        tx = self._server.get(key)
+        if tx is not None:  # a retransmission: the last answer again, nothing else (§17.2)
+            self.counters["sip_retransmissions_absorbed"] += 1
+            again = tx.final or tx.provisional
+            if again is not None:
+                self._send(again, source)
+            return
+        if len(self._server) >= self.limits.transactions or (
+            self._per_source[source[0]] >= self.limits.per_source
+        ):
+            self.counters["sip_dropped_over_limit"] += 1
+            return
+        forwards = request.get("max-forwards")
+        if forwards is not None and int(forwards) == 0:
+            self._reply(request, source, 483, "Too Many Hops")
+            return
+        tx = _ServerTx(key, request, source)
+        self._server[key] = tx
+        self._per_source[source[0]] += 1
+        self.counters[f"sip_requests_{method.lower() if method in ALLOW else 'other'}"] += 1
+        to_tag = sip.parse_name_addr(request.get("to") or "").tag
+        if method == "CANCEL":
+            self._on_cancel(tx, via.branch, sent_by, now)
+        elif to_tag is not None:
+            self._in_dialog(tx, to_tag, now)
+        elif method == "INVITE":
+            self._on_invite(tx, trunk, now)
+        elif method == "OPTIONS":
+            self._complete(
+                tx, 200, "OK", now, headers=[("Allow", ALLOW), ("Accept", "application/sdp")]
+            )
+        elif method in ("BYE", "UPDATE", "INFO"):
+            self._complete(tx, 481, "Call/Transaction Does Not Exist", now)
+        elif method in KNOWN:
+            self._complete(tx, 405, "Method Not Allowed", now, headers=[("Allow", ALLOW)])
+        else:
+            self._complete(tx, 501, "Not Implemented", now, headers=[("Allow", ALLOW)])
+
+    def _on_invite(self, tx: _ServerTx, trunk: str, now: float) -> None:
+        request = tx.request
+        unsupported = [o for o in request.get_all("require")]
+        if unsupported:
+            self._fail_invite(
+                tx, 420, "Bad Extension", now, [("Unsupported", ", ".join(unsupported)[:200])]
+            )
+            return
+        if len(self._calls) >= self.limits.calls:
+            self.counters["sip_calls_refused_full"] += 1
+            self._fail_invite(tx, 503, "Service Unavailable", now, [("Retry-After", "5")])
+            return
+        contacts = request.get_all("contact")
+        try:
+            target = sip.parse_name_addr(contacts[0]).uri if contacts else ""
+            remote = sip.parse_name_addr(request.get("from") or "")
+        except sip.SipError:
+            target = ""
+        if not contacts or not target or remote.tag is None:
+            self._fail_invite(tx, 400, "INVITE needs a Contact and a From tag", now)
+            return
+        tag = self.token()
+        call = _Call(
+            tag=tag,
+            call_id=request.call_id,
+            remote_tag=remote.tag,
+            trunk=trunk,
+            source=tx.source,
+            invite=tx,
+            local_uri=request.get("to") or "",
+            remote_uri=request.get("from") or "",
+            remote_target=target,
+            route=tuple(request.get_all("record-route")),
+            remote_cseq=request.cseq,
+            ring_until=now + self.limits.ring_timeout,
+        )
+        tx.call = call
+        self._calls[tag] = call
+        self._dialogs[(call.call_id, tag)] = call
+        self._arm(call, call.ring_until)
+        self._provisional(tx, 100, "Trying")
+        self._emit(CallOffered(tag, trunk, request, tx.source))
+
+    def _on_cancel(self, tx: _ServerTx, branch: str, sent_by: str, now: float) -> None:
+        invite = self._server.get((branch, sent_by, "INVITE"))
+        if invite is None:
+            self._complete(tx, 481, "Call/Transaction Does Not Exist", now)
+            return
+        self._complete(tx, 200, "OK", now)
+        call = invite.call
+        if call is not None and call.state == "ringing" and call.invite is invite:
+            self._fail_invite(invite, 487, "Request Terminated", now)
+            self._end(call, "cancel")
+
+    def _in_dialog(self, tx: _ServerTx, to_tag: str, now: float) -> None:
+        request = tx.request
+        call = self._dialogs.get((request.call_id, to_tag))
+        if call is None or call.state == "ended":
+            self._complete(tx, 481, "Call/Transaction Does Not Exist", now)
+            return
+        tx.call = call
+        if request.cseq <= call.remote_cseq:  # §12.2.2
+            self._complete(tx, 500, "CSeq Out of Order", now)
+            return
+        call.remote_cseq = request.cseq
+        method = request.method
+        if method == "BYE":
+            self._complete(tx, 200, "OK", now)
+            self._end(call, "bye")
+        elif method in ("INVITE", "UPDATE"):
+            if call.reoffer is not None or call.state != "up":
+                self._complete_or_fail(tx, 491, "Request Pending", now)
+                return
+            call.reoffer = tx
+            if method == "INVITE":
+                self._provisional(tx, 100, "Trying")
+            self._emit(CallReoffered(call.tag, request))
+        elif method in ("OPTIONS", "INFO"):
+            self._complete(tx, 200, "OK", now)
+        else:
+            self._complete(tx, 405, "Method Not Allowed", now, headers=[("Allow", ALLOW)])
+
+    def _on_ack(self, request: SipRequest, branch: str, sent_by: str) -> None:
+        invite = self._server.get((branch, sent_by, "INVITE"))
+        if invite is not None and invite.failed:
+            invite.acked = True  # the ACK of our non-2xx: same transaction (§17.2.1)
+            return
+        to_tag = sip.parse_name_addr(request.get("to") or "").tag
+        call = self._dialogs.get((request.call_id, to_tag or ""))
+        if call is None:
+            self.counters["sip_ack_unmatched"] += 1
+            return
+        if call.state in ("answering", "closing") and request.cseq == call.invite.request.cseq:
+            call.ok, call.deadline = None, None
+            if call.state == "closing":  # hung up before the ACK: the BYE may go now (§15)
+                self._bye(call, self._now)
+                self._forget_call(call)
+                return
+            call.state = "up"
+            self._emit(CallConfirmed(call.tag))
+        elif call.reoffer_ok is not None:
+            call.reoffer_ok = None
+
+    # -- responses to our requests --------------------------------------------------------------
+
+    def _on_response(self, response: SipResponse) -> None:
+        vias = response.vias()
+        try:
+            branch = sip.parse_via(vias[0]).branch if vias else ""
+        except sip.SipError:
+            return
+        tx = self._client.get(branch)
+        if tx is None:
+            self.counters["sip_response_unmatched"] += 1
+            return
+        if response.status >= 200:
+            tx.deadline = None
+            del self._client[branch]
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def _server_timer(self, tx: _ServerTx, now: float) -> None:
+        if now >= tx.done_at:
+            self._drop_server(tx)
+            return
+        if tx.retransmit and not tx.acked and tx.final is not None:  # Timer G
+            self._send(tx.final, tx.source)
+            tx.retransmit = min(2 * tx.retransmit, T2)
+            self._arm(tx, min(now + tx.retransmit, tx.done_at))
+        else:
+            self._arm(tx, tx.done_at)
+
+    def _client_timer(self, tx: _ClientTx, now: float) -> None:
+        if now >= tx.give_up_at:  # Timer F
+            del self._client[tx.branch]
+            self.counters["sip_requests_unanswered"] += 1
+            return
+        self._send(tx.data, tx.dest)  # Timer E
+        tx.interval = min(2 * tx.interval, T2)
+        self._arm(tx, min(now + tx.interval, tx.give_up_at))
+
+    def _call_timer(self, call: _Call, now: float) -> None:
+        if call.state == "ringing":
+            self.counters["sip_ring_timeouts"] += 1
+            self._fail_invite(call.invite, 480, "Temporarily Unavailable", now)
+            self._end(call, "ring_timeout")
+        elif call.state == "closing":  # hung up, and no ACK came either
+            self._bye(call, now)
+            self._forget_call(call)
+        elif call.state == "answering" and call.ok is not None:
+            if now >= call.ok_give_up:  # §13.3.1.4: no ACK; the call is over
+                self.counters["sip_no_ack"] += 1
+                self._bye(call, now)
+                self._end(call, "no_ack")
+                return
+            self._send(call.ok, call.source)
+            call.ok_interval = min(2 * call.ok_interval, T2)
+            self._arm(call, min(now + call.ok_interval, call.ok_give_up))
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _end(self, call: _Call, reason: str) -> None:
+        if call.state == "ended":
+            return
+        call.state = "ended"
+        self._forget_call(call)
+        self.counters[f"sip_calls_ended_{reason}"] += 1
+        self._emit(CallEnded(call.tag, reason))
+
+    def _forget_call(self, call: _Call) -> None:
+        call.ok, call.deadline = None, None
+        self._calls.pop(call.tag, None)
+        self._dialogs.pop((call.call_id, call.tag), None)
+
+    def _bye(self, call: _Call, now: float) -> None:
+        call.local_cseq += 1
+        branch = sip.BRANCH_COOKIE + self.token()
+        local = call.local_uri if ";tag=" in call.local_uri else f"{call.local_uri};tag={call.tag}"
+        host = self.contact.partition("@")[2] or self.contact.partition(":")[2]
+        headers = [("Via", f"SIP/2.0/UDP {host};branch={branch};rport")]
+        headers += [("Route", r) for r in call.route]
+        headers += [
+            ("Max-Forwards", "70"),
+            ("From", local),
+            ("To", call.remote_uri),
+            ("Call-ID", call.call_id),
+            ("CSeq", f"{call.local_cseq} BYE"),
+        ]
+        data = sip.request("BYE", call.remote_target, headers).encode()
+        tx = _ClientTx(branch, data, call.source, give_up_at=now + TIMEOUT)
+        if len(self._client) < self.limits.transactions:
+            self._client[branch] = tx
+            self._arm(tx, now + T1)
+        self._send(data, call.source)
+
+    def _provisional(self, tx: _ServerTx, status: int, reason: str) -> None:
+        tag = tx.call.tag if tx.call is not None and status > 100 else None
+        headers = [("Contact", f"<{self.contact}>")] if tag else []
+        response = sip.response_to(
+            tx.request, status, reason, to_tag=tag, headers=headers, via_received=tx.source
+        )
+        tx.provisional = response.encode()
+        self._send(tx.provisional, tx.source)
+
+    def _final_bytes(
+        self, tx: _ServerTx, status: int, reason: str, sdp: bytes, tag: str | None
+    ) -> bytes:
+        headers = [("Contact", f"<{self.contact}>")]
+        if status < 300 and tx.request.method == "INVITE":
+            headers.append(("Allow", ALLOW))
+        if sdp:
+            headers.append(("Content-Type", "application/sdp"))
+        return sip.response_to(
+            tx.request,
+            status,
+            reason,
+            to_tag=tag,
+            headers=headers,
+            body=sdp,
+            via_received=tx.source,
+        ).encode()
+
+    def _fail_invite(
+        self,
+        tx: _ServerTx,
+        status: int,
+        reason: str,
+        now: float,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """A non-2xx final answer to an INVITE: retransmitted until its ACK (Timer G, H)."""
+        tag = tx.call.tag if tx.call is not None else self.token()
+        response = sip.response_to(
+            tx.request, status, reason, to_tag=tag, headers=headers or [], via_received=tx.source
+        )
+        tx.final = response.encode()
+        tx.failed = True
+        self._send(tx.final, tx.source)
+        tx.retransmit = T1
+        tx.done_at = now + TIMEOUT
+        self._arm(tx, now + T1)
+
+    def _complete(
+        self,
+        tx: _ServerTx,
+        status: int,
+        reason: str,
+        now: float,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """A final answer to a non-INVITE request, kept for its retransmissions (Timer J)."""
+        tag = tx.call.tag if tx.call is not None else (self.token() if status > 100 else None)
+        response = sip.response_to(
+            tx.request, status, reason, to_tag=tag, headers=headers or [], via_received=tx.source
+        )
+        tx.final = response.encode()
+        self._send(tx.final, tx.source)
+        self._forget_server(tx, now + TIMEOUT)
+
+    def _complete_or_fail(self, tx: _ServerTx, status: int, reason: str, now: float) -> None:
+        if tx.request.method == "INVITE":
+            self._fail_invite(tx, status, reason, now)
+        else:
+            self._complete(tx, status, reason, now)
+
+    def _forget_server(self, tx: _ServerTx, when: float) -> None:
+        tx.done_at = when
+        self._arm(tx, when)
+
+    def _drop_server(self, tx: _ServerTx) -> None:
+        if self._server.pop(tx.key, None) is not None:
+            host = tx.source[0]
+            self._per_source[host] -= 1
+            if self._per_source[host] <= 0:
+                del self._per_source[host]
+
+    def _reply(self, request: SipRequest, source: Address, status: int, reason: str) -> None:
+        """A stateless answer (no transaction kept): to a request we will not process."""
+        response = sip.response_to(
+            request, status, reason, to_tag=self.token(), via_received=source
+        )
+        self._send(response.encode(), source)
+
+    def _refuse_stranger(self, request: SipRequest, source: Address, now: float) -> None:
+        self.counters["sip_forbidden"] += 1
+        if request.method != "ACK" and self._forbidden.take(now):
+            self._reply(request, source, 403, "Forbidden")
+        else:
+            self.counters["sip_forbidden_unanswered"] += 1
+
+    def _send(self, data: bytes, dest: Address) -> None:
+        self._out.append((data, dest))
+
+    def _emit(self, event: SipEvent) -> None:
+        if len(self._events) >= EVENTS:
+            self._events.popleft()
+            self.counters["sip_events_dropped"] += 1
+        self._events.append(event)
+
+    def _arm(self, item: _Timed, when: float) -> None:
+        item.deadline = when
+        heapq.heappush(self._heap, (when, next(self._seq), item))

@@ -1,0 +1,405 @@
+"""The SIP UAS core (`services/sip/uas.py`) with a fake clock: transactions, dialogs, bounds."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from firsthop.services.sip.uas import (
+    T1,
+    T2,
+    TIMEOUT,
+    CallConfirmed,
+    CallEnded,
+    CallOffered,
+    CallReoffered,
+    Limits,
+    SipUas,
+    Trunk,
+)
+from firsthop.shared.wire import sip
+from firsthop.shared.wire.sip import SipRequest, SipResponse
+
+TRUNK = ("192.0.2.7", 5062)
+STRANGER = ("203.0.113.9", 5060)
+SDP = (
+    b"v=0\r\no=- 1 1 IN IP4 192.0.2.7\r\ns=-\r\nc=IN IP4 192.0.2.7\r\nt=0 0\r\n"
+    b"m=audio 4000 RTP/AVP 0\r\n"
+)
+
+
+def uas(limits: Limits | None = None) -> SipUas:
+    counter = itertools.count()
+    return SipUas(
+        trunks=[Trunk.of("pbx", ["192.0.2.0/28"])],
+        contact="sip:firsthop@198.51.100.1:5060",
+        token=lambda: f"t{next(counter)}",
+        now=0.0,
+        limits=limits or Limits(),
+    )
+
+
+def request(
+    method: str,
+    *,
+    branch: str = "z9hG4bKb1",
+    cseq: int = 1,
+    cseq_method: str | None = None,
+    to_tag: str | None = None,
+    call_id: str = "call-1",
+    body: bytes = b"",
+    extra: tuple[tuple[str, str], ...] = (),
+    via_host: str = "192.0.2.7:5062",
+) -> bytes:
+    to = "<sip:echo@198.51.100.1>" + (f";tag={to_tag}" if to_tag else "")
+    fields = [
+        ("Via", f"SIP/2.0/UDP {via_host};branch={branch};rport"),
+        ("Max-Forwards", "70"),
+        ("From", "<sip:+15550001@192.0.2.7>;tag=them"),
+        ("To", to),
+        ("Call-ID", call_id),
+        ("CSeq", f"{cseq} {cseq_method or method}"),
+        ("Contact", "<sip:+15550001@192.0.2.7:5062>"),
+        ("Record-Route", "<sip:proxy.example;lr>"),
+        *extra,
+    ]
+    if body:
+        fields.append(("Content-Type", "application/sdp"))
+    return sip.request(method, "sip:echo@198.51.100.1", fields, body).encode()
+
+
+def sent(core: SipUas) -> list[tuple[SipRequest | SipResponse, tuple[str, int]]]:
+    return [(sip.parse_sip(data), dest) for data, dest in core.datagrams_to_send()]
+
+
+def statuses(core: SipUas) -> list[int]:
+    out = []
+    for message, dest in sent(core):
+        assert isinstance(message, SipResponse) and dest == TRUNK
+        out.append(message.status)
+    return out
+
+
+def events(core: SipUas) -> list[object]:
+    out: list[object] = []
+    while (event := core.next_event()) is not None:
+        out.append(event)
+    return out
+
+
+def offered(core: SipUas, now: float = 0.0) -> str:
+    core.receive_datagram(request("INVITE", body=SDP), TRUNK, now)
+    (event,) = events(core)
+    assert isinstance(event, CallOffered)
+    assert event.trunk == "pbx" and event.request.body == SDP and event.source == TRUNK
+    return event.call
+
+
+def run_until(core: SipUas, until: float) -> list[tuple[float, SipRequest | SipResponse]]:
+    """Fire every timer due up to `until`; what went out, with when."""
+    out = []
+    while (at := core.get_timer()) is not None and at <= until:
+        core.handle_timer(at)
+        out += [(at, m) for m, _ in sent(core)]
+    return out
+
+
+def ack(to_tag: str, branch: str = "z9hG4bKack1") -> bytes:
+    return request("ACK", branch=branch, to_tag=to_tag, cseq_method="ACK")
+
+
+def answered(core: SipUas) -> str:
+    call = offered(core)
+    core.answer(call, b"v=0\r\n", 0.1)
+    sent(core)
+    core.receive_datagram(ack(call), TRUNK, 0.2)
+    assert events(core) == [CallConfirmed(call)]
+    return call
+
+
+def test_an_invite_rings_is_answered_and_acknowledged() -> None:
+    core = uas()
+    call = offered(core)
+    ((trying, dest),) = sent(core)
+    assert isinstance(trying, SipResponse) and trying.status == 100 and dest == TRUNK
+    assert sip.parse_via(trying.vias()[0]).params["received"] == "192.0.2.7"
+    core.ring(call)
+    core.ring(call)  # once
+    ((ringing, _),) = sent(core)
+    assert isinstance(ringing, SipResponse) and ringing.status == 180
+    assert sip.parse_name_addr(ringing.get("to") or "").tag == call
+    assert core.answer(call, b"v=0\r\n", 0.1)
+    ((ok, _),) = sent(core)
+    assert isinstance(ok, SipResponse) and ok.status == 200 and ok.body == b"v=0\r\n"
+    assert ok.get("content-type") == "application/sdp"
+    assert ok.get("contact") == "<sip:firsthop@198.51.100.1:5060>"
+    # §13.3.1.4: the 2xx again at T1, 2T1, ... until the ACK
+    again = run_until(core, 0.1 + 3 * T1 + 0.01)
+    assert [round(at - 0.1, 3) for at, _ in again] == [T1, 3 * T1]
+    core.receive_datagram(ack(call), TRUNK, 2.0)
+    assert events(core) == [CallConfirmed(call)]
+    assert [m for _, m in run_until(core, 60.0)] == []  # nothing more, and it forgets
+    assert core.transactions == 0 and core.calls == 1
+
+
+def test_without_an_ack_the_2xx_stops_and_the_call_ends_with_a_bye() -> None:
+    core = uas()
+    call = offered(core)
+    sent(core)
+    core.answer(call, b"v=0\r\n", 0.0)
+    sent(core)
+    out = run_until(core, TIMEOUT + 1)
+    oks = [at for at, m in out if isinstance(m, SipResponse)]
+    gaps = [round(b - a, 3) for a, b in zip([0.0, *oks], oks, strict=False)]
+    assert gaps[:4] == [T1, 2 * T1, 4 * T1, T2] and max(gaps) <= T2
+    byes = [m for _, m in out if isinstance(m, SipRequest)]
+    assert byes and byes[0].method == "BYE"
+    assert events(core) == [CallEnded(call, "no_ack")]
+
+
+def test_retransmitted_invites_get_the_last_answer_and_reach_the_application_once() -> None:
+    core = uas()
+    call = offered(core)
+    assert statuses(core) == [100]
+    core.receive_datagram(request("INVITE", body=SDP), TRUNK, 0.3)
+    assert statuses(core) == [100] and events(core) == []
+    core.answer(call, b"v=0\r\n", 0.4)
+    sent(core)
+    core.receive_datagram(request("INVITE", body=SDP), TRUNK, 0.45)
+    assert statuses(core) == [200] and events(core) == []
+    assert core.counters["sip_retransmissions_absorbed"] == 2
+
+
+def test_cancel_while_ringing() -> None:
+    core = uas()
+    call = offered(core)
+    sent(core)
+    core.receive_datagram(request("CANCEL"), TRUNK, 1.0)
+    assert sorted(statuses(core)) == [200, 487]
+    assert events(core) == [CallEnded(call, "cancel")]
+    # the 487 is retransmitted (Timer G) until its ACK, which has the INVITE's branch
+    again = run_until(core, 1.0 + T1 + 0.01)
+    assert [m.status for _, m in again if isinstance(m, SipResponse)] == [487]
+    core.receive_datagram(ack(call, branch="z9hG4bKb1"), TRUNK, 1.6)
+    assert run_until(core, 100.0) == []
+    assert core.transactions == 0 and core.calls == 0
+
+
+def test_a_cancel_for_nothing_gets_481() -> None:
+    core = uas()
+    core.receive_datagram(request("CANCEL", branch="z9hG4bKnothing"), TRUNK, 0.0)
+    assert statuses(core) == [481]
+
+
+def test_bye_from_the_trunk_and_its_retransmission() -> None:
+    core = uas()
+    call = answered(core)
+    bye = request("BYE", branch="z9hG4bKbye", cseq=2, to_tag=call)
+    core.receive_datagram(bye, TRUNK, 5.0)
+    assert statuses(core) == [200]
+    assert events(core) == [CallEnded(call, "bye")]
+    core.receive_datagram(bye, TRUNK, 5.5)
+    assert statuses(core) == [200] and events(core) == []
+    core.receive_datagram(request("BYE", branch="z9hG4bKbye2", cseq=3, to_tag=call), TRUNK, 6)
+    assert statuses(core) == [481]
+
+
+def test_hangup_sends_a_bye_in_the_dialog_retransmitted_until_answered() -> None:
+    core = uas()
+    call = answered(core)
+    assert core.hangup(call, 3.0)
+    assert events(core) == [CallEnded(call, "hangup")]
+    ((bye, dest),) = sent(core)
+    assert isinstance(bye, SipRequest) and bye.method == "BYE" and dest == TRUNK
+    assert bye.uri == "sip:+15550001@192.0.2.7:5062"  # the INVITE's Contact
+    assert bye.get("route") == "<sip:proxy.example;lr>"
+    assert sip.parse_name_addr(bye.get("from") or "").tag == call
+    assert sip.parse_name_addr(bye.get("to") or "").tag == "them"
+    assert bye.get("cseq") == "1 BYE" and bye.call_id == "call-1"
+    assert [getattr(m, "method", None) for _, m in run_until(core, 3.0 + T1)] == ["BYE"]
+    ok = sip.response_to(bye, 200, "OK").encode()
+    core.receive_datagram(ok, TRUNK, 3.6)
+    assert run_until(core, 100.0) == []
+    assert core.transactions == 0
+
+
+def test_hangup_before_the_ack_waits_for_it() -> None:
+    core = uas()
+    call = offered(core)
+    core.answer(call, b"v=0\r\n", 0.0)
+    sent(core)
+    core.hangup(call, 0.1)
+    assert events(core) == [CallEnded(call, "hangup")]
+    assert sent(core) == []  # §15: no BYE before the ACK
+    core.receive_datagram(ack(call), TRUNK, 0.2)
+    ((bye, _),) = sent(core)
+    assert isinstance(bye, SipRequest) and bye.method == "BYE"
+    assert events(core) == []
+
+
+def test_hangup_while_ringing_is_a_480() -> None:
+    core = uas()
+    call = offered(core)
+    sent(core)
+    core.hangup(call, 1.0)
+    assert statuses(core) == [480]
+    assert events(core) == [CallEnded(call, "hangup")]
+
+
+def test_reject() -> None:
+    core = uas()
+    call = offered(core)
+    sent(core)
+    assert not core.reject(call, 200, "OK", 1.0)
+    assert core.reject(call, 486, "Busy Here", 1.0)
+    assert statuses(core) == [486]
+    assert events(core) == [CallEnded(call, "rejected")]
+
+
+def test_a_ringing_call_is_given_up_after_the_ring_timeout() -> None:
+    core = uas(Limits(ring_timeout=10.0))
+    call = offered(core)
+    sent(core)
+    out = run_until(core, 10.0)
+    assert [m.status for _, m in out if isinstance(m, SipResponse)] == [480]
+    assert events(core) == [CallEnded(call, "ring_timeout")]
+
+
+def test_reinvite_is_a_new_offer_and_a_second_one_waits() -> None:
+    core = uas()
+    call = answered(core)
+    reinvite = request("INVITE", branch="z9hG4bKre", cseq=2, to_tag=call, body=SDP)
+    core.receive_datagram(reinvite, TRUNK, 5.0)
+    assert statuses(core) == [100]
+    (event,) = events(core)
+    assert isinstance(event, CallReoffered) and event.request.body == SDP
+    core.receive_datagram(request("UPDATE", branch="z9hG4bKup", cseq=3, to_tag=call), TRUNK, 5.1)
+    assert statuses(core) == [491]
+    assert core.answer(call, b"v=0\r\na=sendonly\r\n", 5.2)
+    assert statuses(core) == [200]
+    core.receive_datagram(ack(call, "z9hG4bKack2").replace(b"1 ACK", b"2 ACK"), TRUNK, 5.3)
+    assert events(core) == []
+
+
+def test_in_dialog_requests_must_match_and_raise_the_cseq() -> None:
+    core = uas()
+    call = answered(core)
+    core.receive_datagram(request("BYE", branch="z9hG4bKx", cseq=2, to_tag="nope"), TRUNK, 1)
+    assert statuses(core) == [481]
+    core.receive_datagram(request("INFO", branch="z9hG4bKy", cseq=1, to_tag=call), TRUNK, 1)
+    assert statuses(core) == [500]
+    core.receive_datagram(request("INFO", branch="z9hG4bKz", cseq=5, to_tag=call), TRUNK, 1)
+    assert statuses(core) == [200]
+
+
+def test_out_of_dialog_requests() -> None:
+    core = uas()
+    core.receive_datagram(request("OPTIONS", branch="z9hG4bKo"), TRUNK, 0)
+    ((ok, _),) = sent(core)
+    assert isinstance(ok, SipResponse) and ok.status == 200 and "INVITE" in (ok.get("allow") or "")
+    core.receive_datagram(request("REGISTER", branch="z9hG4bKr"), TRUNK, 0)
+    core.receive_datagram(request("FROBNICATE", branch="z9hG4bKf"), TRUNK, 0)
+    core.receive_datagram(request("BYE", branch="z9hG4bKb"), TRUNK, 0)
+    assert statuses(core) == [405, 501, 481]
+    core.receive_datagram(
+        request("INVITE", branch="z9hG4bK2", extra=(("Require", "100rel"),)), TRUNK, 0
+    )
+    assert statuses(core) == [420]
+    core.receive_datagram(
+        request("OPTIONS", branch="z9hG4bKm").replace(b"Max-Forwards: 70", b"Max-Forwards: 0"),
+        TRUNK,
+        0,
+    )
+    assert statuses(core) == [483]
+
+
+def test_responses_go_to_the_source_never_to_a_host_the_via_names() -> None:
+    core = uas()
+    core.receive_datagram(request("OPTIONS", via_host="victim.example:9"), TRUNK, 0)
+    ((_, dest),) = sent(core)
+    assert dest == TRUNK
+
+
+def test_sources_outside_every_trunk_get_403_at_a_bounded_rate() -> None:
+    core = uas()
+    for i in range(200):
+        core.receive_datagram(request("INVITE", branch=f"z9hG4bK{i}", body=SDP), STRANGER, 0.0)
+    out = sent(core)
+    assert 0 < len(out) <= 40
+    assert all(isinstance(m, SipResponse) and m.status == 403 for m, _ in out)
+    assert events(core) == [] and core.calls == 0 and core.transactions == 0
+    assert core.counters["sip_forbidden"] == 200
+    response = sip.response_to(sip.parse_sip(request("BYE")), 200, "OK").encode()  # type: ignore[arg-type]
+    core.receive_datagram(response, STRANGER, 0.0)
+    assert sent(core) == [] and core.counters["sip_dropped_not_trunk"] == 1
+
+
+def test_malformed_requests_from_a_trunk() -> None:
+    core = uas()
+    broken = re.sub(rb"Content-Length: \d+", b"Content-Length: 999", request("INVITE", body=SDP))
+    core.receive_datagram(broken, TRUNK, 0)
+    assert statuses(core) == [400]
+    core.receive_datagram(b"\x16\x03\x01garbage", TRUNK, 0)
+    core.receive_datagram(request("OPTIONS", branch="oldstyle"), TRUNK, 0)
+    assert statuses(core) == [400]  # the garbage: a counted drop; the old branch: 400
+    assert core.counters["sip_malformed"] == 3
+    assert events(core) == [] and core.transactions == 0
+
+
+def test_bounds_on_calls_and_on_one_source() -> None:
+    core = uas(Limits(calls=2, per_source=5, transactions=100))
+    for i in range(3):
+        core.receive_datagram(
+            request("INVITE", branch=f"z9hG4bK{i}", call_id=f"c{i}", body=SDP), TRUNK, 0
+        )
+    assert core.calls == 2 and statuses(core) == [100, 100, 503]
+    for i in range(10):
+        core.receive_datagram(request("OPTIONS", branch=f"z9hG4bKo{i}"), TRUNK, 0)
+    assert len(sent(core)) == 2  # 5 live transactions from one source, then drops
+    assert core.counters["sip_dropped_over_limit"] == 8
+    run_until(core, 100.0)  # the transactions end; the two calls ring out
+    assert core.transactions == 0 and core.calls == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=5))
+def test_no_datagram_raises(datagrams: list[bytes]) -> None:
+    core = uas()
+    for i, data in enumerate(datagrams):
+        core.receive_datagram(data, TRUNK, float(i))
+        core.receive_datagram(data, STRANGER, float(i))
+    run_until(core, 100.0)
+
+
+METHODS = st.sampled_from(["INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "UPDATE", "INFO", "X"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            METHODS, st.integers(1, 4), st.sampled_from([None, "t0", "t1"]), st.integers(0, 3)
+        ),
+        max_size=12,
+    )
+)
+def test_any_sequence_of_requests_keeps_the_core_consistent(
+    steps: list[tuple[str, int, str | None, int]],
+) -> None:
+    core = uas(Limits(calls=2, per_source=8))
+    for i, (method, cseq, tag, branch) in enumerate(steps):
+        body = SDP if method == "INVITE" else b""
+        data = request(method, branch=f"z9hG4bK{branch}", cseq=cseq, to_tag=tag, body=body)
+        core.receive_datagram(data, TRUNK, i * 0.1)
+        for event in events(core):
+            if isinstance(event, CallOffered | CallReoffered) and i % 2:
+                core.answer(event.call, b"v=0\r\n", i * 0.1)
+        core.datagrams_to_send()
+    assert core.calls <= 2
+    run_until(core, 1000.0)
+    core.datagrams_to_send()
+    assert core.transactions == 0
+    assert core.get_timer() is None or core.calls > 0
