@@ -401,7 +401,7 @@ def codec_floor(seconds: float = FLOOR_SECONDS) -> float:
     from aiortc.codecs.opus import OpusEncoder as AiortcOpusEncoder
     from av import AudioFrame
 
-    from firsthop.services.transceiver.media.core import OPUS_BITRATE
+    from firsthop.services.transceiver.media.codecs import OPUS_BITRATE
     from firsthop.services.transceiver.media.frames import FRAME_SAMPLES
     from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder
 

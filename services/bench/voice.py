@@ -127,7 +127,7 @@ class OpusLink:
     @classmethod
     def downlink(cls) -> OpusLink:
         from firsthop.services.transceiver.media import opus
-        from firsthop.services.transceiver.media.core import OPUS_BITRATE
+        from firsthop.services.transceiver.media.codecs import OPUS_BITRATE
 
         encoder = opus.OpusEncoder(OPUS_BITRATE)  # the one the agent's voice goes through
         return cls(lambda pcm, pts: encoder.encode(pcm))

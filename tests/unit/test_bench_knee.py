@@ -24,7 +24,7 @@ from firsthop.services.bench.knee_caller import (
     judge,
 )
 from firsthop.services.bench.knee_report import render, summarize
-from firsthop.services.transceiver.media.core import OPUS_BITRATE, SILENT_PCM
+from firsthop.services.transceiver.media.codecs import OPUS_BITRATE, SILENT_PCM
 from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder
 from firsthop.shared.wire.proxy_v2 import build_proxy_v2
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from firsthop.services.transceiver.media import core
+from firsthop.services.transceiver.media import codecs, core
 from firsthop.services.transceiver.media.core import (
     AudioReceived,
     CallMedia,
@@ -422,7 +422,7 @@ def test_speech_after_a_gap_or_a_pause_decodes_at_its_level_at_once() -> None:
     assert full > 0.01
     assert min(power[12:17]) > 0.5 * full, power[11:17]  # from the second frame on
     assert min(power[33:38]) > 0.5 * full, power[32:38]
-    assert sent[21:32] == [core.OPUS_SILENCE] * 11
+    assert sent[21:32] == [codecs.OPUS_SILENCE] * 11
 
 
 def test_a_long_outage_is_repaired_for_five_frames_then_silence() -> None:

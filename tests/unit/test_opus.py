@@ -116,7 +116,7 @@ def test_without_fec_in_the_next_packet_recovery_is_concealment() -> None:
 
 
 def test_the_agents_encoder_delays_its_voice_by_2_5_ms_not_voips_6_5() -> None:
-    from firsthop.services.transceiver.media.core import OPUS_BITRATE
+    from firsthop.services.transceiver.media.codecs import OPUS_BITRATE
     from firsthop.services.transceiver.media.opus import APPLICATION_VOIP, OpusEncoder
 
     encoder = OpusEncoder(OPUS_BITRATE)

@@ -403,3 +403,12 @@ def test_any_sequence_of_requests_keeps_the_core_consistent(
     core.datagrams_to_send()
     assert core.transactions == 0
     assert core.get_timer() is None or core.calls > 0
+
+
+def test_a_bye_while_ringing_ends_the_call_and_its_invite_gets_487() -> None:
+    core = uas()
+    call = offered(core)
+    sent(core)
+    core.receive_datagram(request("BYE", branch="z9hG4bKbye", cseq=2, to_tag=call), TRUNK, 1.0)
+    assert sorted(statuses(core)) == [200, 487]  # §15.1.2
+    assert events(core) == [CallEnded(call, "bye")]

@@ -39,25 +39,16 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from firsthop.services.transceiver.media.frames import CALL_RATE as SAMPLE_RATE
-from firsthop.services.transceiver.media.frames import FRAME_BYTES, FrameCutter
+from firsthop.services.transceiver.media.codecs import CallCodec, CodecError, make_codec
+from firsthop.services.transceiver.media.frames import CALL_RATE, FrameCutter
 from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
-from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder, OpusError
 from firsthop.services.transceiver.media.pacing import OutputQueue
-from firsthop.services.transceiver.media.srtp import SrtpContext, SrtpCounts
-from firsthop.shared.wire import rtcp, rtp
+from firsthop.services.transceiver.media.srtp import PLAIN_RTP, PlainRtp, SrtpContext, SrtpCounts
+from firsthop.shared.wire import dtmf, rtcp, rtp
 
 MAX_SSRCS = 2  # RTP streams a caller may send (one audio track; one more for a switch)
-OPUS_BITRATE = 48000  # mono voice
 LATE_GRACE = 0.008  # seconds a mid-speech frame may be late before silence fills its slot
 MAX_BEHIND = 5  # slots the clock plays back to back after a stall; past that it re-phases
-OPUS_SILENCE = b"\xf8\xff\xfe"  # one 20 ms CELT frame of silence (RFC 6716 §3.1 TOC 0xf8)
-# Silent slots encoded by the call's own encoder before the cached frame takes over. The
-# decoder predicts each frame's energy from the last one: a silence frame the encoder never
-# saw leaves the two apart, and the next ~3 frames of speech decode far too quiet (measured:
-# a 440 Hz tone back to its level only at the 6th frame; encoded through, at the 2nd).
-ENCODED_SILENCE = 3
-SILENT_PCM = bytes(FRAME_BYTES)
 RTCP_INTERVAL = 1.0  # seconds, randomised 0.5-1.5x (RFC 3550 §6.3.1)
 SENT_SRS = 8  # our last SRs remembered to time the caller's reports of them (RTT)
 MAX_DROPOUT, MAX_MISORDER = 3000, 100  # RFC 3550 A.1
@@ -98,7 +89,18 @@ class FramesDropped:
     tags: tuple[Hashable, ...]
 
 
-MediaEvent = AudioReceived | FirstAudioReceived | FirstAudioSent | FramePlayed | FramesDropped
+@dataclass(frozen=True, slots=True)
+class DtmfReceived:
+    """The caller pressed a key (RFC 4733 telephone-event): `digit` is 0-9, *, #, A-D;
+    `duration` in seconds (as far as it is known when the event is first heard)."""
+
+    digit: str
+    duration: float
+
+
+MediaEvent = (
+    AudioReceived | FirstAudioReceived | FirstAudioSent | FramePlayed | FramesDropped | DtmfReceived
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +109,12 @@ class MediaParams:
 
     ssrc: int  # ours, as the answer's a=ssrc says
     cname: str
-    payload_type: int = 111  # Opus, as negotiated
+    payload_type: int = 111  # the call's codec, as negotiated
     sending: bool = True  # the answer's direction lets us send (sendrecv, sendonly)
     mid: str | None = None
     mid_extension: int | None = None  # the extmap id of urn:ietf:params:rtp-hdrext:sdes:mid
+    codec: str = "opus"  # or pcmu, pcma (`codecs.py`)
+    telephone_event: int | None = None  # RFC 4733's payload type, if negotiated
 
 
 class _Packet:
@@ -129,12 +133,13 @@ class _Reception:
     """One inbound stream's reception statistics (RFC 3550 A.1, A.3, A.8)."""
 
     __slots__ = (
-        "ssrc", "base", "max_seq", "cycles", "received", "expected_prior",
+        "ssrc", "rate", "base", "max_seq", "cycles", "received", "expected_prior",
         "received_prior", "transit", "jitter",
     )  # fmt: skip
 
-    def __init__(self, ssrc: int, seq: int) -> None:
+    def __init__(self, ssrc: int, seq: int, rate: int) -> None:
         self.ssrc = ssrc
+        self.rate = rate  # the RTP clock
         self.base = seq
         self.max_seq = seq
         self.cycles = 0
@@ -155,10 +160,10 @@ class _Reception:
             self.cycles = self.received = self.expected_prior = self.received_prior = 0
             self.transit = None
         self.received += 1
-        transit = now * SAMPLE_RATE - timestamp
+        transit = now * self.rate - timestamp
         if self.transit is not None:
             d = abs(transit - self.transit)
-            if d < SAMPLE_RATE * 10:  # (a timestamp jump is not jitter)
+            if d < self.rate * 10:  # (a timestamp jump is not jitter)
                 self.jitter += (d - self.jitter) / 16
         self.transit = transit
 
@@ -187,7 +192,7 @@ class _Reception:
 class CallMedia:
     def __init__(self, params: MediaParams, *, random: Callable[[int], bytes] = os.urandom) -> None:
         self.params = params
-        self._srtp: SrtpContext | None = None  # the keys, once DTLS has them (`start`)
+        self._srtp: SrtpContext | PlainRtp | None = None  # the keys, once DTLS has them
         self._srtp_counts: SrtpCounts | None = None  # what they counted, once closed
         self._closed = False
         self._random = random
@@ -200,7 +205,10 @@ class CallMedia:
         self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
         # of the streams before this one
         self._late_before = self._skipped_before = self._concealed_before = 0
-        self._decoder: OpusDecoder | None = None
+        self.codec: CallCodec = make_codec(params.codec)
+        self._rate = self.codec.clock_rate
+        self._ts_scale = CALL_RATE // self._rate  # the output clock counts 48 kHz samples
+        self._dtmf_last: int | None = None  # the RTP timestamp of the last key heard
         self._audio_started = False
         self._their_lsr = 0  # the caller's last SR (middle 32 bits of its NTP time)
         self._their_lsr_at = 0.0
@@ -208,7 +216,6 @@ class CallMedia:
         self.out: OutputQueue[Hashable] = OutputQueue()
         self._cutter = FrameCutter()  # the agent's audio short of a whole frame...
         self._part_tag: Hashable | None = None  # ...and whose it is
-        self._encoder: OpusEncoder | None = None
         self._seq = int.from_bytes(random(2), "big")
         self._ts_base = int.from_bytes(random(4), "big")
         self._slot: float | None = None  # when the current frame is due
@@ -232,13 +239,14 @@ class CallMedia:
 
     # -- the clock ----------------------------------------------------------------------------
 
-    def start(self, srtp: SrtpContext, now: float, wall: float) -> None:
-        """The keys are here (the DTLS handshake is done): media flows, the output clock (if
-        the call sends) and RTCP start. `wall` is the Unix time at `now` (for the NTP
-        timestamps of SRs). What the agent queued before plays from now."""
+    def start(self, srtp: SrtpContext | None, now: float, wall: float) -> None:
+        """The keys are here (the DTLS handshake is done; None: a phone call's plain RTP,
+        which has none): media flows, the output clock (if the call sends) and RTCP start.
+        `wall` is the Unix time at `now` (for the NTP timestamps of SRs). What the agent
+        queued before plays from now."""
         if self._srtp is not None or self._closed:
             return
-        self._srtp = srtp
+        self._srtp = srtp if srtp is not None else PLAIN_RTP
         self._wall = wall - now
         if self.params.sending:
             self._slot = self.out.next_deadline(now)
@@ -318,13 +326,11 @@ class CallMedia:
         pcm = out.pop()
         if pcm is None:
             self._silent_run += 1
-            payload = (
-                self._encode(SILENT_PCM) if self._silent_run <= ENCODED_SILENCE else OPUS_SILENCE
-            )
+            payload = self.codec.silence(self._silent_run)
         else:
             self._silent_run = 0
             self.counts["agent_frames_played"] += 1
-            payload = self._encode(pcm)
+            payload = self.codec.encode(pcm)
             if not self._sent_first:
                 self._sent_first = True
                 self._event(FirstAudioSent())
@@ -334,19 +340,9 @@ class CallMedia:
         self._grace = False
         self._slot = out.next_deadline(now)
 
-    def _encode(self, pcm: bytes) -> bytes:
-        """Opus-encode one mono 20 ms frame (a mono Opus stream is valid in the negotiated
-        opus/48000/2, RFC 7587 §3.4)."""
-        if self._encoder is None:
-            self._encoder = OpusEncoder(OPUS_BITRATE)
-        try:
-            return self._encoder.encode(pcm)
-        except OpusError:
-            return OPUS_SILENCE
-
     def _send_rtp(self, payload: bytes, now: float) -> None:
         params = self.params
-        ts = (self._ts_base + self.out.pts) & 0xFFFFFFFF
+        ts = (self._ts_base + self.out.pts // self._ts_scale) & 0xFFFFFFFF
         head = rtp.pack_header(
             params.payload_type,
             self._seq,
@@ -394,7 +390,10 @@ class CallMedia:
             self.counts["rtp_malformed"] += 1
             return
         if header.payload_type != self.params.payload_type:
-            self.counts["rtp_payload_type_unknown"] += 1
+            if header.payload_type == self.params.telephone_event:
+                self._dtmf(plain[header.payload_start : header.payload_end], header.timestamp)
+            else:
+                self.counts["rtp_payload_type_unknown"] += 1
             return
         stream = self._stream
         if stream is None or stream.ssrc != ssrc:
@@ -404,7 +403,7 @@ class CallMedia:
                 self._skipped_before += self._jitter.skipped
                 self._concealed_before += self._jitter.concealed
                 self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
-            stream = self._stream = _Reception(ssrc, header.sequence_number)
+            stream = self._stream = _Reception(ssrc, header.sequence_number, self._rate)
         stream.update(header.sequence_number, header.timestamp, now)
         self.counts["rtp_packets_in"] += 1
         payload = plain[header.payload_start : header.payload_end]
@@ -414,30 +413,46 @@ class CallMedia:
         )
 
     def _on_frame(self, frame: Frame) -> None:
-        """One Opus frame from the jitter buffer: decoded (a lost one repaired from the next
-        packet's FEC, or concealed), so the agent hears every 20 ms."""
-        decoder = self._decoder
-        if decoder is None:
-            decoder = self._decoder = OpusDecoder()
+        """One packet's frame(s) from the jitter buffer: decoded (a lost one repaired from
+        the next packet's FEC, or concealed), so the agent hears every 20 ms."""
+        codec = self.codec
         try:
             if frame.lost:
                 if not self._audio_started:
                     return
-                pcm, from_fec = decoder.recover(frame.data)
+                pcm, from_fec = codec.recover(frame.data)
                 self.counts["frames_repaired"] += 1
                 self.counts["frames_repaired_fec"] += from_fec
+                frames = [pcm]
             else:
-                pcm = decoder.decode(frame.data)
+                frames = codec.decode(frame.data)
                 self.counts["frames_decoded"] += 1
-        except OpusError:
-            self.counts["opus_decode_error"] += 1
+        except CodecError:
+            self.counts["opus_decode_error" if codec.name == "opus" else "decode_error"] += 1
+            return
+        if not frames:
             return
         if not self._audio_started:
             self._audio_started = True
             self._event(FirstAudioReceived())
-        self._event(AudioReceived(pcm))
+        for pcm in frames:
+            self._event(AudioReceived(pcm))
 
-    def _receive_rtcp(self, srtp: SrtpContext, data: bytes, now: float) -> None:
+    def _dtmf(self, payload: bytes, timestamp: int) -> None:
+        """RFC 4733: an event's packets share its timestamp (and its end is sent three
+        times): each key is told once, when first heard."""
+        try:
+            event = dtmf.parse_event(payload)
+        except dtmf.DtmfError:
+            self.counts["dtmf_malformed"] += 1
+            return
+        if timestamp == self._dtmf_last or event.digit is None:
+            return
+        self._dtmf_last = timestamp
+        self.counts["dtmf_in"] += 1
+        self._event(DtmfReceived(event.digit, event.duration / self._rate))
+
+    def _receive_rtcp(self, srtp: SrtpContext | PlainRtp, data: bytes, now: float) -> None:
         plain = srtp.unprotect_rtcp(data)
         if plain is None:
             return
@@ -478,7 +493,7 @@ class CallMedia:
         packet: rtcp.RtcpPacket
         if self.counts["rtp_packets_out"]:
             ntp = rtcp.ntp_timestamp(self._wall + now)
-            ts = self._last_sent_ts + int((now - self._last_sent_at) * SAMPLE_RATE)
+            ts = self._last_sent_ts + int((now - self._last_sent_at) * self._rate)
             packet = rtcp.SenderReport(
                 params.ssrc,
                 ntp,
@@ -536,11 +551,11 @@ class CallMedia:
         if self.rtt is not None:
             out["rtt_s"] = round(self.rtt, 6)
         if self._stream is not None:
-            out["jitter_s"] = round(self._stream.jitter / SAMPLE_RATE, 6)
+            out["jitter_s"] = round(self._stream.jitter / self._rate, 6)
             expected = self._stream.extended_max - self._stream.base + 1
             out["loss_in"] = round(max(0, self._stream.lost) / expected, 4) if expected else 0.0
         if self.remote_jitter or self.remote_loss:
-            out["remote_jitter_s"] = round(self.remote_jitter / SAMPLE_RATE, 6)
+            out["remote_jitter_s"] = round(self.remote_jitter / self._rate, 6)
             out["remote_lost"] = float(self.remote_loss)
         return out
 
@@ -552,16 +567,14 @@ class CallMedia:
         self._srtp_counts = self._srtp.counts if self._srtp is not None else None
         self._srtp = None
         self._closed = True
-        for codec in (self._decoder, self._encoder):
-            if codec is not None:
-                codec.close()
-        self._decoder = self._encoder = None
+        self.codec.close()
 
 
 STATS = (
     "rtp_packets_in", "rtp_bytes_in", "rtp_packets_out", "rtp_bytes_out", "rtcp_packets_in",
     "rtcp_packets_out", "rtcp_malformed", "rtcp_bye_in", "rtp_malformed", "media_malformed",
     "rtp_payload_type_unknown", "ssrc_refused", "ssrc_changed", "frames_decoded",
-    "frames_repaired", "frames_repaired_fec", "opus_decode_error", "agent_frames_played",
+    "frames_repaired", "frames_repaired_fec", "opus_decode_error", "decode_error",
+    "agent_frames_played", "dtmf_in", "dtmf_malformed",
     "media_events_dropped", "srtp_before_keys", "srtp_after_close",
 )  # fmt: skip

@@ -92,3 +92,26 @@ class SrtpContext:
 
     def protect_rtcp(self, data: bytes) -> bytes:
         return self._out.protect_rtcp(data)
+
+
+class PlainRtp:
+    """A phone call's RTP, which a trunk sends in the clear (RTP/AVP): the same interface
+    as `SrtpContext`, passing packets through. Where media may come from is the relay's
+    pinned flow and the session table's path (docs/security.md, SIP media)."""
+
+    counts = SrtpCounts()  # nothing ever fails: always zero
+
+    def unprotect_rtp(self, data: bytes) -> bytes | None:
+        return data
+
+    def unprotect_rtcp(self, data: bytes) -> bytes | None:
+        return data
+
+    def protect_rtp(self, data: bytes) -> bytes:
+        return data
+
+    def protect_rtcp(self, data: bytes) -> bytes:
+        return data
+
+
+PLAIN_RTP = PlainRtp()

@@ -1,0 +1,131 @@
+"""The media core on a phone call: plain RTP, G.711 both ways, RFC 4733 DTMF (fake clock)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from firsthop.services.transceiver.media.codecs import G711_FRAME, make_codec
+from firsthop.services.transceiver.media.core import (
+    AudioReceived,
+    CallMedia,
+    DtmfReceived,
+    MediaParams,
+)
+from firsthop.services.transceiver.media.frames import CALL_RATE, FRAME_BYTES
+from firsthop.shared.wire import dtmf, g711, rtp
+
+OURS, THEIRS, EVENT = 0x5EED, 0x7E1C0, 101
+LAW = {
+    "pcmu": (0, g711.ulaw_encode, g711.ulaw_decode),
+    "pcma": (8, g711.alaw_encode, g711.alaw_decode),
+}
+
+
+def tone(freq: float, seconds: float, rate: int, level: float = 8000.0) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    return (level * np.sin(2 * np.pi * freq * t)).astype("<i2").tobytes()
+
+
+def dominant(pcm: bytes, rate: int) -> float:
+    samples = np.frombuffer(pcm, "<i2").astype(float)
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
+    return float(np.argmax(spectrum) * rate / len(samples))
+
+
+def phone_call(codec: str) -> CallMedia:
+    pt = LAW[codec][0]
+    params = MediaParams(
+        ssrc=OURS, cname="firsthop", payload_type=pt, codec=codec, telephone_event=EVENT
+    )
+    media = CallMedia(params, random=lambda n: b"\x01" * n)
+    media.start(None, 0.0, 1_700_000_000.0)  # no keys: plain RTP (RTP/AVP)
+    return media
+
+
+def events(media: CallMedia) -> list[object]:
+    out: list[object] = []
+    while (e := media.next_event()) is not None:
+        out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("codec", ["pcmu", "pcma"])
+def test_a_trunks_g711_is_heard_as_48_khz_frames(codec: str) -> None:
+    pt, encode, _ = LAW[codec]
+    media = phone_call(codec)
+    narrow = encode(tone(1000.0, 1.0, 8000))
+    for i in range(50):
+        payload = narrow[i * G711_FRAME : (i + 1) * G711_FRAME]
+        media.receive_datagram(
+            rtp.RtpPacket(pt, 1000 + i, 160 * i, THEIRS, payload).encode(), i * 0.02
+        )
+    frames = [e.pcm for e in events(media) if isinstance(e, AudioReceived)]
+    assert 48 <= len(frames) <= 50 and all(len(f) == FRAME_BYTES for f in frames)
+    assert abs(dominant(b"".join(frames[5:]), CALL_RATE) - 1000.0) < 10
+    stats = media.stats()
+    assert stats["rtp_packets_in"] == 50 and stats["rtp_lost"] == 0
+    media.receive_datagram(rtp.RtpPacket(pt, 1050, 8000, THEIRS, narrow[:240]).encode(), 1.0)
+    assert len([e for e in events(media) if isinstance(e, AudioReceived)]) in (1, 2)  # 30 ms
+
+
+@pytest.mark.parametrize("codec", ["pcmu", "pcma"])
+def test_the_agents_voice_goes_out_as_g711_on_an_8_khz_clock(codec: str) -> None:
+    pt, _, decode = LAW[codec]
+    media = phone_call(codec)
+    media.push_audio(tone(440.0, 1.0, CALL_RATE), None, 0.0)
+    now = 0.0
+    while now < 1.0:
+        media.handle_timer(now)
+        now = media.get_timer() or now + 0.02
+    packets = [rtp.parse_rtp(d) for d in media.datagrams_to_send() if not rtp.is_rtcp(d)]
+    assert len(packets) >= 49
+    assert all(p.payload_type == pt and len(p.payload) == G711_FRAME for p in packets)
+    assert [
+        (b.sequence_number - a.sequence_number) & 0xFFFF
+        for a, b in zip(packets, packets[1:], strict=False)
+    ] == [1] * (len(packets) - 1)
+    assert {
+        (b.timestamp - a.timestamp) & 0xFFFFFFFF for a, b in zip(packets, packets[1:], strict=False)
+    } == {160}
+    heard = decode(b"".join(p.payload for p in packets[2:48]))
+    assert abs(dominant(heard, 8000) - 440.0) < 10
+
+
+def test_dtmf_is_told_once_per_key() -> None:
+    media = phone_call("pcmu")
+
+    def event(seq: int, ts: int, digit: str, end: bool, duration: int) -> bytes:
+        payload = dtmf.build_event(digit, end=end, duration=duration)
+        return rtp.RtpPacket(EVENT, seq, ts, THEIRS, payload).encode()
+
+    for i, (end, duration) in enumerate(
+        [(False, 160), (False, 320), (True, 800), (True, 800), (True, 800)]
+    ):
+        media.receive_datagram(event(10 + i, 4000, "5", end, duration), i * 0.02)
+    media.receive_datagram(event(20, 9000, "#", True, 800), 1.0)
+    media.receive_datagram(rtp.RtpPacket(EVENT, 21, 9999, THEIRS, b"\x01").encode(), 1.1)
+    told = [e for e in events(media) if isinstance(e, DtmfReceived)]
+    assert told == [DtmfReceived("5", 0.02), DtmfReceived("#", 0.1)]
+    assert media.stats()["dtmf_in"] == 2 and media.stats()["dtmf_malformed"] == 1
+
+
+def test_another_payload_type_is_a_counted_drop() -> None:
+    media = phone_call("pcma")
+    media.receive_datagram(rtp.RtpPacket(0, 1, 0, THEIRS, bytes(160)).encode(), 0.0)
+    assert events(media) == [] and media.stats()["rtp_payload_type_unknown"] == 1
+
+
+def test_dtmf_codec() -> None:
+    for digit in dtmf.DIGITS:
+        event = dtmf.parse_event(dtmf.build_event(digit, end=True, volume=7, duration=1234))
+        assert (event.digit, event.end, event.volume, event.duration) == (digit, True, 7, 1234)
+    assert dtmf.parse_event(bytes([16, 0, 0, 1])).digit is None  # flash: not a key
+    with pytest.raises(dtmf.DtmfError):
+        dtmf.parse_event(b"\x05\x80")
+
+
+def test_codec_names() -> None:
+    assert make_codec("opus").clock_rate == CALL_RATE and make_codec("pcmu").clock_rate == 8000
+    with pytest.raises(ValueError):
+        make_codec("g729")
