@@ -60,7 +60,7 @@ class Principal:
     """An authenticated caller. `tenant` (the API key fingerprint, or "dev") is what rate
     limits count; `owner` is what a call records and PATCH/DELETE must match."""
 
-    kind: str  # "key" | "secret" | "ek"
+    kind: str  # "key" | "secret" | "ek" | "sip" (a trunk, by its name)
     tenant: str
     secret_id: str | None = None
     expires_at: int | None = None
@@ -71,6 +71,8 @@ class Principal:
             return f"secret:{self.secret_id}"
         if self.kind == "ek":
             return f"ek:{self.tenant}:{self.secret_id}"
+        if self.kind == "sip":
+            return f"sip:{self.tenant}"
         return f"key:{self.tenant}"
 
     def owns(self, owner: str) -> bool:

@@ -129,6 +129,7 @@ class CallRequest:
     client_ip: str | None
     traceparent: str | None = None
     session: dict[str, Any] | None = None  # /v1/realtime calls: the caller's session config
+    media: str = "webrtc"  # "rtp": a phone call from a SIP trunk (`sip.py`)
 
 
 class Calls:
@@ -258,6 +259,7 @@ class Calls:
                     traceparent=traceparent,
                     session=req.session,
                     ingress_tcp=ingress_for(self.ingress_tcp, region, tx.region),
+                    media=req.media,
                 )
             except TransceiverRejected as exc:
                 self.stats.placement_failures["offer_rejected"] += 1

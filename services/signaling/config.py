@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +71,9 @@ class SignalingConfig:
     ws_idle_timeout: float = 60.0
     call_poll_interval: float = 1.0  # WS call watcher: one cheap probe per call per second
     call_lost_after: float = 5.0  # transceiver unreachable this long: the call is gone
+    sip_listen: Address | None = None  # SIP over UDP (`sip.py`): off unless given
+    sip_public: Address | None = None  # our Contact's host:port (default: the bound one)
+    sip_trunks: dict[str, list[str]] = field(default_factory=dict)  # name -> CIDRs
 
 
 def register_flags(p: argparse.ArgumentParser) -> None:
@@ -196,6 +200,29 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         help="live ephemeral keys minted by the keyless --dev route, in all (beyond: 429)",
     )
+    add_option(
+        p,
+        "--sip-listen",
+        default=None,
+        help="answer phone calls from SIP trunks here (UDP); the Request-URI's user names "
+        "the agent (sip:echo@host -> --agent-url echo=...)",
+        metavar="HOST:PORT",
+    )
+    add_option(
+        p,
+        "--sip-public",
+        default=None,
+        help="the host:port trunks reach --sip-listen at, for our Contact (default: it)",
+        metavar="HOST:PORT",
+    )
+    add_option(
+        p,
+        "--sip-trunk",
+        action="append",
+        help="a trunk allowed to call: its name and one source CIDR (repeat the name for "
+        "more); any other source gets 403",
+        metavar="NAME=CIDR",
+    )
     add_option(p, "--ws-auth-timeout", default=10.0, type=float, help="WebSocket auth deadline, s")
     add_option(
         p,
@@ -280,6 +307,10 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
                 raise ValueError("--secret-key must decode to at least 16 bytes")
         origins = [o.strip() for item in args.cors_origin for o in item.split(",") if o.strip()]
         proxies = [c.strip() for item in args.trusted_proxy for c in item.split(",") if c.strip()]
+        trunks: dict[str, list[str]] = {}
+        for name, cidr in _pairs(args.sip_trunk, "--sip-trunk"):
+            ipaddress.ip_network(cidr, strict=False)  # validates
+            trunks.setdefault(name, []).append(cidr)
         ClientAddresses(proxies)  # validates
         config = SignalingConfig(
             listen=listen,
@@ -308,6 +339,9 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             max_dev_ephemeral_keys=args.max_dev_ephemeral_keys,
             ws_auth_timeout=args.ws_auth_timeout,
             ws_idle_timeout=args.ws_idle_timeout,
+            sip_listen=hostport_arg(args.sip_listen) if args.sip_listen else None,
+            sip_public=hostport_arg(args.sip_public) if args.sip_public else None,
+            sip_trunks=trunks,
         )
     except (ValueError, OSError, binascii.Error, argparse.ArgumentTypeError) as exc:
         raise SystemExit(f"firsthop signaling: {exc}") from exc

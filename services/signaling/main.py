@@ -30,6 +30,7 @@ from firsthop.services.signaling.config import SignalingConfig, config_from_args
 from firsthop.services.signaling.context import Context
 from firsthop.services.signaling.placement import RegionTable
 from firsthop.services.signaling.ratelimit import ClientLimiter, RateLimiter, Slots
+from firsthop.services.signaling.sip import SipConfig, SipFront
 from firsthop.services.signaling.stores import (
     CallStore,
     Directory,
@@ -39,6 +40,7 @@ from firsthop.services.signaling.stores import (
 )
 from firsthop.services.signaling.transceivers import TransceiverClient
 from firsthop.services.signaling.ws import MAX_MESSAGE
+from firsthop.services.sip.uas import Trunk
 from firsthop.shared.address import Address, format_hostport
 from firsthop.shared.http import bound_address, hypercorn_config
 from firsthop.shared.lifecycle import (
@@ -106,6 +108,16 @@ def build_context(
     )
 
 
+def sip_config(config: SignalingConfig) -> SipConfig:
+    assert config.sip_listen is not None
+    return SipConfig(
+        listen=config.sip_listen,
+        public=config.sip_public,
+        trunks=[Trunk.of(name, cidrs) for name, cidrs in config.sip_trunks.items()],
+        poll_interval=config.call_poll_interval,
+    )
+
+
 def _warn_about(config: SignalingConfig) -> None:
     if not config.api_keys and not config.dev:
         log.warning("no API keys configured: every call will be refused (401)")
@@ -125,19 +137,24 @@ async def serve_signaling(
     try:
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
         async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
-            app = create_app(build_context(config, http, link, stats))
+            context = build_context(config, http, link, stats)
+            app = create_app(context)
             hc = hypercorn_config(config.listen)
             hc.websocket_max_message_size = MAX_MESSAGE + 1024  # /v1/ws and the sideband
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(partial(serve, app, hc))
                 addr = bound_address(binds)
+                sip_addr = None
+                if config.sip_listen is not None:
+                    front = SipFront(context.calls, sip_config(config))
+                    sip_addr = await nursery.start(front.serve)
                 log.info(
                     "signaling (region %s) on %s; transceivers from %s",
                     config.region,
                     format_hostport(addr),
                     "Redis" if config.redis else f"{len(config.transceivers)} static URL(s)",
                 )
-                announce(listen=addr)
+                announce(listen=addr, **({"sip": sip_addr} if sip_addr else {}))
                 task_status.started(addr)
     finally:
         if link is not None:
@@ -161,7 +178,10 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request
     setup_tracing("signaling")
     try:
-        with address_clash_is_one_line("signaling", [("tcp", config.listen)]):
+        claims = [("tcp", config.listen)] + (
+            [("udp", config.sip_listen)] if config.sip_listen else []
+        )
+        with address_clash_is_one_line("signaling", claims):
             trio.run(run_until_signal, serve_signaling, config)
     finally:
         shutdown_tracing()

@@ -113,9 +113,11 @@ class TransceiverClient:
         traceparent: str,
         session: dict[str, Any] | None = None,
         ingress_tcp: list[str] | None = None,
+        media: str = "webrtc",
     ) -> tuple[str, str]:
         """(session_id, answer_sdp). `session`: the caller's OpenAI session config (calls
-        placed through /v1/realtime), which the transceiver gives a Realtime backend."""
+        placed through /v1/realtime), which the transceiver gives a Realtime backend;
+        `media` "rtp": a phone call (the offer is a SIP trunk's plain RTP one)."""
         fields: dict[str, Any] = {
             "call_id": call_id,
             "offer_sdp": offer_sdp,
@@ -127,6 +129,8 @@ class TransceiverClient:
             fields["session"] = session
         if ingress_tcp:
             fields["ingress_tcp"] = ingress_tcp
+        if media != "webrtc":
+            fields["media"] = media
         body = json.dumps(fields).encode()
         resp = await self._request(
             "POST",

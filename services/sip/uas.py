@@ -245,6 +245,7 @@ class SipUas:
         return heap[0][0] if heap else None
 
     def handle_timer(self, now: float) -> None:
+        self._now = now
         heap = self._heap
         while heap and heap[0][0] <= now:
             when, _, item = heapq.heappop(heap)
@@ -290,6 +291,7 @@ class SipUas:
 
     def answer(self, call: str, sdp: bytes, now: float) -> bool:
         """200 OK with `sdp` to the ringing call's INVITE, or to its pending re-offer."""
+        self._now = now
         c = self._calls.get(call)
         if c is None:
             return False
@@ -317,6 +319,7 @@ class SipUas:
     def reject(self, call: str, status: int, reason: str, now: float) -> bool:
         """A final non-2xx (`status` 300-699) to the ringing call's INVITE (the call ends), or
         to its pending re-offer (the call goes on as it was)."""
+        self._now = now
         c = self._calls.get(call)
         if c is None or not 300 <= status <= 699:
             return False
@@ -338,6 +341,7 @@ class SipUas:
 
     def hangup(self, call: str, now: float) -> bool:
         """End the call from our side: 480 if it still rings, else a BYE."""
+        self._now = now
         c = self._calls.get(call)
         if c is None or c.state == "ended":
             return False
@@ -566,6 +570,8 @@ class SipUas:
     def _end(self, call: _Call, reason: str) -> None:
         if call.state == "ended":
             return
+        if call.invite.final is None:  # §15.1.2: a BYE in the early dialog; its INVITE gets 487
+            self._fail_invite(call.invite, 487, "Request Terminated", self._now)
         call.state = "ended"
         self._forget_call(call)
         self.counters[f"sip_calls_ended_{reason}"] += 1

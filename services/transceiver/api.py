@@ -117,17 +117,31 @@ def create_app(tx: Transceiver) -> QuartTrio:
                 check_bounds(session_config)
             except SessionConfigError as exc:
                 return _error(400, exc.reason)
+        media = body.get("media", "webrtc")
+        if media not in ("webrtc", "rtp"):
+            return _error(400, "media must be webrtc or rtp")
         try:
-            session_id, answer = await tx.create_session(
-                call_id=call_id,
-                offer_sdp=offer,
-                ingress=ingress,
-                ingress_tcp=ingress_tcp,
-                agent_url=agent_url,
-                region=region if isinstance(region, str) else None,
-                traceparent=request.headers.get("traceparent"),
-                session_config=session_config,
-            )
+            if media == "rtp":  # a phone call: the trunk's plain RTP offer
+                session_id, answer = await tx.create_phone_session(
+                    call_id=call_id,
+                    offer_sdp=offer,
+                    ingress=ingress,
+                    agent_url=agent_url,
+                    region=region if isinstance(region, str) else None,
+                    traceparent=request.headers.get("traceparent"),
+                    session_config=session_config,
+                )
+            else:
+                session_id, answer = await tx.create_session(
+                    call_id=call_id,
+                    offer_sdp=offer,
+                    ingress=ingress,
+                    ingress_tcp=ingress_tcp,
+                    agent_url=agent_url,
+                    region=region if isinstance(region, str) else None,
+                    traceparent=request.headers.get("traceparent"),
+                    session_config=session_config,
+                )
         except Refusal as exc:
             resp = _error(exc.status, exc.reason)
             if exc.status == 503:

@@ -11,7 +11,7 @@ import trio
 
 from firsthop.services.transceiver.api import create_app
 from firsthop.services.transceiver.media import opus
-from firsthop.services.transceiver.registry import heartbeat, trace_handoff_writer
+from firsthop.services.transceiver.registry import FlowPins, heartbeat, trace_handoff_writer
 from firsthop.services.transceiver.rtc import check_pinned_versions, run_trio_guest
 from firsthop.services.transceiver.service import Transceiver, TransceiverConfig
 from firsthop.shared.address import format_hostport, is_loopback
@@ -66,6 +66,8 @@ async def serve_transceiver(
             send, receive = trio.open_memory_channel[tuple[str, str]](1000)
             tx.trace_writes = send
             nursery.start_soon(trace_handoff_writer, config.redis, receive, tx.counters)
+            tx.flow_pins = FlowPins(config.redis, tx.counters)
+            nursery.start_soon(tx.flow_pins.keep)
         tx.ready = True  # (registered, with Redis): /healthz says so from now on
         log.info(
             "transceiver %s (region %s, cluster %d): media %s advertised as %s, api %s",

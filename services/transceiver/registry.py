@@ -1,4 +1,5 @@
-"""The transceiver registry heartbeat (`firsthop:transceiver:{id}`, docs/architecture.md §9).
+"""The transceiver's Redis writes (docs/architecture.md §9): its registry heartbeat
+(`firsthop:transceiver:{id}`), the trace hand-off and its phone calls' relay flows.
 
 Every second the transceiver writes its hash (api_url, media_addr, region, cluster, sessions,
 capacity, draining) with a 5 s TTL, so signaling sees a transceiver only while it lives.
@@ -16,11 +17,15 @@ from typing import Any
 import redis
 import trio
 
+from firsthop.shared.address import Address
 from firsthop.shared.redis_store import (
+    FLOW_TTL,
     HEARTBEAT_PERIOD,
     TRACE_TTL,
     TRANSCEIVER_TTL,
+    FlowRecord,
     TransceiverInfo,
+    flow_key,
     redis_client,
     trace_key,
     transceiver_key,
@@ -102,3 +107,77 @@ async def trace_handoff_writer(
                 counters["redis_errors"] += 1
     finally:
         client.close()
+
+
+# One atomic check-and-write: the key is free (or already this call's), then it is ours.
+PIN_UNLESS_TAKEN = """
+local held = redis.call('HGET', KEYS[1], 'token')
+if held and held ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+class FlowPins:
+    """The relay flows of this transceiver's phone calls (`firsthop:flow:{ip}:{port}`).
+
+    A trunk's RTP has no ufrag for a relay to route on. So when a phone call is answered,
+    its transceiver writes the relay flow for the address the trunk's offer named, before
+    the answer leaves: the relay that gets the trunk's first datagram finds it in Redis
+    (its look-up on a miss, `flow_table.recovered`), re-verifies the route token in it (the
+    call's own, signed here) and forwards. Only that exact address: a datagram from any
+    other source finds nothing. The pin is kept while the call lives (written again every
+    `FLOW_TTL / 3` s: the relay's own refreshes stop while the trunk is silent) and deleted
+    at its end, when the relays that carried it are told the token is revoked.
+    """
+
+    def __init__(self, url: str, counters: Counter[str]) -> None:
+        self._client = redis_client(url)
+        self._counters = counters
+        self.pinned: dict[Address, bytes] = {}
+
+    def _write(self, pins: list[tuple[Address, bytes]]) -> None:
+        pipe = self._client.pipeline(transaction=True)  # never a key without its TTL
+        for client, token in pins:
+            key = flow_key(client)
+            pipe.hset(key, mapping=FlowRecord(token).to_hash())  # type: ignore[arg-type]
+            pipe.expire(key, FLOW_TTL)
+        pipe.execute()
+
+    async def pin(self, client: Address, token: bytes) -> bool:
+        """Write it now, unless the address is another flow's (False: a trunk may not take
+        a live caller's or another call's media address); `redis.RedisError` if Redis
+        cannot take it (no phone call without its flow)."""
+        fields = [v for pair in FlowRecord(token).to_hash().items() for v in pair]
+        args: list[bytes | int] = [token, FLOW_TTL, *fields]
+        done = await trio.to_thread.run_sync(
+            lambda: self._client.eval(PIN_UNLESS_TAKEN, 1, flow_key(client), *args)
+        )
+        if done != 1:
+            self._counters["flow_pin_refused"] += 1
+            return False
+        self.pinned[client] = token
+        return True
+
+    async def unpin(self, client: Address) -> None:
+        if self.pinned.pop(client, None) is None:
+            return
+        try:
+            await trio.to_thread.run_sync(self._client.delete, flow_key(client))
+        except redis.RedisError:
+            self._counters["redis_errors"] += 1  # (it expires within FLOW_TTL)
+
+    async def keep(self) -> None:
+        """Write every live pin again every `FLOW_TTL / 3` seconds, until cancelled."""
+        try:
+            while True:
+                await trio.sleep(FLOW_TTL / 3)
+                if self.pinned:
+                    try:
+                        await trio.to_thread.run_sync(self._write, list(self.pinned.items()))
+                    except redis.RedisError:
+                        self._counters["redis_errors"] += 1
+        finally:
+            self._client.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import ipaddress
 import logging
 import math
 import os
@@ -23,13 +24,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 import trio
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from firsthop.services.transceiver.agents import TLS_SCHEMES
 from firsthop.services.transceiver.ice_lite import Credentials
-from firsthop.services.transceiver.rtc import Milestone, around_ticks, call_asyncio, watch_readable
+from firsthop.services.transceiver.registry import FlowPins
+from firsthop.services.transceiver.rtc import (
+    Milestone,
+    PlainRtpSession,
+    around_ticks,
+    call_asyncio,
+    watch_readable,
+)
 from firsthop.services.transceiver.session import Session
 from firsthop.services.transceiver.table import (
     LINGER,
@@ -44,6 +53,7 @@ from firsthop.shared import memory, mmsg
 from firsthop.shared.address import Address
 from firsthop.shared.metrics import Histogram
 from firsthop.shared.sdp import (
+    SdpError,
     ask_for_opus_fec,
     check_offer,
     classify_candidate,
@@ -141,6 +151,7 @@ class Transceiver:
         self._timer_at = math.inf  # when the timer task will next wake
         self._timer_moved = trio.Event()
         self._agent_tls: ssl.SSLContext | None = None
+        self.flow_pins: FlowPins | None = None  # with Redis: phone calls' relay flows
         self.ready = False  # serving, and in the registry (with Redis): `serve_transceiver`
 
     def agent_tls(self) -> ssl.SSLContext:
@@ -368,44 +379,17 @@ class Transceiver:
             reason = classify_candidate(candidate, self.config.deny_candidate_cidr)
             self.counters[f"candidate_{reason or 'ignored'}"] += 1
         assert self._sessions_nursery is not None
-        span = TRACER.start_span(
-            "transceiver.session",
-            context=context_from_traceparent(traceparent),
-            kind=SpanKind.SERVER,
-            attributes={
-                "firsthop.call_id": call_id,
-                "firsthop.region": region or self.config.region,
-                "firsthop.transceiver": self.config.id,
-                "firsthop.ingress": ",".join(f"{h}:{p}" for h, p in ingress),
-            },
-        )
+        span = self._session_span(call_id, region, ingress, traceparent)
         remote = offer.media[0]
         assert remote.ufrag is not None and remote.pwd is not None  # check_offer saw to it
         session: Session | None = None
         try:
             creds = self.table.credentials(remote.ufrag, remote.pwd)
             session_id = secrets.token_urlsafe(12)
-            url = agent_url or self.config.agent_url or ""
-            session = Session(
-                session_id=session_id,
-                call_id=call_id,
-                agent_url=url or None,
-                region=region or self.config.region,
-                ingress=ingress,
-                ingress_tcp=ingress_tcp or [],
-                creds=creds,
-                send=self.send_to_client,
-                selected=lambda: self.table.selected(session_id),
-                on_state=self._on_state,
-                counters=self.counters,
-                traceparent=traceparent,
-                span=span,
-                session_config=session_config,
-                agent_headers=self._agent_headers(),
-                agent_tls=self.agent_tls() if url.startswith(TLS_SCHEMES) else None,
-                end_call=self._end_call,
-            )
-            span.set_attribute("firsthop.session_id", session_id)
+            session = self._new_session(
+                session_id, call_id, agent_url, region, ingress, ingress_tcp or [], creds,
+                traceparent, span, session_config,
+            )  # fmt: skip
             with trace.use_span(span, end_on_exit=False):
                 with TRACER.start_as_current_span("transceiver.answer"):
                     answer = await self._answer(session, offer_sdp)
@@ -428,6 +412,145 @@ class Transceiver:
         self.trace_handoff(creds.local_ufrag, span)
         self._sessions_nursery.start_soon(self._run_session, session)
         return session_id, answer
+
+    async def create_phone_session(
+        self,
+        *,
+        call_id: str,
+        offer_sdp: str,
+        ingress: list[Address],
+        agent_url: str | None,
+        region: str | None,
+        traceparent: str | None = None,
+        session_config: dict[str, Any] | None = None,
+    ) -> tuple[str, str]:
+        """A phone call from a SIP trunk (signaling's SIP front): plain RTP as the trunk's
+        offer says (`rtc/plain_rtp.py`), its media pinned to the one address that offer
+        names, here (`SessionTable.open_pinned`) and on the relays (`FlowPins`, written
+        before the answer leaves). (session id, answer SDP); `Refusal` says why not."""
+        self.table.check_admission()
+        if not ingress:
+            raise Refusal(400, "no ingress address to advertise")
+        pins = self.flow_pins
+        if pins is None and not self.config.accept_direct:
+            raise Refusal(503, "phone calls need --redis: their relay flow is published there")
+        assert self._sessions_nursery is not None
+        span = self._session_span(call_id, region, ingress, traceparent)
+        span.set_attribute("firsthop.media", "rtp")
+        session: Session | None = None
+        pinned: Address | None = None
+        try:
+            creds = self.table.credentials("-", "-")  # (its token routes; nobody checks it)
+            session_id = secrets.token_urlsafe(12)
+            session = self._new_session(
+                session_id, call_id, agent_url, region, ingress, [], creds, traceparent,
+                span, session_config, media="rtp",
+            )  # fmt: skip
+            with trace.use_span(span, end_on_exit=False):
+                with TRACER.start_as_current_span("transceiver.answer"):
+                    try:
+                        answer = await session.answer(offer_sdp)
+                    except SdpError as exc:
+                        self.counters["offer_rejected"] += 1
+                        raise Refusal(400, f"offer rejected: {exc}") from exc
+            assert isinstance(session.rtc, PlainRtpSession) and session.rtc.remote is not None
+            remote = session.rtc.remote
+            self._check_trunk_media(remote)
+            if pins is not None:
+                try:
+                    if not await pins.pin(remote, creds.local_ufrag.encode()):
+                        raise Refusal(409, "the offer's media address is another flow's")
+                except redis.RedisError as exc:
+                    self.counters["redis_errors"] += 1
+                    raise Refusal(503, "Redis unavailable: the call's relay flow") from exc
+                pinned = remote
+            self.table.open_pinned(time.monotonic(), session_id, session, creds, remote)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                if pinned is not None and pins is not None:
+                    await pins.unpin(pinned)
+                if session is not None:
+                    await self._close_unopened(session)
+            span.set_status(trace.StatusCode.ERROR, "session not opened")
+            span.end()
+            if isinstance(exc, Refusal) or not isinstance(exc, Exception):
+                raise
+            self.counters["session_errors"] += 1
+            self.counters["session_error_setup"] += 1
+            log.exception("phone session setup for call %s failed", call_id)
+            raise Refusal(500, "session setup failed") from exc
+        self._rearm()
+        self.counters["phone_sessions"] += 1
+        self._sessions_nursery.start_soon(self._run_session, session)
+        return session_id, answer
+
+    def _check_trunk_media(self, remote: Address) -> None:
+        """Where a trunk's offer may ask for media: not an address of no host, not a range
+        the operator denies (`--deny-candidate-cidr`), not one a live call of ours has."""
+        try:
+            ip = ipaddress.ip_address(remote[0])
+        except ValueError as exc:
+            raise Refusal(400, "the offer's media address is not an IP address") from exc
+        if ip.is_unspecified or ip.is_multicast or remote[1] == 0:
+            raise Refusal(400, "the offer's media address is no host's")
+        if any(ip in ipaddress.ip_network(c) for c in self.config.deny_candidate_cidr):
+            self.counters["trunk_media_denied"] += 1
+            raise Refusal(400, "the offer's media address is in a denied range")
+        if remote in self.table.mux.by_client:
+            self.counters["trunk_media_in_use"] += 1
+            raise Refusal(409, "the offer's media address is another call's")
+
+    def _session_span(
+        self, call_id: str, region: str | None, ingress: list[Address], traceparent: str | None
+    ) -> Span:
+        return TRACER.start_span(
+            "transceiver.session",
+            context=context_from_traceparent(traceparent),
+            kind=SpanKind.SERVER,
+            attributes={
+                "firsthop.call_id": call_id,
+                "firsthop.region": region or self.config.region,
+                "firsthop.transceiver": self.config.id,
+                "firsthop.ingress": ",".join(f"{h}:{p}" for h, p in ingress),
+            },
+        )
+
+    def _new_session(
+        self,
+        session_id: str,
+        call_id: str,
+        agent_url: str | None,
+        region: str | None,
+        ingress: list[Address],
+        ingress_tcp: list[Address],
+        creds: Credentials,
+        traceparent: str | None,
+        span: Span,
+        session_config: dict[str, Any] | None,
+        media: str = "webrtc",
+    ) -> Session:
+        url = agent_url or self.config.agent_url or ""
+        span.set_attribute("firsthop.session_id", session_id)
+        return Session(
+            session_id=session_id,
+            call_id=call_id,
+            agent_url=url or None,
+            region=region or self.config.region,
+            ingress=ingress,
+            ingress_tcp=ingress_tcp,
+            creds=creds,
+            send=self.send_to_client,
+            selected=lambda: self.table.selected(session_id),
+            on_state=self._on_state,
+            counters=self.counters,
+            traceparent=traceparent,
+            span=span,
+            session_config=session_config,
+            agent_headers=self._agent_headers(),
+            agent_tls=self.agent_tls() if url.startswith(TLS_SCHEMES) else None,
+            end_call=self._end_call,
+            media=media,
+        )
 
     async def _answer(self, session: Session, offer_sdp: str) -> str:
         """The answer to a checked offer; aiortc's own checks of it (AssertionError,
@@ -457,6 +580,10 @@ class Transceiver:
         finally:
             for notice in self.table.remove(session.session_id, time.monotonic()):
                 self._send(notice.data, notice.dest)  # its relays stop routing its tokens
+            if isinstance(session.rtc, PlainRtpSession) and session.rtc.remote is not None:
+                if self.flow_pins is not None:
+                    with trio.CancelScope(shield=True):
+                        await self.flow_pins.unpin(session.rtc.remote)
             self._rearm()  # it lingers: its revocations are due later
             self._session_removed.set()
             if len(self.table) == 0:

@@ -53,6 +53,7 @@ from firsthop.services.transceiver.rtc import (
     AgentLink,
     AgentLinkError,
     Milestone,
+    PlainRtpSession,
     RtcSession,
     SessionCallbacks,
     call_asyncio,
@@ -100,12 +101,13 @@ class Session:
     agent_headers: list[tuple[str, str]] = field(default_factory=list)  # Realtime backends
     agent_tls: ssl.SSLContext | None = None  # for wss:// agents
     end_call: Callable[[Session, str], None] | None = None  # ask the transceiver to end it
+    media: str = "webrtc"  # or "rtp": a phone call's plain RTP (`rtc/plain_rtp.py`)
     created: float = field(default_factory=time.monotonic)
     milestones: dict[Milestone, float] = field(default_factory=dict)
     state: str = "new"
     ended: trio.Event = field(default_factory=trio.Event)
     end_reason: str | None = None
-    rtc: RtcSession = field(init=False)
+    rtc: RtcSession | PlainRtpSession = field(init=False)
 
     def __post_init__(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
@@ -116,20 +118,22 @@ class Session:
         self._call_state_events = True
         self.failure: str | None = None  # the stage that raised, if one did
         self.sidebands: list[trio.MemorySendChannel[str]] = []
-        self.rtc = RtcSession(
-            candidates=self.ingress,
-            tcp_candidates=self.ingress_tcp,
-            send=self.send,
-            callbacks=SessionCallbacks(
-                audio=self._guard("media", self._audio_in),
-                state=self._guard("events", self._state_in),
-                message=self._guard("events", self._message_in),
-                selected=self.selected,
-                milestone=self._guard("events", self._milestone),
-                count=self._count,
-                failed=self.fail,
-            ),
+        callbacks = SessionCallbacks(
+            audio=self._guard("media", self._audio_in),
+            state=self._guard("events", self._state_in),
+            message=self._guard("events", self._message_in),
+            selected=self.selected,
+            milestone=self._guard("events", self._milestone),
+            count=self._count,
+            failed=self.fail,
+            dtmf=self._guard("events", self._dtmf_in),
         )
+        if self.media == "rtp":
+            self.rtc = PlainRtpSession(self.send, callbacks, candidates=self.ingress)
+        else:
+            self.rtc = RtcSession(
+                self.send, callbacks, candidates=self.ingress, tcp_candidates=self.ingress_tcp
+            )
 
     # -- failure: whatever one call raises ends that call only ----------------------------------
 
@@ -183,6 +187,15 @@ class Session:
         message = agent.caller_audio(pcm)
         if message is not None and not self._to_agent(message):
             self.counters["agent_audio_dropped"] += 1
+
+    def _dtmf_in(self, digit: str, duration: float) -> None:
+        """A key the caller pressed (RFC 4733): to the agent, in its protocol's words."""
+        agent = self._agent
+        if agent is None:
+            self.counters["dtmf_dropped_no_agent"] += 1
+            return
+        self.counters["dtmf_to_agent"] += 1
+        self._apply(agent, agent.dtmf(digit, duration), None)
 
     def _state_in(self, state: str) -> None:
         self.state = state
@@ -335,7 +348,9 @@ class Session:
         )
         agent = kind.protocol(call)
         self._agent = agent
-        self._hold, self._call_state_events = agent.hold_events, agent.call_state_events
+        # (a phone call has no data channel to hold events for: the sidebands hear them)
+        self._hold = agent.hold_events and self.media == "webrtc"
+        self._call_state_events = agent.call_state_events
         if agent.sends_ahead:
             self.rtc.configure_output(AHEAD_FRAMES, drain_quiet=False)
         self.rtc.on_played = lambda tag: self._played(agent, tag)

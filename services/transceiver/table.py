@@ -59,6 +59,9 @@ from firsthop.shared.wire.proxy_v2 import build_proxy_v2, revocation_tlv
 H = TypeVar("H")
 SETUP_TIMEOUT = 30.0  # offer to connected
 CONSENT_TIMEOUT = 30.0  # RFC 7675 §5.1: no authenticated check for this long ends the call
+# A phone call has no consent checks: no RTP or RTCP from its trunk for this long ends it
+# (a held call still gets RTCP reports, RFC 3550 §6.2; SBCs' RTP timeouts are 30-300 s).
+MEDIA_TIMEOUT = 60.0
 ENDED_REMEMBERED = 10_000
 NOTICE_INTERVAL = 1.0  # one TOKEN_REVOKED per (relay, token) per second, at most
 MAX_NOTICES_REMEMBERED = 10_000
@@ -139,6 +142,8 @@ class Entry(Generic[H]):
     old_ufrags: list[str] = field(default_factory=list)
     notices: list[Send] = field(default_factory=list)  # held while it lingers
     budget: TokenBucket = field(init=False)  # what its caller may send (`SESSION_RATE`)
+    pinned: Address | None = None  # a phone call: its media's one address (no ICE)
+    last_media: float = 0.0  # (a pinned session: when its media last came)
 
     def __post_init__(self) -> None:
         self.budget = TokenBucket(SESSION_RATE, SESSION_BURST, self.opened)
@@ -158,12 +163,14 @@ class SessionTable(Generic[H]):
         accept_direct: bool = False,
         setup_timeout: float = SETUP_TIMEOUT,
         consent_timeout: float = CONSENT_TIMEOUT,
+        media_timeout: float = MEDIA_TIMEOUT,
     ) -> None:
         self.mint_ufrag = mint_ufrag
         self.mint_password = mint_password
         self.capacity = capacity
         self.setup_timeout = setup_timeout
         self.consent_timeout = consent_timeout
+        self.media_timeout = media_timeout
         self.mux: SessionMux[Entry[H]] = SessionMux(accept_direct=accept_direct)
         self.entries: dict[str, Entry[H]] = {}
         self.counters: Counter[str] = Counter()
@@ -198,6 +205,20 @@ class SessionTable(Generic[H]):
         self.mux.add_ufrag(creds.local_ufrag, entry)
         self._arm(now + self.setup_timeout, session_id, "setup")
 
+    def open_pinned(
+        self, now: float, session_id: str, handle: H, creds: Credentials, client: Address
+    ) -> None:
+        """Admit a phone call: no ICE, its media path is the trunk's address its offer
+        named (`client`), as its relay frames it. Its checks would be refused (nobody knows
+        its password); it lives while media comes (`media_timeout`, from now)."""
+        self.check_admission()
+        entry = Entry(session_id, handle, LiteIce(creds), opened=now, pinned=client)
+        entry.connected_at = entry.last_media = now
+        self.entries[session_id] = entry
+        self.mux.add_ufrag(creds.local_ufrag, entry)  # (its relays are told of it at its end)
+        self.mux.validated(entry, client)
+        self._arm(now + self.media_timeout, session_id, "media")
+
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -206,7 +227,9 @@ class SessionTable(Generic[H]):
 
     def selected(self, session_id: str) -> Address | None:
         entry = self.entries.get(session_id)
-        return entry.ice.selected if entry is not None else None
+        if entry is None:
+            return None
+        return entry.pinned or entry.ice.selected
 
     # -- datagrams ----------------------------------------------------------------------------
 
@@ -224,6 +247,7 @@ class SessionTable(Generic[H]):
             if not d.session.budget.take(now):
                 self.counters["session_rate_limited"] += 1
                 return ()
+            d.session.last_media = now
             return (ToMedia(d.session.handle, d.payload, d.client),)
         return self._on_stun(now, d)
 
@@ -460,6 +484,12 @@ class SessionTable(Generic[H]):
                 self._arm(expires, entry.session_id, "consent")
                 return None
             return self.end(entry.session_id, "consent_expired")
+        if kind == "media":
+            expires = entry.last_media + self.media_timeout
+            if now < expires:
+                self._arm(expires, entry.session_id, "media")
+                return None
+            return self.end(entry.session_id, "media_timeout")
         if kind == "probe":
             lapsed = entry.ice.on_deadline(now)
             if lapsed is not None:

@@ -58,7 +58,7 @@ def test_a_session_answers_with_its_own_ecdsa_p256_certificate_and_the_wide_suit
         caller = RTCPeerConnection()
         caller.addTransceiver("audio")
         await caller.setLocalDescription(await caller.createOffer())
-        session = RtcSession([("127.0.0.1", 3478)], lambda data, addr: None, callbacks)
+        session = RtcSession(lambda data, addr: None, callbacks, candidates=[("127.0.0.1", 3478)])
         answer = await session.answer(caller.localDescription.sdp, ("ufrag", "p" * 24))
         await session.pc.close()
         await caller.close()

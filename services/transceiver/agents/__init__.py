@@ -41,6 +41,9 @@ class AgentProtocol(Protocol):
     def call_state(self, state: str) -> Message | None:
         """The call's connection state changed."""
 
+    def dtmf(self, digit: str, duration: float) -> list[AgentEvent]:
+        """The caller pressed a key (a phone call's RFC 4733 event)."""
+
     def closing(self) -> list[Message]:
         """What to send before hanging up (the call is over)."""
 

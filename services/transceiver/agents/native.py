@@ -72,6 +72,10 @@ class NativeProtocol:
     def call_state(self, state: str) -> Message | None:
         return json.dumps({"type": "call.state", "state": state})
 
+    def dtmf(self, digit: str, duration: float) -> list[AgentEvent]:
+        event = {"type": "dtmf", "digit": digit, "duration_ms": round(duration * 1000)}
+        return [ToAgent(json.dumps(event))]
+
     def closing(self) -> list[Message]:
         return [json.dumps({"type": "session.end"})]
 

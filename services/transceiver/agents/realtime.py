@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -159,6 +160,17 @@ class RealtimeProtocol:
 
     def call_state(self, state: str) -> Message | None:
         return None  # the backend has no word for it
+
+    def dtmf(self, digit: str, duration: float) -> list[AgentEvent]:
+        """OpenAI's SIP calls tell the app of a key on its sideband socket with this server
+        event; the backend (a model) has no client event for it."""
+        event = {
+            "type": "input_audio_buffer.dtmf_event_received",
+            "event_id": self.new_id(),
+            "event": digit,
+            "received_at": int(time.time()),
+        }
+        return [ToCaller(json.dumps(event))]
 
     def closing(self) -> list[Message]:
         return []

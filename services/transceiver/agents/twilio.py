@@ -99,6 +99,9 @@ class TwilioProtocol:
     def call_state(self, state: str) -> Message | None:
         return None
 
+    def dtmf(self, digit: str, duration: float) -> list[AgentEvent]:
+        return [ToAgent(tw.dtmf(self._next(), self.stream_sid, digit))]
+
     def closing(self) -> list[Message]:
         return [tw.stop(self._next(), self.stream_sid, self.call_sid)]
 

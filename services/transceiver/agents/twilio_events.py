@@ -78,6 +78,14 @@ def mark(seq: int, stream_sid: str, name: str) -> str:
     return json.dumps({**msg, "mark": {"name": name}})
 
 
+def dtmf(seq: int, stream_sid: str, digit: str) -> str:
+    """A key the caller pressed (Twilio sends these for `<Connect><Stream>` calls)."""
+    body = {"track": "inbound_track", "digit": digit}
+    return json.dumps(
+        {"event": "dtmf", "sequenceNumber": str(seq), "streamSid": stream_sid, "dtmf": body}
+    )
+
+
 def stop(seq: int, stream_sid: str, call_sid: str) -> str:
     body = {"accountSid": ACCOUNT_SID, "callSid": call_sid}
     msg = {"event": "stop", "sequenceNumber": str(seq), "streamSid": stream_sid, "stop": body}

@@ -7,6 +7,9 @@
   table's `LiteIce` is the one ICE agent);
 * `session`: one call's peer connection (`RtcSession`), for offer/answer, DTLS and the data
   channel, and the I/O of its media core (`media/core.py`), reporting through callbacks;
+* `media_io`: the I/O of a call's media core (`MediaIo`), shared by both kinds of call;
+* `plain_rtp`: one phone call's media (`PlainRtpSession`): plain RTP as a SIP trunk offers
+  it, no aiortc at all;
 * `media_clock`: one timer for every call's media core;
 * `agent_link`: the WebSocket to an agent, on the host loop (the protocol spoken over it is
   `services/transceiver/agents/`' business).
@@ -20,12 +23,15 @@ from firsthop.services.transceiver.rtc.bridge import (
 )
 from firsthop.services.transceiver.rtc.hooks import check_pinned_versions, hook_points
 from firsthop.services.transceiver.rtc.media_clock import around_ticks
-from firsthop.services.transceiver.rtc.session import Milestone, RtcSession, SessionCallbacks
+from firsthop.services.transceiver.rtc.media_io import Milestone, SessionCallbacks
+from firsthop.services.transceiver.rtc.plain_rtp import PlainRtpSession
+from firsthop.services.transceiver.rtc.session import RtcSession
 
 __all__ = [
     "AgentLink",
     "AgentLinkError",
     "Milestone",
+    "PlainRtpSession",
     "RtcSession",
     "SessionCallbacks",
     "around_ticks",

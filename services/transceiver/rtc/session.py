@@ -18,27 +18,19 @@ data-channel messages, and `Milestone`s for the setup timeline (span events and 
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from firsthop.services.transceiver.media.core import (
-    AudioReceived,
-    CallMedia,
-    FirstAudioReceived,
-    FirstAudioSent,
-    FramePlayed,
-    FramesDropped,
-    MediaParams,
-)
+from firsthop.services.transceiver.media.core import CallMedia, MediaParams
 from firsthop.services.transceiver.media.srtp import SrtpContext
 from firsthop.services.transceiver.rtc import dtls_hooks, hooks, sctp_hooks
 from firsthop.services.transceiver.rtc.lite_connection import LiteConnection
-from firsthop.services.transceiver.rtc.media_clock import MediaClock, clock_of
+from firsthop.services.transceiver.rtc.media_clock import clock_of
+from firsthop.services.transceiver.rtc.media_io import MediaIo, Milestone
 from firsthop.shared.address import Address
 from firsthop.shared.sdp import answering_direction, audio_stream, set_audio_direction
 from firsthop.shared.wire.demux import STUN_LAST
@@ -46,46 +38,13 @@ from firsthop.shared.wire.demux import STUN_LAST
 MAX_CHANNEL_BACKLOG = 1 << 20  # bytes of events queued on a caller's data channel
 
 
-class Milestone(enum.StrEnum):
-    """Facts of a call's setup, in the order they usually happen (span event names)."""
-
-    ICE_CONNECTED = "ice_connected"
-    DTLS_CONNECTED = "dtls_connected"
-    DTLS_FAILED = "dtls_failed"
-    DATACHANNEL_OPEN = "datachannel_open"
-    FIRST_RTP_IN = "first_rtp_in"
-    FIRST_AUDIO_OUT = "first_audio_out"
-
-
 @dataclass
-class SessionCallbacks:
-    """What a session reports back (called on the loop thread, from asyncio context)."""
-
-    audio: Callable[[bytes], None]  # a decoded 20 ms frame, PCM16 mono 48 kHz
-    state: Callable[[str], None]  # the peer connection's state
-    message: Callable[[str | bytes], None]  # from the caller's data channel
-    selected: Callable[[], Address | None]  # the media path the session table chose
-    milestone: Callable[[Milestone], None]
-    count: Callable[[str], None]
-    # something raised while handling the call's media: that call fails (`Session.fail`)
-    failed: Callable[[str, BaseException], None] = lambda stage, exc: None
-
-
-@dataclass
-class RtcSession:
-    candidates: list[Address]  # the relay ingress address(es) advertised in the answer
-    send: Callable[[bytes, Address], None]  # frames and sends one datagram to a client
-    callbacks: SessionCallbacks
+class RtcSession(MediaIo):
+    candidates: list[Address] = field(default_factory=list)  # the relay ingress advertised
     tcp_candidates: list[Address] = field(default_factory=list)  # ICE-TCP ingress, passive
     pc: RTCPeerConnection = field(init=False)
     channel: Any = field(init=False, default=None)
-    media: CallMedia | None = field(init=False, default=None)  # from the answer on
-    on_played: Callable[[Hashable], None] | None = field(init=False, default=None)
-    on_dropped: Callable[[Hashable], None] | None = field(init=False, default=None)
-    timer_at: float | None = field(init=False, default=None)  # (the media clock's entry)
     ice: LiteConnection | None = field(init=False, default=None)  # from the answer on
-    _clock: MediaClock | None = field(init=False, default=None)
-    _counted: bool = field(init=False, default=False)  # its totals were handed over
     _dtls_client: bool = field(init=False, default=True)  # our answer's a=setup:active
 
     def __post_init__(self) -> None:
@@ -160,74 +119,12 @@ class RtcSession:
         through the call's `LiteConnection`; False if that queue was full (dropped)."""
         first = data[0]
         if 127 < first < 192:  # RTP/RTCP (RFC 7983)
-            media = self.media
-            if media is not None:
-                try:
-                    media.receive_datagram(data, time.monotonic())
-                    self._pump(media)
-                except Exception as exc:
-                    self.callbacks.failed("media", exc)
+            self.media_datagram(data)
             return True
         ice = self.ice
         if ice is None or first <= STUN_LAST:
             return False
         return ice.deliver(data)
-
-    # -- the agent's audio -----------------------------------------------------------------
-
-    def push_audio(self, pcm: bytes, tag: Hashable | None = None) -> None:
-        """Queue the agent's PCM16 mono 48 kHz (any length) to play into the call; frames
-        dropped doing so are reported through `on_dropped`."""
-        media = self.media
-        if media is not None:
-            media.push_audio(pcm, tag, time.monotonic())
-            self._pump(media)
-
-    def clear_audio(self) -> None:
-        if self.media is not None:
-            self.media.clear()
-
-    def configure_output(self, max_frames: int, drain_quiet: bool) -> None:
-        if self.media is not None:
-            self.media.configure_output(max_frames, drain_quiet)
-
-    # -- the media core's I/O ------------------------------------------------------------------
-
-    def on_timer(self, now: float) -> None:
-        media = self.media
-        if media is None:
-            return
-        try:
-            media.handle_timer(now)
-            self._pump(media)
-        except Exception as exc:
-            self.callbacks.failed("media", exc)
-
-    def _pump(self, media: CallMedia) -> None:
-        """Carry out what the core has for the world, then re-arm its timer."""
-        datagrams = media.datagrams_to_send()
-        if datagrams:
-            addr = self.callbacks.selected()
-            if addr is not None:
-                for data in datagrams:
-                    self.send(data, addr)
-        while (event := media.next_event()) is not None:
-            match event:
-                case AudioReceived(pcm):
-                    self.callbacks.audio(pcm)
-                case FramePlayed(tag):
-                    if self.on_played is not None:
-                        self.on_played(tag)
-                case FramesDropped(tags):
-                    for tag in tags:
-                        if self.on_dropped is not None:
-                            self.on_dropped(tag)
-                case FirstAudioReceived():
-                    self.callbacks.milestone(Milestone.FIRST_RTP_IN)
-                case FirstAudioSent():
-                    self.callbacks.milestone(Milestone.FIRST_AUDIO_OUT)
-        if self._clock is not None:
-            self._clock.arm(self, media.get_timer())
 
     # -- events ------------------------------------------------------------------------------
 
@@ -280,26 +177,6 @@ class RtcSession:
             self.callbacks.count("event_dropped_too_big_for_caller")
         return True
 
-    def live_stats(self) -> dict[str, int]:
-        """What this call has counted so far (for /metrics while it lasts)."""
-        if self._counted or self.media is None:
-            return {}
-        return self.media.stats()
-
-    def quality(self) -> dict[str, float]:
-        """RTT, jitter and loss of the call (`CallMedia.summary`)."""
-        return self.media.summary() if self.media is not None else {}
-
-    def totals(self) -> dict[str, int]:
-        """What this call counted, handed once to the transceiver's counters at its end."""
-        stats = self.live_stats()
-        self._counted = True
-        return stats
-
     async def close(self) -> None:
-        media = self.media
-        if media is not None:
-            if self._clock is not None:
-                self._clock.arm(self, None)
-            media.close()  # (up to 30 s of a backend's audio: gone with the call)
+        self.close_media()
         await self.pc.close()

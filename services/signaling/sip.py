@@ -1,0 +1,275 @@
+"""Signaling's SIP front: phone calls from SIP trunks, placed like WebRTC calls.
+
+`--sip-listen HOST:PORT` opens a UDP socket. `SipUas` (`services/sip/uas.py`) makes every SIP
+decision; this is its Trio I/O, and what it answers with:
+
+* a new call (`CallOffered`) rings (180) and is placed through `Calls` like any other, with
+  media "rtp": the transceiver answers the trunk's SDP with the region's relay ingress (the
+  one public UDP port) and publishes the relay flow for the trunk's media address
+  (`registry.FlowPins`); its answer goes back in our 200 OK. The Request-URI's user names
+  the agent (`sip:echo@edge` -> `--agent-url echo=...`; an unknown one: 404);
+* what placing said no to becomes a SIP status: an offer the transceiver cannot take 488,
+  no capacity 503 (with Retry-After), anything else 500;
+* a BYE, a CANCEL, a missing ACK or a ring timeout ends the transceiver's session; a session
+  that ends on its own (its agent hung up, the trunk's media stopped) is found by a poll
+  (`call_poll_interval`, as `/v1/ws` watches its calls) and the trunk gets a BYE;
+* a re-INVITE or UPDATE (hold, resume) is answered with the call's answer again, its
+  direction answering the new offer's.
+
+Every call is one task, at most `Limits.calls` of them (the UAS refuses more with 503).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import socket
+from dataclasses import dataclass, field
+
+import trio
+
+from firsthop.services.signaling.auth import Principal
+from firsthop.services.signaling.calls import CallRequest, Calls, OfferBody
+from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.transceivers import TransceiverDown
+from firsthop.services.sip.uas import (
+    CallConfirmed,
+    CallEnded,
+    CallOffered,
+    CallReoffered,
+    Limits,
+    SipUas,
+    Trunk,
+)
+from firsthop.shared.address import Address, format_hostport
+from firsthop.shared.redis_store import CallRecord
+from firsthop.shared.rtp_offer import ANSWERING, parse_rtp_offer
+from firsthop.shared.sdp import SdpError
+from firsthop.shared.wire import sip
+
+log = logging.getLogger("firsthop.signaling.sip")
+
+# What placing a call said, as the status the trunk hears (RFC 3261 §21).
+STATUS_OF_PROBLEM = {400: (488, "Not Acceptable Here"), 503: (503, "Service Unavailable")}
+
+
+@dataclass
+class SipConfig:
+    listen: Address
+    trunks: list[Trunk]
+    public: Address | None = None  # our Contact's host:port (default: `listen`)
+    limits: Limits = field(default_factory=Limits)
+    poll_interval: float = 1.0  # the transceiver's session, probed this often per call
+
+
+@dataclass(eq=False)
+class PhoneCall:
+    call: str  # the UAS's handle (our To tag)
+    ended: trio.Event = field(default_factory=trio.Event)
+    end_reason: str | None = None
+    answer: str | None = None  # our SDP answer, once placed
+    version: int = 1
+
+
+class SipFront:
+    def __init__(self, calls: Calls, config: SipConfig) -> None:
+        self.calls = calls
+        self.config = config
+        self.counters = calls.stats.counters
+        self.uas: SipUas | None = None
+        self._sock: trio.socket.SocketType | None = None
+        self._live: dict[str, PhoneCall] = {}
+        self._timer_moved = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        host, port = self.config.listen
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+        with sock:
+            await sock.bind(self.config.listen)
+            bound: Address = sock.getsockname()[:2]
+            public = self.config.public or bound
+            self.uas = SipUas(
+                trunks=self.config.trunks,
+                contact=f"sip:firsthop@{format_hostport(public)}",
+                token=lambda: secrets.token_hex(8),
+                now=trio.current_time(),
+                limits=self.config.limits,
+            )
+            self._sock = sock
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._timers)
+                log.info(
+                    "SIP on udp %s (contact %s), trunks: %s",
+                    format_hostport(bound),
+                    self.uas.contact,
+                    ", ".join(t.name for t in self.config.trunks) or "none (every INVITE: 403)",
+                )
+                task_status.started(bound)
+                await self._receive(sock)
+
+    # -- the socket and the core's clock --------------------------------------------------------
+
+    async def _receive(self, sock: trio.socket.SocketType) -> None:
+        assert self.uas is not None
+        while True:
+            try:
+                data, source = await sock.recvfrom(sip.MAX_MESSAGE + 1)
+            except OSError:  # (an ICMP error of an earlier send, on Linux)
+                self.counters["sip_recv_error"] += 1
+                continue
+            self.uas.receive_datagram(data, (source[0], source[1]), trio.current_time())
+            await self._carry_out()
+
+    async def _timers(self) -> None:
+        assert self.uas is not None
+        while True:
+            at = self.uas.get_timer()
+            with trio.move_on_at(math.inf if at is None else at):
+                await self._timer_moved.wait()
+                self._timer_moved = trio.Event()
+                continue
+            self.uas.handle_timer(trio.current_time())
+            await self._carry_out()
+
+    async def _carry_out(self) -> None:
+        """Send what the core has to send, act on its events, re-read its timer."""
+        uas, sock = self.uas, self._sock
+        assert uas is not None and sock is not None and self._nursery is not None
+        while (event := uas.next_event()) is not None:
+            match event:
+                case CallOffered():
+                    phone = PhoneCall(event.call)
+                    self._live[event.call] = phone
+                    self._nursery.start_soon(self._run_call, phone, event)
+                case CallEnded(call, reason):
+                    phone_call = self._live.get(call)
+                    if phone_call is not None and phone_call.end_reason is None:
+                        phone_call.end_reason = reason
+                        phone_call.ended.set()
+                case CallReoffered(call, request):
+                    self._reanswer(call, request.body)
+                case CallConfirmed(call):
+                    self.counters["sip_calls_confirmed"] += 1
+        for data, dest in uas.datagrams_to_send():
+            try:
+                await sock.sendto(data, dest)
+            except OSError:
+                self.counters["sip_send_error"] += 1
+        self._timer_moved.set()
+
+    def _reanswer(self, call: str, offer: bytes) -> None:
+        """Hold, resume: the call's answer again, its direction answering the new offer."""
+        assert self.uas is not None
+        phone = self._live.get(call)
+        if phone is None or phone.answer is None:
+            self.uas.reject(call, 491, "Request Pending", trio.current_time())
+            return
+        sdp = phone.answer
+        if offer:
+            try:
+                direction = ANSWERING.get(parse_rtp_offer(offer).direction, "inactive")
+            except SdpError:
+                self.uas.reject(call, 488, "Not Acceptable Here", trio.current_time())
+                return
+            lines = [
+                f"a={direction}"
+                if line in ("a=sendrecv", "a=sendonly", "a=recvonly", "a=inactive")
+                else line
+                for line in sdp.split("\r\n")
+            ]
+            phone.version += 1
+            sdp = "\r\n".join(lines).replace(" 1 IN IP", f" {phone.version} IN IP", 1)
+        self.uas.answer(call, sdp.encode(), trio.current_time())
+
+    # -- one call --------------------------------------------------------------------------------
+
+    async def _run_call(self, phone: PhoneCall, offered: CallOffered) -> None:
+        uas = self.uas
+        assert uas is not None
+        record: CallRecord | None = None
+        try:
+            record = await self._place(phone, offered)
+            if record is None:
+                return
+            while not phone.ended.is_set():
+                with trio.move_on_after(self.config.poll_interval):
+                    await phone.ended.wait()
+                if phone.ended.is_set():
+                    break
+                try:
+                    gone = await self.calls.client.session_alive(record.api_url, record.session_id)
+                except TransceiverDown:
+                    if await self.calls.directory.is_registered(record.transceiver_id) is False:
+                        gone = "transceiver_lost"
+                    else:
+                        continue
+                if gone is not None:
+                    self.counters[
+                        f"sip_ended_by_edge_{'drain' if gone == 'drain' else 'other'}"
+                    ] += 1
+                    log.info("call %s: session ended (%s): BYE", record.call_id, gone)
+                    uas.hangup(phone.call, trio.current_time())
+                    await self._carry_out()
+                    record = None  # (the transceiver's session is gone already)
+                    return
+        finally:
+            self._live.pop(phone.call, None)
+            if record is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    try:
+                        await self.calls.end(record)
+                    except Problem:
+                        pass
+
+    async def _place(self, phone: PhoneCall, offered: CallOffered) -> CallRecord | None:
+        """Ring, place the call, answer it; None if it ended first or could not be placed."""
+        uas = self.uas
+        assert uas is not None
+        request = offered.request
+        agent = sip.uri_user(request.uri)
+        if agent is None or agent not in self.calls.agents:
+            self.counters["sip_unknown_agent"] += 1
+            uas.reject(phone.call, 404, "Not Found", trio.current_time())
+            await self._carry_out()
+            return None
+        uas.ring(phone.call)
+        await self._carry_out()
+        try:
+            record, answer = await self.calls.create(
+                CallRequest(
+                    offer=OfferBody(request.body.decode("utf-8", "replace"), ""),
+                    agent=agent,
+                    principal=Principal(kind="sip", tenant=offered.trunk),
+                    region_header=None,
+                    client_ip=offered.source[0],
+                    media="rtp",
+                )
+            )
+        except Problem as problem:
+            status, reason = STATUS_OF_PROBLEM.get(problem.status, (500, "Server Internal Error"))
+            self.counters[f"sip_refused_{status}"] += 1
+            log.info("call from trunk %s refused %d: %s", offered.trunk, status, problem.reason)
+            uas.reject(phone.call, status, reason, trio.current_time())
+            await self._carry_out()
+            return None
+        if phone.ended.is_set():  # cancelled while it was being placed
+            await self._end_quietly(record)
+            return None
+        phone.answer = answer
+        uas.answer(phone.call, answer.encode(), trio.current_time())
+        await self._carry_out()
+        self.counters["sip_calls_answered"] += 1
+        log.info("call %s: SIP call %s answered (agent %s)", record.call_id, phone.call, agent)
+        return record
+
+    async def _end_quietly(self, record: CallRecord) -> None:
+        try:
+            await self.calls.end(record)
+        except Problem:
+            pass

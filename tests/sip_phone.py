@@ -1,0 +1,214 @@
+"""What the SIP tests share: the phone edge as processes, and a scripted phone for the cases
+a stock user agent will not produce on cue (a CANCEL at a chosen moment, a forged source).
+
+`PhoneStack`: Redis, a relay reading flows from it, the echo agent, a transceiver publishing
+its phone calls' flows there, and signaling with `--sip-listen` and a trunk for loopback.
+`Phone`: a SIP UA over real UDP sockets (`shared/wire/sip.py` builds its messages, as any UA's
+stack would) with G.711 RTP toward the media address our answer names. The calls with real
+user agents (baresip, sipp) are in `tests/integration/test_sip_calls.py`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from firsthop.shared.rtp_offer import parse_rtp_offer
+from firsthop.shared.wire import g711, rtp, sip
+from firsthop.shared.wire.sip import SipRequest, SipResponse
+
+from .support import (
+    AgentProcess,
+    RedisServer,
+    RelayProcess,
+    SignalingProcess,
+    TransceiverProcess,
+    free_udp_port,
+    start_all,
+)
+
+
+@dataclass
+class PhoneStack:
+    redis: RedisServer
+    relay: RelayProcess
+    agent: AgentProcess
+    tx: TransceiverProcess
+    sig: SignalingProcess
+    sip: tuple[str, int]
+
+    @classmethod
+    @contextmanager
+    def running(cls, *signaling: str, trunk: str = "127.0.0.1/32") -> Iterator[PhoneStack]:
+        redis = RedisServer()
+        redis.start()
+        try:
+            relay = RelayProcess(redis_url=redis.url)
+            agent = AgentProcess("echo")
+            tx = TransceiverProcess("--redis", redis.url, agent_url=agent.url)
+            sip_port = free_udp_port()
+            sig = SignalingProcess(
+                *["--transceiver", tx.api, "--ingress", f"a={relay.listen[0]}:{relay.listen[1]}"],
+                *["--agent-url", f"echo={agent.url}"],
+                *["--sip-listen", f"127.0.0.1:{sip_port}", "--sip-trunk", f"local={trunk}"],
+                *signaling,
+            )
+            procs = [relay, agent, tx, sig]
+            start_all(*procs)
+            try:
+                yield cls(redis, relay, agent, tx, sig, ("127.0.0.1", sip_port))
+            finally:
+                for p in procs:
+                    p.kill()
+        finally:
+            redis.kill()
+
+
+def tone(freq: float, seconds: float, rate: int = 8000, level: float = 8000.0) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    return (level * np.sin(2 * np.pi * freq * t)).astype("<i2").tobytes()
+
+
+def power_at(pcm: bytes, freq: float, rate: int = 8000) -> float:
+    """The share of `pcm`'s energy within 30 Hz of `freq`."""
+    samples = np.frombuffer(pcm, "<i2").astype(float)
+    if len(samples) < 64:
+        return 0.0
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples)))) ** 2
+    freqs = np.fft.rfftfreq(len(samples), 1 / rate)
+    total = spectrum.sum() or 1.0
+    return float(spectrum[np.abs(freqs - freq) < 30].sum() / total)
+
+
+@dataclass
+class Phone:
+    """One SIP user agent on 127.0.0.1 (`host`: another loopback address, a stranger)."""
+
+    edge: tuple[str, int]
+    host: str = "127.0.0.1"
+    sock: socket.socket = field(init=False)
+    media: socket.socket = field(init=False)
+    call_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    tag: str = field(default_factory=lambda: secrets.token_hex(4))
+    cseq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    remote_tag: str | None = None
+    answer: str | None = None
+
+    def __post_init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((self.host, 0))
+        self.sock.settimeout(5.0)
+        self.media = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.media.bind((self.host, 0))
+        self.media.settimeout(0.02)
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def offer(self, codecs: str = "0 8 101") -> bytes:
+        port = self.media.getsockname()[1]
+        return (
+            f"v=0\r\no=phone 1 1 IN IP4 {self.host}\r\ns=-\r\nc=IN IP4 {self.host}\r\nt=0 0\r\n"
+            f"m=audio {port} RTP/AVP {codecs}\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:8 PCMA/8000\r\n"
+            "a=rtpmap:101 telephone-event/8000\r\na=fmtp:101 0-16\r\na=sendrecv\r\n"
+        ).encode()
+
+    def request(
+        self, method: str, *, user: str = "echo", body: bytes = b"", branch: str | None = None,
+        cseq: int | None = None, cseq_method: str | None = None,
+    ) -> SipRequest:  # fmt: skip
+        to = f"<sip:{user}@{self.edge[0]}:{self.edge[1]}>"
+        if self.remote_tag and method not in ("CANCEL",):
+            to += f";tag={self.remote_tag}"
+        branch = branch or sip.BRANCH_COOKIE + secrets.token_hex(6)
+        headers = [
+            ("Via", f"SIP/2.0/UDP {self.host}:{self.port};branch={branch};rport"),
+            ("Max-Forwards", "70"),
+            ("From", f"<sip:+15550100@{self.host}>;tag={self.tag}"),
+            ("To", to),
+            ("Call-ID", self.call_id),
+            ("CSeq", f"{cseq if cseq is not None else next(self.cseq)} {cseq_method or method}"),
+            ("Contact", f"<sip:+15550100@{self.host}:{self.port}>"),
+        ]
+        if body:
+            headers.append(("Content-Type", "application/sdp"))
+        uri = f"sip:{user}@{self.edge[0]}:{self.edge[1]}"
+        return sip.request(method, uri, headers, body)
+
+    def send(self, message: SipRequest) -> None:
+        self.sock.sendto(message.encode(), self.edge)
+
+    def receive(self, timeout: float = 5.0) -> SipRequest | SipResponse:
+        self.sock.settimeout(timeout)
+        data, _ = self.sock.recvfrom(65536)
+        return sip.parse_sip(data)
+
+    def responses_until_final(self, timeout: float = 10.0) -> list[SipResponse]:
+        got: list[SipResponse] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = self.receive(deadline - time.monotonic())
+            if isinstance(message, SipResponse):
+                got.append(message)
+                if message.status >= 200:
+                    return got
+        raise AssertionError(f"no final response, got {[r.status for r in got]}")
+
+    def invite(
+        self, user: str = "echo", codecs: str = "0 8 101"
+    ) -> tuple[SipRequest, list[SipResponse]]:
+        invite = self.request("INVITE", user=user, body=self.offer(codecs))
+        self.send(invite)
+        responses = self.responses_until_final()
+        final = responses[-1]
+        self.remote_tag = sip.parse_name_addr(final.get("to") or "").tag
+        if final.status >= 300:  # the ACK of a non-2xx: the INVITE's branch (§17.1.1.3)
+            branch = sip.parse_via(invite.vias()[0]).branch
+            self.send(
+                self.request("ACK", user=user, branch=branch, cseq=invite.cseq, cseq_method="ACK")
+            )
+        else:
+            self.answer = final.body.decode()
+            self.send(self.request("ACK", user=user, cseq=invite.cseq, cseq_method="ACK"))
+        return invite, responses
+
+    @property
+    def media_target(self) -> tuple[str, int]:
+        assert self.answer is not None
+        offer = parse_rtp_offer(self.answer)
+        return offer.address, offer.port
+
+    def talk(self, pcm8k: bytes, payload_type: int = 0, seconds: float | None = None) -> bytes:
+        """Send `pcm8k` as G.711 RTP in real time (20 ms packets) to our answer's media
+        address while reading what comes back; what was heard, decoded (8 kHz PCM)."""
+        encode = g711.ulaw_encode if payload_type == 0 else g711.alaw_encode
+        decode = g711.ulaw_decode if payload_type == 0 else g711.alaw_decode
+        payload = encode(pcm8k)
+        ssrc, heard = secrets.randbits(32), bytearray()
+        frames = len(payload) // 160
+        start = time.monotonic()
+        for i in range(frames):
+            packet = rtp.RtpPacket(payload_type, i, 160 * i, ssrc, payload[i * 160 : (i + 1) * 160])
+            self.media.sendto(packet.encode(), self.media_target)
+            while time.monotonic() < start + (i + 1) * 0.02:
+                try:
+                    data = self.media.recv(2048)
+                except TimeoutError:
+                    continue
+                if not rtp.is_rtcp(data):
+                    got = rtp.parse_rtp(data)
+                    if got.payload_type == payload_type:
+                        heard += decode(got.payload)
+        return bytes(heard)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.media.close()
