@@ -10,7 +10,8 @@ named by a connection address and a port, with G.711 (static payload types 0 and
 * `choose_codec(offer, prefer)`: the first of our codecs, in our order of preference, that
   the offer has;
 * `build_rtp_answer(...)`: the answer: one audio stream, the chosen codec and
-  telephone-event when offered, the direction that answers the offer's (§6.1).
+  telephone-event when offered, the direction that answers the offer's (§6.1), and RTCP at
+  the RTP port (`a=rtcp`, RFC 3605: the relay has one port; `a=rtcp-mux` when offered).
 
 Invariants: every port, payload type and clock rate in a parsed offer is in range; an
 answer names only payload types the offer had.
@@ -41,6 +42,7 @@ class RtpOffer:
     ptime: int | None = None
     secure: bool = False  # RTP/SAVP
     crypto: tuple[str, ...] = ()  # a=crypto lines' values (RFC 4568)
+    rtcp_mux: bool = False  # RTCP on the RTP port (RFC 5761)
 
     @property
     def telephone_event(self) -> int | None:
@@ -122,6 +124,7 @@ def _audio(
     codecs = {pt: STATIC[pt] for pt in formats if pt in STATIC}
     ptime: int | None = None
     crypto: list[str] = []
+    rtcp_mux = False
     for value in attributes:
         name, _, rest = value.partition(":")
         if name == "rtpmap":
@@ -133,11 +136,13 @@ def _audio(
             ptime = int(rest.strip())
         elif name == "crypto" and len(crypto) < 8:
             crypto.append(rest.strip())
+        elif value == "rtcp-mux":
+            rtcp_mux = True
         elif value in DIRECTIONS:
             direction = value
     return RtpOffer(
         address, int(port_text), formats, codecs, direction, ptime,
-        secure="SAVP" in proto, crypto=tuple(crypto),
+        secure="SAVP" in proto, crypto=tuple(crypto), rtcp_mux=rtcp_mux,
     )  # fmt: skip
 
 
@@ -195,5 +200,7 @@ def build_rtp_answer(
     ]
     if event is not None:
         lines += [f"a=rtpmap:{event} {TELEPHONE_EVENT}/8000", f"a=fmtp:{event} 0-16"]
-    lines += ["a=ptime:20", f"a={direction or ANSWERING.get(offer.direction, 'inactive')}"]
+    # RFC 3605: our RTCP is at the RTP port too (the relay has one); RFC 5761 if offered.
+    lines += ["a=ptime:20", f"a=rtcp:{port}"] + (["a=rtcp-mux"] if offer.rtcp_mux else [])
+    lines.append(f"a={direction or ANSWERING.get(offer.direction, 'inactive')}")
     return "\r\n".join(lines) + "\r\n"

@@ -44,6 +44,18 @@ class PhoneStack:
     sig: SignalingProcess
     sip: tuple[str, int]
 
+    def live_sessions(self) -> list[str]:
+        """The transceiver sessions of the trunk's live calls (from the call map in Redis,
+        where signaling keeps a SIP call's record like any call's, owned by `sip:<trunk>`)."""
+        import redis as redis_client
+
+        client = redis_client.Redis.from_url(self.redis.url, decode_responses=True)
+        try:
+            records = [client.hgetall(key) for key in client.scan_iter("firsthop:call:*")]
+        finally:
+            client.close()
+        return [r["session_id"] for r in records if r.get("owner") == "sip:local"]
+
     @classmethod
     @contextmanager
     def running(cls, *signaling: str, trunk: str = "127.0.0.1/32") -> Iterator[PhoneStack]:
@@ -51,11 +63,11 @@ class PhoneStack:
         redis.start()
         try:
             relay = RelayProcess(redis_url=redis.url)
-            agent = AgentProcess("echo")
-            tx = TransceiverProcess("--redis", redis.url, agent_url=agent.url)
+            agent = AgentProcess("echo", metrics=True)
+            tx = TransceiverProcess("--redis", redis.url, "--region", "a", agent_url=agent.url)
             sip_port = free_udp_port()
             sig = SignalingProcess(
-                *["--transceiver", tx.api, "--ingress", f"a={relay.listen[0]}:{relay.listen[1]}"],
+                *["--redis", redis.url, "--ingress", f"a={relay.listen[0]}:{relay.listen[1]}"],
                 *["--agent-url", f"echo={agent.url}"],
                 *["--sip-listen", f"127.0.0.1:{sip_port}", "--sip-trunk", f"local={trunk}"],
                 *signaling,
@@ -212,3 +224,164 @@ class Phone:
     def close(self) -> None:
         self.sock.close()
         self.media.close()
+
+
+def require(program: str) -> str:
+    """A real peer the test needs: missing is a failure, never a skip."""
+    import shutil
+
+    path = shutil.which(program)
+    assert path, f"{program} is not installed: run scripts/ensure-system-deps (make test does)"
+    return path
+
+
+def write_wav(path: str, pcm: bytes, rate: int = 8000) -> None:
+    import wave
+
+    with wave.open(path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+
+
+def baresip_call(
+    edge: tuple[str, int], user: str, pcm: bytes, seconds: int, workdir: str
+) -> tuple[bytes, str]:
+    """baresip (Debian's) calls sip:USER@edge, plays `pcm` (8 kHz) as its microphone for
+    `seconds` and hangs up; what it decoded from us (8 kHz PCM) and its log."""
+    import glob
+    import os
+    import subprocess
+    import wave
+
+    program = require("baresip")
+    source = os.path.join(workdir, "in.wav")
+    write_wav(source, pcm)
+    config = "\n".join(
+        [
+            "poll_method epoll",
+            "sip_listen 127.0.0.1:0",
+            "net_interface 127.0.0.1",
+            f"audio_source aufile,{source}",
+            f"audio_player aufile,{os.path.join(workdir, 'out.wav')}",
+            "audio_srate 8000",
+            "audio_channels 1",
+            "module_path /usr/lib/baresip/modules",
+            *(f"module {m}.so" for m in ("g711", "aufile", "account", "sndfile")),
+            "module_app menu.so",  # (its commands: -e "d URI" dials)
+            f"snd_path {workdir}",
+            "",
+        ]
+    )
+    with open(os.path.join(workdir, "config"), "w") as f:
+        f.write(config)
+    with open(os.path.join(workdir, "accounts"), "w") as f:
+        f.write("<sip:caller@127.0.0.1>;regint=0\n")
+    open(os.path.join(workdir, "contacts"), "w").close()
+    run = subprocess.run(
+        [program, "-f", workdir, "-e", f"d sip:{user}@{edge[0]}:{edge[1]}", "-t", str(seconds)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 20,
+        stdin=subprocess.DEVNULL,
+    )
+    log = run.stdout + run.stderr
+    dumps = glob.glob(os.path.join(workdir, "dump-*-dec.wav"))
+    if not dumps:
+        return b"", log
+    with wave.open(dumps[0]) as w:
+        return w.readframes(w.getnframes()), log
+
+
+SIPP_HEAD = """<?xml version="1.0" encoding="ISO-8859-1" ?>
+<scenario name="{name}">
+"""
+
+
+def sipp_invite(user: str, codecs: str = "8 101") -> str:
+    """A sipp UAC's INVITE, answered and acknowledged, as scenario XML."""
+    return f"""
+  <send retrans="500"><![CDATA[
+      INVITE sip:{user}@[remote_ip]:[remote_port] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
+      To: <sip:{user}@[remote_ip]:[remote_port]>
+      Call-ID: [call_id]
+      CSeq: 1 INVITE
+      Contact: <sip:sipp@[local_ip]:[local_port]>
+      Max-Forwards: 70
+      Content-Type: application/sdp
+      Content-Length: [len]
+
+      v=0
+      o=sipp 1 1 IN IP[local_ip_type] [local_ip]
+      s=-
+      c=IN IP[media_ip_type] [media_ip]
+      t=0 0
+      m=audio [media_port] RTP/AVP {codecs}
+      a=rtpmap:8 PCMA/8000
+      a=rtpmap:101 telephone-event/8000
+      a=fmtp:101 0-16
+  ]]></send>
+  <recv response="100" optional="true"/>
+  <recv response="180" optional="true"/>
+  <recv response="200"/>
+  <send><![CDATA[
+      ACK sip:{user}@[remote_ip]:[remote_port] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
+      To: <sip:{user}@[remote_ip]:[remote_port]>[peer_tag_param]
+      Call-ID: [call_id]
+      CSeq: 1 ACK
+      Contact: <sip:sipp@[local_ip]:[local_port]>
+      Max-Forwards: 70
+      Content-Length: 0
+  ]]></send>
+"""
+
+
+SIPP_BYE = """
+  <send retrans="500"><![CDATA[
+      BYE sip:echo@[remote_ip]:[remote_port] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
+      To: <sip:echo@[remote_ip]:[remote_port]>[peer_tag_param]
+      Call-ID: [call_id]
+      CSeq: 2 BYE
+      Contact: <sip:sipp@[local_ip]:[local_port]>
+      Max-Forwards: 70
+      Content-Length: 0
+  ]]></send>
+  <recv response="200" crlf="true"/>
+"""
+
+
+def play_pcap(path: str, pause_ms: int = 1200) -> str:
+    return (
+        f'  <nop><action><exec play_pcap_audio="{path}"/></action></nop>\n'
+        f'  <pause milliseconds="{pause_ms}"/>\n'
+    )
+
+
+def run_sipp(
+    edge: tuple[str, int],
+    scenario: str,
+    workdir: str,
+    *args: str,
+    calls: int = 1,
+    timeout: float = 60,
+) -> tuple[int, str]:
+    """sipp (Debian's sip-tester) runs `scenario` (its XML body) against the edge: its exit
+    status (0: every call passed) and what it said."""
+    import os
+    import subprocess
+
+    program = require("sipp")
+    path = os.path.join(workdir, "scenario.xml")
+    with open(path, "w") as f:
+        f.write(SIPP_HEAD.format(name="firsthop") + scenario + "</scenario>\n")
+    argv = [program, f"{edge[0]}:{edge[1]}", "-sf", path, "-m", str(calls), "-i", "127.0.0.1"]
+    argv += ["-mi", "127.0.0.1", "-timeout", str(int(timeout)), "-timeout_error", "-nostdin", *args]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 15, cwd=workdir)
+    return run.returncode, run.stdout[-3000:] + run.stderr[-3000:]

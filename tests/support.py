@@ -315,17 +315,35 @@ class AgentProcess(ServiceProcess):
     that a transceiver in a network namespace reaches), on all addresses, its `url` there."""
 
     def __init__(
-        self, kind: str = "echo", port: int | None = None, *, reachable_at: str | None = None
+        self,
+        kind: str = "echo",
+        port: int | None = None,
+        *,
+        reachable_at: str | None = None,
+        metrics: bool = False,
     ) -> None:
         self.port = port or free_port(socket.SOCK_STREAM)
         self.host = reachable_at or "127.0.0.1"
-        extra = ("--listen", f"0.0.0.0:{self.port}") if reachable_at else ()
+        extra: tuple[str, ...] = ("--listen", f"0.0.0.0:{self.port}") if reachable_at else ()
+        self.metrics_port = free_port(socket.SOCK_STREAM) if metrics else None
+        if self.metrics_port is not None:
+            extra += ("--metrics", f"127.0.0.1:{self.metrics_port}")
         argv = agent_command(kind, self.port, extra)
         super().__init__(f"agent-{kind}", argv, ready_tcp=self.port)
 
     @property
     def url(self) -> str:
         return f"ws://{self.host}:{self.port}"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One series of its /metrics (it was started with `metrics=True`); 0 if absent."""
+        import urllib.request
+
+        from firsthop.shared.metrics import parse_text
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return parse_text(resp.read().decode()).get((name, frozenset(labels.items())), 0.0)
 
 
 class TransceiverProcess(ServiceProcess):

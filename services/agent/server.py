@@ -9,7 +9,8 @@ One WebSocket per session. Text frames are JSON control messages, binary frames 
 PCM16 mono 48 kHz audio, both ways.
 
 * echo returns each input frame at once (the latency probe) and answers every client event
-  with an agent.event carrying it back;
+  with an agent.event carrying it back (and a phone's key, `dtmf`, with `{"type": "dtmf",
+  "digit"}`);
 * parrot waits for the caller to finish a sentence (~600 ms of silence), says it back at real
   time, and stops talking (`output.clear`) as soon as the caller talks over it; it reports
   speech_started / speech_stopped / response_started / response_done as agent events.
@@ -73,6 +74,11 @@ async def echo_session(ws: AgentConnection, start: dict[str, Any]) -> None:
             continue
         if msg.get("type") == "client.event":
             await _send_event(ws, {"type": "echo", "event": msg.get("data")})
+        elif msg.get("type") == "dtmf":
+            digit = msg.get("digit")
+            digit = digit if isinstance(digit, str) and digit in DTMF_DIGITS else "other"
+            DTMF[digit] += 1
+            await _send_event(ws, {"type": "dtmf", "digit": digit})  # a phone's key, said back
         elif msg.get("type") == "session.end":
             return
 
@@ -181,6 +187,8 @@ KINDS: dict[str, tuple[Opening, Handler]] = {
 
 
 STATS: Counter[str] = Counter()
+DTMF_DIGITS = "0123456789*#ABCD"  # (RFC 4733's keys: the metric's label is a closed set)
+DTMF: Counter[str] = Counter()
 
 
 def agent_metrics(kind: str) -> str:
@@ -191,7 +199,10 @@ def agent_metrics(kind: str) -> str:
     frames = MetricFamily("firsthop_agent_frames_total", "counter", "20 ms audio frames")
     frames.add(STATS["frames_in"], kind=kind, direction="in")
     frames.add(STATS["frames_out"], kind=kind, direction="out")
-    return render([sessions, total, frames])
+    dtmf = MetricFamily("firsthop_agent_dtmf_total", "counter", "Phone keys heard (echo)")
+    for digit, n in sorted(DTMF.items()):
+        dtmf.add(n, kind=kind, digit=digit)
+    return render([sessions, total, frames, dtmf])
 
 
 async def serve_agent(

@@ -7,14 +7,29 @@ transceiver, echo agent, signaling with `--sip-listen`); the calls come from rea
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from firsthop.shared.wire import sip
 
-from ..sip_phone import Phone, PhoneStack, power_at, tone
+from ..sip_phone import (
+    SIPP_BYE,
+    Phone,
+    PhoneStack,
+    baresip_call,
+    play_pcap,
+    power_at,
+    run_sipp,
+    sipp_invite,
+    tone,
+)
+from ..support import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -75,3 +90,115 @@ def test_cancel_while_it_rings(stack: PhoneStack) -> None:
         assert {200, 487} <= statuses
     finally:
         phone.close()
+
+
+def test_baresip_hears_its_own_voice_back(stack: PhoneStack, tmp_path: Path) -> None:
+    """A real SIP user agent (baresip, PCMU) through signaling, the relay and the echo agent."""
+    heard, log = baresip_call(stack.sip, "echo", tone(600.0, 6.0, level=12000), 5, str(tmp_path))
+    assert "180 Ringing" in log and "PCMU" in log, log[-2000:]
+    assert len(heard) >= 2 * 8000 * 3, log[-2000:]  # 3 s and more of what came back
+    assert power_at(heard[-2 * 8000 :], 600.0) > 0.5  # its own tone, not silence
+    wait_until(lambda: not stack.live_sessions(), 10)  # its BYE ended the session
+
+
+def test_dtmf_from_sipp_reaches_the_agent(stack: PhoneStack, tmp_path: Path) -> None:
+    """RFC 4733 events (sipp's own captures of keys 1 and #) reach the agent, one each."""
+    before = {
+        d: stack.agent.metric("firsthop_agent_dtmf_total", kind="echo", digit=d) for d in "1#"
+    }
+    scenario = sipp_invite("echo")
+    scenario += play_pcap("/usr/share/sip-tester/dtmf_2833_1.pcap")
+    scenario += play_pcap("/usr/share/sip-tester/dtmf_2833_pound.pcap") + SIPP_BYE
+    status, said = run_sipp(stack.sip, scenario, str(tmp_path))
+    assert status == 0, said
+    for digit in "1#":
+        assert (
+            stack.agent.metric("firsthop_agent_dtmf_total", kind="echo", digit=digit)
+            == before[digit] + 1
+        )
+
+
+def test_options_pings_and_methods_nobody_serves(stack: PhoneStack) -> None:
+    phone = Phone(stack.sip)
+    try:
+        phone.send(phone.request("OPTIONS"))
+        ok = phone.responses_until_final()[-1]
+        assert ok.status == 200 and "INVITE" in (ok.get("allow") or "")
+        phone.send(phone.request("REGISTER"))
+        assert phone.responses_until_final()[-1].status == 405
+        phone.send(phone.request("MESSAGE", body=b"hi"))
+        assert phone.responses_until_final()[-1].status == 405
+    finally:
+        phone.close()
+
+
+def test_the_edge_hangs_up_with_a_bye(stack: PhoneStack) -> None:
+    """A session that ends on the edge's side (here: DELETE on the transceiver, as a drain
+    or the agent would) is found by signaling's watch, and the phone gets a BYE."""
+    phone = Phone(stack.sip)
+    try:
+        _, responses = phone.invite("echo")
+        assert responses[-1].status == 200
+        wait_until(lambda: stack.live_sessions(), 5)
+        (session,) = stack.live_sessions()
+        assert stack.tx.request("DELETE", f"/internal/v1/sessions/{session}")[0] == 204
+        bye = phone.receive(timeout=5)
+        assert isinstance(bye, sip.SipRequest) and bye.method == "BYE"
+        assert bye.call_id == phone.call_id
+        phone.sock.sendto(sip.response_to(bye, 200, "OK").encode(), stack.sip)
+    finally:
+        phone.close()
+
+
+def test_torture_messages_and_an_invite_flood_leave_calls_working(
+    stack: PhoneStack, tmp_path: Path
+) -> None:
+    """RFC 4475's kinds of malformed messages and garbage get a 400 or a counted drop; a
+    flood of INVITEs from a stranger gets a bounded number of 403s; a call works all along."""
+    vectors = Path(__file__).parent.parent / "vectors" / "sip"
+    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        raw.bind(("127.0.0.1", 0))
+        raw.settimeout(0.3)
+        for path in sorted(vectors.glob("invalid_*.sip")):
+            raw.sendto(path.read_bytes(), stack.sip)
+        for junk in (
+            b"",
+            b"\x00" * 100,
+            b"INVITE\r\n\r\n",
+            os.urandom(1400),
+            b"SIP/2.0 200 OK\r\n\r\n",
+        ):
+            raw.sendto(junk, stack.sip)
+        answers = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                answers.append(sip.parse_sip(raw.recv(65536)))
+        assert answers and all(isinstance(a, sip.SipResponse) and a.status == 400 for a in answers)
+        stranger.bind(("127.0.0.3", 0))
+        stranger.settimeout(0.3)
+        flood = Phone(stack.sip, host="127.0.0.3")
+        for _ in range(300):
+            stranger.sendto(flood.request("INVITE", body=flood.offer()).encode(), stack.sip)
+        flood.close()
+        forbidden = 0
+        with contextlib.suppress(TimeoutError):
+            while True:
+                reply = sip.parse_sip(stranger.recv(65536))
+                assert isinstance(reply, sip.SipResponse) and reply.status == 403
+                forbidden += 1
+        assert 0 < forbidden <= 60  # rate-bounded: never a reflector
+        phone = Phone(stack.sip)
+        try:
+            _, responses = phone.invite("echo")
+            assert responses[-1].status == 200
+            heard = phone.talk(tone(900.0, 2.0))
+            assert power_at(heard[-4000:], 900.0) > 0.5
+            phone.send(phone.request("BYE"))
+            assert phone.responses_until_final()[-1].status == 200
+        finally:
+            phone.close()
+    finally:
+        raw.close()
+        stranger.close()

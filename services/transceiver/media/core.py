@@ -115,6 +115,7 @@ class MediaParams:
     mid_extension: int | None = None  # the extmap id of urn:ietf:params:rtp-hdrext:sdes:mid
     codec: str = "opus"  # or pcmu, pcma (`codecs.py`)
     telephone_event: int | None = None  # RFC 4733's payload type, if negotiated
+    rtcp: bool = True  # send RTCP (a phone call: only if the trunk muxes it on the RTP port)
 
 
 class _Packet:
@@ -250,7 +251,7 @@ class CallMedia:
         self._wall = wall - now
         if self.params.sending:
             self._slot = self.out.next_deadline(now)
-        self._rtcp_at = now + self._rtcp_interval()
+        self._rtcp_at = now + self._rtcp_interval() if self.params.rtcp else None
 
     def get_timer(self) -> float | None:
         if self._slot is None:

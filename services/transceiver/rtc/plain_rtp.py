@@ -62,6 +62,7 @@ class PlainRtpSession(MediaIo):
                 sending=direction in ("sendrecv", "sendonly"),
                 codec=codec,
                 telephone_event=offer.telephone_event,
+                rtcp=offer.rtcp_mux,  # (else its RTCP port is one the relay does not have)
             )
         )
         self._clock = clock_of(asyncio.get_running_loop())
