@@ -54,7 +54,7 @@ class PhoneStack:
             records = [client.hgetall(key) for key in client.scan_iter("firsthop:call:*")]
         finally:
             client.close()
-        return [r["session_id"] for r in records if r.get("owner") == "sip:local"]
+        return [str(r["session_id"]) for r in records if r.get("owner") == "sip:local"]
 
     @classmethod
     @contextmanager
