@@ -143,6 +143,9 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
         # an OpenAI Realtime app names OpenAI's models: those calls go to the assistant
         *("--default-agent", "assistant"),
     ]
+    sip_port = args.sip_port if redis_url else 0  # (a phone call's relay flow is in Redis)
+    if sip_port:
+        sig_args += ["--sip-listen", f"127.0.0.1:{sip_port}", "--sip-trunk", "local=127.0.0.0/8"]
     if redis_url:
         sig_args += ["--redis", redis_url]
     else:
@@ -165,6 +168,9 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
         "transceivers": " ".join(transceivers),
         "agents": " ".join(f"{k}={v}" for k, v in agents.items()),
         "redis": redis_url or "none (in-memory)",
+        "phone (SIP)": " ".join(f"sip:{kind}@127.0.0.1:{sip_port}" for kind in agents)
+        if sip_port
+        else "off (--sip-port 0, or no Redis)",
     }
     return services, info
 
@@ -182,6 +188,7 @@ def check_ports(args: argparse.Namespace) -> None:
         ("udp", args.relay_port, "--relay-port"),
         ("tcp", tcp, "--relay-tcp-port"),
         ("tcp", args.relay_metrics_port, "--relay-metrics-port"),
+        *([("udp", args.sip_port, "--sip-port")] if args.sip_port else []),
     ]
     taken = [(k, p, flag) for k, p, flag in wanted if in_use(k, ("127.0.0.1", p))]
     if taken:
@@ -234,4 +241,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
         help="relay ICE-TCP ingress port (default: the --relay-port number, on TCP)",
     )
     add_option(p, "--relay-metrics-port", default=9478, type=int, help="relay /metrics port")
+    add_option(
+        p,
+        "--sip-port",
+        default=5060,
+        type=int,
+        help="SIP (UDP) for phone calls from loopback: sip:AGENT@127.0.0.1:PORT (0: off; "
+        "needs Redis)",
+    )
     p.set_defaults(func=run)

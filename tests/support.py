@@ -568,6 +568,8 @@ class UpStack:
         argv += ["--port", str(self.port), "--relay-port", str(free_udp_port())]
         argv += ["--relay-tcp-port", str(free_tcp_port())]
         argv += ["--relay-metrics-port", str(self.metrics)]
+        self.sip_port = free_udp_port()
+        argv += ["--sip-port", str(self.sip_port)]
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -605,6 +607,11 @@ class UpStack:
     def said(self, label: str) -> str:
         """The last word of `up`'s summary line starting with `label`."""
         return next(line.split()[-1] for line in self.lines if line.strip().startswith(label))
+
+    def said_all(self, label: str) -> str:
+        """All of `up`'s summary line starting with `label`, after it."""
+        line = next(line for line in self.lines if line.strip().startswith(label))
+        return line.strip()[len(label) :].strip()
 
     def kill(self) -> None:
         import signal

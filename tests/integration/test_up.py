@@ -14,6 +14,7 @@ from pathlib import Path
 
 from firsthop.services.call.caller import Caller, ToneTrack, dominant
 from tests.integration.test_transceiver import heard, hears
+from tests.sip_phone import Phone, power_at, tone
 from tests.support import UpStack, eventually
 
 
@@ -84,6 +85,18 @@ def test_up_serves_the_demo_a_call_works_and_ctrl_c_stops_everything() -> None:
 
         assert asyncio.run(call()) == 550.0
         assert " tcp " in answers[0] and f" {tcp_port} typ host tcptype passive" in answers[0]
+        # a phone call too: up says where, and the echo agent answers it through the relay
+        phones = up.said_all("phone (SIP)")
+        assert f"sip:echo@127.0.0.1:{up.sip_port}" in phones
+        assert f"sip:assistant@127.0.0.1:{up.sip_port}" in phones
+        phone = Phone(("127.0.0.1", up.sip_port))
+        try:
+            assert phone.invite("echo")[1][-1].status == 200
+            assert power_at(phone.talk(tone(800.0, 2.0))[-4000:], 800.0) > 0.5
+            phone.send(phone.request("BYE"))
+            assert phone.responses_until_final()[-1].status == 200
+        finally:
+            phone.close()
         # up generated an internal token: the call went through, and without it a
         # transceiver's internal API refuses
         tx_url = next(line.split()[1] for line in lines if line.strip().startswith("transceivers"))
