@@ -58,12 +58,16 @@ class PhoneStack:
 
     @classmethod
     @contextmanager
-    def running(cls, *signaling: str, trunk: str = "127.0.0.1/32") -> Iterator[PhoneStack]:
+    def running(
+        cls, *signaling: str, trunk: str = "127.0.0.1/32", agent: AgentProcess | None = None
+    ) -> Iterator[PhoneStack]:
+        """`agent` (default: echo) is the transceiver's and signaling's `echo`; more agents
+        may be named with `signaling` flags (their processes the caller's to run)."""
         redis = RedisServer()
         redis.start()
         try:
             relay = RelayProcess(redis_url=redis.url)
-            agent = AgentProcess("echo", metrics=True)
+            agent = agent or AgentProcess("echo", metrics=True)
             tx = TransceiverProcess("--redis", redis.url, "--region", "a", agent_url=agent.url)
             sip_port = free_udp_port()
             sig = SignalingProcess(

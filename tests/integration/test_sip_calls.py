@@ -8,12 +8,14 @@ transceiver, echo agent, signaling with `--sip-listen`); the calls come from rea
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from firsthop.shared.wire import sip
@@ -29,7 +31,7 @@ from ..sip_phone import (
     sipp_invite,
     tone,
 )
-from ..support import wait_until
+from ..support import AgentProcess, spoken, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -202,3 +204,45 @@ def test_torture_messages_and_an_invite_flood_leave_calls_working(
     finally:
         raw.close()
         stranger.close()
+
+
+def test_the_assistant_answers_a_spoken_question_on_the_phone(tmp_path: Path) -> None:
+    """The offline assistant behind the Realtime bridge, called on the phone: a question
+    spoken (espeak-ng, sent as PCMU) is heard and answered aloud; the call's sideband (the
+    transceiver's, as an app would reach it) gets the Realtime events of the answer."""
+    from websockets.sync.client import connect
+
+    from firsthop.services.transceiver.resample import resample
+
+    assistant = AgentProcess("assistant")
+    backend = f"realtime+ws://127.0.0.1:{assistant.port}/v1/realtime"
+    assistant.start(timeout=60)
+    try:
+        with PhoneStack.running("--agent-url", f"assistant={backend}") as stack:
+            phone = Phone(stack.sip)
+            try:
+                assert phone.invite("assistant")[1][-1].status == 200
+                wait_until(lambda: stack.live_sessions(), 5)
+                (session,) = stack.live_sessions()
+                url = f"ws://127.0.0.1:{stack.tx.api_port}/internal/v1/sessions/{session}/events"
+                events: list[dict[str, object]] = []
+                with connect(url, additional_headers=stack.tx.auth) as sideband:
+                    question = resample(spoken("what time is it"), 24000, 8000)
+                    heard = phone.talk(question + bytes(16000 * 4))  # and 4 s to answer
+                    with contextlib.suppress(TimeoutError):
+                        while True:
+                            events.append(json.loads(sideband.recv(timeout=0.5)))
+                types = [e.get("type") for e in events]
+                assert "conversation.item.input_audio_transcription.completed" in types, types
+                done = [
+                    e for e in events if e.get("type") == "response.output_audio_transcript.done"
+                ]
+                assert done and "UTC" in str(done[0].get("transcript")), types
+                answer = np.frombuffer(heard[len(question) :], "<i2").astype(float)
+                assert np.sqrt((answer**2).mean()) > 300  # it said it aloud, not silence
+                phone.send(phone.request("BYE"))
+                assert phone.responses_until_final()[-1].status == 200
+            finally:
+                phone.close()
+    finally:
+        assistant.kill()
