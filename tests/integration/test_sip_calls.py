@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from firsthop.shared.wire import sip
+from firsthop.shared.wire import g711, rtp, sip
 
 from ..sip_phone import (
     SIPP_BYE,
@@ -246,3 +246,59 @@ def test_the_assistant_answers_a_spoken_question_on_the_phone(tmp_path: Path) ->
                 phone.close()
     finally:
         assistant.kill()
+
+
+def test_rtp_from_anywhere_but_the_offered_address_reaches_no_call(stack: PhoneStack) -> None:
+    """The relay forwards a phone call's media only from the address the trunk's offer
+    named (the flow the transceiver published): a spoofer elsewhere is a counted drop at the
+    relay (no flow, and none in Redis), never heard by the call, never answered."""
+    phone = Phone(stack.sip)
+    spoofer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert phone.invite("echo")[1][-1].status == 200
+        spoofer.bind(("127.0.0.1", 0))
+        spoofer.settimeout(0.2)
+
+        def drops() -> float:
+            metrics = stack.relay.metrics()
+            return sum(
+                v for (name, _), v in metrics.items() if name == "firsthop_relay_drops_total"
+            )
+
+        before = drops()
+        payload = g711.ulaw_encode(tone(300.0, 0.02))
+        for i in range(50):
+            spoofer.sendto(
+                rtp.RtpPacket(0, i, 160 * i, 0xBAD, payload).encode(), phone.media_target
+            )
+        with pytest.raises(TimeoutError):
+            spoofer.recv(2048)  # nothing comes back to it
+        wait_until(lambda: drops() >= before + 50, 5)  # each one: no flow (held, then not)
+        heard = phone.talk(tone(1100.0, 1.5))  # the call itself goes on, its own tone only
+        assert power_at(heard[-4000:], 1100.0) > 0.5 and power_at(heard, 300.0) < 0.01
+        phone.send(phone.request("BYE"))
+        assert phone.responses_until_final()[-1].status == 200
+    finally:
+        phone.close()
+        spoofer.close()
+
+
+def test_a_trunk_cannot_claim_another_calls_media_address(stack: PhoneStack) -> None:
+    """An offer naming the media address of a live call (of another trunk, or a caller's)
+    would take its relay flow: it is refused (488), and the first call goes on."""
+    first, second = Phone(stack.sip), Phone(stack.sip)
+    try:
+        assert first.invite("echo")[1][-1].status == 200
+        port = first.media.getsockname()[1]
+        offer = second.offer().replace(
+            f"m=audio {second.media.getsockname()[1]} ".encode(), f"m=audio {port} ".encode()
+        )
+        second.send(second.request("INVITE", body=offer))
+        assert second.responses_until_final()[-1].status == 488
+        heard = first.talk(tone(1300.0, 1.5))
+        assert power_at(heard[-4000:], 1300.0) > 0.5
+        first.send(first.request("BYE"))
+        assert first.responses_until_final()[-1].status == 200
+    finally:
+        first.close()
+        second.close()
