@@ -39,6 +39,7 @@ class Options(TypedDict, total=False):
     accept_direct: bool
     setup_timeout: float
     consent_timeout: float
+    media_timeout: float
 
 
 def table(**options: Unpack[Options]) -> SessionTable[str]:
@@ -363,3 +364,47 @@ def test_no_more_calls_linger_than_the_table_holds() -> None:
         t.end(f"s{i}", "hangup")
         revoked += len(t.remove(f"s{i}", T0 + 1))
     assert revoked == 3 and len(t.mux.by_ufrag) == 5
+
+
+# -- phone calls: pinned, no ICE -------------------------------------------------------------
+
+
+def test_a_phone_call_hears_only_its_pinned_address_and_answers_through_its_relay() -> None:
+    t = table()
+    creds = t.credentials("-", "-")
+    t.open_pinned(T0, "s1", "phone", creds, CALLER)
+    assert t.selected("s1") == CALLER  # its path from the start
+    assert t.on_datagram(T0, RELAY, framed(rtp(), MOVED)) == ()  # another address: nothing
+    assert t.mux.drops["unvalidated"] == 1
+    (media,) = t.on_datagram(T0, RELAY, framed(rtp()))
+    assert isinstance(media, ToMedia) and media.handle == "phone" and media.client == CALLER
+    answer = t.frame_for(CALLER, b"\x80rtp")  # back the way it came: framed to its relay
+    assert answer is not None and answer.dest == RELAY
+    assert parse_proxy_v2(answer.data).dst == CALLER
+    # its token routes (the relays are told of it at its end), but nobody can check it
+    assert (
+        t.on_datagram(
+            T0, RELAY, framed(binding_request(creds.local_ufrag.encode(), b"x", b"guess"))
+        )
+        == ()
+    )
+    (notice,) = t.remove("s1")
+    assert notice.data == build_proxy_v2(
+        INGRESS, CALLER, revocation_tlv(creds.local_ufrag.encode())
+    )
+
+
+def test_a_phone_call_lives_while_its_media_comes() -> None:
+    t = table(media_timeout=60.0)
+    t.open_pinned(T0, "s1", "phone", t.credentials("-", "-"), CALLER)
+    assert len(t.on_datagram(T0 + 50, RELAY, framed(rtp()))) == 1
+    assert t.on_deadline(T0 + 60) == []  # media came at +50: it lives till +110
+    assert t.on_deadline(T0 + 109.9) == []
+    assert t.on_deadline(T0 + 110.1) == [Ended("phone", "media_timeout")]
+
+
+def test_phone_calls_count_against_capacity_and_drain() -> None:
+    t = table(capacity=1)
+    t.open_pinned(T0, "s1", "phone", t.credentials("-", "-"), CALLER)
+    with pytest.raises(Refusal):
+        t.open_pinned(T0, "s2", "phone", t.credentials("-", "-"), MOVED)

@@ -1,0 +1,38 @@
+"""A phone's keys (RFC 4733, told by the media core) in each agent protocol's own words."""
+
+from __future__ import annotations
+
+import json
+
+from firsthop.services.transceiver.agents import PROTOCOLS
+from firsthop.services.transceiver.agents.events import CallInfo, ToAgent, ToCaller
+from firsthop.services.transceiver.agents.twilio_events import BotMedia, parse
+
+CALL = CallInfo("s1", "c1", None)
+
+
+def test_native_agents_get_a_dtmf_message() -> None:
+    (event,) = PROTOCOLS["native"](CALL).dtmf("5", 0.1)
+    assert isinstance(event, ToAgent)
+    assert json.loads(event.message) == {"type": "dtmf", "digit": "5", "duration_ms": 100}
+
+
+def test_realtime_apps_hear_openais_dtmf_event_on_the_sideband() -> None:
+    """OpenAI's SIP calls tell the app of a key with this server event; a Realtime backend
+    (a model) has no client event for it, so it goes to the caller's side only."""
+    (event,) = PROTOCOLS["realtime"](CALL).dtmf("#", 0.2)
+    assert isinstance(event, ToCaller)
+    data = json.loads(event.text)
+    assert data["type"] == "input_audio_buffer.dtmf_event_received" and data["event"] == "#"
+    assert isinstance(data["received_at"], int) and data["event_id"]
+
+
+def test_media_streams_bots_get_twilios_dtmf_event() -> None:
+    protocol = PROTOCOLS["twilio"](CALL)
+    protocol.opening()
+    (event,) = protocol.dtmf("7", 0.1)
+    assert isinstance(event, ToAgent) and isinstance(event.message, str)
+    data = json.loads(event.message)
+    assert data["event"] == "dtmf" and data["dtmf"] == {"track": "inbound_track", "digit": "7"}
+    assert data["streamSid"] and int(data["sequenceNumber"]) > 0
+    assert not isinstance(parse(event.message, data["streamSid"]), BotMedia)
