@@ -99,6 +99,7 @@ class SipFront:
                 token=lambda: secrets.token_hex(8),
                 now=trio.current_time(),
                 limits=self.config.limits,
+                counters=self.counters,  # (signaling's events_total: every `sip_*` name)
             )
             self._sock = sock
             async with trio.open_nursery() as nursery:

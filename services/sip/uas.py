@@ -181,12 +181,13 @@ class SipUas:
         token: Callable[[], str],
         now: float,
         limits: Limits = Limits(),
+        counters: Counter[str] | None = None,
     ) -> None:
         self.trunks = list(trunks)
         self.contact = contact  # our Contact URI, e.g. sip:firsthop@203.0.113.5:5060
         self.token = token  # random tags and branches (injected)
         self.limits = limits
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter() if counters is None else counters  # `sip_*`
         self._forbidden = TokenBucket(FORBIDDEN_RATE, FORBIDDEN_BURST, now)
         self._server: dict[tuple[str, str, str], _ServerTx] = {}
         self._client: dict[str, _ClientTx] = {}
