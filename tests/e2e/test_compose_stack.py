@@ -35,6 +35,7 @@ from tests.docker_engine import base_images, builder_image, docker, engine
 from tests.e2e.test_browser import demo_call
 from tests.e2e.test_browser_ice_tcp import SELECTED_PAIR_JS, chromium_in
 from tests.otlp import OtlpCollector
+from tests.sip_phone import Phone, power_at, tone
 from tests.support import (
     Namespace,
     free_tcp_port,
@@ -128,6 +129,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "relay_tcp": free_tcp_port("0.0.0.0"),
             "signaling": free_tcp_port("0.0.0.0"),
             "jaeger": free_tcp_port("0.0.0.0"),
+            "sip": free_udp_port("0.0.0.0"),
         }
         env = {
             **os.environ,
@@ -141,6 +143,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "FIRSTHOP_RELAY_TCP_PORT": str(ports["relay_tcp"]),
             "FIRSTHOP_SIGNALING_PORT": str(ports["signaling"]),
             "FIRSTHOP_JAEGER_PORT": str(ports["jaeger"]),
+            "FIRSTHOP_SIP_PORT": str(ports["sip"]),
+            "FIRSTHOP_SIP_TRUNKS": f"veth={ns.host}/32",  # the phone below calls from there
         }
         # the spans go to this test's receiver, on the edge network's gateway (this host)
         endpoint = f"http://{net}.1:{otlp.port}"
@@ -250,6 +254,24 @@ def test_chromium_across_the_veth_hears_its_echo_over_udp_and_over_ice_tcp(stack
                 page.wait_for_function("document.getElementById('state').textContent === 'idle'")
         finally:
             stack.ns.block_udp(False)
+
+
+def test_a_phone_across_the_veth_hears_its_echo_through_the_relay(stack: Stack) -> None:
+    """SIP on signaling's published port, plain RTP through the relay's (the engine's DNAT
+    keeps the phone's address, so its media comes from where its SDP says)."""
+    phone = Phone((stack.host, stack.ports["sip"]), host=stack.host)
+    try:
+        t0 = time.monotonic()
+        _, responses = phone.invite("echo")
+        assert responses[-1].status == 200, stack.logs()
+        stack.figures["sip_invite_to_200_s"] = round(time.monotonic() - t0, 3)
+        assert phone.media_target == (stack.host, stack.ports["relay"])
+        heard = phone.talk(tone(650.0, 3.0))
+        assert power_at(heard[-8000:], 650.0) > 0.5, stack.logs()
+        phone.send(phone.request("BYE"))
+        assert phone.responses_until_final()[-1].status == 200
+    finally:
+        phone.close()
 
 
 async def _ws_call(stack: Stack) -> tuple[Any, Any, Any]:

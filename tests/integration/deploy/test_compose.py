@@ -105,6 +105,8 @@ MOVED = {
     "FIRSTHOP_RELAY_TCP_PORT": "4443",
     "FIRSTHOP_SIGNALING_PORT": "9080",
     "FIRSTHOP_JAEGER_PORT": "26686",
+    "FIRSTHOP_SIP_PORT": "6060",
+    "FIRSTHOP_SIP_TRUNKS": "pbx=192.0.2.0/28,carrier=198.51.100.7/32",
     "FIRSTHOP_NET": "10.78.1",
     "FIRSTHOP_PUBLIC_HOST": "192.0.2.7",
     "FIRSTHOP_BIND": "0.0.0.0",
@@ -114,6 +116,7 @@ DEFAULTS = {
     "FIRSTHOP_RELAY_TCP_PORT": "3478",
     "FIRSTHOP_SIGNALING_PORT": "8080",
     "FIRSTHOP_JAEGER_PORT": "16686",
+    "FIRSTHOP_SIP_PORT": "5060",
     "FIRSTHOP_PUBLIC_HOST": "127.0.0.1",
 }
 ENVS = pytest.mark.parametrize("env", [{}, MOVED], ids=["defaults", "moved"])
@@ -126,7 +129,7 @@ def test_compose_publishes_only_the_public_ports(env: dict[str, str]) -> None:
     ports = {name: published(s) for name, s in services.items() if published(s)}
     assert ports == {
         "relay": [(port["FIRSTHOP_RELAY_PORT"], "udp"), (port["FIRSTHOP_RELAY_TCP_PORT"], "tcp")],
-        "signaling": [(port["FIRSTHOP_SIGNALING_PORT"], "tcp")],
+        "signaling": [(port["FIRSTHOP_SIGNALING_PORT"], "tcp"), (port["FIRSTHOP_SIP_PORT"], "udp")],
         "jaeger": [(port["FIRSTHOP_JAEGER_PORT"], "tcp")],
     }
     bind = env.get("FIRSTHOP_BIND", "127.0.0.1")
@@ -159,6 +162,14 @@ def test_compose_services_get_only_what_their_cli_accepts(
     (ingress_tcp,) = signaling.ingress_tcp[signaling.region]
     assert relay.ingress_tcp == hostport_arg(ingress_tcp) == (host, tcp_port)
     assert (relay.listen_tcp[1], "tcp") == published(services["relay"])[1]
+    # SIP: listened on and published on the same port, our Contact the public host's
+    sip_port = int({**DEFAULTS, **env}["FIRSTHOP_SIP_PORT"])
+    assert signaling.sip_listen == ("0.0.0.0", sip_port) and signaling.sip_public == (
+        host,
+        sip_port,
+    )
+    trunks = {"pbx": ["192.0.2.0/28"], "carrier": ["198.51.100.7/32"]} if env else {}
+    assert signaling.sip_trunks == trunks
     assert set(signaling.agents) == {"echo", "parrot", "assistant"}
     assert signaling.default_agent == "assistant"
     assert signaling.agents["assistant"] == "realtime+ws://agent-assistant:8090/v1/realtime"
