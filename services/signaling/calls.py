@@ -130,6 +130,7 @@ class CallRequest:
     traceparent: str | None = None
     session: dict[str, Any] | None = None  # /v1/realtime calls: the caller's session config
     media: str = "webrtc"  # "rtp": a phone call from a SIP trunk (`sip.py`)
+    call_id: str | None = None  # the id to give the call (a phone call's: its webhook's)
 
 
 class Calls:
@@ -174,7 +175,7 @@ class Calls:
     async def create(self, req: CallRequest) -> tuple[CallRecord, str]:
         """Place the call; (record, answer SDP). Raises Problem."""
         agent_url = self.agent_url(req.agent)
-        call_id = secrets.token_urlsafe(16)
+        call_id = req.call_id or secrets.token_urlsafe(16)
         principal = req.principal
         if principal.kind == "secret" and principal.secret_id is not None:
             claimed = await self.ledger.claim(

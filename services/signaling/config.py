@@ -74,6 +74,8 @@ class SignalingConfig:
     sip_listen: Address | None = None  # SIP over UDP (`sip.py`): off unless given
     sip_public: Address | None = None  # our Contact's host:port (default: the bound one)
     sip_trunks: dict[str, list[str]] = field(default_factory=dict)  # name -> CIDRs
+    sip_webhook: str | None = None  # OpenAI's SIP flow: `realtime.call.incoming` goes here
+    sip_webhook_secret: str | None = None  # its Standard Webhooks signing secret
 
 
 def register_flags(p: argparse.ArgumentParser) -> None:
@@ -223,6 +225,22 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         "more); any other source gets 403",
         metavar="NAME=CIDR",
     )
+    add_option(
+        p,
+        "--sip-webhook",
+        default=None,
+        help="OpenAI's SIP flow: post realtime.call.incoming here for each call and let the "
+        "app accept, reject or refer it on /v1/realtime/calls/{id}/... (default: the "
+        "Request-URI's user names the agent, answered at once)",
+        metavar="URL",
+    )
+    add_option(
+        p,
+        "--sip-webhook-secret",
+        default=None,
+        help="the webhook's signing secret (whsec_<base64>, as OpenAI's; required with "
+        "--sip-webhook)",
+    )
     add_option(p, "--ws-auth-timeout", default=10.0, type=float, help="WebSocket auth deadline, s")
     add_option(
         p,
@@ -342,6 +360,8 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             sip_listen=hostport_arg(args.sip_listen) if args.sip_listen else None,
             sip_public=hostport_arg(args.sip_public) if args.sip_public else None,
             sip_trunks=trunks,
+            sip_webhook=args.sip_webhook or None,
+            sip_webhook_secret=args.sip_webhook_secret or None,
         )
     except (ValueError, OSError, binascii.Error, argparse.ArgumentTypeError) as exc:
         raise SystemExit(f"firsthop signaling: {exc}") from exc
@@ -350,6 +370,11 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             "firsthop signaling: --dev hands out client secrets with no key; it is only "
             "allowed when --listen is a loopback address"
         )
+    if config.sip_webhook is not None:
+        if not config.sip_webhook.startswith(("http://", "https://")):
+            raise SystemExit("firsthop signaling: --sip-webhook must be an http(s):// URL")
+        if not config.sip_webhook_secret:
+            raise SystemExit("firsthop signaling: --sip-webhook needs --sip-webhook-secret")
     if config.secret_ttl <= 0:
         raise SystemExit("firsthop signaling: --secret-ttl must be positive")
     if config.body_timeout <= 0 or config.max_uploads < 0 or config.max_uploads_per_ip < 0:

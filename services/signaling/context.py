@@ -11,6 +11,7 @@ from firsthop.services.signaling.calls import Calls, Stats
 from firsthop.services.signaling.client_address import ClientAddresses
 from firsthop.services.signaling.config import SignalingConfig
 from firsthop.services.signaling.ratelimit import RateLimiter
+from firsthop.services.signaling.sip_calls import SipCalls
 from firsthop.services.signaling.stores import EkSessions
 
 
@@ -25,3 +26,4 @@ class Context:
     bodies: Bodies
     ek_sessions: EkSessions = field(default_factory=lambda: EkSessions(None))
     clients: ClientAddresses = field(default_factory=ClientAddresses)
+    phones: SipCalls = field(default_factory=lambda: SipCalls(None))  # ringing phone calls

@@ -31,6 +31,7 @@ from firsthop.services.signaling.context import Context
 from firsthop.services.signaling.placement import RegionTable
 from firsthop.services.signaling.ratelimit import ClientLimiter, RateLimiter, Slots
 from firsthop.services.signaling.sip import SipConfig, SipFront
+from firsthop.services.signaling.sip_calls import SipCalls
 from firsthop.services.signaling.stores import (
     CallStore,
     Directory,
@@ -99,6 +100,7 @@ def build_context(
             stats.counters,
         ),
         clients=ClientAddresses(config.trusted_proxies),
+        phones=SipCalls(link),
         ek_sessions=EkSessions(
             link,
             max_live=config.max_ephemeral_keys,
@@ -115,6 +117,8 @@ def sip_config(config: SignalingConfig) -> SipConfig:
         public=config.sip_public,
         trunks=[Trunk.of(name, cidrs) for name, cidrs in config.sip_trunks.items()],
         poll_interval=config.call_poll_interval,
+        webhook=config.sip_webhook,
+        webhook_secret=config.sip_webhook_secret,
     )
 
 
@@ -146,7 +150,7 @@ async def serve_signaling(
                 addr = bound_address(binds)
                 sip_addr = None
                 if config.sip_listen is not None:
-                    front = SipFront(context.calls, sip_config(config))
+                    front = SipFront(context.calls, sip_config(config), context.phones, http)
                     sip_addr = await nursery.start(front.serve)
                 log.info(
                     "signaling (region %s) on %s; transceivers from %s",

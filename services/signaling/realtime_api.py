@@ -12,7 +12,11 @@
   ``?model=``; ``session.model`` picks the agent (`realtime_session.choose_agent`), and the
   config goes to the transceiver as ``session`` in its create body.
 * ``POST /v1/realtime/calls/{call_id}/hangup`` ends the call (as ``DELETE /v1/calls/...``)
-  -> 200 ``{}``. SIP call control (accept, reject, refer): 404.
+  -> 200 ``{}``. SIP call control (phone calls with ``--sip-webhook``, `sip.py`): ``accept``
+  (the body is the call's session config; its model names the agent: the call is placed
+  and answered), ``reject`` (``{"status_code"}``, default 603), ``refer``
+  (``{"target_uri"}``: the caller is transferred) -> 200 ``{}``; an API key only; a call that
+  is not ringing (accept, reject) or not up (refer), or unknown: 404.
 * ``GET /v1/realtime?call_id=...`` (WebSocket, API key only): the sideband. Frames are piped
   both ways to the owning transceiver's ``/internal/v1/sessions/{id}/events``; text only;
   a client's message at most 64 KiB (Hypercorn's limit, as on ``/v1/ws``: 1009), the
@@ -38,7 +42,7 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 
 from firsthop.services.signaling.auth import DEV_ISSUER, Principal
-from firsthop.services.signaling.calls import CallRequest, parse_offer_body
+from firsthop.services.signaling.calls import CallRequest, OfferBody, parse_offer_body
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.realtime_session import (
     check_session,
@@ -50,6 +54,8 @@ from firsthop.services.signaling.realtime_session import (
     secret_request,
 )
 from firsthop.services.signaling.responses import answer_response, json_response
+from firsthop.services.signaling.sip_calls import PhoneRecord
+from firsthop.services.sip.uas import referable
 from firsthop.shared.redis_store import CallRecord
 from firsthop.shared.sdp import MAX_SDP_BYTES
 from firsthop.shared.session_config import MAX_SESSION_BYTES, merge_sessions
@@ -197,9 +203,73 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
         await ctx.calls.end(record)
         return json_response({})
 
-    @app.post("/v1/realtime/calls/<call_id>/<action>")
-    async def realtime_sip(call_id: str, action: str) -> Response:
-        raise Problem(404, "SIP call control (accept, reject, refer) is not supported here")
+    async def ringing_call(call_id: str) -> tuple[Principal, PhoneRecord]:
+        tools.limit_ip()
+        principal = ctx.auth.realtime(request.headers.get("Authorization"), allow_ek=False)
+        tools.limit_key(principal.tenant)
+        tools.call_id_ok(call_id)
+        phone = await ctx.phones.get(call_id)
+        if phone is None or phone.state != "ringing":
+            raise Problem(404, "no such call ringing")
+        return principal, phone
+
+    async def json_object(what: str) -> dict[str, Any]:
+        raw = await tools.body_bytes()
+        return parse_json_object(raw or b"{}", what)
+
+    @app.post("/v1/realtime/calls/<call_id>/accept")
+    async def realtime_accept(call_id: str) -> Response:
+        principal, phone = await ringing_call(call_id)
+        session = check_session(await json_object("session"))
+        session.setdefault("type", "realtime")
+        if not await ctx.phones.move(call_id, "ringing", state="accepted"):
+            raise Problem(404, "no such call ringing")  # (a CANCEL, or another accept, won)
+        agent = choose_agent(session.get("model"), None, config.agents, config.default_agent)
+        try:
+            record, answer = await ctx.calls.create(
+                CallRequest(
+                    offer=OfferBody(phone.offer, ""),
+                    agent=agent,
+                    principal=principal,
+                    region_header=request.headers.get("X-Client-Region"),
+                    client_ip=phone.source,
+                    traceparent=request.headers.get("traceparent"),
+                    session=session,
+                    media="rtp",
+                    call_id=call_id,
+                )
+            )
+        except Problem as problem:  # the trunk hears it (488 for an offer we cannot take)
+            status = 488 if problem.status == 400 else 503
+            await ctx.phones.move(call_id, "accepted", state="rejected", status=status)
+            raise
+        if not await ctx.phones.move(call_id, "accepted", state="answered", answer=answer):
+            await ctx.calls.end(record)  # (the caller hung up while it was being placed)
+            raise Problem(404, "the call ended before it was answered")
+        return json_response({})
+
+    @app.post("/v1/realtime/calls/<call_id>/reject")
+    async def realtime_reject(call_id: str) -> Response:
+        _, phone = await ringing_call(call_id)
+        body = await json_object("body")
+        status = body.get("status_code", 603)
+        if type(status) is not int or not 400 <= status <= 699:
+            raise Problem(400, "status_code must be a SIP status, 400-699")
+        if not await ctx.phones.move(call_id, "ringing", state="rejected", status=status):
+            raise Problem(404, "no such call ringing")
+        return json_response({})
+
+    @app.post("/v1/realtime/calls/<call_id>/refer")
+    async def realtime_refer(call_id: str) -> Response:
+        tools.limit_ip()
+        principal = ctx.auth.realtime(request.headers.get("Authorization"), allow_ek=False)
+        await owned_call(call_id, principal)
+        target = (await json_object("body")).get("target_uri")
+        if not isinstance(target, str) or not referable(target):
+            raise Problem(400, "target_uri must be a sip:, sips: or tel: URI")
+        if not await ctx.phones.move(call_id, "answered", refer=target):
+            raise Problem(404, "no such phone call up")
+        return json_response({})
 
     @app.websocket("/v1/realtime")
     async def sideband() -> Response | None:

@@ -16,22 +16,36 @@ decision; this is its Trio I/O, and what it answers with:
 * a re-INVITE or UPDATE (hold, resume) is answered with the call's answer again, its
   direction answering the new offer's.
 
+With `--sip-webhook URL` the app decides instead, as with OpenAI's SIP calls: the call rings
+while a `realtime.call.incoming` event (`data.call_id`, `data.sip_headers`) is posted to URL,
+signed as Standard Webhooks (`webhook-id`, `webhook-timestamp`, `webhook-signature: v1,...`
+with `--sip-webhook-secret`), and waits (at most the ring timeout) for the app's `accept`
+(its session config: the model names the agent), `reject` or, once up, `refer` on
+`/v1/realtime/calls/{call_id}/...`, which any replica may take (`sip_calls.py`).
+
 Every call is one task, at most `Limits.calls` of them (the UAS refuses more with 503).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
 import logging
 import math
 import secrets
 import socket
+import time
 from dataclasses import dataclass, field
 
+import httpx
 import trio
 
 from firsthop.services.signaling.auth import Principal
 from firsthop.services.signaling.calls import CallRequest, Calls, OfferBody
 from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.sip_calls import DECISION_POLL, PhoneRecord, SipCalls
 from firsthop.services.signaling.transceivers import TransceiverDown
 from firsthop.services.sip.uas import (
     CallConfirmed,
@@ -54,6 +68,13 @@ log = logging.getLogger("firsthop.signaling.sip")
 STATUS_OF_PROBLEM = {400: (488, "Not Acceptable Here"), 503: (503, "Service Unavailable")}
 
 
+WEBHOOK_ATTEMPTS = 3  # posts of one event (Standard Webhooks: retried on a failure)
+WEBHOOK_TIMEOUT = 5.0  # s, each
+# What of an INVITE its webhook carries (`data.sip_headers`), bounded: not the routing.
+HIDDEN_HEADERS = {"via", "route", "record-route", "max-forwards", "content-length"}
+MAX_WEBHOOK_HEADERS, MAX_WEBHOOK_VALUE = 32, 512
+
+
 @dataclass
 class SipConfig:
     listen: Address
@@ -61,6 +82,8 @@ class SipConfig:
     public: Address | None = None  # our Contact's host:port (default: `listen`)
     limits: Limits = field(default_factory=Limits)
     poll_interval: float = 1.0  # the transceiver's session, probed this often per call
+    webhook: str | None = None  # OpenAI's SIP flow: where `realtime.call.incoming` goes
+    webhook_secret: str | None = None  # its signing key (`whsec_` + base64, or raw)
 
 
 @dataclass(eq=False)
@@ -73,9 +96,17 @@ class PhoneCall:
 
 
 class SipFront:
-    def __init__(self, calls: Calls, config: SipConfig) -> None:
+    def __init__(
+        self,
+        calls: Calls,
+        config: SipConfig,
+        phones: SipCalls | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
         self.calls = calls
         self.config = config
+        self.phones = phones or SipCalls(None)
+        self.http = http
         self.counters = calls.stats.counters
         self.uas: SipUas | None = None
         self._sock: trio.socket.SocketType | None = None
@@ -147,7 +178,8 @@ class SipFront:
                 case CallOffered():
                     phone = PhoneCall(event.call)
                     self._live[event.call] = phone
-                    self._nursery.start_soon(self._run_call, phone, event)
+                    run = self._run_app_call if self.config.webhook else self._run_call
+                    self._nursery.start_soon(run, phone, event)
                 case CallEnded(call, reason):
                     phone_call = self._live.get(call)
                     if phone_call is not None and phone_call.end_reason is None:
@@ -198,27 +230,8 @@ class SipFront:
             record = await self._place(phone, offered)
             if record is None:
                 return
-            while not phone.ended.is_set():
-                with trio.move_on_after(self.config.poll_interval):
-                    await phone.ended.wait()
-                if phone.ended.is_set():
-                    break
-                try:
-                    gone = await self.calls.client.session_alive(record.api_url, record.session_id)
-                except TransceiverDown:
-                    if await self.calls.directory.is_registered(record.transceiver_id) is False:
-                        gone = "transceiver_lost"
-                    else:
-                        continue
-                if gone is not None:
-                    self.counters[
-                        f"sip_ended_by_edge_{'drain' if gone == 'drain' else 'other'}"
-                    ] += 1
-                    log.info("call %s: session ended (%s): BYE", record.call_id, gone)
-                    uas.hangup(phone.call, trio.current_time())
-                    await self._carry_out()
-                    record = None  # (the transceiver's session is gone already)
-                    return
+            if await self._watch(phone, record, None):
+                record = None  # (its session is gone already)
         finally:
             self._live.pop(phone.call, None)
             if record is not None:
@@ -227,6 +240,43 @@ class SipFront:
                         await self.calls.end(record)
                     except Problem:
                         pass
+
+    async def _watch(self, phone: PhoneCall, record: CallRecord, call_id: str | None) -> bool:
+        """While the call is up: until the trunk ends it (False), or its session ends on the
+        edge's side, and the trunk gets a BYE (True). With `call_id` (an app's call), a
+        transfer the app asked for (`refer`) is sent as it comes."""
+        uas = self.uas
+        assert uas is not None
+        while not phone.ended.is_set():
+            with trio.move_on_after(self.config.poll_interval):
+                await phone.ended.wait()
+            if phone.ended.is_set():
+                return False
+            if call_id is not None:
+                await self._refer_if_asked(phone, call_id)
+            try:
+                gone = await self.calls.client.session_alive(record.api_url, record.session_id)
+            except TransceiverDown:
+                if await self.calls.directory.is_registered(record.transceiver_id) is not False:
+                    continue
+                gone = "transceiver_lost"
+            if gone is not None:
+                self.counters[f"sip_ended_by_edge_{'drain' if gone == 'drain' else 'other'}"] += 1
+                log.info("call %s: session ended (%s): BYE", record.call_id, gone)
+                uas.hangup(phone.call, trio.current_time())
+                await self._carry_out()
+                return True
+        return False
+
+    async def _refer_if_asked(self, phone: PhoneCall, call_id: str) -> None:
+        current = await self.phones.get(call_id)
+        if current is None or not current.refer:
+            return
+        if await self.phones.move(call_id, "answered", refer=""):  # (sent once)
+            assert self.uas is not None
+            if self.uas.refer(phone.call, current.refer, trio.current_time()):
+                log.info("call %s: transferred to %s (REFER)", call_id, current.refer)
+            await self._carry_out()
 
     async def _place(self, phone: PhoneCall, offered: CallOffered) -> CallRecord | None:
         """Ring, place the call, answer it; None if it ended first or could not be placed."""
@@ -269,8 +319,127 @@ class SipFront:
         log.info("call %s: SIP call %s answered (agent %s)", record.call_id, phone.call, agent)
         return record
 
+    # -- OpenAI's SIP flow: the app decides ------------------------------------------------------
+
+    async def _run_app_call(self, phone: PhoneCall, offered: CallOffered) -> None:
+        """Ring, tell the app, wait for its word (`SipCalls`), then carry the call as above."""
+        uas = self.uas
+        assert uas is not None
+        request = offered.request
+        call_id = "rtc_" + secrets.token_hex(16)
+        ringing = PhoneRecord(
+            call_id,
+            offer=request.body.decode("utf-8", "replace"),
+            trunk=offered.trunk,
+            source=offered.source[0],
+            uri=request.uri,
+        )
+        record: CallRecord | None = None
+        try:
+            await self.phones.put(ringing)
+            uas.ring(phone.call)
+            await self._carry_out()
+            if not await self._tell_app(call_id, request):
+                if await self.phones.move(call_id, "ringing", state="ended"):
+                    uas.reject(phone.call, 480, "Temporarily Unavailable", trio.current_time())
+                    await self._carry_out()
+                    return
+            decided = await self._decision(phone, call_id)
+            if decided is None:
+                return
+            if decided.state == "rejected":
+                uas.reject(phone.call, decided.status, "Rejected", trio.current_time())
+                await self._carry_out()
+                return
+            record = await self.calls.store.get(call_id)
+            if phone.ended.is_set() or record is None:
+                return  # (ended while the app's accept placed it: the finally ends it)
+            phone.answer = decided.answer
+            uas.answer(phone.call, decided.answer.encode(), trio.current_time())
+            await self._carry_out()
+            self.counters["sip_calls_answered"] += 1
+            log.info("call %s: SIP call %s accepted by its app", call_id, phone.call)
+            if await self._watch(phone, record, call_id):
+                record = None  # (its session is gone already)
+        finally:
+            self._live.pop(phone.call, None)
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self.phones.move(call_id, "ringing", state="ended")  # (if it still rings)
+                if record is not None:
+                    try:
+                        await self.calls.end(record)
+                    except Problem:
+                        pass
+
+    async def _decision(self, phone: PhoneCall, call_id: str) -> PhoneRecord | None:
+        """The app's word (`answered` or `rejected`), or None: the call ended first (a
+        CANCEL, the ring timeout), and no accept can take it any more."""
+        while True:
+            with trio.move_on_after(DECISION_POLL):
+                await phone.ended.wait()
+            if phone.ended.is_set() and await self.phones.move(call_id, "ringing", state="ended"):
+                return None
+            decided = await self.phones.get(call_id)
+            if decided is None or decided.state == "ended":
+                return None
+            if decided.state in ("answered", "rejected"):
+                return decided
+            # ringing, or accepted: the app's accept is placing it (on some replica)
+
+    async def _tell_app(self, call_id: str, request: sip.SipRequest) -> bool:
+        """POST `realtime.call.incoming` to the webhook, signed (Standard Webhooks); a
+        failure is retried (a fresh signature each time), at most `WEBHOOK_ATTEMPTS`."""
+        assert self.config.webhook is not None and self.http is not None
+        headers = [
+            {"name": sip.canonical_name(name), "value": value[:MAX_WEBHOOK_VALUE]}
+            for name, value in request.headers
+            if name not in HIDDEN_HEADERS
+        ][:MAX_WEBHOOK_HEADERS]
+        event_id = "evt_" + secrets.token_hex(12)
+        body = json.dumps(
+            {
+                "object": "event",
+                "id": event_id,
+                "type": "realtime.call.incoming",
+                "created_at": int(time.time()),
+                "data": {"call_id": call_id, "sip_headers": headers},
+            }
+        )
+        for attempt in range(WEBHOOK_ATTEMPTS):
+            signed = sign_webhook(self.config.webhook_secret or "", event_id, body)
+            try:
+                resp = await self.http.post(
+                    self.config.webhook,
+                    content=body,
+                    headers={"Content-Type": "application/json", **signed},
+                    timeout=WEBHOOK_TIMEOUT,
+                )
+                if resp.status_code < 300:
+                    self.counters["sip_webhooks_delivered"] += 1
+                    return True
+            except httpx.HTTPError:
+                pass
+            self.counters["sip_webhook_failures"] += 1
+            await trio.sleep(0.5 * 2**attempt)
+        log.warning("call %s: the webhook %s did not take the event", call_id, self.config.webhook)
+        return False
+
     async def _end_quietly(self, record: CallRecord) -> None:
         try:
             await self.calls.end(record)
         except Problem:
             pass
+
+
+def sign_webhook(secret: str, event_id: str, body: str, now: float | None = None) -> dict[str, str]:
+    """Standard Webhooks headers for `body` (as OpenAI signs its webhooks, and as
+    `openai`'s `webhooks.unwrap` checks them): HMAC-SHA256 over `id.timestamp.body` with the
+    secret (`whsec_` + base64 of the key, or the key's own text), base64, `v1,` in front."""
+    key = base64.b64decode(secret[6:]) if secret.startswith("whsec_") else secret.encode()
+    timestamp = str(int(time.time() if now is None else now))
+    digest = hmac.new(key, f"{event_id}.{timestamp}.{body}".encode(), hashlib.sha256).digest()
+    return {
+        "webhook-id": event_id,
+        "webhook-timestamp": timestamp,
+        "webhook-signature": "v1," + base64.b64encode(digest).decode(),
+    }

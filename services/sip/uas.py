@@ -484,7 +484,7 @@ class SipUas:
             if method == "INVITE":
                 self._provisional(tx, 100, "Trying")
             self._emit(CallReoffered(call.tag, request))
-        elif method in ("OPTIONS", "INFO"):
+        elif method in ("OPTIONS", "INFO", "NOTIFY"):  # (NOTIFY: a REFER's progress, RFC 3515)
             self._complete(tx, 200, "OK", now)
         else:
             self._complete(tx, 405, "Method Not Allowed", now, headers=[("Allow", ALLOW)])
@@ -583,7 +583,27 @@ class SipUas:
         self._calls.pop(call.tag, None)
         self._dialogs.pop((call.call_id, call.tag), None)
 
+    def refer(self, call: str, target: str, now: float) -> bool:
+        """Transfer the caller (RFC 3515): a REFER in the call's dialog asking the trunk to
+        call `target` (a sip:, sips: or tel: URI); the trunk then ends our leg with a BYE.
+        False if the call is not up, or `target` is no such URI."""
+        self._now = now
+        c = self._calls.get(call)
+        if c is None or c.state != "up" or not referable(target):
+            return False
+        self._request(
+            c, "REFER", now, [("Refer-To", f"<{target}>"), ("Referred-By", f"<{self.contact}>")]
+        )
+        self.counters["sip_refers_sent"] += 1
+        return True
+
     def _bye(self, call: _Call, now: float) -> None:
+        self._request(call, "BYE", now)
+
+    def _request(
+        self, call: _Call, method: str, now: float, extra: list[tuple[str, str]] | None = None
+    ) -> None:
+        """A request of ours in `call`'s dialog, as a client transaction (Timer E, F)."""
         call.local_cseq += 1
         branch = sip.BRANCH_COOKIE + self.token()
         local = call.local_uri if ";tag=" in call.local_uri else f"{call.local_uri};tag={call.tag}"
@@ -595,9 +615,10 @@ class SipUas:
             ("From", local),
             ("To", call.remote_uri),
             ("Call-ID", call.call_id),
-            ("CSeq", f"{call.local_cseq} BYE"),
+            ("CSeq", f"{call.local_cseq} {method}"),
+            *(extra or []),
         ]
-        data = sip.request("BYE", call.remote_target, headers).encode()
+        data = sip.request(method, call.remote_target, headers).encode()
         tx = _ClientTx(branch, data, call.source, give_up_at=now + TIMEOUT)
         if len(self._client) < self.limits.transactions:
             self._client[branch] = tx
@@ -711,3 +732,15 @@ class SipUas:
     def _arm(self, item: _Timed, when: float) -> None:
         item.deadline = when
         heapq.heappush(self._heap, (when, next(self._seq), item))
+
+
+def referable(target: str) -> bool:
+    """A transfer target we put in a Refer-To: a sip:, sips: or tel: URI, nothing that could
+    break out of the header (no whitespace, quotes, angle brackets or line breaks)."""
+    scheme, _, rest = target.partition(":")
+    return (
+        scheme.lower() in ("sip", "sips", "tel")
+        and 0 < len(rest) <= 256
+        and target.isprintable()
+        and not any(c in target for c in ' \t<>"')
+    )

@@ -372,7 +372,7 @@ async def test_call_route_refusals(http: httpx.AsyncClient) -> None:
     status, error = await refusal(
         await client.post("/v1/realtime/calls/nope/accept", headers=KEY, scope_base=CLIENT)
     )
-    assert status == 404 and "SIP" in error["message"]
+    assert status == 404 and "ringing" in error["message"]  # no phone call of that id
 
 
 async def test_dev_route_and_preflight(http: httpx.AsyncClient) -> None:
@@ -402,3 +402,24 @@ async def test_dev_route_and_preflight(http: httpx.AsyncClient) -> None:
     assert set(sdk_headers.split(", ")) <= allowed and "x-evil" not in allowed
     assert "Location" in resp.headers["Access-Control-Expose-Headers"]
     assert resp.headers["Access-Control-Allow-Origin"] == "https://app.example"
+
+
+def test_webhooks_are_signed_as_openais_sdk_checks_them() -> None:
+    """`sip.sign_webhook` (Standard Webhooks) against the official SDK's own verifier."""
+    import base64
+
+    import openai
+
+    from firsthop.services.signaling.sip import sign_webhook
+
+    secret = "whsec_" + base64.b64encode(b"s" * 32).decode()
+    body = json.dumps({"type": "realtime.call.incoming", "data": {"call_id": "rtc_1"}})
+    headers = sign_webhook(secret, "evt_1", body)
+    client = openai.OpenAI(api_key="x", webhook_secret=secret)
+    client.webhooks.verify_signature(body, headers)  # raises if it does not match
+    old = sign_webhook(secret, "evt_1", body, now=1_000_000)  # a replay, long after
+    try:
+        client.webhooks.verify_signature(body, old)
+        raise AssertionError("a stale signature verified")
+    except openai.InvalidWebhookSignatureError:
+        pass

@@ -412,3 +412,18 @@ def test_a_bye_while_ringing_ends_the_call_and_its_invite_gets_487() -> None:
     core.receive_datagram(request("BYE", branch="z9hG4bKbye", cseq=2, to_tag=call), TRUNK, 1.0)
     assert sorted(statuses(core)) == [200, 487]  # §15.1.2
     assert events(core) == [CallEnded(call, "bye")]
+
+
+def test_refer_in_the_dialog_and_what_a_target_may_be() -> None:
+    core = uas()
+    call = answered(core)
+    assert not core.refer(call, "sip:x@y>\r\nX-Evil: 1", 1.0)  # no header injection
+    assert not core.refer(call, "http://example.com", 1.0)
+    assert core.refer(call, "tel:+14155550123", 1.0)
+    ((refer, dest),) = sent(core)
+    assert isinstance(refer, SipRequest) and refer.method == "REFER" and dest == TRUNK
+    assert refer.get("refer-to") == "<tel:+14155550123>" and refer.get("cseq") == "1 REFER"
+    # the trunk reports the transfer's progress (RFC 3515 §2.4.4): NOTIFY in the dialog, 200
+    notify = request("NOTIFY", branch="z9hG4bKn", cseq=2, to_tag=call)
+    core.receive_datagram(notify, TRUNK, 1.5)
+    assert statuses(core) == [200]

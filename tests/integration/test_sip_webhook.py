@@ -1,0 +1,189 @@
+"""OpenAI's SIP call control on the edge, driven by the official `openai` SDK.
+
+With `--sip-webhook`, an INVITE rings while `realtime.call.incoming` is posted to the app,
+signed as OpenAI signs it (the SDK's `webhooks.unwrap` checks it), and the app answers with
+`client.realtime.calls.accept/reject/refer/hangup` against the edge's base URL, exactly as it
+would against OpenAI's. The phone is the scripted one on real sockets (`tests/sip_phone.py`).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+import pytest
+
+from firsthop.shared.wire import sip
+
+from ..sip_phone import Phone, PhoneStack, power_at, tone
+from ..support import SignalingProcess, free_tcp_port, wait_until
+
+pytestmark = pytest.mark.slow
+
+SECRET = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+
+
+@dataclass
+class App:
+    """The app's side: a webhook endpoint (a real HTTP server) and the official SDK."""
+
+    stack: PhoneStack
+    events: queue.Queue[tuple[bytes, dict[str, str]]]
+    client: openai.OpenAI
+
+    def incoming(self, timeout: float = 10.0) -> Any:
+        """The next webhook, verified by the SDK (it raises on a bad signature)."""
+        body, headers = self.events.get(timeout=timeout)
+        return self.client.webhooks.unwrap(body, headers)
+
+
+@pytest.fixture(scope="module")
+def app() -> Iterator[App]:
+    events: queue.Queue[tuple[bytes, dict[str, str]]] = queue.Queue()
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            events.put((body, {k.lower(): v for k, v in self.headers.items()}))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    port = free_tcp_port()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        flags = ["--sip-webhook", f"http://127.0.0.1:{port}/hook", "--sip-webhook-secret", SECRET]
+        with PhoneStack.running(*flags) as stack:
+            client = openai.OpenAI(
+                api_key=SignalingProcess.API_KEY,
+                base_url=f"{stack.sig.url}/v1",
+                webhook_secret=SECRET,
+                max_retries=0,
+            )
+            yield App(stack, events, client)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_app_accepts_and_the_phone_hears_its_agent(app: App) -> None:
+    phone = Phone(app.stack.sip)
+    try:
+        phone.send(phone.request("INVITE", body=phone.offer()))
+        event = app.incoming()  # signed: unwrap verified it
+        assert event.type == "realtime.call.incoming"
+        call_id = event.data.call_id
+        headers = {h.name: h.value for h in event.data.sip_headers}
+        assert headers["Call-ID"] == phone.call_id and "+15550100" in headers["From"]
+        assert "Via" not in headers
+        app.client.realtime.calls.accept(call_id, type="realtime", model="echo")
+        final = phone.responses_until_final()[-1]
+        assert final.status == 200
+        phone.remote_tag = sip.parse_name_addr(final.get("to") or "").tag
+        phone.answer = final.body.decode()
+        phone.send(phone.request("ACK", cseq=1, cseq_method="ACK"))
+        heard = phone.talk(tone(750.0, 2.0))
+        assert power_at(heard[-4000:], 750.0) > 0.5
+        app.client.realtime.calls.hangup(call_id)  # the app hangs up: the phone gets a BYE
+        bye = phone.receive(timeout=5)
+        assert isinstance(bye, sip.SipRequest) and bye.method == "BYE"
+        phone.sock.sendto(sip.response_to(bye, 200, "OK").encode(), app.stack.sip)
+    finally:
+        phone.close()
+
+
+def test_the_app_rejects(app: App) -> None:
+    phone = Phone(app.stack.sip)
+    try:
+        invite = phone.request("INVITE", body=phone.offer())
+        phone.send(invite)
+        call_id = app.incoming().data.call_id
+        app.client.realtime.calls.reject(call_id, status_code=486)
+        assert phone.responses_until_final()[-1].status == 486
+        with pytest.raises(openai.NotFoundError):  # decided already: nothing to accept
+            app.client.realtime.calls.accept(call_id, type="realtime", model="echo")
+    finally:
+        phone.close()
+
+
+def test_the_app_transfers_the_caller(app: App) -> None:
+    phone = Phone(app.stack.sip)
+    try:
+        phone.send(phone.request("INVITE", body=phone.offer()))
+        call_id = app.incoming().data.call_id
+        app.client.realtime.calls.accept(call_id, type="realtime", model="echo")
+        final = phone.responses_until_final()[-1]
+        assert final.status == 200
+        phone.remote_tag = sip.parse_name_addr(final.get("to") or "").tag
+        phone.send(phone.request("ACK", cseq=1, cseq_method="ACK"))
+        app.client.realtime.calls.refer(call_id, target_uri="tel:+14155550123")
+        refer = phone.receive(timeout=5)
+        assert isinstance(refer, sip.SipRequest) and refer.method == "REFER"
+        assert refer.get("refer-to") == "<tel:+14155550123>"
+        phone.sock.sendto(sip.response_to(refer, 202, "Accepted").encode(), app.stack.sip)
+        phone.send(phone.request("BYE"))  # the trunk ends our leg once it has transferred
+        assert phone.responses_until_final()[-1].status == 200
+        with pytest.raises(openai.BadRequestError):  # no header injection through a target
+            app.client.realtime.calls.refer(call_id, target_uri="sip:x@y>\r\nX-Evil: 1")
+    finally:
+        phone.close()
+
+
+def test_a_cancel_while_the_app_decides_ends_it_and_a_late_accept_finds_nothing(app: App) -> None:
+    phone = Phone(app.stack.sip)
+    try:
+        invite = phone.request("INVITE", body=phone.offer())
+        phone.send(invite)
+        call_id = app.incoming().data.call_id
+        branch = sip.parse_via(invite.vias()[0]).branch
+        phone.send(phone.request("CANCEL", branch=branch, cseq=invite.cseq, cseq_method="CANCEL"))
+        statuses: set[int] = set()
+        while 487 not in statuses:
+            message = phone.receive()
+            if isinstance(message, sip.SipResponse):
+                statuses.add(message.status)
+
+        def accept_refused() -> bool:
+            try:
+                app.client.realtime.calls.accept(call_id, type="realtime", model="echo")
+            except openai.NotFoundError:
+                return True
+            return False
+
+        wait_until(accept_refused, 3)
+        assert not app.stack.live_sessions()
+    finally:
+        phone.close()
+
+
+def test_a_forged_or_stale_webhook_does_not_verify(app: App) -> None:
+    """What the app's SDK checks, shown failing: the edge's signature is the only one that
+    passes (a body changed after signing, a wrong secret)."""
+    phone = Phone(app.stack.sip)
+    try:
+        phone.send(phone.request("INVITE", body=phone.offer()))
+        body, headers = app.events.get(timeout=10)
+        event = json.loads(body)
+        tampered = json.dumps({**event, "data": {**event["data"], "call_id": "rtc_forged"}})
+        with pytest.raises(openai.InvalidWebhookSignatureError):
+            app.client.webhooks.unwrap(tampered, headers)
+        other = openai.OpenAI(
+            api_key="x", webhook_secret="whsec_" + base64.b64encode(b"k" * 24).decode()
+        )
+        with pytest.raises(openai.InvalidWebhookSignatureError):
+            other.webhooks.unwrap(body, headers)
+        app.client.realtime.calls.reject(event["data"]["call_id"], status_code=603)
+        assert phone.responses_until_final()[-1].status == 603
+    finally:
+        phone.close()
