@@ -95,6 +95,16 @@ def test_the_app_accepts_and_the_phone_hears_its_agent(app: App) -> None:
         phone.send(phone.request("ACK", cseq=1, cseq_method="ACK"))
         heard = phone.talk(tone(750.0, 2.0))
         assert power_at(heard[-4000:], 750.0) > 0.5
+        # the accepting key owns the call: its sideband (realtime.connect(call_id=...)'s
+        # route) reaches the call's agent, whose answer comes back on it
+        from websockets.sync.client import connect
+
+        url = f"ws://127.0.0.1:{app.stack.sig.port}/v1/realtime?call_id={call_id}"
+        auth = {"Authorization": f"Bearer {SignalingProcess.API_KEY}"}
+        with connect(url, additional_headers=auth) as sideband:
+            sideband.send(json.dumps({"type": "hello"}))
+            echoed = json.loads(sideband.recv(timeout=5))
+        assert echoed == {"type": "echo", "event": {"type": "hello"}}
         app.client.realtime.calls.hangup(call_id)  # the app hangs up: the phone gets a BYE
         bye = phone.receive(timeout=5)
         assert isinstance(bye, sip.SipRequest) and bye.method == "BYE"
