@@ -135,7 +135,10 @@ class SipRequest(SipMessage):
         for name in ("via", "from", "to", "call-id", "cseq"):
             if self.get(name) is None:
                 raise MalformedSip(f"missing {canonical_name(name)}")
-        via = parse_via(self.vias()[0])
+        vias = self.vias()
+        if not vias:
+            raise MalformedSip("empty Via")
+        via = parse_via(vias[0])
         if not via.branch.startswith(BRANCH_COOKIE) or len(via.branch) <= len(BRANCH_COOKIE):
             raise MalformedSip("Via branch must start with z9hG4bK (RFC 3261 §8.1.1.7)")
         number, method = parse_cseq(self.get("cseq") or "")
@@ -240,6 +243,55 @@ def _start(
     return SipRequest(headers, body, method, uri)
 
 
+class SipStream:
+    """Messages framed off a stream transport (TCP, TLS; §18.3): a message's end is its
+    header's empty line plus its Content-Length (none: no body). Keep-alive CRLFs between
+    messages (RFC 5626 §3.5.1) are skipped and counted (`pings`: answer each CRLFCRLF with
+    CRLF). At most `MAX_MESSAGE` bytes are ever held: past that the stream is broken
+    (`SipTooLarge`); a header whose Content-Length is not a number breaks it too
+    (`MalformedSip`): on a stream nothing after it can be framed."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self.pings = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer
+        buffer += data
+        out: list[bytes] = []
+        while True:
+            while buffer.startswith(b"\r\n"):
+                if buffer.startswith(b"\r\n\r\n"):
+                    self.pings += 1
+                    del buffer[:4]
+                else:
+                    del buffer[:2]
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > MAX_MESSAGE:
+                    raise SipTooLarge(f"a header over {MAX_MESSAGE} bytes")
+                return out
+            length = _stream_length(bytes(buffer[:end]))
+            total = end + 4 + length
+            if total > MAX_MESSAGE:
+                raise SipTooLarge(f"message over {MAX_MESSAGE} bytes")
+            if len(buffer) < total:
+                return out
+            out.append(bytes(buffer[:total]))
+            del buffer[:total]
+
+
+def _stream_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon and name.strip().lower() in (b"content-length", b"l"):
+            text = value.strip().decode("ascii", "replace")
+            if not _digits(text) or len(text) > 6:
+                raise MalformedSip("bad Content-Length on a stream")
+            return int(text)
+    return 0
+
+
 def salvage_request(data: bytes) -> SipRequest | None:
     """The header of a request that failed to parse, if it names enough to be answered (a
     Via, From, To, Call-ID and CSeq we can copy into a 400 or 513); else None, and it is
@@ -254,9 +306,12 @@ def salvage_request(data: bytes) -> SipRequest | None:
             h for h in (_header(line) for line in lines[1:]) if h[0] != "content-length"
         )
         message = SipRequest(headers, b"", method, "sip:invalid")
-        if any(message.get(n) is None for n in ("via", "from", "to", "call-id", "cseq")):
+        if any(not message.get(n) for n in ("via", "from", "to", "call-id", "cseq")):
             return None
-        parse_via(message.vias()[0])
+        vias = message.vias()
+        if not vias:
+            return None
+        parse_via(vias[0])
         parse_cseq(message.get("cseq") or "")
         return message
     except SipError:

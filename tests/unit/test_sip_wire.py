@@ -241,3 +241,33 @@ def test_round_trip(call_id: str, cseq: int, body: bytes) -> None:
     assert isinstance(parsed, SipRequest)
     parsed.check()
     assert (parsed.call_id, parsed.cseq, parsed.body) == (call_id.strip(), cseq, body)
+
+
+def test_a_stream_is_framed_by_content_length() -> None:
+    first = sip.request("OPTIONS", "sip:a@b", [("Call-ID", "1")], b"abc").encode()
+    second = sip.request("OPTIONS", "sip:a@b", [("Call-ID", "2")]).encode()
+    stream = sip.SipStream()
+    data = b"\r\n\r\n" + first + b"\r\n" + second
+    got = []
+    for i in range(0, len(data), 7):  # in pieces, as TCP hands them over
+        got += stream.feed(data[i : i + 7])
+    assert got == [first, second] and stream.pings == 1
+    assert sip.parse_sip(got[0]).body == b"abc"
+    with pytest.raises(sip.MalformedSip):
+        sip.SipStream().feed(b"OPTIONS sip:a@b SIP/2.0\r\nContent-Length: -1\r\n\r\n")
+    with pytest.raises(sip.SipTooLarge):
+        sip.SipStream().feed(b"OPTIONS sip:a@b SIP/2.0\r\n" + b"X: y\r\n" * 4000)
+    with pytest.raises(sip.SipTooLarge):
+        sip.SipStream().feed(b"OPTIONS sip:a@b SIP/2.0\r\nl: 999999\r\n\r\n")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=200), max_size=10))
+def test_a_stream_of_garbage_raises_only_sip_errors(pieces: list[bytes]) -> None:
+    stream = sip.SipStream()
+    try:
+        for piece in pieces:
+            for message in stream.feed(piece):
+                assert len(message) <= sip.MAX_MESSAGE
+    except sip.SipError:
+        pass
