@@ -250,7 +250,12 @@ def write_wav(path: str, pcm: bytes, rate: int = 8000) -> None:
 
 
 def baresip_call(
-    edge: tuple[str, int], user: str, pcm: bytes, seconds: int, workdir: str
+    edge: tuple[str, int],
+    user: str,
+    pcm: bytes,
+    seconds: int,
+    workdir: str,
+    transport: str = "udp",
 ) -> tuple[bytes, str]:
     """baresip (Debian's) calls sip:USER@edge, plays `pcm` (8 kHz) as its microphone for
     `seconds` and hangs up; what it decoded from us (8 kHz PCM) and its log."""
@@ -284,7 +289,10 @@ def baresip_call(
         f.write("<sip:caller@127.0.0.1>;regint=0\n")
     open(os.path.join(workdir, "contacts"), "w").close()
     run = subprocess.run(
-        [program, "-f", workdir, "-e", f"d sip:{user}@{edge[0]}:{edge[1]}", "-t", str(seconds)],
+        [
+            *(program, "-f", workdir, "-t", str(seconds)),
+            *("-e", f"d sip:{user}@{edge[0]}:{edge[1]};transport={transport}"),
+        ],
         capture_output=True,
         text=True,
         timeout=seconds + 20,

@@ -1,6 +1,10 @@
 """Signaling's SIP front: phone calls from SIP trunks, placed like WebRTC calls.
 
-`--sip-listen HOST:PORT` opens a UDP socket. `SipUas` (`services/sip/uas.py`) makes every SIP
+`--sip-listen HOST:PORT` opens a UDP socket and a TCP listener on the same port (RFC 3261
+§18: a UAS takes both; a message on a connection is answered on it, framed by
+`shared/wire/sip.SipStream`; only a trunk's address may keep a connection, at most
+`MAX_TCP_PER_SOURCE` each and `MAX_TCP` in all, each idle at most `TCP_IDLE` and each with a
+bounded queue of what we send it). `SipUas` (`services/sip/uas.py`) makes every SIP
 decision; this is its Trio I/O, and what it answers with:
 
 * a new call (`CallOffered`) rings (180) and is placed through `Calls` like any other, with
@@ -29,6 +33,7 @@ Every call is one task, at most `Limits.calls` of them (the UAS refuses more wit
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -37,6 +42,7 @@ import math
 import secrets
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import httpx
@@ -68,6 +74,9 @@ log = logging.getLogger("firsthop.signaling.sip")
 STATUS_OF_PROBLEM = {400: (488, "Not Acceptable Here"), 503: (503, "Service Unavailable")}
 
 
+MAX_TCP, MAX_TCP_PER_SOURCE = 1024, 16  # SIP connections, in all and from one address
+TCP_IDLE = 300.0  # s without a message (or a keep-alive) before a connection is closed
+TCP_QUEUE = 64  # messages waiting to be written to one connection; past that, dropped
 WEBHOOK_ATTEMPTS = 3  # posts of one event (Standard Webhooks: retried on a failure)
 WEBHOOK_TIMEOUT = 5.0  # s, each
 # What of an INVITE its webhook carries (`data.sip_headers`), bounded: not the routing.
@@ -113,6 +122,8 @@ class SipFront:
         self._live: dict[str, PhoneCall] = {}
         self._timer_moved = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self._streams: dict[Address, trio.MemorySendChannel[bytes]] = {}  # TCP, by peer
+        self._per_source: Counter[str] = Counter()
 
     async def serve(
         self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
@@ -133,11 +144,13 @@ class SipFront:
                 counters=self.counters,  # (signaling's events_total: every `sip_*` name)
             )
             self._sock = sock
+            listeners = await trio.open_tcp_listeners(bound[1], host=bound[0])
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._timers)
+                nursery.start_soon(trio.serve_listeners, self._connection, listeners)
                 log.info(
-                    "SIP on udp %s (contact %s), trunks: %s",
+                    "SIP on udp and tcp %s (contact %s), trunks: %s",
                     format_hostport(bound),
                     self.uas.contact,
                     ", ".join(t.name for t in self.config.trunks) or "none (every INVITE: 403)",
@@ -190,11 +203,78 @@ class SipFront:
                 case CallConfirmed(call):
                     self.counters["sip_calls_confirmed"] += 1
         for data, dest in uas.datagrams_to_send():
+            stream = self._streams.get(dest)
+            if stream is not None:  # it came on a connection: it goes back on it
+                try:
+                    stream.send_nowait(data)
+                except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                    self.counters["sip_tcp_dropped"] += 1
+                continue
             try:
                 await sock.sendto(data, dest)
             except OSError:
                 self.counters["sip_send_error"] += 1
         self._timer_moved.set()
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        """One TCP connection: a trunk's only (anyone else is closed at once), bounded."""
+        assert self.uas is not None
+        peer_raw = stream.socket.getpeername()
+        peer: Address = (peer_raw[0], peer_raw[1])
+        if (
+            self.uas.trunk_of(peer[0]) is None
+            or len(self._streams) >= MAX_TCP
+            or self._per_source[peer[0]] >= MAX_TCP_PER_SOURCE
+        ):
+            self.counters["sip_tcp_refused"] += 1
+            await stream.aclose()
+            return
+        send, receive = trio.open_memory_channel[bytes](TCP_QUEUE)
+        self._streams[peer] = send
+        self._per_source[peer[0]] += 1
+        self.counters["sip_tcp_connections"] += 1
+        try:
+            async with stream, trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, stream, receive)
+                await self._reader(stream, peer, send)
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            self._streams.pop(peer, None)
+            self._per_source[peer[0]] -= 1
+            if self._per_source[peer[0]] <= 0:
+                del self._per_source[peer[0]]
+
+    async def _reader(
+        self, stream: trio.SocketStream, peer: Address, send: trio.MemorySendChannel[bytes]
+    ) -> None:
+        assert self.uas is not None
+        framer = sip.SipStream()
+        while True:
+            data = b""
+            with trio.move_on_after(TCP_IDLE):
+                data = await stream.receive_some(65536)
+            if not data:
+                return  # closed, or idle too long
+            try:
+                messages = framer.feed(data)
+            except sip.SipError as exc:  # nothing after it can be framed: the connection goes
+                self.counters[f"{exc.reason}_tcp"] += 1
+                return
+            for _ in range(framer.pings):
+                with contextlib.suppress(trio.WouldBlock):
+                    send.send_nowait(b"\r\n")  # RFC 5626 §3.5.1: a pong
+            framer.pings = 0
+            for message in messages:
+                self.uas.receive_datagram(message, peer, trio.current_time())
+            await self._carry_out()
+
+    async def _writer(
+        self, stream: trio.SocketStream, receive: trio.MemoryReceiveChannel[bytes]
+    ) -> None:
+        async for data in receive:
+            await stream.send_all(data)
 
     def _reanswer(self, call: str, offer: bytes) -> None:
         """Hold, resume: the call's answer again, its direction answering the new offer."""

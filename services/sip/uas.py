@@ -54,6 +54,7 @@ EVENTS = 4096  # events waiting for the application; past that the oldest are dr
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
 KNOWN = {"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRACK", "INFO"}
 ENDED = {"bye", "cancel", "no_ack", "rejected", "hangup", "ring_timeout"}  # CallEnded reasons
+RELIABLE = {"TCP", "TLS", "SCTP", "WS", "WSS"}  # transports that retransmit for us (§17)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class _ServerTx(_Timed):
     retransmit: float = 0.0  # Timer G's interval (an INVITE's non-2xx)
     acked: bool = False
     failed: bool = False  # its final answer is a non-2xx (Timer G until the ACK)
+    reliable: bool = False  # it came over TCP or TLS: no Timer G (§17.2.1)
 
 
 @dataclass(eq=False)
@@ -146,6 +148,7 @@ class _ClientTx(_Timed):
     dest: Address
     interval: float = T1
     give_up_at: float = 0.0
+    reliable: bool = False  # over TCP or TLS: no Timer E, only Timer F (§17.1.2.2)
 
 
 @dataclass(eq=False)
@@ -170,6 +173,7 @@ class _Call(_Timed):
     reoffer: _ServerTx | None = None  # a re-INVITE or UPDATE waiting for our answer
     reoffer_ok: bytes | None = None  # our 2xx to a re-INVITE, until its ACK
     rang: bool = False
+    transport: str = "UDP"  # its INVITE's (our requests in its dialog go the same way)
 
 
 class SipUas:
@@ -385,7 +389,7 @@ class SipUas:
         if forwards is not None and int(forwards) == 0:
             self._reply(request, source, 483, "Too Many Hops")
             return
-        tx = _ServerTx(key, request, source)
+        tx = _ServerTx(key, request, source, reliable=via.transport in RELIABLE)
         self._server[key] = tx
         self._per_source[source[0]] += 1
         self.counters[f"sip_requests_{method.lower() if method in ALLOW else 'other'}"] += 1
@@ -442,6 +446,7 @@ class SipUas:
             route=tuple(request.get_all("record-route")),
             remote_cseq=request.cseq,
             ring_until=now + self.limits.ring_timeout,
+            transport=sip.parse_via(request.vias()[0]).transport,
         )
         tx.call = call
         self._calls[tag] = call
@@ -608,7 +613,7 @@ class SipUas:
         branch = sip.BRANCH_COOKIE + self.token()
         local = call.local_uri if ";tag=" in call.local_uri else f"{call.local_uri};tag={call.tag}"
         host = self.contact.partition("@")[2] or self.contact.partition(":")[2]
-        headers = [("Via", f"SIP/2.0/UDP {host};branch={branch};rport")]
+        headers = [("Via", f"SIP/2.0/{call.transport} {host};branch={branch};rport")]
         headers += [("Route", r) for r in call.route]
         headers += [
             ("Max-Forwards", "70"),
@@ -619,10 +624,11 @@ class SipUas:
             *(extra or []),
         ]
         data = sip.request(method, call.remote_target, headers).encode()
-        tx = _ClientTx(branch, data, call.source, give_up_at=now + TIMEOUT)
+        reliable = call.transport in RELIABLE
+        tx = _ClientTx(branch, data, call.source, give_up_at=now + TIMEOUT, reliable=reliable)
         if len(self._client) < self.limits.transactions:
             self._client[branch] = tx
-            self._arm(tx, now + T1)
+            self._arm(tx, tx.give_up_at if reliable else now + T1)
         self._send(data, call.source)
 
     def _provisional(self, tx: _ServerTx, status: int, reason: str) -> None:
@@ -668,9 +674,12 @@ class SipUas:
         tx.final = response.encode()
         tx.failed = True
         self._send(tx.final, tx.source)
-        tx.retransmit = T1
         tx.done_at = now + TIMEOUT
-        self._arm(tx, now + T1)
+        if tx.reliable:  # (Timer H alone: the transport does not lose it)
+            self._arm(tx, tx.done_at)
+        else:
+            tx.retransmit = T1
+            self._arm(tx, now + T1)
 
     def _complete(
         self,

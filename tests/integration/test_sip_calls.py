@@ -36,6 +36,17 @@ from ..support import AgentProcess, spoken, wait_until
 pytestmark = pytest.mark.slow
 
 
+def signaling_event(stack: PhoneStack, event: str) -> float:
+    """One of signaling's counted events (`firsthop_signaling_events_total`)."""
+    import urllib.request
+
+    from firsthop.shared.metrics import parse_text
+
+    with urllib.request.urlopen(f"{stack.sig.url}/metrics", timeout=5) as resp:
+        metrics = parse_text(resp.read().decode())
+    return metrics.get(("firsthop_signaling_events_total", frozenset({("event", event)})), 0.0)
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[PhoneStack]:
     with PhoneStack.running() as running:
@@ -302,3 +313,38 @@ def test_a_trunk_cannot_claim_another_calls_media_address(stack: PhoneStack) -> 
     finally:
         first.close()
         second.close()
+
+
+def test_baresip_over_tcp(stack: PhoneStack, tmp_path: Path) -> None:
+    """SIP over TCP (its media still RTP over UDP through the relay)."""
+    before = signaling_event(stack, "sip_tcp_connections")
+    heard, log = baresip_call(
+        stack.sip, "echo", tone(450.0, 5.0, level=12000), 4, str(tmp_path), "tcp"
+    )
+    assert signaling_event(stack, "sip_tcp_connections") == before + 1, log[-2000:]
+    assert len(heard) >= 2 * 8000 * 2, log[-2000:]
+    assert power_at(heard[-2 * 8000 :], 450.0) > 0.5
+
+
+def test_tcp_connections_are_a_trunks_only_and_framed_strictly(stack: PhoneStack) -> None:
+    """A connection from no trunk's address is closed at once; a keep-alive gets its pong;
+    a stream that cannot be framed is closed; a request on a connection is answered on it."""
+    stranger = socket.create_connection(stack.sip, timeout=5, source_address=("127.0.0.2", 0))
+    try:
+        assert stranger.recv(100) == b""  # closed by the edge, nothing said
+    finally:
+        stranger.close()
+    trunk = socket.create_connection(stack.sip, timeout=5)
+    try:
+        trunk.sendall(b"\r\n\r\n")
+        assert trunk.recv(100) == b"\r\n"
+        phone = Phone(stack.sip)
+        options = phone.request("OPTIONS").encode().replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
+        phone.close()
+        trunk.sendall(options)
+        answer = sip.parse_sip(trunk.recv(65536))
+        assert isinstance(answer, sip.SipResponse) and answer.status == 200
+        trunk.sendall(b"OPTIONS sip:x SIP/2.0\r\nContent-Length: nope\r\n\r\n")
+        assert trunk.recv(100) == b""  # unframeable: the connection goes
+    finally:
+        trunk.close()

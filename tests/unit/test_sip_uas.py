@@ -427,3 +427,28 @@ def test_refer_in_the_dialog_and_what_a_target_may_be() -> None:
     notify = request("NOTIFY", branch="z9hG4bKn", cseq=2, to_tag=call)
     core.receive_datagram(notify, TRUNK, 1.5)
     assert statuses(core) == [200]
+
+
+def test_over_tcp_the_transport_retransmits_and_our_requests_say_tcp() -> None:
+    """§17: on a reliable transport no Timer G (non-2xx) nor Timer E (our BYE): the
+    transport does not lose them; the 2xx is still sent again until its ACK (§13.3.1.4)."""
+    core = uas()
+    tcp = request("INVITE", body=SDP).replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
+    core.receive_datagram(tcp, TRUNK, 0.0)
+    (offer,) = events(core)
+    assert isinstance(offer, CallOffered)
+    sent(core)
+    core.reject(offer.call, 486, "Busy Here", 0.0)
+    assert statuses(core) == [486]
+    assert run_until(core, TIMEOUT - 1) == []  # no Timer G
+    second = uas()
+    second.receive_datagram(tcp, TRUNK, 0.0)
+    (offer,) = events(second)
+    assert isinstance(offer, CallOffered)
+    second.answer(offer.call, b"v=0\r\n", 0.0)
+    second.receive_datagram(ack(offer.call).replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP"), TRUNK, 0.1)
+    sent(second)
+    second.hangup(offer.call, 1.0)
+    ((bye, _),) = sent(second)
+    assert isinstance(bye, SipRequest) and (bye.get("via") or "").startswith("SIP/2.0/TCP ")
+    assert [m for _, m in run_until(second, TIMEOUT - 1)] == []  # no Timer E

@@ -129,7 +129,11 @@ def test_compose_publishes_only_the_public_ports(env: dict[str, str]) -> None:
     ports = {name: published(s) for name, s in services.items() if published(s)}
     assert ports == {
         "relay": [(port["FIRSTHOP_RELAY_PORT"], "udp"), (port["FIRSTHOP_RELAY_TCP_PORT"], "tcp")],
-        "signaling": [(port["FIRSTHOP_SIGNALING_PORT"], "tcp"), (port["FIRSTHOP_SIP_PORT"], "udp")],
+        "signaling": [
+            (port["FIRSTHOP_SIGNALING_PORT"], "tcp"),
+            (port["FIRSTHOP_SIP_PORT"], "udp"),
+            (port["FIRSTHOP_SIP_PORT"], "tcp"),
+        ],
         "jaeger": [(port["FIRSTHOP_JAEGER_PORT"], "tcp")],
     }
     bind = env.get("FIRSTHOP_BIND", "127.0.0.1")
