@@ -9,6 +9,9 @@ named by a connection address and a port, with G.711 (static payload types 0 and
   (the SIP layer answers it with 488, RFC 3261 §21.4.26);
 * `choose_codec(offer, prefer)`: the first of our codecs, in our order of preference, that
   the offer has;
+* `choose_crypto(offer)`: for an `RTP/SAVP` offer, the first `a=crypto` (SDES, RFC 4568) we
+  can take: AES_CM_128_HMAC_SHA1_80 or _32 with one inline key of 30 bytes (key and salt),
+  no MKI, no lifetime shorter than 2^31 packets (`Crypto`);
 * `build_rtp_answer(...)`: the answer: one audio stream, the chosen codec and
   telephone-event when offered, the direction that answers the offer's (§6.1), and RTCP at
   the RTP port (`a=rtcp`, RFC 3605: the relay has one port; `a=rtcp-mux` when offered).
@@ -19,6 +22,8 @@ answer names only payload types the offer had.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 from dataclasses import dataclass, field
 
@@ -154,6 +159,53 @@ def _rtpmap(pt_text: str, encoding: str) -> tuple[int, tuple[str, int]] | None:
     return int(pt_text), (name.lower(), int(rate))
 
 
+# RFC 4568 §6.2 crypto-suites we take -> libsrtp's profile names (media/srtp.py PROFILES)
+SDES_SUITES = {
+    "AES_CM_128_HMAC_SHA1_80": "SRTP_AES128_CM_SHA1_80",
+    "AES_CM_128_HMAC_SHA1_32": "SRTP_AES128_CM_SHA1_32",
+}
+SDES_KEY_BYTES = 30  # 16 of key, 14 of salt (RFC 4568 §6.1)
+
+
+@dataclass(frozen=True)
+class Crypto:
+    tag: int
+    suite: str  # an SDES_SUITES name
+    key: bytes  # key || salt, SDES_KEY_BYTES
+
+
+def choose_crypto(offer: RtpOffer) -> Crypto | None:
+    for line in offer.crypto:
+        crypto = _crypto(line)
+        if crypto is not None:
+            return crypto
+    return None
+
+
+def _crypto(line: str) -> Crypto | None:
+    parts = line.split()
+    if len(parts) < 3 or not _number(parts[0], 9) or parts[1] not in SDES_SUITES:
+        return None
+    if len(parts) > 3:  # session parameters (UNENCRYPTED_SRTP, KDR, ...): none we take
+        return None
+    method, _, info = parts[2].partition(":")
+    if method != "inline" or "|" in info and not _plain_lifetime(info):
+        return None
+    try:
+        key = base64.b64decode(info.split("|", 1)[0], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(key) != SDES_KEY_BYTES:
+        return None
+    return Crypto(int(parts[0]), parts[1], key)
+
+
+def _plain_lifetime(info: str) -> bool:
+    """`key|2^31` (a lifetime) is fine; an MKI (`key|...|1:4`, or `key|1:4`) is not."""
+    extras = info.split("|")[1:]
+    return len(extras) == 1 and ":" not in extras[0]
+
+
 def _number(text: str, digits: int) -> bool:
     return 0 < len(text) <= digits and text.isascii() and text.isdigit()
 
@@ -178,6 +230,7 @@ def build_rtp_answer(
     session_id: int,
     version: int = 1,
     direction: str | None = None,
+    crypto: Crypto | None = None,
 ) -> str:
     """The answer to `offer`: our `address`:`port`, the chosen codec, telephone-event when
     offered, and `direction` (default: the one answering the offer's, RFC 3264 §6.1)."""
@@ -195,11 +248,14 @@ def build_rtp_answer(
         "s=firsthop",
         f"c=IN {family} {address}",
         "t=0 0",
-        f"m=audio {port} RTP/AVP {' '.join(map(str, formats))}",
+        f"m=audio {port} {'RTP/SAVP' if crypto else 'RTP/AVP'} {' '.join(map(str, formats))}",
         f"a=rtpmap:{payload_type} {name.upper() if rate == 8000 else name}/{rate}",
     ]
     if event is not None:
         lines += [f"a=rtpmap:{event} {TELEPHONE_EVENT}/8000", f"a=fmtp:{event} 0-16"]
+    if crypto is not None:  # our key for what we send (RFC 4568 §6.1: the offer's tag)
+        inline = base64.b64encode(crypto.key).decode()
+        lines.append(f"a=crypto:{crypto.tag} {crypto.suite} inline:{inline}")
     # RFC 3605: our RTCP is at the RTP port too (the relay has one); RFC 5761 if offered.
     lines += ["a=ptime:20", f"a=rtcp:{port}"] + (["a=rtcp-mux"] if offer.rtcp_mux else [])
     lines.append(f"a={direction or ANSWERING.get(offer.direction, 'inactive')}")

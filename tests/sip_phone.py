@@ -256,6 +256,7 @@ def baresip_call(
     seconds: int,
     workdir: str,
     transport: str = "udp",
+    mediaenc: str | None = None,
 ) -> tuple[bytes, str]:
     """baresip (Debian's) calls sip:USER@edge, plays `pcm` (8 kHz) as its microphone for
     `seconds` and hangs up; what it decoded from us (8 kHz PCM) and its log."""
@@ -277,7 +278,7 @@ def baresip_call(
             "audio_srate 8000",
             "audio_channels 1",
             "module_path /usr/lib/baresip/modules",
-            *(f"module {m}.so" for m in ("g711", "aufile", "account", "sndfile")),
+            *(f"module {m}.so" for m in ("g711", "aufile", "account", "sndfile", "srtp")),
             "module_app menu.so",  # (its commands: -e "d URI" dials)
             f"snd_path {workdir}",
             "",
@@ -286,7 +287,8 @@ def baresip_call(
     with open(os.path.join(workdir, "config"), "w") as f:
         f.write(config)
     with open(os.path.join(workdir, "accounts"), "w") as f:
-        f.write("<sip:caller@127.0.0.1>;regint=0\n")
+        enc = f";mediaenc={mediaenc}" if mediaenc else ""
+        f.write(f"<sip:caller@127.0.0.1>;regint=0{enc}\n")
     open(os.path.join(workdir, "contacts"), "w").close()
     run = subprocess.run(
         [

@@ -348,3 +348,30 @@ def test_tcp_connections_are_a_trunks_only_and_framed_strictly(stack: PhoneStack
         assert trunk.recv(100) == b""  # unframeable: the connection goes
     finally:
         trunk.close()
+
+
+def test_baresip_with_sdes_srtp(stack: PhoneStack, tmp_path: Path) -> None:
+    """RTP/SAVP keyed in the SDP (RFC 4568): baresip insists on it (srtp-mand), hears its
+    echo, and every packet of the call authenticated."""
+
+    def events_now() -> dict[str, float]:
+        from firsthop.shared.metrics import parse_text
+
+        text = stack.tx.request("GET", "/metrics")[1].decode()
+        return {
+            dict(labels)["event"]: value
+            for (name, labels), value in parse_text(text).items()
+            if name == "firsthop_transceiver_events_total"
+        }
+
+    before = events_now()
+    heard, log = baresip_call(
+        stack.sip, "echo", tone(520.0, 5.0, level=12000), 4, str(tmp_path), mediaenc="srtp-mand"
+    )
+    assert "srtp" in log.lower(), log[-2000:]
+    assert len(heard) >= 2 * 8000 * 2, log[-2000:]
+    assert power_at(heard[-2 * 8000 :], 520.0) > 0.5
+    after = events_now()
+    assert after.get("rtp_packets_in", 0) >= before.get("rtp_packets_in", 0) + 150
+    for failure in ("srtp_auth_fail", "srtp_replay_fail", "srtp_malformed"):
+        assert after.get(failure, 0) == before.get(failure, 0), failure

@@ -13,6 +13,7 @@ from firsthop.services.transceiver.media.core import (
     MediaParams,
 )
 from firsthop.services.transceiver.media.frames import CALL_RATE, FRAME_BYTES
+from firsthop.services.transceiver.media.srtp import SrtpContext
 from firsthop.shared.wire import dtmf, g711, rtp
 
 OURS, THEIRS, EVENT = 0x5EED, 0x7E1C0, 101
@@ -129,3 +130,23 @@ def test_codec_names() -> None:
     assert make_codec("opus").clock_rate == CALL_RATE and make_codec("pcmu").clock_rate == 8000
     with pytest.raises(ValueError):
         make_codec("g729")
+
+
+def test_a_phone_call_keyed_by_sdes_is_srtp_both_ways() -> None:
+    """RTP/SAVP (RFC 4568): the trunk sends with the key it offered, we with ours."""
+    theirs, ours = bytes(range(30)), bytes(range(30, 60))
+    params = MediaParams(ssrc=OURS, cname="firsthop", payload_type=0, codec="pcmu")
+    media = CallMedia(params, random=lambda n: b"\x01" * n)
+    media.start(SrtpContext.from_sdes(theirs, ours, "SRTP_AES128_CM_SHA1_80"), 0.0, 0.0)
+    trunk = SrtpContext.from_sdes(ours, theirs, "SRTP_AES128_CM_SHA1_80")  # its view
+    narrow = g711.ulaw_encode(tone(1000.0, 0.4, 8000))
+    for i in range(20):
+        packet = rtp.RtpPacket(0, i, 160 * i, THEIRS, narrow[i * 160 : (i + 1) * 160]).encode()
+        media.receive_datagram(trunk.protect_rtp(packet), i * 0.02)
+    assert len([e for e in events(media) if isinstance(e, AudioReceived)]) >= 18
+    media.receive_datagram(rtp.RtpPacket(0, 99, 0, THEIRS, bytes(160)).encode(), 1.0)  # plain
+    assert media.stats()["srtp_auth_fail"] + media.stats()["srtp_malformed"] == 1
+    media.push_audio(tone(440.0, 0.2, CALL_RATE), None, 1.0)
+    media.handle_timer(1.0)
+    out = [d for d in media.datagrams_to_send() if not rtp.is_rtcp(d)]
+    assert out and all(trunk.unprotect_rtp(d) is not None for d in out)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from firsthop.shared.rtp_offer import build_rtp_answer, choose_codec, parse_rtp_offer
+from firsthop.shared.rtp_offer import (
+    Crypto,
+    build_rtp_answer,
+    choose_codec,
+    choose_crypto,
+    parse_rtp_offer,
+)
 from firsthop.shared.sdp import SdpError
 
 # What a trunk (here: as baresip and Twilio Elastic SIP offer) sends.
@@ -93,3 +101,54 @@ def test_garbage_raises_only_sdp_errors(lines: list[str]) -> None:
     except SdpError:
         return
     assert 0 <= offer.port <= 65535 and all(0 <= pt < 128 for pt in offer.formats)
+
+
+KEY = bytes(range(30))
+
+
+def savp(*cryptos: str) -> str:
+    lines = "".join(f"a=crypto:{c}\r\n" for c in cryptos)
+    return TRUNK_OFFER.replace("RTP/AVP", "RTP/SAVP").replace(
+        "a=sendrecv\r\n", lines + "a=sendrecv\r\n"
+    )
+
+
+def test_sdes_keys_are_taken_from_the_first_crypto_we_can_use() -> None:
+    inline = base64.b64encode(KEY).decode()
+    offer = parse_rtp_offer(
+        savp(
+            f"1 AES_256_CM_HMAC_SHA1_80 inline:{base64.b64encode(bytes(46)).decode()}",
+            f"2 AES_CM_128_HMAC_SHA1_80 inline:{inline}|2^20|1:32",  # an MKI: not taken
+            f"3 AES_CM_128_HMAC_SHA1_32 inline:{inline}|2^31",
+        )
+    )
+    assert offer.secure
+    crypto = choose_crypto(offer)
+    assert crypto == Crypto(3, "AES_CM_128_HMAC_SHA1_32", KEY)
+    ours = Crypto(3, crypto.suite, bytes(30))
+    answer = build_rtp_answer(
+        offer, payload_type=0, address="198.51.100.1", port=3478, session_id=1, crypto=ours
+    )
+    assert "m=audio 3478 RTP/SAVP 0 101\r\n" in answer
+    assert (
+        f"a=crypto:3 AES_CM_128_HMAC_SHA1_32 inline:{base64.b64encode(bytes(30)).decode()}\r\n"
+        in answer
+    )
+    assert parse_rtp_offer(answer).crypto == (
+        f"3 AES_CM_128_HMAC_SHA1_32 inline:{base64.b64encode(bytes(30)).decode()}",
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "1 AES_CM_128_HMAC_SHA1_80 inline:short",
+        f"1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(bytes(20)).decode()}",
+        f"1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(KEY).decode()} UNENCRYPTED_SRTP",
+        f"x AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(KEY).decode()}",
+        f"1 F8_128_HMAC_SHA1_80 inline:{base64.b64encode(KEY).decode()}",
+        f"1 AES_CM_128_HMAC_SHA1_80 uri:{base64.b64encode(KEY).decode()}",
+    ],
+)
+def test_sdes_we_cannot_take(line: str) -> None:
+    assert choose_crypto(parse_rtp_offer(savp(line))) is None

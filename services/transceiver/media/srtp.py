@@ -20,6 +20,7 @@ from pylibsrtp import Policy, Session
 # RFC 5764 §4.1.2 profile -> (libsrtp profile, master key bytes, master salt bytes)
 PROFILES: dict[str, tuple[int, int, int]] = {
     "SRTP_AES128_CM_SHA1_80": (Policy.SRTP_PROFILE_AES128_CM_SHA1_80, 16, 14),
+    "SRTP_AES128_CM_SHA1_32": (Policy.SRTP_PROFILE_AES128_CM_SHA1_32, 16, 14),  # (SDES only)
     "SRTP_AEAD_AES_128_GCM": (Policy.SRTP_PROFILE_AEAD_AES_128_GCM, 16, 12),
     "SRTP_AEAD_AES_256_GCM": (Policy.SRTP_PROFILE_AEAD_AES_256_GCM, 32, 12),
 }
@@ -58,6 +59,24 @@ class SrtpContext:
 
         return cls(
             session(theirs, Policy.SSRC_ANY_INBOUND), session(mine, Policy.SSRC_ANY_OUTBOUND)
+        )
+
+    @classmethod
+    def from_sdes(cls, theirs: bytes, ours: bytes, profile: str) -> SrtpContext:
+        """The pair from SDP security descriptions (RFC 4568): each side sends with the
+        key (16 bytes, then the salt) it put in its own `a=crypto`."""
+        libsrtp_profile, key_len, salt_len = PROFILES[profile]
+        for key in (theirs, ours):
+            if len(key) != key_len + salt_len:
+                raise ValueError(f"{profile} needs {key_len + salt_len} bytes of key and salt")
+
+        def session(key: bytes, kind: int) -> Session:
+            policy = Policy(key=key, ssrc_type=kind, srtp_profile=libsrtp_profile)
+            policy.allow_repeat_tx = True
+            return Session(policy)
+
+        return cls(
+            session(theirs, Policy.SSRC_ANY_INBOUND), session(ours, Policy.SSRC_ANY_OUTBOUND)
         )
 
     # -- inbound: None when it does not authenticate (counted) ----------------------------------

@@ -1,4 +1,5 @@
-"""One phone call's media: plain RTP as a SIP trunk's SDP offers it (`PlainRtpSession`).
+"""One phone call's media: RTP as a SIP trunk's SDP offers it (`PlainRtpSession`): plain
+(RTP/AVP), or SRTP keyed in the SDP (RTP/SAVP with SDES, RFC 4568).
 
 No ICE, no DTLS, no data channel, no aiortc: the offer (`shared/rtp_offer.py`) names where
 the trunk receives RTP and which codecs it has; the answer names the region's relay ingress
@@ -20,10 +21,20 @@ import time
 from dataclasses import dataclass, field
 
 from firsthop.services.transceiver.media.core import CallMedia, MediaParams
+from firsthop.services.transceiver.media.srtp import SrtpContext
 from firsthop.services.transceiver.rtc.media_clock import clock_of
 from firsthop.services.transceiver.rtc.media_io import MediaIo
 from firsthop.shared.address import Address, ip_family
-from firsthop.shared.rtp_offer import ANSWERING, build_rtp_answer, choose_codec, parse_rtp_offer
+from firsthop.shared.rtp_offer import (
+    ANSWERING,
+    SDES_KEY_BYTES,
+    SDES_SUITES,
+    Crypto,
+    build_rtp_answer,
+    choose_codec,
+    choose_crypto,
+    parse_rtp_offer,
+)
 from firsthop.shared.sdp import SdpError
 
 PREFER = ("pcmu", "pcma", "opus")  # G.711 first: what a phone network carries end to end
@@ -42,8 +53,9 @@ class PlainRtpSession(MediaIo):
         payload_type = choose_codec(offer, PREFER)
         if payload_type is None:
             raise SdpError("no codec in common (PCMU, PCMA or Opus)")
-        if offer.secure:
-            raise SdpError("RTP/SAVP (SDES-SRTP) is not supported yet")
+        crypto = choose_crypto(offer) if offer.secure else None
+        if offer.secure and crypto is None:
+            raise SdpError("RTP/SAVP with no a=crypto we take (AES_CM_128_HMAC_SHA1_80/32)")
         if offer.port == 0:
             raise SdpError("the audio stream is refused (port 0)")
         family = ip_family(offer.address)
@@ -66,7 +78,12 @@ class PlainRtpSession(MediaIo):
             )
         )
         self._clock = clock_of(asyncio.get_running_loop())
-        self.media.start(None, time.monotonic(), time.time())  # plain RTP: no keys to wait for
+        srtp = None
+        ours: Crypto | None = None
+        if crypto is not None:  # SDES (RFC 4568): its key for what it sends, ours for ours
+            ours = Crypto(crypto.tag, crypto.suite, os.urandom(SDES_KEY_BYTES))
+            srtp = SrtpContext.from_sdes(crypto.key, ours.key, SDES_SUITES[crypto.suite])
+        self.media.start(srtp, time.monotonic(), time.time())  # no DTLS to wait for
         self._pump(self.media)
         host, port = ingress[0]
         return build_rtp_answer(
@@ -76,6 +93,7 @@ class PlainRtpSession(MediaIo):
             port=port,
             session_id=int.from_bytes(os.urandom(4), "big"),
             direction=direction,
+            crypto=ours,
         )
 
     def datagram_received(self, data: bytes, addr: Address) -> bool:
