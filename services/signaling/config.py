@@ -74,6 +74,9 @@ class SignalingConfig:
     sip_listen: Address | None = None  # SIP over UDP (`sip.py`): off unless given
     sip_public: Address | None = None  # our Contact's host:port (default: the bound one)
     sip_trunks: dict[str, list[str]] = field(default_factory=dict)  # name -> CIDRs
+    sip_tls_listen: Address | None = None  # SIP over TLS, with the two below
+    sip_tls_cert: str | None = None  # PEM certificate chain
+    sip_tls_key: str | None = None  # PEM private key
     sip_webhook: str | None = None  # OpenAI's SIP flow: `realtime.call.incoming` goes here
     sip_webhook_secret: str | None = None  # its Standard Webhooks signing secret
 
@@ -227,6 +230,15 @@ def register_flags(p: argparse.ArgumentParser) -> None:
     )
     add_option(
         p,
+        "--sip-tls-listen",
+        default=None,
+        help="SIP over TLS here too (5061), with --sip-tls-cert and --sip-tls-key",
+        metavar="HOST:PORT",
+    )
+    add_option(p, "--sip-tls-cert", default=None, help="PEM certificate (chain) for SIP over TLS")
+    add_option(p, "--sip-tls-key", default=None, help="PEM private key for SIP over TLS")
+    add_option(
+        p,
         "--sip-webhook",
         default=None,
         help="OpenAI's SIP flow: post realtime.call.incoming here for each call and let the "
@@ -360,6 +372,9 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             sip_listen=hostport_arg(args.sip_listen) if args.sip_listen else None,
             sip_public=hostport_arg(args.sip_public) if args.sip_public else None,
             sip_trunks=trunks,
+            sip_tls_listen=hostport_arg(args.sip_tls_listen) if args.sip_tls_listen else None,
+            sip_tls_cert=args.sip_tls_cert or None,
+            sip_tls_key=args.sip_tls_key or None,
             sip_webhook=args.sip_webhook or None,
             sip_webhook_secret=args.sip_webhook_secret or None,
         )
@@ -369,6 +384,10 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         raise SystemExit(
             "firsthop signaling: --dev hands out client secrets with no key; it is only "
             "allowed when --listen is a loopback address"
+        )
+    if config.sip_tls_listen is not None and not (config.sip_tls_cert and config.sip_tls_key):
+        raise SystemExit(
+            "firsthop signaling: --sip-tls-listen needs --sip-tls-cert and --sip-tls-key"
         )
     if config.sip_webhook is not None:
         if not config.sip_webhook.startswith(("http://", "https://")):

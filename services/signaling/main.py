@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import ssl
 from functools import partial
 
 import httpx
@@ -117,9 +118,21 @@ def sip_config(config: SignalingConfig) -> SipConfig:
         public=config.sip_public,
         trunks=[Trunk.of(name, cidrs) for name, cidrs in config.sip_trunks.items()],
         poll_interval=config.call_poll_interval,
+        tls_listen=config.sip_tls_listen,
+        tls=sip_tls(config),
         webhook=config.sip_webhook,
         webhook_secret=config.sip_webhook_secret,
     )
+
+
+def sip_tls(config: SignalingConfig) -> ssl.SSLContext | None:
+    """The server context of SIP over TLS: our certificate; TLS 1.2 at least."""
+    if config.sip_tls_listen is None or not config.sip_tls_cert or not config.sip_tls_key:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.sip_tls_cert, config.sip_tls_key)
+    return context
 
 
 def _warn_about(config: SignalingConfig) -> None:

@@ -41,9 +41,11 @@ import logging
 import math
 import secrets
 import socket
+import ssl
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import trio
@@ -91,6 +93,8 @@ class SipConfig:
     public: Address | None = None  # our Contact's host:port (default: `listen`)
     limits: Limits = field(default_factory=Limits)
     poll_interval: float = 1.0  # the transceiver's session, probed this often per call
+    tls_listen: Address | None = None  # SIP over TLS (RFC 3261 §26.2; 5061), with `tls`
+    tls: ssl.SSLContext | None = None  # our certificate and key
     webhook: str | None = None  # OpenAI's SIP flow: where `realtime.call.incoming` goes
     webhook_secret: str | None = None  # its signing key (`whsec_` + base64, or raw)
 
@@ -144,7 +148,13 @@ class SipFront:
                 counters=self.counters,  # (signaling's events_total: every `sip_*` name)
             )
             self._sock = sock
-            listeners = await trio.open_tcp_listeners(bound[1], host=bound[0])
+            listeners: list[trio.abc.Listener[Any]] = []
+            listeners += await trio.open_tcp_listeners(bound[1], host=bound[0])
+            if self.config.tls_listen is not None and self.config.tls is not None:
+                host, port = self.config.tls_listen
+                listeners += await trio.open_ssl_over_tcp_listeners(
+                    port, self.config.tls, host=host
+                )
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._timers)
@@ -216,10 +226,14 @@ class SipFront:
                 self.counters["sip_send_error"] += 1
         self._timer_moved.set()
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        """One TCP connection: a trunk's only (anyone else is closed at once), bounded."""
+    async def _connection(
+        self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+    ) -> None:
+        """One TCP (or TLS) connection: a trunk's only (anyone else is closed at once, before
+        any TLS handshake), bounded."""
         assert self.uas is not None
-        peer_raw = stream.socket.getpeername()
+        tcp = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+        peer_raw = tcp.socket.getpeername()
         peer: Address = (peer_raw[0], peer_raw[1])
         if (
             self.uas.trunk_of(peer[0]) is None
@@ -227,7 +241,7 @@ class SipFront:
             or self._per_source[peer[0]] >= MAX_TCP_PER_SOURCE
         ):
             self.counters["sip_tcp_refused"] += 1
-            await stream.aclose()
+            await tcp.aclose()  # (a TLS stream: before any handshake)
             return
         send, receive = trio.open_memory_channel[bytes](TCP_QUEUE)
         self._streams[peer] = send
@@ -247,18 +261,21 @@ class SipFront:
                 del self._per_source[peer[0]]
 
     async def _reader(
-        self, stream: trio.SocketStream, peer: Address, send: trio.MemorySendChannel[bytes]
+        self,
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        peer: Address,
+        send: trio.MemorySendChannel[bytes],
     ) -> None:
         assert self.uas is not None
         framer = sip.SipStream()
         while True:
-            data = b""
+            data: bytes | bytearray = b""
             with trio.move_on_after(TCP_IDLE):
                 data = await stream.receive_some(65536)
             if not data:
                 return  # closed, or idle too long
             try:
-                messages = framer.feed(data)
+                messages = framer.feed(bytes(data))
             except sip.SipError as exc:  # nothing after it can be framed: the connection goes
                 self.counters[f"{exc.reason}_tcp"] += 1
                 return
@@ -271,7 +288,9 @@ class SipFront:
             await self._carry_out()
 
     async def _writer(
-        self, stream: trio.SocketStream, receive: trio.MemoryReceiveChannel[bytes]
+        self,
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        receive: trio.MemoryReceiveChannel[bytes],
     ) -> None:
         async for data in receive:
             await stream.send_all(data)
