@@ -375,3 +375,26 @@ def test_baresip_with_sdes_srtp(stack: PhoneStack, tmp_path: Path) -> None:
     assert after.get("rtp_packets_in", 0) >= before.get("rtp_packets_in", 0) + 150
     for failure in ("srtp_auth_fail", "srtp_replay_fail", "srtp_malformed"):
         assert after.get(failure, 0) == before.get(failure, 0), failure
+
+
+def test_hold_and_resume_by_reinvite(stack: PhoneStack) -> None:
+    """A re-INVITE putting the call on hold (sendonly) is answered recvonly, one resuming it
+    (sendrecv) sendrecv; the call's audio goes on after."""
+    phone = Phone(stack.sip)
+    try:
+        invite, responses = phone.invite("echo")
+        assert responses[-1].status == 200
+        for direction, answered in (("sendonly", "recvonly"), ("sendrecv", "sendrecv")):
+            offer = phone.offer().replace(b"a=sendrecv", f"a={direction}".encode())
+            reinvite = phone.request("INVITE", body=offer)
+            phone.send(reinvite)
+            final = phone.responses_until_final()[-1]
+            assert final.status == 200 and f"a={answered}".encode() in final.body
+            assert b" 2 IN IP4" in final.body or b" 3 IN IP4" in final.body  # o= version up
+            phone.send(phone.request("ACK", cseq=reinvite.cseq, cseq_method="ACK"))
+        heard = phone.talk(tone(1200.0, 1.5))
+        assert power_at(heard[-4000:], 1200.0) > 0.5
+        phone.send(phone.request("BYE"))
+        assert phone.responses_until_final()[-1].status == 200
+    finally:
+        phone.close()
