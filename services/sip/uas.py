@@ -658,6 +658,18 @@ class SipUas:
             via_received=tx.source,
         ).encode()
 
+    def _response(
+        self,
+        tx: _ServerTx,
+        status: int,
+        reason: str,
+        tag: str | None,
+        headers: list[tuple[str, str]] | None,
+    ) -> bytes:
+        return sip.response_to(
+            tx.request, status, reason, to_tag=tag, headers=headers or [], via_received=tx.source
+        ).encode()
+
     def _fail_invite(
         self,
         tx: _ServerTx,
@@ -668,10 +680,7 @@ class SipUas:
     ) -> None:
         """A non-2xx final answer to an INVITE: retransmitted until its ACK (Timer G, H)."""
         tag = tx.call.tag if tx.call is not None else self.token()
-        response = sip.response_to(
-            tx.request, status, reason, to_tag=tag, headers=headers or [], via_received=tx.source
-        )
-        tx.final = response.encode()
+        tx.final = self._response(tx, status, reason, tag, headers)
         tx.failed = True
         self._send(tx.final, tx.source)
         tx.done_at = now + TIMEOUT
@@ -691,10 +700,7 @@ class SipUas:
     ) -> None:
         """A final answer to a non-INVITE request, kept for its retransmissions (Timer J)."""
         tag = tx.call.tag if tx.call is not None else (self.token() if status > 100 else None)
-        response = sip.response_to(
-            tx.request, status, reason, to_tag=tag, headers=headers or [], via_received=tx.source
-        )
-        tx.final = response.encode()
+        tx.final = self._response(tx, status, reason, tag, headers)
         self._send(tx.final, tx.source)
         self._forget_server(tx, now + TIMEOUT)
 

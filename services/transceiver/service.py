@@ -22,7 +22,7 @@ import ssl
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 import trio
@@ -396,18 +396,7 @@ class Transceiver:
             answer = mark_ice_lite(ask_for_opus_fec(answer))
             self.table.open(time.monotonic(), session_id, session, creds)  # last: may be full
         except BaseException as exc:
-            with trio.CancelScope(shield=True):
-                if session is not None:
-                    await self._close_unopened(session)
-            span.set_status(trace.StatusCode.ERROR, "session not opened")
-            span.end()
-            if isinstance(exc, Refusal) or not isinstance(exc, Exception):
-                raise
-            # Not the offer's fault (that is a Refusal): a bug, for this one call only.
-            self.counters["session_errors"] += 1
-            self.counters["session_error_setup"] += 1
-            log.exception("session setup for call %s failed", call_id)
-            raise Refusal(500, "session setup failed") from exc
+            await self._abandon(exc, session, span, call_id)
         self._rearm()
         self.trace_handoff(creds.local_ufrag, span)
         self._sessions_nursery.start_soon(self._run_session, session)
@@ -466,19 +455,10 @@ class Transceiver:
                 pinned = remote
             self.table.open_pinned(time.monotonic(), session_id, session, creds, remote)
         except BaseException as exc:
-            with trio.CancelScope(shield=True):
-                if pinned is not None and pins is not None:
+            if pinned is not None and pins is not None:
+                with trio.CancelScope(shield=True):
                     await pins.unpin(pinned)
-                if session is not None:
-                    await self._close_unopened(session)
-            span.set_status(trace.StatusCode.ERROR, "session not opened")
-            span.end()
-            if isinstance(exc, Refusal) or not isinstance(exc, Exception):
-                raise
-            self.counters["session_errors"] += 1
-            self.counters["session_error_setup"] += 1
-            log.exception("phone session setup for call %s failed", call_id)
-            raise Refusal(500, "session setup failed") from exc
+            await self._abandon(exc, session, span, call_id)
         self._rearm()
         self.counters["phone_sessions"] += 1
         self._sessions_nursery.start_soon(self._run_session, session)
@@ -560,6 +540,24 @@ class Transceiver:
         except Exception as exc:
             self.counters["offer_rejected"] += 1
             raise Refusal(400, f"offer rejected: {exc or type(exc).__name__}") from exc
+
+    async def _abandon(
+        self, exc: BaseException, session: Session | None, span: Span, call_id: str
+    ) -> NoReturn:
+        """A session whose setup raised `exc`: closed, its span ended, and `exc` raised on
+        if it is a `Refusal` (the offer's fault) or a cancellation; anything else is a bug,
+        for this one call only: 500."""
+        with trio.CancelScope(shield=True):
+            if session is not None:
+                await self._close_unopened(session)
+        span.set_status(trace.StatusCode.ERROR, "session not opened")
+        span.end()
+        if isinstance(exc, Refusal) or not isinstance(exc, Exception):
+            raise exc
+        self.counters["session_errors"] += 1
+        self.counters["session_error_setup"] += 1
+        log.error("session setup for call %s failed", call_id, exc_info=exc)
+        raise Refusal(500, "session setup failed") from exc
 
     async def _close_unopened(self, session: Session) -> None:
         try:
