@@ -398,3 +398,25 @@ def test_hold_and_resume_by_reinvite(stack: PhoneStack) -> None:
         assert phone.responses_until_final()[-1].status == 200
     finally:
         phone.close()
+
+
+def test_a_media_streams_bot_answers_the_phone() -> None:
+    """The third kind of agent: a Twilio Media Streams bot (`twilio+ws://`, here the echo
+    bot) behind a phone call hears the caller (8 kHz mu-law, as Twilio sends it) and what it
+    sends back is heard on the phone."""
+    bot = AgentProcess("twilio-echo")
+    bot.start()
+    try:
+        url = f"twilio+ws://127.0.0.1:{bot.port}/"
+        with PhoneStack.running("--agent-url", f"bot={url}") as stack:
+            phone = Phone(stack.sip)
+            try:
+                assert phone.invite("bot")[1][-1].status == 200
+                heard = phone.talk(tone(850.0, 2.5))
+                assert power_at(heard[-6000:], 850.0) > 0.5
+                phone.send(phone.request("BYE"))
+                assert phone.responses_until_final()[-1].status == 200
+            finally:
+                phone.close()
+    finally:
+        bot.kill()
