@@ -209,7 +209,7 @@ class SipFront:
                         phone_call.end_reason = reason
                         phone_call.ended.set()
                 case CallReoffered(call, request):
-                    self._reanswer(call, request.body)
+                    self._reanswer(call, request)
                 case CallConfirmed(call):
                     self.counters["sip_calls_confirmed"] += 1
         for data, dest in uas.datagrams_to_send():
@@ -295,12 +295,17 @@ class SipFront:
         async for data in receive:
             await stream.send_all(data)
 
-    def _reanswer(self, call: str, offer: bytes) -> None:
-        """Hold, resume: the call's answer again, its direction answering the new offer."""
+    def _reanswer(self, call: str, request: sip.SipRequest) -> None:
+        """Hold, resume: the call's answer again, its direction answering the new offer;
+        an UPDATE with no offer (a session refresh, RFC 4028) gets a 200 with none."""
         assert self.uas is not None
+        offer = request.body
         phone = self._live.get(call)
         if phone is None or phone.answer is None:
             self.uas.reject(call, 491, "Request Pending", trio.current_time())
+            return
+        if request.method == "UPDATE" and not offer:
+            self.uas.answer(call, b"", trio.current_time())
             return
         sdp = phone.answer
         if offer:

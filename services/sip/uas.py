@@ -53,7 +53,8 @@ FORBIDDEN_RATE, FORBIDDEN_BURST = 20.0, 40.0  # 403s a second to sources of no t
 EVENTS = 4096  # events waiting for the application; past that the oldest are dropped
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
 KNOWN = {"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRACK", "INFO"}
-ENDED = {"bye", "cancel", "no_ack", "rejected", "hangup", "ring_timeout"}  # CallEnded reasons
+ENDED = {"bye", "cancel", "no_ack", "rejected", "hangup", "ring_timeout", "session_expired"}
+MIN_SE = 90  # s: the shortest session interval we take (RFC 4028 §4: at least 90)
 RELIABLE = {"TCP", "TLS", "SCTP", "WS", "WSS"}  # transports that retransmit for us (§17)
 
 
@@ -176,6 +177,9 @@ class _Call(_Timed):
     reoffer_ok: bytes | None = None  # our 2xx to a re-INVITE, until its ACK
     rang: bool = False
     transport: str = "UDP"  # its INVITE's (our requests in its dialog go the same way)
+    interval: int = 0  # RFC 4028 session interval, s (0: no session timer)
+    refresher: str = "uac"  # who refreshes: "uac" (the trunk) or "uas" (we do, by UPDATE)
+    timer_supported: bool = False  # the trunk said `Supported: timer` (our 2xx then requires it)
 
 
 class SipUas:
@@ -304,7 +308,7 @@ class SipUas:
             return False
         if c.state == "ringing":
             c.state = "answering"
-            c.ok = self._final_bytes(c.invite, 200, "OK", sdp, c.tag)
+            c.ok = self._final_bytes(c.invite, 200, "OK", sdp, c.tag, _timer_headers(c))
             c.invite.final = c.ok
             self._send(c.ok, c.source)
             c.ok_interval, c.ok_give_up = T1, now + TIMEOUT
@@ -315,9 +319,14 @@ class SipUas:
         if tx is None or c.state == "ended":
             return False
         c.reoffer = None
-        data = self._final_bytes(tx, 200, "OK", sdp, c.tag)
+        refreshed = _session_timer(tx.request)  # a refresh (RFC 4028 §9): its interval now
+        if c.interval and refreshed is not None and refreshed[0] >= MIN_SE:
+            c.interval = refreshed[0]
+        data = self._final_bytes(tx, 200, "OK", sdp, c.tag, _timer_headers(c))
         tx.final = data
         self._send(data, tx.source)
+        if c.interval and c.state == "up":
+            self._arm_session(c, now)
         if tx.request.method == "INVITE":
             c.reoffer_ok = data  # the ACK ends it; its retransmits are answered from `tx`
         self._forget_server(tx, now + TIMEOUT)
@@ -417,7 +426,7 @@ class SipUas:
 
     def _on_invite(self, tx: _ServerTx, trunk: str, now: float) -> None:
         request = tx.request
-        unsupported = [o for o in request.get_all("require")]
+        unsupported = [o for o in request.get_all("require") if o.lower() != "timer"]
         if unsupported:
             self._fail_invite(
                 tx, 420, "Bad Extension", now, [("Unsupported", ", ".join(unsupported)[:200])]
@@ -436,6 +445,10 @@ class SipUas:
         if not contacts or not target or remote.tag is None:
             self._fail_invite(tx, 400, "INVITE needs a Contact and a From tag", now)
             return
+        timer = _session_timer(request)
+        if timer is not None and 0 < timer[0] < MIN_SE:  # RFC 4028 §8.1
+            self._fail_invite(tx, 422, "Session Interval Too Small", now, [("Min-SE", str(MIN_SE))])
+            return
         tag = self.token()
         call = _Call(
             tag=tag,
@@ -452,6 +465,9 @@ class SipUas:
             ring_until=now + self.limits.ring_timeout,
             transport=sip.parse_via(request.vias()[0]).transport,
         )
+        if timer is not None:
+            call.interval, call.refresher = timer[0], timer[1] or "uac"
+            call.timer_supported = "timer" in [o.lower() for o in request.get_all("supported")]
         tx.call = call
         self._calls[tag] = call
         self._dialogs[(call.call_id, tag)] = call
@@ -515,6 +531,8 @@ class SipUas:
                 self._forget_call(call)
                 return
             call.state = "up"
+            if call.interval:
+                self._arm_session(call, self._now)
             self._emit(CallConfirmed(call.tag))
         elif call.reoffer_ok is not None:
             call.reoffer_ok = None
@@ -558,6 +576,16 @@ class SipUas:
         self._arm(tx, min(now + tx.interval, tx.give_up_at))
 
     def _call_timer(self, call: _Call, now: float) -> None:
+        if call.state == "up" and call.interval:
+            if call.refresher == "uas":  # our turn (RFC 4028 §10): an UPDATE refreshes it
+                self._request(call, "UPDATE", now, _timer_headers(call))
+                self.counters["sip_session_refreshes_sent"] += 1
+                self._arm_session(call, now)
+            else:  # §10: no refresh came before the session expired: it is over
+                self.counters["sip_session_expired"] += 1
+                self._bye(call, now)
+                self._end(call, "session_expired")
+            return
         if call.state == "ringing":
             self.counters["sip_ring_timeouts"] += 1
             self._fail_invite(call.invite, 480, "Temporarily Unavailable", now)
@@ -586,6 +614,14 @@ class SipUas:
         self._forget_call(call)
         self.counters[f"sip_calls_ended_{reason}"] += 1
         self._emit(CallEnded(call.tag, reason))
+
+    def _arm_session(self, call: _Call, now: float) -> None:
+        """The session timer from `now` (RFC 4028 §10): the refresher refreshes at half the
+        interval; the other side gives up at the interval less min(32, interval / 3)."""
+        if call.refresher == "uas":
+            self._arm(call, now + call.interval / 2)
+        else:
+            self._arm(call, now + call.interval - min(32.0, call.interval / 3))
 
     def _forget_call(self, call: _Call) -> None:
         call.ok, call.deadline = None, None
@@ -645,9 +681,15 @@ class SipUas:
         self._send(tx.provisional, tx.source)
 
     def _final_bytes(
-        self, tx: _ServerTx, status: int, reason: str, sdp: bytes, tag: str | None
+        self,
+        tx: _ServerTx,
+        status: int,
+        reason: str,
+        sdp: bytes,
+        tag: str | None,
+        extra: list[tuple[str, str]] | None = None,
     ) -> bytes:
-        headers = [("Contact", f"<{self.contact}>")]
+        headers = [("Contact", f"<{self.contact}>"), *(extra or [])]
         if status < 300 and tx.request.method == "INVITE":
             headers.append(("Allow", ALLOW))
         if sdp:
@@ -763,3 +805,29 @@ def referable(target: str) -> bool:
         and target.isprintable()
         and not any(c in target for c in ' \t<>"')
     )
+
+
+def _session_timer(request: SipRequest) -> tuple[int, str | None] | None:
+    """A request's `Session-Expires: delta[;refresher=uac|uas]` (RFC 4028 §4), or None."""
+    value = request.get("session-expires")
+    if value is None:
+        return None
+    delta, _, params = value.partition(";")
+    delta = delta.strip()
+    if not delta.isascii() or not delta.isdigit() or len(delta) > 9:
+        return None
+    try:
+        refresher = sip.parse_params(params).get("refresher")
+    except sip.SipError:
+        return None
+    return int(delta), refresher if refresher in ("uac", "uas") else None
+
+
+def _timer_headers(call: _Call) -> list[tuple[str, str]]:
+    """What a 2xx of a call with a session timer says (RFC 4028 §9)."""
+    if not call.interval:
+        return []
+    headers = [("Session-Expires", f"{call.interval};refresher={call.refresher}")]
+    if call.timer_supported:
+        headers.append(("Require", "timer"))
+    return headers

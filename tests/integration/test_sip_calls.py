@@ -420,3 +420,43 @@ def test_a_media_streams_bot_answers_the_phone() -> None:
                 phone.close()
     finally:
         bot.kill()
+
+
+def test_sipp_gets_its_session_timer_in_the_answer(stack: PhoneStack, tmp_path: Path) -> None:
+    """RFC 4028 with sipp: an INVITE that supports and requires timers (refresher=uac) is
+    answered with its interval, its refresher and `Require: timer`; sipp's refresh (an
+    UPDATE without an offer) gets 200 with no body; BYE ends it."""
+    scenario = sipp_invite("echo").replace(
+        "Max-Forwards: 70\n      Content-Type: application/sdp",
+        "Max-Forwards: 70\n      Session-Expires: 90;refresher=uac\n      Supported: timer\n"
+        "      Require: timer\n      Content-Type: application/sdp",
+        1,
+    )
+    check = (
+        '<recv response="200"><action>'
+        '<ereg regexp="90;refresher=uac" search_in="hdr" header="Session-Expires:" '
+        'check_it="true" assign_to="se"/>'
+        '<ereg regexp="timer" search_in="hdr" header="Require:" check_it="true" assign_to="rq"/>'
+        "</action></recv>"
+    )
+    scenario = scenario.replace('<recv response="200"/>', check, 1)
+    scenario += """
+  <send retrans="500"><![CDATA[
+      UPDATE sip:echo@[remote_ip]:[remote_port] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
+      To: <sip:echo@[remote_ip]:[remote_port]>[peer_tag_param]
+      Call-ID: [call_id]
+      CSeq: 2 UPDATE
+      Contact: <sip:sipp@[local_ip]:[local_port]>
+      Session-Expires: 90;refresher=uac
+      Max-Forwards: 70
+      Content-Length: 0
+  ]]></send>
+  <recv response="200"><action>
+    <ereg regexp="^$" search_in="body" check_it="true" assign_to="body"/>
+  </action></recv>
+""" + SIPP_BYE.replace("CSeq: 2 BYE", "CSeq: 3 BYE")
+    scenario += '  <Reference variables="se,rq,body"/>\n'  # (sipp: each checked, none used)
+    status, said = run_sipp(stack.sip, scenario, str(tmp_path))
+    assert status == 0, said

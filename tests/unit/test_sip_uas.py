@@ -452,3 +452,63 @@ def test_over_tcp_the_transport_retransmits_and_our_requests_say_tcp() -> None:
     ((bye, _),) = sent(second)
     assert isinstance(bye, SipRequest) and (bye.get("via") or "").startswith("SIP/2.0/TCP ")
     assert [m for _, m in run_until(second, TIMEOUT - 1)] == []  # no Timer E
+
+
+def timed_invite(expires: str, supported: bool = True) -> bytes:
+    extra = [("Session-Expires", expires)]
+    if supported:
+        extra += [("Supported", "timer"), ("Require", "timer")]
+    return request("INVITE", body=SDP, extra=tuple(extra))
+
+
+def test_session_timers_too_short_are_422() -> None:
+    core = uas()
+    core.receive_datagram(timed_invite("30"), TRUNK, 0.0)
+    ((answer, _),) = sent(core)
+    assert isinstance(answer, SipResponse) and answer.status == 422
+    assert answer.get("min-se") == "90" and core.calls == 0
+
+
+def test_a_session_the_trunk_does_not_refresh_ends_with_a_bye() -> None:
+    """RFC 4028: we answer with the interval and who refreshes (the trunk, as it offered),
+    require the extension it supports; no refresh before interval - min(32, interval/3):
+    the call is over."""
+    core = uas()
+    core.receive_datagram(timed_invite("120;refresher=uac"), TRUNK, 0.0)
+    (offer,) = events(core)
+    assert isinstance(offer, CallOffered)
+    sent(core)
+    core.answer(offer.call, b"v=0\r\n", 0.0)
+    ((ok, _),) = sent(core)
+    assert isinstance(ok, SipResponse) and ok.get("session-expires") == "120;refresher=uac"
+    assert ok.get("require") == "timer"
+    core.receive_datagram(ack(offer.call), TRUNK, 0.1)
+    events(core)
+    # a refresh at 60 s (an UPDATE with no offer) moves the expiry to 60 + 88
+    refresh = request("UPDATE", branch="z9hG4bKr1", cseq=2, to_tag=offer.call,
+                      extra=(("Session-Expires", "120;refresher=uac"),))  # fmt: skip
+    core.receive_datagram(refresh, TRUNK, 60.0)
+    (reoffer,) = events(core)
+    assert isinstance(reoffer, CallReoffered)
+    core.answer(offer.call, b"", 60.0)
+    ((refreshed, _),) = sent(core)
+    assert isinstance(refreshed, SipResponse) and refreshed.status == 200 and refreshed.body == b""
+    assert [m for _, m in run_until(core, 147.0) if isinstance(m, SipRequest)] == []
+    byes = [(at, m) for at, m in run_until(core, 149.0) if isinstance(m, SipRequest)]
+    assert {m.method for _, m in byes} == {"BYE"} and 147.0 < byes[0][0] <= 148.0
+    assert events(core) == [CallEnded(offer.call, "session_expired")]
+
+
+def test_when_the_trunk_asks_us_to_refresh_we_send_updates() -> None:
+    core = uas()
+    core.receive_datagram(timed_invite("100;refresher=uas"), TRUNK, 0.0)
+    (offer,) = events(core)
+    assert isinstance(offer, CallOffered)
+    sent(core)
+    core.answer(offer.call, b"v=0\r\n", 0.0)
+    sent(core)
+    core.receive_datagram(ack(offer.call), TRUNK, 0.1)
+    updates = [(at, m) for at, m in run_until(core, 51.0) if isinstance(m, SipRequest)]
+    assert {m.method for _, m in updates} == {"UPDATE"} and 50.0 <= updates[0][0] < 50.2
+    assert updates[0][1].get("session-expires") == "100;refresher=uas"
+    assert events(core) == [CallConfirmed(offer.call)]  # and the call goes on
