@@ -10,6 +10,7 @@ from firsthop.services.bench import (
     faults,
     knee,
     loss,
+    phone,
     relay,
     sessions,
     setup,
@@ -30,6 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     voice.register(benches)
     loss.register(benches)
     faults.register(benches)
+    phone.register(benches)
 
 
 def sessions_or_knee(args: argparse.Namespace) -> int:

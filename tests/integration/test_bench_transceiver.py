@@ -214,3 +214,13 @@ def test_quick_churn_bench_reads_what_short_calls_leave_behind_on_both_servers()
         assert summary[target]["calls"] == calls * config["rounds"]
     firsthop = summary["firsthop"]
     assert firsthop["threads_max_idle"] <= firsthop["threads_before"] + executor + 1, firsthop
+
+
+@pytest.mark.slow
+def test_quick_phone_bench_measures_a_phone_call_next_to_a_webrtc_call() -> None:
+    result = bench("phone")
+    (row,) = result["rows"]
+    for kind in ("phone", "webrtc"):
+        assert row["answer_ms"][kind] > 0
+        assert any(v is not None for v in row["mouth_to_ear_ms"][kind])  # each heard its bursts
+        assert row["cpu_pct_per_call"][kind] > 0
