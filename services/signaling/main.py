@@ -118,6 +118,7 @@ def sip_config(config: SignalingConfig) -> SipConfig:
         public=config.sip_public,
         trunks=[Trunk.of(name, cidrs) for name, cidrs in config.sip_trunks.items()],
         poll_interval=config.call_poll_interval,
+        lost_after=config.call_lost_after,
         tls_listen=config.sip_tls_listen,
         tls=sip_tls(config),
         webhook=config.sip_webhook,

@@ -53,8 +53,8 @@ import trio
 from firsthop.services.signaling.auth import Principal
 from firsthop.services.signaling.calls import CallRequest, Calls, OfferBody
 from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.session_watch import SessionWatch
 from firsthop.services.signaling.sip_calls import DECISION_POLL, PhoneRecord, SipCalls
-from firsthop.services.signaling.transceivers import TransceiverDown
 from firsthop.services.sip.uas import (
     CallConfirmed,
     CallEnded,
@@ -92,7 +92,8 @@ class SipConfig:
     trunks: list[Trunk]
     public: Address | None = None  # our Contact's host:port (default: `listen`)
     limits: Limits = field(default_factory=Limits)
-    poll_interval: float = 1.0  # the transceiver's session, probed this often per call
+    poll_interval: float = 1.0  # each transceiver's calls, probed this often (all at once)
+    lost_after: float = 5.0  # a transceiver that does not answer this long lost its calls
     tls_listen: Address | None = None  # SIP over TLS (RFC 3261 §26.2; 5061), with `tls`
     tls: ssl.SSLContext | None = None  # our certificate and key
     webhook: str | None = None  # OpenAI's SIP flow: where `realtime.call.incoming` goes
@@ -127,6 +128,7 @@ class SipFront:
         self._timer_moved = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._streams: dict[Address, trio.MemorySendChannel[bytes]] = {}  # TCP, by peer
+        self.watch: SessionWatch | None = None
         self._per_source: Counter[str] = Counter()
 
     async def serve(
@@ -157,6 +159,13 @@ class SipFront:
                 )
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                self.watch = SessionWatch(
+                    self.calls.client,
+                    self.calls.directory,
+                    nursery,
+                    interval=self.config.poll_interval,
+                    lost_after=self.config.lost_after,
+                )
                 nursery.start_soon(self._timers)
                 nursery.start_soon(trio.serve_listeners, self._connection, listeners)
                 log.info(
@@ -349,28 +358,31 @@ class SipFront:
         """While the call is up: until the trunk ends it (False), or its session ends on the
         edge's side, and the trunk gets a BYE (True). With `call_id` (an app's call), a
         transfer the app asked for (`refer`) is sent as it comes."""
-        uas = self.uas
-        assert uas is not None
-        while not phone.ended.is_set():
-            with trio.move_on_after(self.config.poll_interval):
-                await phone.ended.wait()
-            if phone.ended.is_set():
-                return False
-            if call_id is not None:
-                await self._refer_if_asked(phone, call_id)
-            try:
-                gone = await self.calls.client.session_alive(record.api_url, record.session_id)
-            except TransceiverDown:
-                if await self.calls.directory.is_registered(record.transceiver_id) is not False:
-                    continue
-                gone = "transceiver_lost"
-            if gone is not None:
-                self.counters[f"sip_ended_by_edge_{'drain' if gone == 'drain' else 'other'}"] += 1
-                log.info("call %s: session ended (%s): BYE", record.call_id, gone)
-                uas.hangup(phone.call, trio.current_time())
-                await self._carry_out()
-                return True
-        return False
+        uas, watch = self.uas, self.watch
+        assert uas is not None and watch is not None
+        watched = watch.watch(record)
+        try:
+            while not phone.ended.is_set():
+                with trio.move_on_after(self.config.poll_interval):
+                    async with trio.open_nursery() as either:  # the trunk's end, or the edge's
+                        for event in (phone.ended, watched.gone):
+                            either.start_soon(_set_then_cancel, event, either.cancel_scope)
+                if phone.ended.is_set():
+                    return False
+                if watched.gone.is_set():
+                    gone = watched.reason
+                    self.counters[
+                        f"sip_ended_by_edge_{'drain' if gone == 'drain' else 'other'}"
+                    ] += 1
+                    log.info("call %s: session ended (%s): BYE", record.call_id, gone)
+                    uas.hangup(phone.call, trio.current_time())
+                    await self._carry_out()
+                    return True
+                if call_id is not None:
+                    await self._refer_if_asked(phone, call_id)
+            return False
+        finally:
+            watch.unwatch(watched)
 
     async def _refer_if_asked(self, phone: PhoneCall, call_id: str) -> None:
         current = await self.phones.get(call_id)
@@ -547,3 +559,8 @@ def sign_webhook(secret: str, event_id: str, body: str, now: float | None = None
         "webhook-timestamp": timestamp,
         "webhook-signature": "v1," + base64.b64encode(digest).decode(),
     }
+
+
+async def _set_then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()

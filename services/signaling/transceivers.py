@@ -173,6 +173,25 @@ class TransceiverClient:
             raise TransceiverDown(resp.status_code, _reason(resp))
         return resp.status_code
 
+    async def sessions_ended(self, api_url: str, session_ids: list[str]) -> dict[str, str]:
+        """Which of `session_ids` have ended, and why (one request for many calls)."""
+        resp = await self._request(
+            "POST",
+            f"{api_url}/internal/v1/sessions/ended",
+            limit=SMALL_TIMEOUT,
+            headers={"Content-Type": "application/json"},
+            content=json.dumps({"ids": session_ids}).encode(),
+        )
+        if resp.status_code != 200:
+            raise TransceiverDown(resp.status_code, _reason(resp))
+        try:
+            ended = resp.json()["ended"]
+        except (ValueError, KeyError, TypeError):
+            raise TransceiverDown(resp.status_code, "malformed transceiver reply") from None
+        if not isinstance(ended, dict):
+            raise TransceiverDown(resp.status_code, "malformed transceiver reply")
+        return {str(k): str(v) for k, v in ended.items() if k in session_ids}
+
     async def session_alive(self, api_url: str, session_id: str) -> str | None:
         """The cheap liveness probe: an empty trickle PATCH. None while the session lives
         (204); once it is gone (404), why it ended, as the transceiver remembers it (drain,

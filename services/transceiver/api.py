@@ -29,6 +29,7 @@ from firsthop.shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
 from firsthop.shared.session_config import MAX_SESSION_BYTES, SessionConfigError, check_bounds
 
 MAX_TCP_INGRESS = 8  # ICE-TCP ingress addresses one answer advertises
+MAX_PROBED = 1000  # session ids one /sessions/ended probe may ask about
 MAX_BODY = MAX_SDP_BYTES + MAX_SESSION_BYTES + 4096
 BODY_TIMEOUT = 10.0  # bodies come from signaling, whole: seconds is generous
 
@@ -160,6 +161,27 @@ def create_app(tx: Transceiver) -> QuartTrio:
         tx.reason_read(session_id)
         body = {"error": "session ended", "reason": reason}
         return Response(json.dumps(body), status=404, content_type="application/json")
+
+    @app.post("/internal/v1/sessions/ended")
+    async def ended() -> Response:
+        """Which of `ids` have ended, and why: one probe for many calls (signaling's SIP
+        front watches every phone call it holds on this transceiver with one request)."""
+        body = await _json_body()
+        if isinstance(body, Response):
+            return body
+        ids = body.get("ids")
+        if (
+            not isinstance(ids, list)
+            or len(ids) > MAX_PROBED
+            or not all(isinstance(i, str) and len(i) <= 64 for i in ids)
+        ):
+            return _error(400, f"ids must be a list of at most {MAX_PROBED} session ids")
+        gone: dict[str, str] = {}
+        for session_id in ids:
+            if session_id not in tx.table.entries:
+                gone[session_id] = tx.table.ended.get(session_id) or "session_ended"
+                tx.reason_read(session_id)
+        return Response(json.dumps({"ended": gone}), content_type="application/json")
 
     @app.patch("/internal/v1/sessions/<session_id>")
     async def patch(session_id: str) -> Response:

@@ -13,6 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -460,3 +461,22 @@ def test_sipp_gets_its_session_timer_in_the_answer(stack: PhoneStack, tmp_path: 
     scenario += '  <Reference variables="se,rq,body"/>\n'  # (sipp: each checked, none used)
     status, said = run_sipp(stack.sip, scenario, str(tmp_path))
     assert status == 0, said
+
+
+def test_one_probe_tells_which_sessions_ended(stack: PhoneStack) -> None:
+    """The transceiver's batched liveness probe (signaling watches its phone calls with it):
+    bounded, and an unknown or ended session says why it is not there."""
+    probe = partial(
+        stack.tx.request, "POST", "/internal/v1/sessions/ended", ctype="application/json"
+    )
+    status, body = probe(json.dumps({"ids": ["nope"]}).encode())
+    assert status == 200 and json.loads(body) == {"ended": {"nope": "session_ended"}}
+    assert probe(json.dumps({"ids": ["x"] * 1001}).encode())[0] == 400
+    assert probe(json.dumps({"ids": "x"}).encode())[0] == 400
+    assert probe(b"[1, 2]")[0] == 400
+    assert (
+        stack.tx.request("POST", "/internal/v1/sessions/ended", b"{}", "application/json", auth={})[
+            0
+        ]
+        == 401
+    )
