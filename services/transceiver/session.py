@@ -127,6 +127,7 @@ class Session:
             count=self._count,
             failed=self.fail,
             dtmf=self._guard("events", self._dtmf_in),
+            coded_audio=self._guard("media", self._coded_in),
         )
         if self.media == "rtp":
             self.rtc = PlainRtpSession(self.send, callbacks, candidates=self.ingress)
@@ -178,12 +179,28 @@ class Session:
 
     # -- callbacks from the asyncio side (same thread) ---------------------------------------
 
+    def _straight_through(self, agent: AgentProtocol) -> bool:
+        """A phone call's G.711 goes to this agent as it came (`takes_coded`)."""
+        media = self.rtc.media
+        return media is not None and agent.takes_coded(media.params.codec)
+
+    def _coded_in(self, payload: bytes) -> None:
+        agent, link = self._agent, self._link
+        if agent is None or link is None or not link.open or not self._straight_through(agent):
+            return  # (the decoded frames go, `_audio_in`)
+        message = agent.caller_coded(payload)
+        if message is not None and not self._to_agent(message):
+            self.counters["agent_audio_dropped"] += 1
+        self.counters["agent_audio_straight_through"] += 1
+
     def _audio_in(self, pcm: bytes) -> None:
         # Straight onto the agent's socket, frame by frame as it is decoded.
         agent, link = self._agent, self._link
         if agent is None or link is None or not link.open:
             self.counters["agent_audio_dropped"] += 1
             return
+        if self.media == "rtp" and self._straight_through(agent):
+            return  # (its G.711 went as it came, `_coded_in`)
         message = agent.caller_audio(pcm)
         if message is not None and not self._to_agent(message):
             self.counters["agent_audio_dropped"] += 1

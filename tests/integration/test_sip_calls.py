@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -412,9 +413,13 @@ def test_a_media_streams_bot_answers_the_phone() -> None:
         with PhoneStack.running("--agent-url", f"bot={url}") as stack:
             phone = Phone(stack.sip)
             try:
-                assert phone.invite("bot")[1][-1].status == 200
+                assert phone.invite("bot", "0 101")[1][-1].status == 200  # PCMU
                 heard = phone.talk(tone(850.0, 2.5))
                 assert power_at(heard[-6000:], 850.0) > 0.5
+                # a PCMU call's mu-law went to the bot as it came, never transcoded
+                text = stack.tx.request("GET", "/metrics")[1].decode()
+                straight = re.search(r'event="agent_audio_straight_through"} (\d+)', text)
+                assert straight and int(straight[1]) > 50
                 phone.send(phone.request("BYE"))
                 assert phone.responses_until_final()[-1].status == 200
             finally:

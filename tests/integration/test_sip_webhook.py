@@ -9,10 +9,12 @@ would against OpenAI's. The phone is the scripted one on real sockets (`tests/si
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import json
 import os
 import queue
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -197,3 +199,81 @@ def test_a_forged_or_stale_webhook_does_not_verify(app: App) -> None:
         assert phone.responses_until_final()[-1].status == 603
     finally:
         phone.close()
+
+
+def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_path: object) -> None:
+    """The app accepts with a session whose input is `audio/pcmu`: the phone's mu-law goes to
+    the Realtime backend (the offline assistant) as it came, and the assistant answers."""
+    from websockets.sync.client import connect
+
+    from firsthop.services.transceiver.resample import resample
+
+    from ..sip_phone import PhoneStack as Stack
+    from ..support import AgentProcess, spoken
+
+    assistant = AgentProcess("assistant")
+    assistant.start(timeout=60)
+    events: queue.Queue[tuple[bytes, dict[str, str]]] = queue.Queue()
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            events.put((body, {k.lower(): v for k, v in self.headers.items()}))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_tcp_port()), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    backend = f"realtime+ws://127.0.0.1:{assistant.port}/v1/realtime"
+    flags = [
+        *("--sip-webhook", f"http://127.0.0.1:{server.server_address[1]}/hook"),
+        *("--sip-webhook-secret", SECRET, "--agent-url", f"assistant={backend}"),
+    ]
+    try:
+        with Stack.running(*flags) as stack:
+            client = openai.OpenAI(
+                api_key=SignalingProcess.API_KEY, base_url=f"{stack.sig.url}/v1",
+                webhook_secret=SECRET, max_retries=0,
+            )  # fmt: skip
+            phone = Phone(stack.sip)
+            try:
+                phone.send(phone.request("INVITE", body=phone.offer("0 101")))
+                body, headers = events.get(timeout=10)
+                call_id = client.webhooks.unwrap(body, headers).data.call_id  # type: ignore[union-attr]
+                client.realtime.calls.accept(
+                    call_id,
+                    type="realtime",
+                    model="assistant",
+                    audio={"input": {"format": {"type": "audio/pcmu"}}},
+                )
+                final = phone.responses_until_final()[-1]
+                assert final.status == 200
+                phone.remote_tag = sip.parse_name_addr(final.get("to") or "").tag
+                phone.answer = final.body.decode()
+                phone.send(phone.request("ACK", cseq=1, cseq_method="ACK"))
+                url = f"ws://127.0.0.1:{stack.sig.port}/v1/realtime?call_id={call_id}"
+                auth = {"Authorization": f"Bearer {SignalingProcess.API_KEY}"}
+                seen: list[dict[str, Any]] = []
+                with connect(url, additional_headers=auth) as sideband:
+                    question = resample(spoken("what time is it"), 24000, 8000)
+                    phone.talk(question + bytes(16000 * 4))
+                    with contextlib.suppress(TimeoutError):
+                        while True:
+                            seen.append(json.loads(sideband.recv(timeout=0.5)))
+                done = [e for e in seen if e.get("type") == "response.output_audio_transcript.done"]
+                assert done and "UTC" in str(done[0].get("transcript")), [
+                    e.get("type") for e in seen
+                ]
+                text = stack.tx.request("GET", "/metrics")[1].decode()
+                straight = re.search(r'event="agent_audio_straight_through"} (\d+)', text)
+                assert straight and int(straight[1]) > 100  # the question went as it came
+                client.realtime.calls.hangup(call_id)
+            finally:
+                phone.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        assistant.kill()

@@ -36,3 +36,34 @@ def test_media_streams_bots_get_twilios_dtmf_event() -> None:
     assert data["event"] == "dtmf" and data["dtmf"] == {"track": "inbound_track", "digit": "7"}
     assert data["streamSid"] and int(data["sequenceNumber"]) > 0
     assert not isinstance(parse(event.message, data["streamSid"]), BotMedia)
+
+
+def test_g711_straight_through_where_the_agent_takes_the_calls_codec() -> None:
+    import base64
+
+    payload = bytes(range(160))
+    native = PROTOCOLS["native"](CALL)
+    assert not native.takes_coded("pcmu")
+    realtime = PROTOCOLS["realtime"](
+        CallInfo(
+            "s1",
+            "c1",
+            None,
+            {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+        )
+    )
+    assert realtime.takes_coded("pcmu") and not realtime.takes_coded("pcma")
+    assert not PROTOCOLS["realtime"](CALL).takes_coded("pcmu")  # its default: 24 kHz PCM
+    message = realtime.caller_coded(payload)
+    assert isinstance(message, str)
+    sent = json.loads(message)
+    assert (
+        sent["type"] == "input_audio_buffer.append" and base64.b64decode(sent["audio"]) == payload
+    )
+    twilio = PROTOCOLS["twilio"](CALL)
+    twilio.opening()
+    assert twilio.takes_coded("pcmu") and not twilio.takes_coded("opus")
+    media = twilio.caller_coded(payload)
+    assert isinstance(media, str)
+    data = json.loads(media)
+    assert data["event"] == "media" and base64.b64decode(data["media"]["payload"]) == payload

@@ -150,3 +150,22 @@ def test_a_phone_call_keyed_by_sdes_is_srtp_both_ways() -> None:
     media.handle_timer(1.0)
     out = [d for d in media.datagrams_to_send() if not rtp.is_rtcp(d)]
     assert out and all(trunk.unprotect_rtp(d) is not None for d in out)
+
+
+def test_a_pcmu_calls_payloads_are_also_told_as_they_came() -> None:
+    """For an agent that takes the call's own codec (G.711 straight through): each packet's
+    payload as it came, and a lost packet's slot as encoded silence."""
+    from firsthop.services.transceiver.media.core import CodedAudioReceived
+
+    media = phone_call("pcmu")
+    narrow = g711.ulaw_encode(tone(700.0, 0.2, 8000))
+    payloads = [narrow[i * 160 : (i + 1) * 160] for i in range(10)]
+    for i, payload in enumerate(payloads):
+        if i == 5:
+            continue  # lost
+        media.receive_datagram(
+            rtp.RtpPacket(0, 100 + i, 160 * i, THEIRS, payload).encode(), i * 0.02
+        )
+    coded = [e.payload for e in events(media) if isinstance(e, CodedAudioReceived)]
+    silence = g711.ulaw_encode(bytes(320))
+    assert coded == [*payloads[:5], silence, *payloads[6:]]

@@ -35,6 +35,13 @@ class AgentProtocol(Protocol):
     def caller_audio(self, pcm: bytes) -> Message | None:
         """One 20 ms frame of the caller, PCM16 mono 48 kHz."""
 
+    def takes_coded(self, codec: str) -> bool:
+        """Whether the caller's audio goes to the agent in the call's own codec (`pcmu`,
+        `pcma`), as it came: G.711 straight through (then `caller_audio` is not called)."""
+
+    def caller_coded(self, payload: bytes) -> Message | None:
+        """One G.711 payload of the caller's, as it came (when `takes_coded`)."""
+
     def caller_message(self, message: Message) -> list[AgentEvent]:
         """A message the caller sent on its data channel (or a sideband socket)."""
 

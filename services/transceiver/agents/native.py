@@ -69,6 +69,12 @@ class NativeProtocol:
             return [Malformed("event_dropped_not_json")]
         return [ToAgent(json.dumps({"type": "client.event", "data": data}))]
 
+    def takes_coded(self, codec: str) -> bool:
+        return False  # (the native protocol is 48 kHz PCM)
+
+    def caller_coded(self, payload: bytes) -> Message | None:
+        return None
+
     def call_state(self, state: str) -> Message | None:
         return json.dumps({"type": "call.state", "state": state})
 

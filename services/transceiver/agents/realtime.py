@@ -110,6 +110,14 @@ class RealtimeProtocol:
         audio = base64.b64encode(wire).decode()
         return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
 
+    def takes_coded(self, codec: str) -> bool:
+        """A phone call whose G.711 is what the session's input format asks for."""
+        return codec == self.in_format
+
+    def caller_coded(self, payload: bytes) -> Message | None:
+        audio = base64.b64encode(payload).decode()
+        return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+
     def caller_message(self, message: Message) -> list[AgentEvent]:
         if isinstance(message, bytes):
             return self._invalid("binary messages are not Realtime events", "invalid_event")

@@ -93,6 +93,15 @@ class TwilioProtocol:
         self.sent_samples += len(ulaw)
         return tw.media(self._next(), self.stream_sid, self.chunk, timestamp, ulaw)
 
+    def takes_coded(self, codec: str) -> bool:
+        return codec == "pcmu"  # (Media Streams are mu-law at 8 kHz: a PCMU call's, as is)
+
+    def caller_coded(self, payload: bytes) -> Message | None:
+        self.chunk += 1
+        timestamp = self.sent_samples * 1000 // tw.RATE
+        self.sent_samples += len(payload)
+        return tw.media(self._next(), self.stream_sid, self.chunk, timestamp, payload)
+
     def caller_message(self, message: Message) -> list[AgentEvent]:
         return [Malformed("twilio_client_event_dropped")]  # Media Streams carry no events
 

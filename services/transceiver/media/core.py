@@ -66,6 +66,14 @@ class AudioReceived:
 
 
 @dataclass(frozen=True, slots=True)
+class CodedAudioReceived:
+    """A phone call's G.711 payload as it came (one per packet; a lost one's slot carries
+    encoded silence): for an agent that takes the call's own codec, straight through."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class FirstAudioReceived:
     pass
 
@@ -99,7 +107,13 @@ class DtmfReceived:
 
 
 MediaEvent = (
-    AudioReceived | FirstAudioReceived | FirstAudioSent | FramePlayed | FramesDropped | DtmfReceived
+    AudioReceived
+    | CodedAudioReceived
+    | FirstAudioReceived
+    | FirstAudioSent
+    | FramePlayed
+    | FramesDropped
+    | DtmfReceived
 )
 
 
@@ -209,6 +223,7 @@ class CallMedia:
         self.codec: CallCodec = make_codec(params.codec)
         self._rate = self.codec.clock_rate
         self._ts_scale = CALL_RATE // self._rate  # the output clock counts 48 kHz samples
+        self._coded = params.codec in ("pcmu", "pcma")  # its payloads go out as they came
         self._dtmf_last: int | None = None  # the RTP timestamp of the last key heard
         self._audio_started = False
         self._their_lsr = 0  # the caller's last SR (middle 32 bits of its NTP time)
@@ -425,9 +440,13 @@ class CallMedia:
                 self.counts["frames_repaired"] += 1
                 self.counts["frames_repaired_fec"] += from_fec
                 frames = [pcm]
+                if self._coded:
+                    self._event(CodedAudioReceived(codec.silence(1)))
             else:
                 frames = codec.decode(frame.data)
                 self.counts["frames_decoded"] += 1
+                if self._coded:
+                    self._event(CodedAudioReceived(frame.data))
         except CodecError:
             self.counts["opus_decode_error" if codec.name == "opus" else "decode_error"] += 1
             return

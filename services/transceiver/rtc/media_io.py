@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from firsthop.services.transceiver.media.core import (
     AudioReceived,
     CallMedia,
+    CodedAudioReceived,
     DtmfReceived,
     FirstAudioReceived,
     FirstAudioSent,
@@ -52,6 +53,8 @@ class SessionCallbacks:
     # something raised while handling the call's media: that call fails (`Session.fail`)
     failed: Callable[[str, BaseException], None] = lambda stage, exc: None
     dtmf: Callable[[str, float], None] = lambda digit, duration: None  # a key the caller pressed
+    # a phone call's G.711 payload as it came (for an agent that takes the call's codec)
+    coded_audio: Callable[[bytes], None] = lambda payload: None
 
 
 @dataclass
@@ -117,6 +120,8 @@ class MediaIo:
             match event:
                 case AudioReceived(pcm):
                     self.callbacks.audio(pcm)
+                case CodedAudioReceived(payload):
+                    self.callbacks.coded_audio(payload)
                 case FramePlayed(tag):
                     if self.on_played is not None:
                         self.on_played(tag)
