@@ -360,8 +360,14 @@ class Session:
             log.error("session %s: %s; the call goes on without an agent", self.session_id, exc)
             return
         traceparent = traceparent_of(self.span) if self.span else self.traceparent
+        media = self.rtc.media
         call = CallInfo(
-            self.session_id, self.call_id, traceparent, self.session_config, self.region
+            self.session_id,
+            self.call_id,
+            traceparent,
+            self.session_config,
+            self.region,
+            codec=media.params.codec if media is not None else "opus",
         )
         agent = kind.protocol(call)
         self._agent = agent
@@ -481,6 +487,8 @@ class Session:
         client event this answers, if it was not the data channel's)."""
         for e in events:
             match e:
+                case PlayAudio(pcm, tag, True):
+                    self.rtc.push_coded(pcm, tag)  # G.711 straight through
                 case PlayAudio(pcm, tag):
                     self.rtc.push_audio(pcm, tag)  # (what it drops: `_dropped`)
                 case ClearAudio():

@@ -202,8 +202,9 @@ def test_a_forged_or_stale_webhook_does_not_verify(app: App) -> None:
 
 
 def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_path: object) -> None:
-    """The app accepts with a session whose input is `audio/pcmu`: the phone's mu-law goes to
-    the Realtime backend (the offline assistant) as it came, and the assistant answers."""
+    """The app accepts with a session whose audio is `audio/pcmu` both ways: the phone's
+    mu-law goes to the Realtime backend (the offline assistant) as it came, and its answer
+    to the phone as it was said (never decoded, resampled and encoded again)."""
     from websockets.sync.client import connect
 
     from firsthop.services.transceiver.resample import resample
@@ -247,7 +248,10 @@ def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_pa
                     call_id,
                     type="realtime",
                     model="assistant",
-                    audio={"input": {"format": {"type": "audio/pcmu"}}},
+                    audio={
+                        "input": {"format": {"type": "audio/pcmu"}},
+                        "output": {"format": {"type": "audio/pcmu"}},
+                    },
                 )
                 final = phone.responses_until_final()[-1]
                 assert final.status == 200
@@ -259,7 +263,7 @@ def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_pa
                 seen: list[dict[str, Any]] = []
                 with connect(url, additional_headers=auth) as sideband:
                     question = resample(spoken("what time is it"), 24000, 8000)
-                    phone.talk(question + bytes(16000 * 4))
+                    heard = phone.talk(question + bytes(16000 * 4))
                     with contextlib.suppress(TimeoutError):
                         while True:
                             seen.append(json.loads(sideband.recv(timeout=0.5)))
@@ -270,6 +274,10 @@ def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_pa
                 text = stack.tx.request("GET", "/metrics")[1].decode()
                 straight = re.search(r'event="agent_audio_straight_through"} (\d+)', text)
                 assert straight and int(straight[1]) > 100  # the question went as it came
+                back = re.search(r'event="agent_frames_straight_through"} (\d+)', text)
+                assert back and int(back[1]) > 25  # and the answer came as it was said
+                answer = heard[len(question) :]
+                assert max(abs(x) for x in memoryview(answer).cast("h")) > 1000  # aloud
                 client.realtime.calls.hangup(call_id)
             finally:
                 phone.close()

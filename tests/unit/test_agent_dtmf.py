@@ -67,3 +67,27 @@ def test_g711_straight_through_where_the_agent_takes_the_calls_codec() -> None:
     assert isinstance(media, str)
     data = json.loads(media)
     assert data["event"] == "media" and base64.b64decode(data["media"]["payload"]) == payload
+
+
+def test_a_pcmu_backend_is_played_to_a_pcmu_phone_as_it_came() -> None:
+    import base64
+
+    from firsthop.services.transceiver.agents.events import PlayAudio
+
+    session = {"type": "realtime", "audio": {"output": {"format": {"type": "audio/pcmu"}}}}
+    realtime = PROTOCOLS["realtime"](CallInfo("s1", "c1", None, session, codec="pcmu"))
+    realtime.opening()
+    wire = bytes(range(200)) + bytes(200)
+    delta = {"type": "response.output_audio.delta", "response_id": "r", "item_id": "i"}
+    played = realtime.on_message(json.dumps({**delta, "delta": base64.b64encode(wire).decode()}))
+    frames = [e for e in played if isinstance(e, PlayAudio)]
+    assert [(f.pcm, f.coded) for f in frames] == [(wire[:160], True), (wire[160:320], True)]
+    done = realtime.on_message(
+        json.dumps({"type": "response.output_audio.done", "response_id": "r", "item_id": "i"})
+    )
+    rest = [e for e in done if isinstance(e, PlayAudio)]
+    assert [(f.pcm, f.coded) for f in rest] == [(wire[320:] + b"\xff" * 80, True)]
+    opus_call = PROTOCOLS["realtime"](CallInfo("s1", "c1", None, session))  # a WebRTC call
+    opus_call.opening()
+    decoded = opus_call.on_message(json.dumps({**delta, "delta": base64.b64encode(wire).decode()}))
+    assert all(not e.coded for e in decoded if isinstance(e, PlayAudio))

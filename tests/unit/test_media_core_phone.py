@@ -169,3 +169,12 @@ def test_a_pcmu_calls_payloads_are_also_told_as_they_came() -> None:
     coded = [e.payload for e in events(media) if isinstance(e, CodedAudioReceived)]
     silence = g711.ulaw_encode(bytes(320))
     assert coded == [*payloads[:5], silence, *payloads[6:]]
+
+
+def test_frames_already_in_the_calls_codec_go_out_as_they_are() -> None:
+    media = phone_call("pcmu")
+    coded = bytes(range(160))
+    media.push_coded(coded, "t", 0.0)
+    media.handle_timer(0.0)
+    (packet,) = [rtp.parse_rtp(d) for d in media.datagrams_to_send() if not rtp.is_rtcp(d)]
+    assert packet.payload == coded and media.stats()["agent_frames_straight_through"] == 1

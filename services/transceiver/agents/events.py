@@ -16,6 +16,7 @@ class CallInfo:
     traceparent: str | None
     session: dict[str, Any] | None = None  # the caller's Realtime session config, if any
     region: str = ""  # the transceiver's region the call is placed in
+    codec: str = "opus"  # the call's: a phone call's may be pcmu or pcma
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,7 @@ class PlayAudio:
 
     pcm: bytes
     tag: Tag | None = None
+    coded: bool = False  # `pcm` is 20 ms in the call's own codec (G.711 straight through)
 
 
 @dataclass(frozen=True, slots=True)

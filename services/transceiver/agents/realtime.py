@@ -67,6 +67,7 @@ from firsthop.shared.session_config import SessionConfigError, merge_update
 from firsthop.shared.wire.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 MAX_ITEMS = 32  # items whose audio length is remembered (for truncates)
+CODED_FRAME = 160  # bytes of 20 ms of G.711 at 8 kHz (a phone call's, straight through)
 
 _ENCODE: dict[str, Callable[[bytes], bytes]] = {"pcmu": ulaw_encode, "pcma": alaw_encode}
 _DECODE: dict[str, Callable[[bytes], bytes]] = {"pcmu": ulaw_decode, "pcma": alaw_decode}
@@ -89,6 +90,7 @@ class RealtimeProtocol:
         self.playout = Playout()
         self._out = FrameCutter()  # 48 kHz audio of `_out_tag` short of a whole frame
         self._out_tag: Tag | None = None
+        self._coded = bytearray()  # G.711 straight through: short of a whole frame
         self._created_seen = False
         self._sent_samples: OrderedDict[str, int] = OrderedDict()  # item -> samples of audio
 
@@ -261,21 +263,29 @@ class RealtimeProtocol:
         if tag != self._out_tag:
             out += self._flush()
             self._out_tag = tag
+        straight = self.call.codec == self.out_format  # a phone call's own G.711
         decode = _DECODE.get(self.out_format)
-        pcm = decode(wire) if decode is not None else wire
-        self._sent_samples[item] = self._sent_samples.get(item, 0) + len(pcm) // 2
+        pcm = decode(wire) if decode is not None and not straight else wire
+        samples = len(wire) if straight else len(pcm) // 2
+        self._sent_samples[item] = self._sent_samples.get(item, 0) + samples
         self._sent_samples.move_to_end(item)
         while len(self._sent_samples) > MAX_ITEMS:
             self._sent_samples.popitem(last=False)
+        if straight:  # G.711 straight through: 20 ms of it a frame, as it came
+            self._coded += wire
+            whole = len(self._coded) // CODED_FRAME * CODED_FRAME
+            chunks = [bytes(self._coded[i : i + CODED_FRAME]) for i in range(0, whole, CODED_FRAME)]
+            del self._coded[:whole]
+            return out + self._frames(chunks, coded=True)
         return out + self._frames(self._out.cut(self._up.push(pcm)))
 
-    def _frames(self, frames: list[bytes]) -> list[AgentEvent]:
+    def _frames(self, frames: list[bytes], coded: bool = False) -> list[AgentEvent]:
         tag = self._out_tag
         if tag is None:
             return []
         if frames:
             self.playout.queued(tag, len(frames))
-        return [PlayAudio(f, tag) for f in frames]
+        return [PlayAudio(f, tag, coded) for f in frames]
 
     def _flush(self) -> list[AgentEvent]:
         """The end of one stream of audio: the filter's tail, and a last padded frame."""
@@ -284,6 +294,11 @@ class RealtimeProtocol:
         frames = self._out.cut(self._up.flush())
         last = self._out.pad()  # the stream's end: its part-frame, padded, plays
         out = self._frames(frames + [last] if last is not None else frames)
+        if self._coded:  # (straight through: its part-frame, padded with coded silence)
+            silence = _ENCODE[self.call.codec](bytes(2 * CODED_FRAME))
+            padded = bytes(self._coded) + silence[len(self._coded) :]
+            self._coded.clear()
+            out += self._frames([padded], coded=True)
         self._out_tag = None
         return out
 
@@ -295,6 +310,7 @@ class RealtimeProtocol:
         caller, and truncate the item at what it heard."""
         self._up.reset()
         self._out.clear()
+        self._coded.clear()
         self._out_tag = None
         cleared = self.playout.clear()
         if cleared.response_id is None:

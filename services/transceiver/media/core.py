@@ -132,6 +132,10 @@ class MediaParams:
     rtcp: bool = True  # send RTCP (a phone call: only if the trunk muxes it on the RTP port)
 
 
+class CodedFrame(bytes):
+    """A queued frame already in the call's codec (`push_coded`): sent as it is."""
+
+
 class _Packet:
     """What the jitter buffer reads of a packet (`jitter.py`'s duck type)."""
 
@@ -304,6 +308,16 @@ class CallMedia:
             tag = self._part_tag
         frames = self._cutter.cut(pcm)
         self._part_tag = tag if self._cutter.held else None
+        self._queue(frames, tag, now)
+
+    def push_coded(
+        self, payload: bytes, tag: Hashable | None = None, now: float | None = None
+    ) -> None:
+        """Queue one 20 ms frame already in the call's codec (G.711 straight through from an
+        agent that speaks it): it takes its slot on the same clock and goes out as it is."""
+        self._queue([CodedFrame(payload)], tag, now)
+
+    def _queue(self, frames: list[bytes], tag: Hashable | None, now: float | None) -> None:
         if not frames:
             return
         was_idle = self.out.may_start_early()
@@ -346,7 +360,11 @@ class CallMedia:
         else:
             self._silent_run = 0
             self.counts["agent_frames_played"] += 1
-            payload = self.codec.encode(pcm)
+            if isinstance(pcm, CodedFrame):
+                payload = bytes(pcm)
+                self.counts["agent_frames_straight_through"] += 1
+            else:
+                payload = self.codec.encode(pcm)
             if not self._sent_first:
                 self._sent_first = True
                 self._event(FirstAudioSent())
@@ -595,6 +613,6 @@ STATS = (
     "rtcp_packets_out", "rtcp_malformed", "rtcp_bye_in", "rtp_malformed", "media_malformed",
     "rtp_payload_type_unknown", "ssrc_refused", "ssrc_changed", "frames_decoded",
     "frames_repaired", "frames_repaired_fec", "opus_decode_error", "decode_error",
-    "agent_frames_played", "dtmf_in", "dtmf_malformed",
+    "agent_frames_played", "agent_frames_straight_through", "dtmf_in", "dtmf_malformed",
     "media_events_dropped", "srtp_before_keys", "srtp_after_close",
 )  # fmt: skip

@@ -88,6 +88,13 @@ class MediaIo:
             media.push_audio(pcm, tag, time.monotonic())
             self._pump(media)
 
+    def push_coded(self, payload: bytes, tag: Hashable | None = None) -> None:
+        """Queue one 20 ms frame in the call's own codec (G.711 straight through)."""
+        media = self.media
+        if media is not None:
+            media.push_coded(payload, tag, time.monotonic())
+            self._pump(media)
+
     def clear_audio(self) -> None:
         if self.media is not None:
             self.media.clear()
