@@ -107,6 +107,7 @@ class PhoneCall:
     end_reason: str | None = None
     answer: str | None = None  # our SDP answer, once placed
     version: int = 1
+    offered: tuple[str, int] | None = None  # the trunk's media address, as first offered
 
 
 class SipFront:
@@ -320,7 +321,10 @@ class SipFront:
         if offer:
             try:
                 direction = ANSWERING.get(parse_rtp_offer(offer).direction, "inactive")
-            except SdpError:
+                self._same_media(phone, offer)
+            except SdpError as exc:  # the call goes on as it was (RFC 3261 §14.2)
+                self.counters["sip_reoffers_refused"] += 1
+                log.info("SIP call %s: re-offer refused (%s)", call, exc)
                 self.uas.reject(call, 488, "Not Acceptable Here", trio.current_time())
                 return
             lines = [
@@ -332,6 +336,21 @@ class SipFront:
             phone.version += 1
             sdp = "\r\n".join(lines).replace(" 1 IN IP", f" {phone.version} IN IP", 1)
         self.uas.answer(call, sdp.encode(), trio.current_time())
+
+    @staticmethod
+    def _same_media(phone: PhoneCall, offer: bytes) -> None:
+        """A re-offer may change the direction (hold, resume), not the media: the call's
+        codec must still be offered, and its address and security stay (the relay's flow
+        and the transceiver's pin name them). `SdpError` says what changed."""
+        assert phone.answer is not None
+        new, ours = parse_rtp_offer(offer), parse_rtp_offer(phone.answer)
+        codec = ours.codecs[ours.formats[0]]
+        if codec not in new.codecs.values():
+            raise SdpError(f"the call's codec ({codec[0]}) is not offered: no codec change")
+        if phone.offered is not None and (new.address, new.port) != phone.offered:
+            raise SdpError("a new media address: the call's flow cannot follow it")
+        if new.secure != ours.secure:
+            raise SdpError("SRTP cannot be switched on or off in a call")
 
     # -- one call --------------------------------------------------------------------------------
 
@@ -429,6 +448,7 @@ class SipFront:
             await self._end_quietly(record)
             return None
         phone.answer = answer
+        phone.offered = _media_address(request.body)
         uas.answer(phone.call, answer.encode(), trio.current_time())
         await self._carry_out()
         self.counters["sip_calls_answered"] += 1
@@ -471,6 +491,7 @@ class SipFront:
             if phone.ended.is_set() or record is None:
                 return  # (ended while the app's accept placed it: the finally ends it)
             phone.answer = decided.answer
+            phone.offered = _media_address(request.body)
             uas.answer(phone.call, decided.answer.encode(), trio.current_time())
             await self._carry_out()
             self.counters["sip_calls_answered"] += 1
@@ -564,3 +585,11 @@ def sign_webhook(secret: str, event_id: str, body: str, now: float | None = None
 async def _set_then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
+
+
+def _media_address(sdp: bytes) -> tuple[str, int] | None:
+    try:
+        offer = parse_rtp_offer(sdp)
+    except SdpError:
+        return None
+    return offer.address, offer.port

@@ -485,3 +485,29 @@ def test_one_probe_tells_which_sessions_ended(stack: PhoneStack) -> None:
         ]
         == 401
     )
+
+
+def test_a_reoffer_may_hold_but_not_move_or_change_the_media(stack: PhoneStack) -> None:
+    """A re-INVITE that drops the call's codec, or names another media address, is refused
+    (488) and the call goes on as it was: the relay's flow and the pin cannot follow it."""
+    phone = Phone(stack.sip)
+    try:
+        assert phone.invite("echo", "0 101")[1][-1].status == 200  # PCMU
+        port = phone.media.getsockname()[1]
+        for offer in (
+            phone.offer("8 101"),  # PCMA only: a codec change
+            phone.offer("0 101").replace(
+                f"m=audio {port}".encode(), f"m=audio {port + 1}".encode()
+            ),
+        ):
+            reinvite = phone.request("INVITE", body=offer)
+            phone.send(reinvite)
+            assert phone.responses_until_final()[-1].status == 488
+            branch = sip.parse_via(reinvite.vias()[0]).branch
+            phone.send(phone.request("ACK", branch=branch, cseq=reinvite.cseq, cseq_method="ACK"))
+        heard = phone.talk(tone(1500.0, 1.5))
+        assert power_at(heard[-4000:], 1500.0) > 0.5
+        phone.send(phone.request("BYE"))
+        assert phone.responses_until_final()[-1].status == 200
+    finally:
+        phone.close()
