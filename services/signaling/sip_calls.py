@@ -16,13 +16,9 @@ target the ringing replica sends its REFER for.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-import redis
-
-from firsthop.services.signaling.stores import RedisLink, StoreUnavailable, _Expiring
+from firsthop.services.signaling.stores import HashStore, StoreUnavailable
 from firsthop.shared.redis_store import PREFIX
 
 SIPCALL_TTL = 3600  # s: the record outlives any ring (60 s) and most calls; refreshed on use
@@ -75,39 +71,15 @@ class PhoneRecord:
             return None
 
 
-class SipCalls:
-    def __init__(self, link: RedisLink | None, clock: Callable[[], float] = time.time) -> None:
-        self.link = link
-        self._memory = _Expiring(clock)
-
+class SipCalls(HashStore):
     async def put(self, record: PhoneRecord) -> None:
-        if self.link is not None:
-            key, fields = sipcall_key(record.call_id), record.fields()
-
-            def write(client: redis.Redis) -> None:
-                pipe = client.pipeline(transaction=True)  # never a key without its TTL
-                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-                pipe.expire(key, SIPCALL_TTL)
-                pipe.execute()
-
-            try:
-                await self.link.run(write)
-                return
-            except StoreUnavailable:
-                pass
-        self._memory.set(record.call_id, record, SIPCALL_TTL)
+        key = sipcall_key(record.call_id)
+        await self._write(key, record.fields(), SIPCALL_TTL, record.call_id, record)
 
     async def get(self, call_id: str) -> PhoneRecord | None:
-        if self.link is not None:
-            key = sipcall_key(call_id)
-            try:
-                fields = await self.link.run(lambda c: c.hgetall(key))
-            except StoreUnavailable:
-                pass
-            else:
-                if fields:
-                    text = {str(k): str(v) for k, v in fields.items()}
-                    return PhoneRecord.from_fields(call_id, text)
+        fields = await self._read(sipcall_key(call_id))
+        if fields is not None:
+            return PhoneRecord.from_fields(call_id, fields)
         found: PhoneRecord | None = self._memory.get(call_id)
         return found
 
@@ -130,9 +102,4 @@ class SipCalls:
         return True
 
     async def delete(self, call_id: str) -> None:
-        self._memory.pop(call_id)
-        if self.link is not None:
-            try:
-                await self.link.run(lambda c: c.delete(sipcall_key(call_id)))
-            except StoreUnavailable:
-                pass
+        await self._delete(sipcall_key(call_id), call_id)

@@ -26,7 +26,7 @@ import heapq
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -201,21 +201,23 @@ class _Expiring:
         self._items.pop(key, None)
 
 
-class CallStore:
-    """call_id -> CallRecord, so PATCH/DELETE work on any replica."""
+class HashStore:
+    """One Redis hash a key, written whole with its TTL (never a key without one), or memory
+    when there is no Redis or it is down: the shape of `CallStore` and `sip_calls.SipCalls`."""
 
     def __init__(self, link: RedisLink | None, clock: Callable[[], float] = time.time) -> None:
         self.link = link
         self._memory = _Expiring(clock)
 
-    async def put(self, record: CallRecord) -> None:
+    async def _write(
+        self, key: str, fields: Mapping[str, str], ttl: int, memory_key: str, value: object
+    ) -> None:
         if self.link is not None:
-            key, fields = call_key(record.call_id), record.to_hash()
 
             def write(client: redis.Redis) -> None:
-                pipe = client.pipeline(transaction=True)  # never a key without its TTL
-                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-                pipe.expire(key, CALL_TTL)
+                pipe = client.pipeline(transaction=True)
+                pipe.hset(key, mapping=dict(fields))  # type: ignore[arg-type]
+                pipe.expire(key, ttl)
                 pipe.execute()
 
             try:
@@ -223,31 +225,44 @@ class CallStore:
                 return
             except StoreUnavailable:
                 pass
-        self._memory.set(record.call_id, record, CALL_TTL)
+        self._memory.set(memory_key, value, ttl)
 
-    async def get(self, call_id: str) -> CallRecord | None:
-        if self.link is not None:
-            key = call_key(call_id)
-            try:
-                fields = await self.link.run(lambda c: c.hgetall(key))
-            except StoreUnavailable:
-                pass
-            else:
-                if fields:
-                    return CallRecord.from_hash(
-                        call_id, {str(k): str(v) for k, v in fields.items()}
-                    )
-        found: CallRecord | None = self._memory.get(call_id)
-        return found
+    async def _read(self, key: str) -> dict[str, str] | None:
+        """The hash at `key` in Redis (None: none there, or Redis cannot be asked)."""
+        if self.link is None:
+            return None
+        try:
+            fields = await self.link.run(lambda c: c.hgetall(key))
+        except StoreUnavailable:
+            return None
+        return {str(k): str(v) for k, v in fields.items()} if fields else None
 
-    async def delete(self, call_id: str) -> None:
-        self._memory.pop(call_id)
+    async def _delete(self, key: str, memory_key: str) -> None:
+        self._memory.pop(memory_key)
         if self.link is not None:
-            key = call_key(call_id)
             try:
                 await self.link.run(lambda c: c.delete(key))
             except StoreUnavailable:
                 pass
+
+
+class CallStore(HashStore):
+    """call_id -> CallRecord, so PATCH/DELETE work on any replica."""
+
+    async def put(self, record: CallRecord) -> None:
+        await self._write(
+            call_key(record.call_id), record.to_hash(), CALL_TTL, record.call_id, record
+        )
+
+    async def get(self, call_id: str) -> CallRecord | None:
+        fields = await self._read(call_key(call_id))
+        if fields is not None:
+            return CallRecord.from_hash(call_id, fields)
+        found: CallRecord | None = self._memory.get(call_id)
+        return found
+
+    async def delete(self, call_id: str) -> None:
+        await self._delete(call_key(call_id), call_id)
 
 
 class SecretLedger:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import array
 import asyncio
 import base64
-import datetime
-import ipaddress
 import json
 import math
 import ssl
@@ -25,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
 from firsthop.shared.wire.g711 import ulaw_decode, ulaw_encode
 from tests.integration.test_transceiver import event_count, heard, hears
-from tests.support import TransceiverProcess, eventually, wait_until
+from tests.support import TransceiverProcess, eventually, make_cert, wait_until
 
 API_KEY = "sk-test-realtime"
 SESSION = {
@@ -36,52 +34,6 @@ SESSION = {
 }
 CALLER_TONE, AGENT_TONE = 1000.0, 600.0
 Event = dict[str, Any]
-
-
-# -- a self-signed certificate for the wss:// backend ------------------------------------------
-
-
-def make_cert(directory: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "firsthop test backend")])
-    now = datetime.datetime.now(datetime.UTC)
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(ski, critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "backend.pem", directory / "backend.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from websockets.exceptions import ConnectionClosed
 
 from firsthop.services.call.caller import Caller, ToneTrack, tone_power
 from firsthop.shared.wire.g711 import ulaw_decode, ulaw_encode
-from tests.integration.test_realtime_bridge import make_cert
 from tests.integration.test_transceiver import event_count, heard, hears, ingress
 from tests.support import (
     AgentProcess,
@@ -38,6 +37,7 @@ from tests.support import (
     TransceiverProcess,
     eventually,
     free_tcp_port,
+    make_cert,
     wait_until,
 )
 
