@@ -111,7 +111,7 @@ def test_baresip_hears_its_own_voice_back(stack: PhoneStack, tmp_path: Path) -> 
     """A real SIP user agent (baresip, PCMU) through signaling, the relay and the echo agent."""
     heard, log = baresip_call(stack.sip, "echo", tone(600.0, 6.0, level=12000), 5, str(tmp_path))
     assert "180 Ringing" in log and "PCMU" in log, log[-2000:]
-    assert len(heard) >= 2 * 8000 * 3, log[-2000:]  # 3 s and more of what came back
+    assert len(heard) >= 2 * 8000 * 2, log[-2000:]  # 2 s and more of what came back
     assert power_at(heard[-2 * 8000 :], 600.0) > 0.5  # its own tone, not silence
     wait_until(lambda: not stack.live_sessions(), 10)  # its BYE ended the session
 
@@ -175,9 +175,16 @@ def test_torture_messages_and_an_invite_flood_leave_calls_working(
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         raw.bind(("127.0.0.1", 0))
-        raw.settimeout(0.3)
+        raw.settimeout(5.0)
+        answerable = 0  # what is answered: a request that parsed, or whose header salvages
         for path in sorted(vectors.glob("invalid_*.sip")):
-            raw.sendto(path.read_bytes(), stack.sip)
+            data = path.read_bytes()
+            raw.sendto(data, stack.sip)
+            try:
+                sip.parse_sip(data)
+                answerable += 1  # (its check fails: 400)
+            except sip.SipError:
+                answerable += sip.salvage_request(data) is not None
         for junk in (
             b"",
             b"\x00" * 100,
@@ -186,23 +193,25 @@ def test_torture_messages_and_an_invite_flood_leave_calls_working(
             b"SIP/2.0 200 OK\r\n\r\n",
         ):
             raw.sendto(junk, stack.sip)
-        answers = []
-        with contextlib.suppress(TimeoutError):
-            while True:
-                answers.append(sip.parse_sip(raw.recv(65536)))
-        assert answers and all(isinstance(a, sip.SipResponse) and a.status == 400 for a in answers)
+        assert answerable >= 8
+        answers = [sip.parse_sip(raw.recv(65536)) for _ in range(answerable)]  # (5 s each)
+        assert all(isinstance(a, sip.SipResponse) and a.status == 400 for a in answers)
+        raw.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # and nothing for the garbage
+            raw.recv(65536)
         stranger.bind(("127.0.0.3", 0))
-        stranger.settimeout(0.3)
         flood = Phone(stack.sip, host="127.0.0.3")
         for _ in range(300):
             stranger.sendto(flood.request("INVITE", body=flood.offer()).encode(), stack.sip)
         flood.close()
         forbidden = 0
+        stranger.settimeout(5.0)  # (the first may take a while on a loaded machine)
         with contextlib.suppress(TimeoutError):
             while True:
                 reply = sip.parse_sip(stranger.recv(65536))
                 assert isinstance(reply, sip.SipResponse) and reply.status == 403
                 forbidden += 1
+                stranger.settimeout(0.5)
         assert 0 < forbidden <= 60  # rate-bounded: never a reflector
         phone = Phone(stack.sip)
         try:
