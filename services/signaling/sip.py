@@ -44,6 +44,7 @@ import socket
 import ssl
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,7 @@ log = logging.getLogger("firsthop.signaling.sip")
 STATUS_OF_PROBLEM = {400: (488, "Not Acceptable Here"), 503: (503, "Service Unavailable")}
 
 
+BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)  # a connection gone
 MAX_TCP, MAX_TCP_PER_SOURCE = 1024, 16  # SIP connections, in all and from one address
 TCP_IDLE = 300.0  # s without a message (or a keep-alive) before a connection is closed
 TCP_QUEUE = 64  # messages waiting to be written to one connection; past that, dropped
@@ -188,8 +190,18 @@ class SipFront:
             except OSError:  # (an ICMP error of an earlier send, on Linux)
                 self.counters["sip_recv_error"] += 1
                 continue
-            self.uas.receive_datagram(data, (source[0], source[1]), trio.current_time())
+            self._feed(data, (source[0], source[1]))
             await self._carry_out()
+
+    def _feed(self, data: bytes, source: Address) -> None:
+        """One message to the core: what it raises (a bug no test found) costs that message
+        only, never the SIP front (`sip_errors`)."""
+        assert self.uas is not None
+        try:
+            self.uas.receive_datagram(data, source, trio.current_time())
+        except Exception:
+            self.counters["sip_errors"] += 1
+            log.exception("the SIP core raised on a message from %s", format_hostport(source))
 
     async def _timers(self) -> None:
         assert self.uas is not None
@@ -199,7 +211,11 @@ class SipFront:
                 await self._timer_moved.wait()
                 self._timer_moved = trio.Event()
                 continue
-            self.uas.handle_timer(trio.current_time())
+            try:
+                self.uas.handle_timer(trio.current_time())
+            except Exception:  # (a bug: the timers of the calls it touched are gone, not SIP)
+                self.counters["sip_errors"] += 1
+                log.exception("the SIP core raised on its timer")
             await self._carry_out()
 
     async def _carry_out(self) -> None:
@@ -212,7 +228,7 @@ class SipFront:
                     phone = PhoneCall(event.call)
                     self._live[event.call] = phone
                     run = self._run_app_call if self.config.webhook else self._run_call
-                    self._nursery.start_soon(run, phone, event)
+                    self._nursery.start_soon(self._guarded, run, phone, event)
                 case CallEnded(call, reason):
                     phone_call = self._live.get(call)
                     if phone_call is not None and phone_call.end_reason is None:
@@ -239,11 +255,26 @@ class SipFront:
     async def _connection(
         self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
     ) -> None:
-        """One TCP (or TLS) connection: a trunk's only (anyone else is closed at once, before
-        any TLS handshake), bounded."""
+        """One TCP (or TLS) connection; whatever happens to it (a reset, a TLS peer that
+        just drops, a bug) ends that connection alone, never the SIP front."""
+        try:
+            await self._serve_connection(stream)
+        except Exception as exc:  # (a group of them, too: from the connection's nursery)
+            self.counters["sip_tcp_errors"] += 1
+            log.debug("a SIP connection ended with %r", exc)
+
+    async def _serve_connection(
+        self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+    ) -> None:
+        """A trunk's only (anyone else is closed at once, before any TLS handshake),
+        bounded."""
         assert self.uas is not None
         tcp = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-        peer_raw = tcp.socket.getpeername()
+        try:
+            peer_raw = tcp.socket.getpeername()
+        except OSError:  # (gone already)
+            await tcp.aclose()
+            return
         peer: Address = (peer_raw[0], peer_raw[1])
         if (
             self.uas.trunk_of(peer[0]) is None
@@ -258,13 +289,14 @@ class SipFront:
         self._per_source[peer[0]] += 1
         self.counters["sip_tcp_connections"] += 1
         try:
-            async with stream, trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, stream, receive)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, stream, receive, nursery.cancel_scope)
                 await self._reader(stream, peer, send)
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
         finally:
+            with trio.move_on_after(2) as closing, contextlib.suppress(*BROKEN):
+                closing.shield = True
+                await stream.aclose()
             self._streams.pop(peer, None)
             self._per_source[peer[0]] -= 1
             if self._per_source[peer[0]] <= 0:
@@ -281,7 +313,10 @@ class SipFront:
         while True:
             data: bytes | bytearray = b""
             with trio.move_on_after(TCP_IDLE):
-                data = await stream.receive_some(65536)
+                try:
+                    data = await stream.receive_some(65536)
+                except BROKEN:  # a reset, a TLS peer that drops without close_notify, ...
+                    return
             if not data:
                 return  # closed, or idle too long
             try:
@@ -294,16 +329,20 @@ class SipFront:
                     send.send_nowait(b"\r\n")  # RFC 5626 §3.5.1: a pong
             framer.pings = 0
             for message in messages:
-                self.uas.receive_datagram(message, peer, trio.current_time())
+                self._feed(message, peer)
             await self._carry_out()
 
     async def _writer(
         self,
         stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
         receive: trio.MemoryReceiveChannel[bytes],
+        done: trio.CancelScope,
     ) -> None:
-        async for data in receive:
-            await stream.send_all(data)
+        try:
+            async for data in receive:
+                await stream.send_all(data)
+        except BROKEN:
+            done.cancel()  # (the reader goes too)
 
     def _reanswer(self, call: str, request: sip.SipRequest) -> None:
         """Hold, resume: the call's answer again, its direction answering the new offer;
@@ -353,6 +392,26 @@ class SipFront:
             raise SdpError("SRTP cannot be switched on or off in a call")
 
     # -- one call --------------------------------------------------------------------------------
+
+    async def _guarded(
+        self,
+        run: Callable[[PhoneCall, CallOffered], Awaitable[None]],
+        phone: PhoneCall,
+        offered: CallOffered,
+    ) -> None:
+        """One call's task: what it raises ends that call (500, or a BYE), never the SIP
+        front or the other calls."""
+        try:
+            await run(phone, offered)
+        except Exception:
+            self.counters["sip_call_errors"] += 1
+            log.exception("SIP call %s failed", phone.call)
+            self._live.pop(phone.call, None)
+            assert self.uas is not None
+            now = trio.current_time()
+            if not self.uas.reject(phone.call, 500, "Server Internal Error", now):
+                self.uas.hangup(phone.call, now)
+            await self._carry_out()
 
     async def _run_call(self, phone: PhoneCall, offered: CallOffered) -> None:
         uas = self.uas

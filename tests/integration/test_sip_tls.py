@@ -47,3 +47,30 @@ def test_options_and_a_call_over_tls(tmp_path: Path) -> None:
             assert stranger.recv(100) == b""  # no trunk's: closed before any handshake
         finally:
             stranger.close()
+        # a TLS peer that drops its connection without close_notify (an EOF in violation of
+        # the protocol, which trio reports as a broken stream), and one that resets it: that
+        # connection ends, nothing else does (this used to end the whole SIP front)
+        for abrupt in range(4):
+            dropped = context.wrap_socket(
+                socket.create_connection(("127.0.0.1", port), timeout=5),
+                server_hostname="localhost",
+            )
+            dropped.sendall(b"OPTIONS sip:x SIP/2.0\r\n")  # (half a message)
+            if abrupt % 2:
+                dropped.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00" + bytes(4)
+                )
+            socket.socket(fileno=dropped.detach()).close()  # (no close_notify: the raw close)
+        again = context.wrap_socket(
+            socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="localhost"
+        )
+        with again:
+            phone = Phone(stack.sip)
+            try:
+                again.sendall(phone.request("OPTIONS").encode().replace(b"/UDP", b"/TLS"))
+                answer = sip.parse_sip(again.recv(65536))
+                assert isinstance(answer, sip.SipResponse) and answer.status == 200
+                phone.send(phone.request("OPTIONS"))  # and over UDP, the same front
+                assert phone.responses_until_final()[-1].status == 200
+            finally:
+                phone.close()
