@@ -10,6 +10,7 @@ not answer for `lost_after`, or that left the registry, has lost its calls.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import trio
@@ -19,6 +20,7 @@ from firsthop.services.signaling.transceivers import TransceiverClient, Transcei
 from firsthop.shared.redis_store import CallRecord
 
 BATCH = 1000  # ids in one probe (the transceiver's MAX_PROBED)
+log = logging.getLogger("firsthop.signaling.sip")
 
 
 @dataclass(eq=False)
@@ -69,7 +71,9 @@ class SessionWatch:
                     for i in range(0, len(ids), BATCH):
                         ended.update(await self.client.sessions_ended(api_url, ids[i : i + BATCH]))
                     last_ok = trio.current_time()
-                except TransceiverDown:
+                except Exception as exc:  # (TransceiverDown, or anything: never the SIP front)
+                    if not isinstance(exc, TransceiverDown):
+                        log.exception("watching the calls on %s failed", api_url)
                     lost = trio.current_time() - last_ok >= self.lost_after
                     if not lost and await self.directory.is_registered(transceiver_id) is not False:
                         continue

@@ -561,6 +561,9 @@ class SipFront:
             self._live.pop(phone.call, None)
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self.phones.move(call_id, "ringing", state="ended")  # (if it still rings)
+                # its record goes with the call: a trunk's INVITEs and CANCELs leave nothing
+                # behind (an accept still placing it then fails its move and ends it)
+                await self.phones.delete(call_id)
                 if record is not None:
                     try:
                         await self.calls.end(record)

@@ -47,8 +47,9 @@ class App:
         return self.client.webhooks.unwrap(body, headers)
 
 
-@pytest.fixture(scope="module")
-def app() -> Iterator[App]:
+@contextlib.contextmanager
+def webhook_endpoint() -> Iterator[tuple[str, queue.Queue[tuple[bytes, dict[str, str]]]]]:
+    """The app's webhook: a real HTTP server on loopback; (its URL, what it was posted)."""
     events: queue.Queue[tuple[bytes, dict[str, str]]] = queue.Queue()
 
     class Hook(http.server.BaseHTTPRequestHandler):
@@ -61,22 +62,40 @@ def app() -> Iterator[App]:
         def log_message(self, *args: object) -> None:
             pass
 
-    port = free_tcp_port()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Hook)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_tcp_port()), Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        flags = ["--sip-webhook", f"http://127.0.0.1:{port}/hook", "--sip-webhook-secret", SECRET]
-        with PhoneStack.running(*flags) as stack:
-            client = openai.OpenAI(
-                api_key=SignalingProcess.API_KEY,
-                base_url=f"{stack.sig.url}/v1",
-                webhook_secret=SECRET,
-                max_retries=0,
-            )
-            yield App(stack, events, client)
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook", events
     finally:
         server.shutdown()
         server.server_close()
+
+
+def sipcall_keys(stack: PhoneStack) -> list[str]:
+    import redis
+
+    client = redis.Redis.from_url(stack.redis.url, decode_responses=True)
+    try:
+        return list(client.scan_iter("firsthop:sipcall:*"))
+    finally:
+        client.close()
+
+
+def client_for(stack: PhoneStack) -> openai.OpenAI:
+    return openai.OpenAI(
+        api_key=SignalingProcess.API_KEY,
+        base_url=f"{stack.sig.url}/v1",
+        webhook_secret=SECRET,
+        max_retries=0,
+    )
+
+
+@pytest.fixture(scope="module")
+def app() -> Iterator[App]:
+    with webhook_endpoint() as (url, events):
+        flags = ["--sip-webhook", url, "--sip-webhook-secret", SECRET]
+        with PhoneStack.running(*flags) as stack:
+            yield App(stack, events, client_for(stack))
 
 
 def test_the_app_accepts_and_the_phone_hears_its_agent(app: App) -> None:
@@ -125,6 +144,8 @@ def test_the_app_rejects(app: App) -> None:
         assert phone.responses_until_final()[-1].status == 486
         with pytest.raises(openai.NotFoundError):  # decided already: nothing to accept
             app.client.realtime.calls.accept(call_id, type="realtime", model="echo")
+        # a trunk's INVITEs leave nothing behind once they end: the ringing record goes too
+        wait_until(lambda: not sipcall_keys(app.stack), 5)
     finally:
         phone.close()
 
@@ -214,31 +235,16 @@ def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_pa
 
     assistant = AgentProcess("assistant")
     assistant.start(timeout=60)
-    events: queue.Queue[tuple[bytes, dict[str, str]]] = queue.Queue()
-
-    class Hook(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            events.put((body, {k.lower(): v for k, v in self.headers.items()}))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_tcp_port()), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     backend = f"realtime+ws://127.0.0.1:{assistant.port}/v1/realtime"
-    flags = [
-        *("--sip-webhook", f"http://127.0.0.1:{server.server_address[1]}/hook"),
-        *("--sip-webhook-secret", SECRET, "--agent-url", f"assistant={backend}"),
-    ]
     try:
-        with Stack.running(*flags) as stack:
-            client = openai.OpenAI(
-                api_key=SignalingProcess.API_KEY, base_url=f"{stack.sig.url}/v1",
-                webhook_secret=SECRET, max_retries=0,
-            )  # fmt: skip
+        with (
+            webhook_endpoint() as (url, events),
+            Stack.running(
+                *("--sip-webhook", url, "--sip-webhook-secret", SECRET),
+                *("--agent-url", f"assistant={backend}"),
+            ) as stack,
+        ):
+            client = client_for(stack)
             phone = Phone(stack.sip)
             try:
                 phone.send(phone.request("INVITE", body=phone.offer("0 101")))
@@ -282,6 +288,4 @@ def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_pa
             finally:
                 phone.close()
     finally:
-        server.shutdown()
-        server.server_close()
         assistant.kill()
