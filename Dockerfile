@@ -20,9 +20,10 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG BUILDER_IMAGE=python:3.11-bookworm
 
 FROM ${BUILDER_IMAGE} AS builder
-# Optional extras baked in: `assistant` (the offline voice assistant's models, ~270 MB);
+# Optional extras baked in: `assistant` (the offline voice assistant's models, ~400 MB) and
+# `noise` (RNNoise for the transceiver's noise suppression, ~90 MB);
 # `--build-arg FIRSTHOP_EXTRAS=` builds the edge alone.
-ARG FIRSTHOP_EXTRAS=assistant
+ARG FIRSTHOP_EXTRAS=assistant,noise
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/firsthop

@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml setup.py services/relay/_fastpath.c
 	@PYTHON=$(PYTHON) ./scripts/ensure-system-deps gcc python-headers  # the relay's C data path
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,assistant]'
+	$(BIN)/python -m pip install --quiet -e '.[test,assistant,noise]'
 	@touch $(STAMP)
 
 # Tools the tests run for real: redis-server, gcc, chromium, espeak-ng (the assistant's voice

@@ -111,3 +111,32 @@ def merge_update(session: Mapping[str, Any] | None, update: Mapping[str, Any]) -
     out = merge_sessions(session, update)
     check_bounds(out)
     return out
+
+
+NOISE_REDUCTION_KINDS = ("near_field", "far_field")
+UNSET = "unset"  # (what `noise_reduction` says of a session that names none)
+
+
+def noise_reduction(session: Mapping[str, Any] | None) -> str | None:
+    """What a session (or an update) asks of the input's noise reduction: ``near_field`` or
+    ``far_field``, None for off (``null``), `UNSET` when it does not say. The GA field
+    (``audio.input.noise_reduction``) wins over the beta one (``input_audio_noise_reduction``).
+    `SessionConfigError` (400) for anything but ``null`` or ``{"type": <a kind>}``."""
+    if not session:
+        return UNSET
+    audio = session.get("audio")
+    audio_in = audio.get("input") if isinstance(audio, dict) else None
+    if isinstance(audio_in, dict) and "noise_reduction" in audio_in:
+        value = audio_in["noise_reduction"]
+    elif "input_audio_noise_reduction" in session:
+        value = session["input_audio_noise_reduction"]
+    else:
+        return UNSET
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in NOISE_REDUCTION_KINDS:
+        raise SessionConfigError(
+            400, 'noise_reduction must be null or {"type": "near_field" | "far_field"}'
+        )
+    return str(kind)

@@ -428,6 +428,15 @@ class TransceiverProcess(ServiceProcess):
         assert status == 404, status
         return json.loads(body)
 
+    def event_count(self, name: str) -> float:
+        """`firsthop_transceiver_events_total{event=name}` (0 until first counted)."""
+        from firsthop.shared.metrics import parse_text
+
+        status, body = self.request("GET", "/metrics")
+        assert status == 200
+        key = ("firsthop_transceiver_events_total", frozenset({("event", name)}))
+        return parse_text(body.decode()).get(key, 0.0)
+
     def request(
         self,
         method: str,

@@ -290,6 +290,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     )
     add_option(
         p,
+        "--recognizer",
+        default="whisper",
+        help="assistant: whisper (Whisper tiny.en; pocketsphinx if missing) | pocketsphinx",
+    )
+    add_option(
+        p,
         "--api-key",
         default=None,
         help="assistant: require Authorization: Bearer KEY on the WebSocket",

@@ -43,6 +43,7 @@ from firsthop.services.signaling.ws import WsSession
 from firsthop.shared.address import is_loopback, parse_hostport, source_key
 from firsthop.shared.metrics import CONTENT_TYPE, render
 from firsthop.shared.sdp import MAX_SDP_BYTES
+from firsthop.shared.session_config import NOISE_REDUCTION_KINDS
 
 DEMO_PAGE = (Path(__file__).parent / "static" / "index.html").read_bytes()
 
@@ -231,6 +232,9 @@ def create_app(ctx: Context) -> QuartTrio:
         principal = ctx.auth.authenticate(request.headers.get("Authorization"))
         limit_key(principal.tenant)
         offer = parse_offer_body(await body_bytes())
+        denoise = request.args.get("noise_reduction")  # the native call's option
+        if denoise is not None and denoise not in NOISE_REDUCTION_KINDS:
+            raise Problem(400, "noise_reduction must be near_field or far_field")
         record, answer = await ctx.calls.create(
             CallRequest(
                 offer=offer,
@@ -239,6 +243,11 @@ def create_app(ctx: Context) -> QuartTrio:
                 region_header=request.headers.get("X-Client-Region"),
                 client_ip=client_ip(),
                 traceparent=request.headers.get("traceparent"),
+                session=(
+                    {"audio": {"input": {"noise_reduction": {"type": denoise}}}}
+                    if denoise is not None
+                    else None
+                ),
             )
         )
         return answer_response(answer, record, f"/v1/calls/{record.call_id}")

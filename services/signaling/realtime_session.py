@@ -29,6 +29,7 @@ from firsthop.shared.session_config import (
     SessionConfigError,
     check_bounds,
     merge_sessions,
+    noise_reduction,
 )
 
 MIN_EXPIRY, MAX_EXPIRY, DEFAULT_EXPIRY = 10, 7200, 600
@@ -81,6 +82,10 @@ def check_session(value: object, where: str = "session") -> dict[str, Any]:
         check_bounds(value, where)
     except SessionConfigError as exc:
         raise Problem(exc.status, exc.reason) from None
+    try:
+        noise_reduction(value)  # a kind the transceiver runs, or null
+    except SessionConfigError as exc:
+        raise Problem(exc.status, f"{where}: {exc.reason}") from None
     kind = value.get("type", "realtime")
     if kind != "realtime":
         raise Problem(400, f'{where}.type must be "realtime" (transcription sessions: no)')

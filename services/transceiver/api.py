@@ -26,7 +26,12 @@ from firsthop.shared import memory
 from firsthop.shared.address import parse_hostport
 from firsthop.shared.metrics import CONTENT_TYPE, MetricFamily, render
 from firsthop.shared.sdp import MAX_SDP_BYTES, sdpfrag_credentials
-from firsthop.shared.session_config import MAX_SESSION_BYTES, SessionConfigError, check_bounds
+from firsthop.shared.session_config import (
+    MAX_SESSION_BYTES,
+    SessionConfigError,
+    check_bounds,
+    noise_reduction,
+)
 
 MAX_TCP_INGRESS = 8  # ICE-TCP ingress addresses one answer advertises
 MAX_PROBED = 1000  # session ids one /sessions/ended probe may ask about
@@ -116,6 +121,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
                 return _error(400, "session must be a JSON object")
             try:
                 check_bounds(session_config)
+                noise_reduction(session_config)
             except SessionConfigError as exc:
                 return _error(400, exc.reason)
         media = body.get("media", "webrtc")

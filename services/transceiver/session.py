@@ -41,6 +41,7 @@ from firsthop.services.transceiver.agents.events import (
     AgentEvent,
     ClearAudio,
     Malformed,
+    NoiseReduction,
     PlayAudio,
     Tag,
     ToAgent,
@@ -59,6 +60,7 @@ from firsthop.services.transceiver.rtc import (
     call_asyncio,
 )
 from firsthop.shared.address import Address
+from firsthop.shared.session_config import UNSET, noise_reduction
 from firsthop.shared.telemetry import traceparent_of
 
 log = logging.getLogger("firsthop.transceiver.session")
@@ -135,6 +137,9 @@ class Session:
             self.rtc = RtcSession(
                 self.send, callbacks, candidates=self.ingress, tcp_candidates=self.ingress_tcp
             )
+        asked = noise_reduction(self.session_config)  # (checked when the call was created)
+        if asked not in (None, UNSET):
+            self._noise_reduction(asked)
 
     # -- failure: whatever one call raises ends that call only ----------------------------------
 
@@ -178,6 +183,13 @@ class Session:
         self.end("session_error")
 
     # -- callbacks from the asyncio side (same thread) ---------------------------------------
+
+    def _noise_reduction(self, kind: str | None) -> None:
+        if not self.rtc.set_noise_reduction(kind):
+            log.warning("session %s: noise reduction asked, pyrnnoise missing", self.session_id)
+            self.counters["noise_reduction_unavailable"] += 1
+        elif kind is not None:
+            self.counters["noise_reduction_calls"] += 1
 
     def _straight_through(self, agent: AgentProtocol) -> bool:
         """A phone call's G.711 goes to this agent as it came (`takes_coded`)."""
@@ -491,6 +503,8 @@ class Session:
                     self.rtc.push_coded(pcm, tag)  # G.711 straight through
                 case PlayAudio(pcm, tag):
                     self.rtc.push_audio(pcm, tag)  # (what it drops: `_dropped`)
+                case NoiseReduction(kind):
+                    self._noise_reduction(kind)
                 case ClearAudio():
                     self.rtc.clear_audio()
                     self.counters["output_cleared"] += 1  # barge-ins, mostly

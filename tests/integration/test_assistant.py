@@ -23,7 +23,12 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from firsthop.services.agent.assistant import brain
-from firsthop.services.agent.assistant.recognizer import Recognizer
+from firsthop.services.agent.assistant.recognizer import (
+    Recognizer,
+    SphinxRecognizer,
+    WhisperRecognizer,
+    words_of,
+)
 from firsthop.services.agent.assistant.server import MAX_MESSAGE, Assistant, serve_assistant
 from firsthop.services.agent.assistant.voice import EspeakVoice, PiperVoice
 from firsthop.services.launch import agent_command
@@ -35,24 +40,66 @@ WALL = datetime(2026, 12, 1, 10, 32, tzinfo=UTC)
 
 @pytest.fixture(scope="module")
 def recognizer() -> Iterator[Recognizer]:
-    r = Recognizer()
+    r = WhisperRecognizer()
     yield r
     r.close()
 
 
-def test_espeak_question_is_heard_and_answered_with_the_time(recognizer: Recognizer) -> None:
-    heard = recognizer.transcribe(spoken("what time is it"))
-    assert "time" in heard
-    assert "10 32" in brain.answer(heard, WALL)
+@pytest.fixture(scope="module")
+def sphinx() -> Iterator[Recognizer]:
+    r = SphinxRecognizer()
+    yield r
+    r.close()
 
 
-def test_the_piper_voice_speaks_24khz_audio_the_recognizer_understands(
-    recognizer: Recognizer,
+@pytest.fixture(scope="module")
+def piper() -> PiperVoice:
+    return PiperVoice()
+
+
+def test_espeak_question_is_heard_and_answered_with_the_time(
+    recognizer: Recognizer, sphinx: Recognizer
 ) -> None:
-    voice = PiperVoice()
-    pcm = voice.synthesize("What can you do?")
+    for r in (recognizer, sphinx):
+        heard = r.transcribe(spoken("what time is it"))
+        assert "time" in words_of(heard), (r.name, heard)
+        assert "10 32" in brain.answer(heard, WALL)
+
+
+def test_the_piper_voice_speaks_24khz_audio_the_recognizers_understand(
+    recognizer: Recognizer, sphinx: Recognizer, piper: PiperVoice
+) -> None:
+    pcm = piper.synthesize("What can you do?")
     assert 0.5 < len(pcm) / 48000 < 3  # seconds of 24 kHz PCM16
-    assert recognizer.transcribe(bytes(14400) + pcm + bytes(14400)) == "what can you do"
+    padded = bytes(14400) + pcm + bytes(14400)
+    assert sphinx.transcribe(padded) == "what can you do"
+    assert recognizer.transcribe(padded) == "What can you do?"
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "Can you book a table for two tonight?",
+        "The meeting has been moved to Thursday afternoon.",
+        "Please send the report before lunch.",
+    ],
+)
+def test_whisper_hears_open_speech_word_for_word_where_pocketsphinx_cannot(
+    recognizer: Recognizer, sphinx: Recognizer, piper: PiperVoice, sentence: str
+) -> None:
+    pcm = bytes(9600) + piper.synthesize(sentence) + bytes(9600)
+    assert words_of(recognizer.transcribe(pcm)) == words_of(sentence)
+    assert words_of(sphinx.transcribe(pcm)) != words_of(sentence)  # the old recognizer
+    espeak = recognizer.transcribe(spoken(sentence.lower().rstrip(".?")))
+    assert len(set(words_of(espeak)) & set(words_of(sentence))) >= len(words_of(sentence)) // 2
+
+
+def test_whisper_hears_nothing_in_silence_or_noise(recognizer: Recognizer) -> None:
+    import numpy as np
+
+    noise = np.random.default_rng(7).normal(0, 300, 24000).astype("<i2").tobytes()
+    assert recognizer.transcribe(bytes(48000)) == ""
+    assert recognizer.transcribe(noise) == ""
 
 
 async def _events_until(
@@ -161,7 +208,12 @@ async def _server_checks(assistant: Assistant) -> None:
 
             async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as http:
                 health = (await http.get("/healthz")).json()
-                assert health == {"ok": True, "kind": "assistant", "voice": "espeak"}
+                assert health == {
+                    "ok": True,
+                    "kind": "assistant",
+                    "voice": "espeak",
+                    "recognizer": "whisper-tiny.en",
+                }
                 metrics = parse_text((await http.get("/metrics")).text)
                 assert metrics[("firsthop_assistant_sessions_total", frozenset())] == 2
                 cancelled = frozenset({("status", "cancelled")})

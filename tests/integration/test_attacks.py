@@ -110,12 +110,7 @@ async def call(tx: TransceiverProcess, ingress: tuple[str, int]) -> Call:
 
 
 def events(tx: TransceiverProcess, name: str) -> float:
-    from firsthop.shared.metrics import parse_text
-
-    status, body = tx.request("GET", "/metrics")
-    assert status == 200
-    key = ("firsthop_transceiver_events_total", frozenset({("event", name)}))
-    return parse_text(body.decode()).get(key, 0.0)
+    return tx.event_count(name)
 
 
 def rss_mb(pid: int) -> float:

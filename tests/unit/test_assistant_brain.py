@@ -23,9 +23,25 @@ def test_it_greets_says_what_it_can_do_and_its_name() -> None:
     assert answer("what day is it today", MORNING) == "Today is Tuesday. It is December 1, 2026."
 
 
-def test_otherwise_it_says_what_it_heard() -> None:
+def test_otherwise_it_says_what_it_heard_and_that_it_cannot_help() -> None:
     assert answer("the weather is nice", MORNING).startswith("I heard: the weather is nice.")
+    booked = answer("Can you book a table for two tonight?", MORNING)
+    assert booked.startswith("I heard: Can you book a table for two tonight. I cannot help")
     assert "did not catch" in answer("", MORNING)
+
+
+def test_a_key_word_alone_is_not_the_question() -> None:
+    # open speech: "today", "can", "do", "hi" inside a sentence ask nothing of the rules
+    for heard in (
+        "What is the weather like today?",
+        "Can you help me find my keys?",
+        "I think this is a good idea.",
+        "Thank you for the report, please send the slides by Friday.",
+    ):
+        assert answer(heard, MORNING).startswith("I heard:"), heard
+    assert answer("What's the time?", MORNING).startswith("It is 10 32.")
+    assert answer("Hi!", MORNING).startswith("Hello")
+    assert answer("How are you?", MORNING).startswith("I am fine")
 
 
 def test_instructions_set_its_name_and_greeting() -> None:

@@ -140,17 +140,19 @@ def test_a_spoken_turn_is_detected_committed_transcribed_and_answered_in_order()
     s.transcribed(item_id, "what time is it", WALL, respond=True)
     events, commands = s.take()
     assert types(events) == [
+        "conversation.item.input_audio_transcription.delta",
         "conversation.item.input_audio_transcription.completed",
         "response.created",
         "response.output_item.added",
         "conversation.item.added",
         "response.content_part.added",
     ]
-    assert events[0]["transcript"] == "what time is it" and events[0]["content_index"] == 0
+    assert events[0]["delta"] == events[1]["transcript"] == "what time is it"
+    assert events[0]["content_index"] == events[1]["content_index"] == 0
     (speak,) = commands
     assert isinstance(speak, Speak) and "10 32" in speak.text
-    rid = events[1]["response"]["id"]
-    assert speak.response_id == rid and events[1]["response"]["status"] == "in_progress"
+    rid = events[2]["response"]["id"]
+    assert speak.response_id == rid and events[2]["response"]["status"] == "in_progress"
 
     first, second = brain.sentences(speak.text)
     s.spoken(rid, first, tone(500))

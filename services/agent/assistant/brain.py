@@ -1,8 +1,9 @@
 """The assistant's brain: a few rules from what the caller said to what it answers. Pure.
 
-Strategy: lower-case the transcript, look for key words in order of priority (a greeting, the
-time, the date, what it can do, its name, thanks, goodbye), and otherwise say back what it
-heard. `now` (a timezone-aware datetime) is passed in, so answers are testable. The session's
+Strategy: lower-case the transcript and look for what was asked, phrase by phrase, in order
+of priority (the time, the date, what it can do, its name; a short greeting, thanks or goodbye);
+anything else is answered honestly: it says what it heard and that it cannot help with it.
+`now` (a timezone-aware datetime) is passed in, so answers are testable. The session's
 `instructions` may name the assistant ("your name is Ada", "you are Ada") and give a greeting
 ("greet the user with: ..."); nothing else in them is honoured.
 """
@@ -38,8 +39,28 @@ class Persona:
         )
 
 
-def _words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z']+", text.lower()))
+def _plain(text: str) -> str:
+    """Lower-case words and apostrophes only, single-spaced: what the rules read."""
+    return " ".join(re.findall(r"[a-z0-9']+", text.lower()))
+
+
+def _rule(*phrases: str) -> re.Pattern[str]:
+    return re.compile(r"\b(?:" + "|".join(phrases) + r")\b")
+
+
+# A rule answers only what was asked of it: with open-vocabulary recognition, a key word
+# alone ("today" in "what is the weather like today") is not the question.
+_TIME = _rule("what time", "the time", "time is it", "what's the time", "clock", "what hour")
+_DATE = _rule("what day", "which day", "the date", "what's the date", "today's date", "date today")
+_ABILITIES = _rule(
+    "what can you do", "what can you", "how can you help", "what do you do", "what are you able"
+)
+_ASKS_NAME = _rule("your name", "who are you", "who is this", "who am i talking to")
+_HOW = _rule("how are you", "how's it going", "how are things")
+_GREETS = _rule("hello", "hi", "hey", "good morning", "good afternoon", "good evening", "greet")
+_THANKS = _rule("thank you", "thanks")
+_BYE = _rule("bye", "goodbye", "see you")
+SHORT = 5  # words: a greeting, thanks or goodbye is short; a longer sentence asks something
 
 
 def _spoken_time(now: datetime) -> tuple[int, str, str]:
@@ -57,30 +78,36 @@ def _spoken_time(now: datetime) -> tuple[int, str, str]:
 def answer(heard: str, now: datetime, persona: Persona | None = None) -> str:
     """What the assistant says to `heard` (a transcript or the response's instructions)."""
     persona = persona or Persona()
-    words = _words(heard)
-    if not words:
+    text = _plain(heard)
+    if not text:
         return "Sorry, I did not catch that. Could you say it again?"
-    if "time" in words or {"clock", "hour"} & words:
+    short = len(text.split()) <= SHORT
+    if _TIME.search(text):
         # A short first sentence: the first audio of an answer comes sooner.
         hour, minute, part = _spoken_time(now)
         return f"It is {hour} {minute}. {part.capitalize()}, {now:%H:%M} UTC."
-    if {"date", "day", "today"} & words:
+    if _DATE.search(text):
         return f"Today is {now:%A}. It is {now:%B} {now.day}, {now.year}."
-    if {"help", "can", "do", "able"} & words and {"what", "how", "help"} & words:
+    if _ABILITIES.search(text):
         return (
             "I can greet you, tell you the time and the date, and say back what I heard. "
             "Ask me what time it is."
         )
-    if "name" in words or {"who"} & words:
+    if _ASKS_NAME.search(text):
         return f"My name is {persona.name}. I am a small offline assistant."
-    if {"hello", "hi", "hey", "greet", "morning", "evening", "afternoon"} & words:
+    if _HOW.search(text):
+        return "I am fine, thank you. How can I help you?"
+    if short and _GREETS.search(text):
         return persona.greeting or f"Hello! I am {persona.name}. How can I help you?"
-    if {"thanks", "thank"} & words:
+    if short and _THANKS.search(text):
         return "You are welcome."
-    if {"bye", "goodbye"} & words:
+    if short and _BYE.search(text):
         return "Goodbye, and have a nice day."
-    said = " ".join(heard.split()[:MAX_ECHO_WORDS])
-    return f"I heard: {said}. I can tell you the time, or say hello."
+    said = " ".join(heard.split()[:MAX_ECHO_WORDS]).rstrip(".?!,;: ")
+    return (
+        f"I heard: {said}. I cannot help with that, I am a small offline assistant. "
+        "I can tell you the time and the date."
+    )
 
 
 def sentences(text: str) -> list[str]:

@@ -35,7 +35,11 @@ from opentelemetry.trace import SpanKind
 from firsthop.services.agent.assistant import brain
 from firsthop.services.agent.assistant.commands import Speak, StopSpeaking, Transcribe
 from firsthop.services.agent.assistant.config import SessionConfig
-from firsthop.services.agent.assistant.recognizer import Recognizer
+from firsthop.services.agent.assistant.recognizer import (
+    Recognizer,
+    RecognizerError,
+    load_recognizer,
+)
 from firsthop.services.agent.assistant.session import RealtimeSession
 from firsthop.services.agent.assistant.voice import Voice, VoiceError
 from firsthop.shared.address import Address
@@ -141,7 +145,12 @@ class Assistant:
         if path == "/metrics":
             return 200, CONTENT_TYPE, self.stats.render().encode()
         if path == "/healthz":
-            health = {"ok": True, "kind": "assistant", "voice": self.voice.name}
+            health = {
+                "ok": True,
+                "kind": "assistant",
+                "voice": self.voice.name,
+                "recognizer": self.recognizer.name,
+            }
             return 200, "application/json", json.dumps(health).encode()
         return 404, "text/plain", b"not found\n"
 
@@ -212,7 +221,9 @@ class Connection:
         self.receive = receive
         self.send = send
         config = SessionConfig(
-            session_id=f"sess_{secrets.token_hex(10)}", voice=assistant.voice.name
+            session_id=f"sess_{secrets.token_hex(10)}",
+            voice=assistant.voice.name,
+            recognizer=assistant.recognizer.name,
         )
         if model:  # `?model=` of the URL, as OpenAI's session.created reports it
             config.model = model[:128]
@@ -368,7 +379,12 @@ async def serve_assistant(
         addresses = {"listen": bound}
         if metrics is not None:
             addresses["metrics"] = await nursery.start(serve_simple, plain, metrics)
-        log.info("assistant (voice %s) listening on %s:%d", assistant.voice.name, *bound)
+        log.info(
+            "assistant (voice %s, recognizer %s) listening on %s:%d",
+            assistant.voice.name,
+            assistant.recognizer.name,
+            *bound,
+        )
         announce(**addresses)
         task_status.started(bound)
 
@@ -384,8 +400,8 @@ def run(args: argparse.Namespace) -> int:
     setup_tracing("agent")
     try:
         voice = load_voice(args.voice)
-        recognizer = Recognizer()
-    except (VoiceError, ImportError) as exc:
+        recognizer = load_recognizer(args.recognizer)
+    except (VoiceError, RecognizerError, ImportError) as exc:
         raise SystemExit(f"firsthop agent --kind assistant: {exc}") from exc
     assistant = Assistant(voice, recognizer, api_key=args.api_key or None)
     try:

@@ -117,6 +117,13 @@ class RealtimeSession:
         if item is None:
             return  # deleted meanwhile
         item["content"][0]["transcript"] = transcript
+        if transcript:  # the whole turn's words at once: recognition runs on the whole turn
+            self.emit(
+                "conversation.item.input_audio_transcription.delta",
+                item_id=item_id,
+                content_index=0,
+                delta=transcript,
+            )
         self.emit(
             "conversation.item.input_audio_transcription.completed",
             item_id=item_id,

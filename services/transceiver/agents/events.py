@@ -35,6 +35,14 @@ class ClearAudio:
 
 
 @dataclass(frozen=True, slots=True)
+class NoiseReduction:
+    """RNNoise on the caller's audio before the agent hears it (`near_field`/`far_field`),
+    or off (None): the session asked."""
+
+    kind: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ToCaller:
     """JSON text for the caller's data channel (and the call's sideband sockets)."""
 
@@ -63,4 +71,4 @@ class Malformed:
     reason: str
 
 
-AgentEvent = PlayAudio | ClearAudio | ToCaller | ToSender | ToAgent | Malformed
+AgentEvent = PlayAudio | ClearAudio | NoiseReduction | ToCaller | ToSender | ToAgent | Malformed

@@ -42,6 +42,7 @@ from firsthop.services.transceiver.agents.events import (
     ClearAudio,
     Malformed,
     Message,
+    NoiseReduction,
     PlayAudio,
     Tag,
     ToAgent,
@@ -63,7 +64,7 @@ from firsthop.services.transceiver.agents.realtime_events import (
 )
 from firsthop.services.transceiver.media.frames import CALL_RATE, FrameCutter
 from firsthop.services.transceiver.resample import Resampler
-from firsthop.shared.session_config import SessionConfigError, merge_update
+from firsthop.shared.session_config import UNSET, SessionConfigError, merge_update, noise_reduction
 from firsthop.shared.wire.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 MAX_ITEMS = 32  # items whose audio length is remembered (for truncates)
@@ -155,6 +156,7 @@ class RealtimeProtocol:
             return self._clear()
         if kind == "session.update" and isinstance(data.get("session"), dict):
             try:
+                asked = noise_reduction(data["session"])
                 self.session = merge_update(self.session, data["session"])
             except SessionConfigError as exc:
                 # Refused whole, not forwarded: the backend keeps the session we would re-send.
@@ -166,6 +168,8 @@ class RealtimeProtocol:
                     count="session_refused",
                 )
             self._set_formats(data["session"])
+            if asked != UNSET:  # the edge runs it, before the backend hears the caller
+                return [NoiseReduction(asked), ToAgent(message)]
         return [ToAgent(message)]
 
     def call_state(self, state: str) -> Message | None:

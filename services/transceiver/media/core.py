@@ -40,6 +40,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from firsthop.services.transceiver.media.codecs import CallCodec, CodecError, make_codec
+from firsthop.services.transceiver.media.denoise import DenoiseError, Denoiser
 from firsthop.services.transceiver.media.frames import CALL_RATE, FrameCutter
 from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.services.transceiver.media.pacing import OutputQueue
@@ -230,6 +231,7 @@ class CallMedia:
         self._coded = params.codec in ("pcmu", "pcma")  # its payloads go out as they came
         self._dtmf_last: int | None = None  # the RTP timestamp of the last key heard
         self._audio_started = False
+        self._denoiser: Denoiser | None = None  # RNNoise, when the session asks
         self._their_lsr = 0  # the caller's last SR (middle 32 bits of its NTP time)
         self._their_lsr_at = 0.0
         # outbound
@@ -473,8 +475,28 @@ class CallMedia:
         if not self._audio_started:
             self._audio_started = True
             self._event(FirstAudioReceived())
+        denoiser = self._denoiser
         for pcm in frames:
+            if denoiser is not None:
+                pcm = denoiser.process(pcm)
+                self.counts["frames_denoised"] += 1
             self._event(AudioReceived(pcm))
+
+    def set_noise_reduction(self, kind: str | None) -> bool:
+        """RNNoise on what the agent hears from now on (`near_field` or `far_field`: one
+        model serves both), or off (None). False, and off, when it cannot run here."""
+        if kind is None:
+            if self._denoiser is not None:
+                self._denoiser.close()
+                self._denoiser = None
+            return True
+        if self._denoiser is None and not self._closed:
+            try:
+                self._denoiser = Denoiser()
+            except DenoiseError:
+                self.counts["denoise_unavailable"] += 1
+                return False
+        return self._denoiser is not None
 
     def _dtmf(self, payload: bytes, timestamp: int) -> None:
         """RFC 4733: an event's packets share its timestamp (and its end is sent three
@@ -606,6 +628,7 @@ class CallMedia:
         self._srtp = None
         self._closed = True
         self.codec.close()
+        self.set_noise_reduction(None)
 
 
 STATS = (
@@ -614,5 +637,6 @@ STATS = (
     "rtp_payload_type_unknown", "ssrc_refused", "ssrc_changed", "frames_decoded",
     "frames_repaired", "frames_repaired_fec", "opus_decode_error", "decode_error",
     "agent_frames_played", "agent_frames_straight_through", "dtmf_in", "dtmf_malformed",
-    "media_events_dropped", "srtp_before_keys", "srtp_after_close",
+    "media_events_dropped", "srtp_before_keys", "srtp_after_close", "frames_denoised",
+    "denoise_unavailable",
 )  # fmt: skip

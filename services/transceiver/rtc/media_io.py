@@ -24,6 +24,7 @@ from firsthop.services.transceiver.media.core import (
     FirstAudioSent,
     FramePlayed,
     FramesDropped,
+    MediaParams,
 )
 from firsthop.services.transceiver.rtc.media_clock import MediaClock
 from firsthop.shared.address import Address
@@ -67,6 +68,21 @@ class MediaIo:
     timer_at: float | None = field(init=False, default=None)  # (the media clock's entry)
     _clock: MediaClock | None = field(init=False, default=None)
     _counted: bool = field(init=False, default=False)  # its totals were handed over
+    noise_reduction: str | None = field(init=False, default=None)  # what the session asked
+
+    def new_media(self, params: MediaParams) -> CallMedia:
+        """The call's media core, from its answer on (with the input's noise reduction, if
+        the session asked before it existed)."""
+        media = CallMedia(params)
+        if self.noise_reduction is not None:
+            media.set_noise_reduction(self.noise_reduction)
+        return media
+
+    def set_noise_reduction(self, kind: str | None) -> bool:
+        """RNNoise on the caller's audio (`near_field`/`far_field`), or off (None); False when
+        it cannot run here (pyrnnoise missing: counted `denoise_unavailable`)."""
+        self.noise_reduction = kind
+        return self.media.set_noise_reduction(kind) if self.media is not None else True
 
     def media_datagram(self, data: bytes) -> None:
         """One RTP/RTCP datagram (RFC 7983: first byte 128-191) of the call's media path."""

@@ -20,7 +20,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from firsthop.services.transceiver.media.core import CallMedia, MediaParams
+from firsthop.services.transceiver.media.core import MediaParams
 from firsthop.services.transceiver.media.srtp import SrtpContext
 from firsthop.services.transceiver.rtc.media_clock import clock_of
 from firsthop.services.transceiver.rtc.media_io import MediaIo
@@ -66,7 +66,7 @@ class PlainRtpSession(MediaIo):
         ssrc = int.from_bytes(os.urandom(4), "big") or 1
         codec, _ = offer.codecs[payload_type]
         self.remote = (offer.address, offer.port)
-        self.media = CallMedia(
+        self.media = self.new_media(
             MediaParams(
                 ssrc=ssrc,
                 cname=os.urandom(8).hex(),

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from firsthop.services.transceiver.media.core import CallMedia, MediaParams
+from firsthop.services.transceiver.media.core import MediaParams
 from firsthop.services.transceiver.media.srtp import SrtpContext
 from firsthop.services.transceiver.rtc import dtls_hooks, hooks, sctp_hooks
 from firsthop.services.transceiver.rtc.lite_connection import LiteConnection
@@ -79,7 +79,7 @@ class RtcSession(MediaIo):
         # RFC 5763 §5: a=setup:active is the DTLS client, which keys SRTP with the client's
         # half of the exported material (RFC 5764 §4.2); we answer active unless the offer was.
         self._dtls_client = "a=setup:active" in sdp
-        self.media = CallMedia(
+        self.media = self.new_media(
             MediaParams(
                 ssrc=stream.ssrc,
                 cname=stream.cname,

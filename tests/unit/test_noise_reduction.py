@@ -1,0 +1,98 @@
+"""Server-side noise suppression: the session's word for it, RNNoise itself, and the media
+core running it on a call's decoded audio only when asked."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from firsthop.services.transceiver.agents.events import (
+    CallInfo,
+    NoiseReduction,
+    ToAgent,
+    ToSender,
+)
+from firsthop.services.transceiver.agents.realtime import RealtimeProtocol
+from firsthop.services.transceiver.media.core import AudioReceived
+from firsthop.services.transceiver.media.denoise import BLOCK, Denoiser
+from firsthop.shared.session_config import UNSET, SessionConfigError, noise_reduction
+
+from .test_media_core import PT, THEIRS, events, keyed
+from .test_opus import encode
+
+
+def ga(value: object) -> dict[str, object]:
+    return {"audio": {"input": {"noise_reduction": value}}}
+
+
+def test_the_session_says_near_far_off_or_nothing() -> None:
+    assert noise_reduction(ga({"type": "near_field"})) == "near_field"
+    assert noise_reduction({"input_audio_noise_reduction": {"type": "far_field"}}) == "far_field"
+    assert noise_reduction(ga(None)) is None
+    assert noise_reduction({"audio": {"input": {}}}) == UNSET
+    assert noise_reduction(None) == UNSET
+    for bad in ({"type": "loud"}, "near_field", {"kind": "near_field"}, 1):
+        with pytest.raises(SessionConfigError):
+            noise_reduction(ga(bad))
+
+
+def test_a_session_update_turns_it_on_and_off_and_goes_on_to_the_backend() -> None:
+    ids = itertools.count()
+    codec = RealtimeProtocol(CallInfo("s", "c", None, {}), new_id=lambda: f"e{next(ids)}")
+    on = json.dumps({"type": "session.update", "session": ga({"type": "near_field"})})
+    events_on = codec.caller_message(on)
+    assert events_on[0] == NoiseReduction("near_field")
+    assert isinstance(events_on[1], ToAgent)
+    assert codec.caller_message(json.dumps({"type": "session.update", "session": ga(None)}))[0] == (
+        NoiseReduction(None)
+    )
+    plain = codec.caller_message(json.dumps({"type": "session.update", "session": {}}))
+    assert not any(isinstance(e, NoiseReduction) for e in plain)
+    bad = codec.caller_message(
+        json.dumps({"type": "session.update", "session": ga({"type": "loud"})})
+    )
+    (error,) = [json.loads(e.text) for e in bad if isinstance(e, ToSender)]
+    assert error["type"] == "error" and "noise_reduction" in error["error"]["message"]
+    assert not any(isinstance(e, (NoiseReduction, ToAgent)) for e in bad)
+
+
+def noise(samples: int, level: float = 1500.0, seed: int = 3) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, level, samples).clip(-32768, 32767)
+
+
+def rms(pcm: bytes) -> float:
+    return float(np.sqrt(np.mean(np.frombuffer(pcm, "<i2").astype(np.float64) ** 2)))
+
+
+def test_rnnoise_keeps_the_length_and_silences_steady_noise() -> None:
+    d = Denoiser()
+    pcm = noise(48000).astype("<i2").tobytes()
+    out = b"".join(d.process(pcm[i : i + 1920]) for i in range(0, len(pcm), 1920))
+    assert len(out) == len(pcm)
+    assert rms(out[48000:]) < rms(pcm[48000:]) / 10  # past its first half second
+    odd = Denoiser()  # part-blocks: held for the next call, the length kept
+    parts = [odd.process(pcm[i : i + 700]) for i in range(0, 7000, 700)]
+    assert [len(p) for p in parts] == [700] * 10
+    assert BLOCK == 480
+    d.close()
+    assert d.process(pcm[:1920]) == pcm[:1920]  # closed: untouched
+
+
+def test_the_media_core_denoises_what_the_agent_hears_only_when_asked() -> None:
+    packets = encode(noise(50 * 960).astype(np.int16), fec=False)
+    heard = {}
+    for asked in (None, "near_field"):
+        media, caller = keyed()
+        if asked:
+            assert media.set_noise_reduction(asked)
+        for i, payload in enumerate(packets):
+            caller.send(caller.rtp(i, i * 960, payload, THEIRS, PT), i * 0.02)
+        frames = [e.pcm for e in events(media) if isinstance(e, AudioReceived)]
+        assert len(frames) == len(packets)
+        heard[asked] = rms(b"".join(frames[25:]))
+        assert media.stats()["frames_denoised"] == (len(packets) if asked else 0)
+        media.close()
+    assert heard["near_field"] < heard[None] / 10, heard
