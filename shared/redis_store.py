@@ -61,6 +61,10 @@ def call_key(call_id: str) -> str:
     return f"{PREFIX}call:{call_id}"
 
 
+def recording_key(call_id: str) -> str:
+    return f"{PREFIX}recording:{call_id}"
+
+
 def flow_key(client: Address) -> str:
     return f"{PREFIX}flow:{client[0]}:{client[1]}"
 

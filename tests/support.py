@@ -666,9 +666,15 @@ class MediaStack:
     @classmethod
     @contextmanager
     def running(
-        cls, agent: AgentProcess, name: str, agent_url: str, *extra: str, api_keys: str
+        cls,
+        agent: AgentProcess,
+        name: str,
+        agent_url: str,
+        *extra: str,
+        api_keys: str,
+        tx_args: tuple[str, ...] = (),
     ) -> Iterator[MediaStack]:
-        relay, tx = RelayProcess(), TransceiverProcess()
+        relay, tx = RelayProcess(), TransceiverProcess(*tx_args)
         sig = SignalingProcess(
             *["--transceiver", tx.api, "--ingress", f"{relay.listen[0]}:{relay.listen[1]}"],
             *["--agent-url", f"{name}={agent_url}", "--default-agent", name],

@@ -8,6 +8,7 @@ from firsthop.services.bench import (
     churn,
     echo,
     faults,
+    hearing,
     knee,
     loss,
     phone,
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     churn.register(benches)
     echo.register(benches)
     voice.register(benches)
+    hearing.register(benches)
     loss.register(benches)
     faults.register(benches)
     phone.register(benches)

@@ -59,6 +59,7 @@ class Stack:
     relay_internal: int = 0
     relay_redis: str | None = None  # the relay's flow cache (`bench faults`)
     relay_extra: tuple[str, ...] = ()
+    agent_extra: tuple[str, ...] = ()  # more flags for the agent (`--recognizer ...`)
 
     def _start(self, spec: Spec) -> Child:
         spec.env = {
@@ -77,7 +78,7 @@ class Stack:
         bound = self._start(self._relay_spec()).bound
         self.relay_port, self.relay_metrics = bound["listen"][1], bound["metrics"][1]
         self.relay_tcp_port, self.relay_internal = bound["listen_tcp"][1], bound["internal"][1]
-        agent = agent_command(self.agent_kind, 0)
+        agent = agent_command(self.agent_kind, 0, self.agent_extra)
         self.agent_port = self._start(Spec("agent", agent, announces=True)).bound["listen"][1]
         tx = transceiver_command(
             media=0,

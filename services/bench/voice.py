@@ -539,13 +539,13 @@ async def direct_round(url: str, said: list[Said], *, opus: bool) -> list[dict[s
 # -- the run -----------------------------------------------------------------------------------
 
 
-def run(*, turns: int, rounds: int, barge_ins: int) -> dict[str, Any]:
+def run(*, turns: int, rounds: int, barge_ins: int, recognizer: str = "whisper") -> dict[str, Any]:
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(turns)]
     speech48 = [speak(q, SAMPLE_RATE) for q in questions]
     raw = [direct_speech(pcm, opus=False) for pcm in speech48]
     coded = [direct_speech(pcm, opus=True) for pcm in speech48]
     barge = [(speak(LONG_QUESTION, SAMPLE_RATE), speak(INTERRUPTION, SAMPLE_RATE))] * barge_ins
-    stack = Stack(agent_kind="assistant")
+    stack = Stack(agent_kind="assistant", agent_extra=("--recognizer", recognizer))
     rows: list[dict[str, Any]] = []
     barges: list[dict[str, Any]] = []
     try:
@@ -562,7 +562,13 @@ def run(*, turns: int, rounds: int, barge_ins: int) -> dict[str, Any]:
             barges.extend(cut)
     finally:
         stack.stop()
-    config = {"turns": turns, "rounds": rounds, "barge_ins": barge_ins, "questions": questions}
+    config = {
+        "turns": turns,
+        "rounds": rounds,
+        "barge_ins": barge_ins,
+        "questions": questions,
+        "recognizer": recognizer,
+    }
     return {"config": config, "rows": rows, "barge_ins": barges, "summary": summarize(rows, barges)}
 
 
@@ -636,7 +642,8 @@ def render(result: dict[str, Any]) -> str:
     s = result["summary"]
     lines = [
         f"firsthop bench voice: {result['config']['turns']} turns x "
-        f"{result['config']['rounds']} rounds, {result['config']['barge_ins']} barge-ins",
+        f"{result['config']['rounds']} rounds, {result['config']['barge_ins']} barge-ins, "
+        f"recognizer {result['config'].get('recognizer', 'whisper')}",
         f"  voice-to-voice, through the edge   {_fmt(s['edge']['voice_to_voice_ms'])}",
         f"  voice-to-voice, direct WebSocket   {_fmt(s['direct']['voice_to_voice_ms'])}",
         f"  ... direct, through Opus both ways {_fmt(s['direct-opus']['voice_to_voice_ms'])}",
@@ -672,6 +679,7 @@ def _main(args: argparse.Namespace) -> int:
             turns=int(chosen["turns"]),
             rounds=int(chosen["rounds"]),
             barge_ins=int(chosen["barge_ins"]),
+            recognizer=args.recognizer,
         ),
         render,
     )
@@ -683,5 +691,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rounds", type=int, help="interleaved rounds of the two paths")
     p.add_argument("--barge-ins", type=int, help="interruptions in the first edge call")
     p.add_argument("--quick", action="store_true", help="2 turns, 1 round, 1 barge-in")
+    p.add_argument(
+        "--recognizer", default="whisper", help="the assistant's: whisper | pocketsphinx"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_main)

@@ -33,7 +33,7 @@ from werkzeug.exceptions import HTTPException
 
 from firsthop.services.signaling import realtime_api
 from firsthop.services.signaling.auth import DEV_ISSUER
-from firsthop.services.signaling.calls import CallRequest, parse_offer_body
+from firsthop.services.signaling.calls import CallRequest, parse_offer_body, record_flag
 from firsthop.services.signaling.context import Context
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.responses import answer_response, json_response
@@ -232,9 +232,10 @@ def create_app(ctx: Context) -> QuartTrio:
         principal = ctx.auth.authenticate(request.headers.get("Authorization"))
         limit_key(principal.tenant)
         offer = parse_offer_body(await body_bytes())
-        denoise = request.args.get("noise_reduction")  # the native call's option
+        denoise = request.args.get("noise_reduction")  # the native call's options
         if denoise is not None and denoise not in NOISE_REDUCTION_KINDS:
             raise Problem(400, "noise_reduction must be near_field or far_field")
+        recorded = record_flag(request.args.get("record"))
         record, answer = await ctx.calls.create(
             CallRequest(
                 offer=offer,
@@ -248,9 +249,20 @@ def create_app(ctx: Context) -> QuartTrio:
                     if denoise is not None
                     else None
                 ),
+                record=recorded,
             )
         )
         return answer_response(answer, record, f"/v1/calls/{record.call_id}")
+
+    @app.get("/v1/calls/<call_id>/recording")
+    async def get_recording(call_id: str) -> Response:
+        """The call's recording (Ogg/Opus, caller left, agent right), for the credential
+        that placed the call, once the call has ended."""
+        limit_ip()
+        call_id_ok(call_id)
+        principal = ctx.auth.authenticate(request.headers.get("Authorization"), allow_expired=True)
+        data = await ctx.calls.recording(call_id, principal)
+        return Response(data, status=200, content_type="audio/ogg")
 
     @app.patch("/v1/calls/<call_id>")
     async def patch_call(call_id: str) -> Response:

@@ -32,7 +32,13 @@ from firsthop.services.signaling.placement import (
     placeable,
     rank,
 )
-from firsthop.services.signaling.stores import CallStore, Directory, SecretLedger
+from firsthop.services.signaling.stores import (
+    CallStore,
+    Directory,
+    RecordingIndex,
+    RecordingRecord,
+    SecretLedger,
+)
 from firsthop.services.signaling.transceivers import (
     TransceiverClient,
     TransceiverDown,
@@ -131,6 +137,16 @@ class CallRequest:
     session: dict[str, Any] | None = None  # /v1/realtime calls: the caller's session config
     media: str = "webrtc"  # "rtp": a phone call from a SIP trunk (`sip.py`)
     call_id: str | None = None  # the id to give the call (a phone call's: its webhook's)
+    record: bool = False  # the caller asked for a recording (`?record=true`)
+
+
+def record_flag(value: str | None) -> bool:
+    """`?record=` of a call's creation: true/1 asks for a recording, absent/false/0 not."""
+    if value is None or value.lower() in ("false", "0"):
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    raise Problem(400, "record must be true or false")
 
 
 class Calls:
@@ -149,8 +165,10 @@ class Calls:
         trickle_policy: TricklePolicy | None = None,
         rng: random.Random | None = None,
         ingress_tcp: Mapping[str, Sequence[str]] | None = None,
+        recordings: RecordingIndex | None = None,
     ) -> None:
         self.own_region = own_region
+        self.recordings = recordings or RecordingIndex(None)
         self.ingress = ingress
         self.ingress_tcp = ingress_tcp or {}
         self.regions = regions
@@ -261,6 +279,7 @@ class Calls:
                     session=req.session,
                     ingress_tcp=ingress_for(self.ingress_tcp, region, tx.region),
                     media=req.media,
+                    record=req.record,
                 )
             except TransceiverRejected as exc:
                 self.stats.placement_failures["offer_rejected"] += 1
@@ -283,6 +302,8 @@ class Calls:
                 client_ufrag=req.offer.ice_ufrag,
             )
             await self.store.put(record)
+            if req.record:
+                await self.recordings.put(call_id, RecordingRecord(record.owner, tx.api_url, tx.id))
             self.stats.calls_created[tx.region] += 1
             log.info(
                 "call %s: region %s (%s) -> transceiver %s session %s, ingress %s",
@@ -312,6 +333,27 @@ class Calls:
         if not hmac.compare_digest(principal.owner.encode(), record.owner.encode()):
             raise Problem(403, "this call belongs to another credential")
         return record
+
+    async def recording(self, call_id: str, principal: Principal) -> bytes:
+        """A finished recording of `call_id`, for the credential that placed the call (the
+        rule of `find`): 404 none, 403 another's, 409 the call still lasts, 503 its
+        transceiver cannot be asked."""
+        found = await self.recordings.get(call_id)
+        if found is None:
+            raise Problem(404, "no recording of this call")
+        if not hmac.compare_digest(principal.owner.encode(), found.owner.encode()):
+            raise Problem(403, "this call belongs to another credential")
+        try:
+            status, data = await self.client.recording(found.api_url, call_id)
+        except TransceiverDown:
+            raise Problem(
+                503, "the recording's transceiver cannot be reached", retry_after=5.0
+            ) from None
+        if status == 409:
+            raise Problem(409, "the call is still being recorded")
+        if status != 200:
+            raise Problem(404, "no recording of this call (it may have expired)")
+        return data
 
     async def trickle(self, record: CallRecord, frag: Fragment) -> bytes | None:
         """Apply a trickle-ice-sdpfrag (or one WebSocket candidate) to a call. Candidates are

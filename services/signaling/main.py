@@ -37,6 +37,7 @@ from firsthop.services.signaling.stores import (
     CallStore,
     Directory,
     EkSessions,
+    RecordingIndex,
     RedisLink,
     SecretLedger,
 )
@@ -81,6 +82,7 @@ def build_context(
         agents=config.agents,
         directory=Directory(config.transceivers, link),
         store=CallStore(link),
+        recordings=RecordingIndex(link),
         ledger=SecretLedger(link),
         client=TransceiverClient(http, config.internal_token),
         stats=stats,

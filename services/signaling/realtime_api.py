@@ -42,7 +42,12 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 
 from firsthop.services.signaling.auth import DEV_ISSUER, Principal
-from firsthop.services.signaling.calls import CallRequest, OfferBody, parse_offer_body
+from firsthop.services.signaling.calls import (
+    CallRequest,
+    OfferBody,
+    parse_offer_body,
+    record_flag,
+)
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.realtime_session import (
     check_session,
@@ -174,6 +179,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
                 client_ip=tools.client_ip(),
                 traceparent=request.headers.get("traceparent"),
                 session=session,
+                record=record_flag(request.args.get("record")),
             )
         )
         return answer_response(answer, record, f"/v1/realtime/calls/{record.call_id}")

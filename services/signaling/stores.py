@@ -27,7 +27,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import redis
@@ -41,6 +41,7 @@ from firsthop.shared.redis_store import (
     CallRecord,
     TransceiverInfo,
     call_key,
+    recording_key,
     redis_client,
     secret_key,
     transceiver_key,
@@ -263,6 +264,41 @@ class CallStore(HashStore):
 
     async def delete(self, call_id: str) -> None:
         await self._delete(call_key(call_id), call_id)
+
+
+RECORDING_TTL = 7 * 24 * 3600  # s: past any transceiver's --record-keep-hours default
+
+
+@dataclass(frozen=True)
+class RecordingRecord:
+    """Where a recorded call's file is, and whose it is (`firsthop:recording:{call_id}`)."""
+
+    owner: str
+    api_url: str
+    transceiver_id: str
+
+
+class RecordingIndex(HashStore):
+    """call_id -> RecordingRecord: a recording outlives its call record (which goes when the
+    call ends), so GET /v1/calls/{id}/recording finds it on any replica, for its owner."""
+
+    async def put(self, call_id: str, record: RecordingRecord) -> None:
+        fields = {
+            "owner": record.owner,
+            "api_url": record.api_url,
+            "transceiver_id": record.transceiver_id,
+        }
+        await self._write(recording_key(call_id), fields, RECORDING_TTL, call_id, record)
+
+    async def get(self, call_id: str) -> RecordingRecord | None:
+        fields = await self._read(recording_key(call_id))
+        if fields is not None:
+            try:
+                return RecordingRecord(fields["owner"], fields["api_url"], fields["transceiver_id"])
+            except KeyError:
+                return None
+        found: RecordingRecord | None = self._memory.get(call_id)
+        return found
 
 
 class SecretLedger:

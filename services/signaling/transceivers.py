@@ -18,6 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -26,6 +27,7 @@ TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 CREATE_TIMEOUT = 10.0  # aiortc builds the answer (certificates, codecs): well under this
 CONNECT_TIMEOUT = 1.0
 SMALL_TIMEOUT = 3.0
+RECORDING_TIMEOUT = 30.0  # a long call's file (tens of MB) over the cluster network
 
 
 class TransceiverError(Exception):
@@ -114,6 +116,7 @@ class TransceiverClient:
         session: dict[str, Any] | None = None,
         ingress_tcp: list[str] | None = None,
         media: str = "webrtc",
+        record: bool = False,
     ) -> tuple[str, str]:
         """(session_id, answer_sdp). `session`: the caller's OpenAI session config (calls
         placed through /v1/realtime), which the transceiver gives a Realtime backend;
@@ -131,6 +134,8 @@ class TransceiverClient:
             fields["ingress_tcp"] = ingress_tcp
         if media != "webrtc":
             fields["media"] = media
+        if record:
+            fields["record"] = True
         body = json.dumps(fields).encode()
         resp = await self._request(
             "POST",
@@ -164,6 +169,17 @@ class TransceiverClient:
         if resp.status_code >= 500 or resp.status_code == 401:
             raise TransceiverDown(resp.status_code, _reason(resp))
         return Reply(resp.status_code, resp.headers.get("content-type", ""), resp.content)
+
+    async def recording(self, api_url: str, call_id: str) -> tuple[int, bytes]:
+        """(status, body) of a call's recording on its transceiver."""
+        resp = await self._request(
+            "GET",
+            f"{api_url}/internal/v1/recordings/{quote(call_id, safe='')}",
+            limit=RECORDING_TIMEOUT,
+        )
+        if resp.status_code >= 500 or resp.status_code in (401, 403):
+            raise TransceiverDown(resp.status_code, _reason(resp))
+        return resp.status_code, resp.content
 
     async def delete_session(self, api_url: str, session_id: str) -> int:
         resp = await self._request(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -127,6 +128,9 @@ def create_app(tx: Transceiver) -> QuartTrio:
         media = body.get("media", "webrtc")
         if media not in ("webrtc", "rtp"):
             return _error(400, "media must be webrtc or rtp")
+        record = body.get("record", False)
+        if not isinstance(record, bool) or (record and media == "rtp"):
+            return _error(400, "record must be true or false (and a WebRTC call's)")
         try:
             if media == "rtp":  # a phone call: the trunk's plain RTP offer
                 session_id, answer = await tx.create_phone_session(
@@ -148,6 +152,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
                     region=region if isinstance(region, str) else None,
                     traceparent=request.headers.get("traceparent"),
                     session_config=session_config,
+                    record=record,
                 )
         except Refusal as exc:
             resp = _error(exc.status, exc.reason)
@@ -167,6 +172,20 @@ def create_app(tx: Transceiver) -> QuartTrio:
         tx.reason_read(session_id)
         body = {"error": "session ended", "reason": reason}
         return Response(json.dumps(body), status=404, content_type="application/json")
+
+    @app.get("/internal/v1/recordings/<call_id>")
+    async def recording(call_id: str) -> Response:
+        """A finished recording's Ogg/Opus (signaling serves it to the call's owner)."""
+        found = tx.recordings.find(call_id) if tx.recordings is not None else None
+        if found == "live":
+            return _error(409, "the call is still being recorded")
+        if not isinstance(found, Path):
+            return _error(404, "no recording of this call")
+        try:
+            data = await trio.to_thread.run_sync(found.read_bytes)
+        except OSError:
+            return _error(404, "no recording of this call")
+        return Response(data, status=200, content_type="audio/ogg")
 
     @app.post("/internal/v1/sessions/ended")
     async def ended() -> Response:

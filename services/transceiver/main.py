@@ -181,6 +181,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
         type=float,
         help="a call with no authenticated ICE check for this long ends (RFC 7675: 30 s)",
     )
+    add_option(
+        p,
+        "--record-dir",
+        default=None,
+        help="write the recordings calls ask for here (off if unset)",
+        metavar="DIR",
+    )
+    add_option(
+        p, "--record-keep-hours", default=24.0, type=float, help="a recording is kept this long"
+    )
+    add_option(
+        p,
+        "--record-max-gb",
+        default=10.0,
+        type=float,
+        help="all recordings together; past it the oldest go",
+    )
     p.set_defaults(func=run)
 
 
@@ -210,6 +227,9 @@ def config_from_args(args: argparse.Namespace) -> TransceiverConfig:
             consent_timeout=args.consent_timeout,
             realtime_api_key=args.realtime_api_key or None,
             agent_ca_file=args.agent_ca_file or None,
+            record_dir=args.record_dir or None,
+            record_keep=args.record_keep_hours * 3600,
+            record_max_bytes=int(args.record_max_gb * (1 << 30)),
         )
     except (ValueError, argparse.ArgumentTypeError) as exc:
         raise SystemExit(f"firsthop transceiver: {exc}") from exc

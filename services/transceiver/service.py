@@ -31,6 +31,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from firsthop.services.transceiver.agents import TLS_SCHEMES
 from firsthop.services.transceiver.ice_lite import Credentials
+from firsthop.services.transceiver.recordings import RecordingError, RecordingStore
 from firsthop.services.transceiver.registry import FlowPins
 from firsthop.services.transceiver.rtc import (
     Milestone,
@@ -100,6 +101,9 @@ class TransceiverConfig:
     consent_timeout: float = 30.0  # RFC 7675 §5.1
     realtime_api_key: str | None = None  # `Authorization: Bearer` to Realtime backends
     agent_ca_file: str | None = None  # CAs for wss:// agents (default: the system's)
+    record_dir: str | None = None  # call recordings (off without it: `recordings.py`)
+    record_keep: float = 24 * 3600.0  # seconds a finished recording is kept
+    record_max_bytes: int = 10 << 30  # all recordings together; the oldest go first
 
     @property
     def advertised(self) -> Address:
@@ -114,6 +118,11 @@ def ice_password() -> str:
 class Transceiver:
     def __init__(self, config: TransceiverConfig) -> None:
         self.config = config
+        self.recordings = (
+            RecordingStore(config.record_dir, config.record_keep, config.record_max_bytes)
+            if config.record_dir
+            else None
+        )
         self.table: SessionTable[Session] = SessionTable(
             mint_ufrag=self.mint_ufrag,
             mint_password=ice_password,
@@ -367,10 +376,13 @@ class Transceiver:
         traceparent: str | None = None,
         session_config: dict[str, Any] | None = None,
         ingress_tcp: list[Address] | None = None,
+        record: bool = False,
     ) -> tuple[str, str]:
         self.table.check_admission()
         if not ingress:
             raise Refusal(400, "no ingress address to advertise")
+        if record and self.recordings is None:
+            raise Refusal(400, "recording is off on this transceiver (no --record-dir)")
         try:
             offer = check_offer(offer_sdp)
         except ValueError as exc:
@@ -390,6 +402,12 @@ class Transceiver:
                 session_id, call_id, agent_url, region, ingress, ingress_tcp or [], creds,
                 traceparent, span, session_config,
             )  # fmt: skip
+            if record:
+                assert self.recordings is not None
+                try:
+                    session.rtc.recording = self.recordings.open(call_id)
+                except (RecordingError, OSError) as exc:
+                    raise Refusal(400, f"cannot record this call: {exc}") from exc
             with trace.use_span(span, end_on_exit=False):
                 with TRACER.start_as_current_span("transceiver.answer"):
                     answer = await self._answer(session, offer_sdp)

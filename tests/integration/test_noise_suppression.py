@@ -76,3 +76,7 @@ def test_the_echo_of_a_noisy_room_is_quiet_only_when_the_call_asks(stack: MediaS
     _, refused = asyncio.run(echo_of_noise(stack, "&noise_reduction=loud"))
     assert refused is not None and refused.status_code == 400
     assert "noise_reduction" in refused.text
+    # (and this transceiver has no --record-dir: a call asking for a recording is refused)
+    _, refused = asyncio.run(echo_of_noise(stack, "&record=true"))
+    assert refused is not None and refused.status_code == 400
+    assert "recording is off" in refused.text

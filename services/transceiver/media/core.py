@@ -44,6 +44,7 @@ from firsthop.services.transceiver.media.denoise import DenoiseError, Denoiser
 from firsthop.services.transceiver.media.frames import CALL_RATE, FrameCutter
 from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.services.transceiver.media.pacing import OutputQueue
+from firsthop.services.transceiver.media.recorder import CallRecorder
 from firsthop.services.transceiver.media.srtp import PLAIN_RTP, PlainRtp, SrtpContext, SrtpCounts
 from firsthop.shared.wire import dtmf, rtcp, rtp
 
@@ -232,6 +233,8 @@ class CallMedia:
         self._dtmf_last: int | None = None  # the RTP timestamp of the last key heard
         self._audio_started = False
         self._denoiser: Denoiser | None = None  # RNNoise, when the session asks
+        self.recorder: CallRecorder | None = None  # both sides' Opus, when the call asks
+        self._now = 0.0  # (of the datagram being handled: the jitter buffer calls back)
         self._their_lsr = 0  # the caller's last SR (middle 32 bits of its NTP time)
         self._their_lsr_at = 0.0
         # outbound
@@ -390,6 +393,8 @@ class CallMedia:
         self._seq = (self._seq + 1) & 0xFFFF
         assert self._srtp is not None  # (the clock runs once the keys are here)
         self._outbox.append(self._srtp.protect_rtp(head + self._ext + payload))
+        if self.recorder is not None and not self._coded:
+            self.recorder.agent(payload, now)
         self.counts["rtp_packets_out"] += 1
         self.counts["rtp_bytes_out"] += len(payload)
         self._last_sent_at, self._last_sent_ts = now, ts
@@ -402,6 +407,7 @@ class CallMedia:
         if len(data) < 8 or not 127 < data[0] < 192:
             self.counts["media_malformed"] += 1
             return
+        self._now = now
         srtp = self._srtp
         if srtp is None:
             self.counts["srtp_after_close" if self._closed else "srtp_before_keys"] += 1
@@ -452,6 +458,9 @@ class CallMedia:
         """One packet's frame(s) from the jitter buffer: decoded (a lost one repaired from
         the next packet's FEC, or concealed), so the agent hears every 20 ms."""
         codec = self.codec
+        recorder = self.recorder
+        if recorder is not None and not self._coded and (self._audio_started or not frame.lost):
+            recorder.caller(None if frame.lost else frame.data, frame.timestamp, self._now)
         try:
             if frame.lost:
                 if not self._audio_started:
@@ -481,6 +490,16 @@ class CallMedia:
                 pcm = denoiser.process(pcm)
                 self.counts["frames_denoised"] += 1
             self._event(AudioReceived(pcm))
+
+    def record(self, now: float, comments: list[str] | None = None) -> bool:
+        """Record both sides from now on (`recorder.py`); False for a G.711 call (its payloads
+        are not Opus: recording them would mean coding them again)."""
+        if self._coded or self._closed:
+            return False
+        if self.recorder is None:
+            serial = int.from_bytes(self._random(4), "big")
+            self.recorder = CallRecorder(now, serial, comments)
+        return True
 
     def set_noise_reduction(self, kind: str | None) -> bool:
         """RNNoise on what the agent hears from now on (`near_field` or `far_field`: one

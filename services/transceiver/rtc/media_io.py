@@ -26,6 +26,7 @@ from firsthop.services.transceiver.media.core import (
     FramesDropped,
     MediaParams,
 )
+from firsthop.services.transceiver.recordings import RecordingFile
 from firsthop.services.transceiver.rtc.media_clock import MediaClock
 from firsthop.shared.address import Address
 
@@ -69,13 +70,18 @@ class MediaIo:
     _clock: MediaClock | None = field(init=False, default=None)
     _counted: bool = field(init=False, default=False)  # its totals were handed over
     noise_reduction: str | None = field(init=False, default=None)  # what the session asked
+    recording: RecordingFile | None = field(init=False, default=None)  # the call asked
 
     def new_media(self, params: MediaParams) -> CallMedia:
-        """The call's media core, from its answer on (with the input's noise reduction, if
-        the session asked before it existed)."""
+        """The call's media core, from its answer on (with the input's noise reduction and
+        the recording, if the call asked before it existed)."""
         media = CallMedia(params)
         if self.noise_reduction is not None:
             media.set_noise_reduction(self.noise_reduction)
+        if self.recording is not None and not media.record(
+            time.monotonic(), [f"CALL_ID={self.recording.call_id}"]
+        ):
+            self.callbacks.count("recording_not_opus")
         return media
 
     def set_noise_reduction(self, kind: str | None) -> bool:
@@ -112,8 +118,11 @@ class MediaIo:
             self._pump(media)
 
     def clear_audio(self) -> None:
-        if self.media is not None:
-            self.media.clear()
+        media = self.media
+        if media is not None:
+            media.clear()
+            if self.recording is not None and media.recorder is not None:
+                self.recording.cut(round((time.monotonic() - media.recorder.start) * 1000))
 
     def configure_output(self, max_frames: int, drain_quiet: bool) -> None:
         if self.media is not None:
@@ -133,6 +142,8 @@ class MediaIo:
 
     def _pump(self, media: CallMedia) -> None:
         """Carry out what the core has for the world, then re-arm its timer."""
+        if self.recording is not None and media.recorder is not None:
+            self.recording.write(media.recorder.take())  # (a page a second; mostly nothing)
         datagrams = media.datagrams_to_send()
         if datagrams:
             addr = self.callbacks.selected()
@@ -185,3 +196,12 @@ class MediaIo:
             if self._clock is not None:
                 self._clock.arm(self, None)
             media.close()  # (up to 30 s of a backend's audio: gone with the call)
+        recording, self.recording = self.recording, None
+        if recording is not None:  # its last pages, then the file is served
+            recorder = media.recorder if media is not None else None
+            if recorder is not None:
+                recording.write(recorder.close(time.monotonic()))
+            recording.finish(
+                recorder.seconds if recorder is not None else 0.0,
+                {"replaced": recorder.replaced, "late": recorder.late} if recorder else {},
+            )

@@ -1,0 +1,341 @@
+"""`firsthop bench hearing`: how well the assistant hears open speech through the edge.
+
+An aiortc caller (`voice.ListeningCaller`) calls the offline assistant through the relay, a
+transceiver and its Realtime bridge, and says `SENTENCES` one by one (most of them off the
+assistant's script) in a session that only transcribes (`create_response: false`); each
+`conversation.item.input_audio_transcription.completed` after a sentence is what was heard.
+Word error rate (substitutions + deletions + insertions over the reference's words, after
+`normalize`) per recognizer (Whisper tiny.en, the default, against pocketsphinx, the same run,
+each its own assistant process) and per condition:
+
+* `piper/clean` (the neural voice), `espeak/clean` (espeak-ng, en-us);
+* `piper/noisy`: the same speech with pink noise at `SNR_DB` (10 dB, over the speech's power,
+  from half a second before the sentence to a second after);
+* `piper/noisy+nr`: that, with `audio.input.noise_reduction: near_field` in the session (the
+  transceiver runs RNNoise before the bridge).
+
+Noise suppression is also measured off the edge, on the noisy set itself: the SNR before and
+after RNNoise (speech power where the clean sentence is loud, noise power where it is silent,
+both read from the same signal) and its CPU per call (time per 20 ms frame over 20 ms).
+
+Targets (printed, not asserted): Whisper through the edge, WER <= 10 % for the neural voice
+and <= 25 % for espeak-ng, clean; <= 30 % for the neural voice at 10 dB SNR; RNNoise +6 dB or
+more, <= 1 % of a core per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from firsthop.services.bench.measure import BenchError, report, settings
+from firsthop.services.bench.procs import Stack
+from firsthop.services.bench.voice import (
+    TRANSCRIBED,
+    Heard,
+    ListeningCaller,
+    SpeakingTrack,
+    speak,
+)
+from firsthop.services.call.caller import SAMPLE_RATE
+from firsthop.services.transceiver.resample import resample
+
+SENTENCES = (
+    "What time is it?",
+    "What is the date today?",
+    "What can you do?",
+    "What is your name?",
+    "Can you book a table for two tonight?",
+    "I would like to know the weather in Paris tomorrow.",
+    "Please remind me to call my mother at six.",
+    "How far is the moon from the earth?",
+    "My flight leaves early on Monday morning.",
+    "Could you turn off the lights in the kitchen?",
+    "I need to buy milk, eggs and bread.",
+    "The meeting has been moved to Thursday afternoon.",
+    "Where is the nearest train station?",
+    "My phone battery is almost empty.",
+    "Can you recommend a good book to read?",
+    "The children are playing in the garden.",
+    "I forgot my password again.",
+    "Please send the report before lunch.",
+    "How much does a ticket to London cost?",
+    "We are going hiking this weekend.",
+    "The coffee machine is broken.",
+    "Tell me something interesting about space.",
+    "I would like to cancel my order.",
+    "The package should arrive next week.",
+    "Is the museum open on Sundays?",
+    "Let us start the presentation now.",
+    "My favourite colour is green.",
+    "The bus was twenty minutes late today.",
+    "Can you help me find my keys?",
+    "I am looking for a quiet place to work.",
+    "Thank you very much.",
+    "Hello there.",
+)
+RECOGNIZERS = ("whisper", "pocketsphinx")
+CONDITIONS = ("piper/clean", "espeak/clean", "piper/noisy", "piper/noisy+nr")
+SNR_DB = 10.0
+LEAD_S, TAIL_S = 0.5, 1.0  # noise before and after a sentence (the room is noisy throughout)
+HEARD_WITHIN = 8.0  # seconds after a sentence for its transcript
+TARGETS = {"piper/clean": 10.0, "espeak/clean": 25.0, "piper/noisy": 30.0}
+DEFAULTS: dict[str, Any] = {"sentences": len(SENTENCES)}
+QUICK: dict[str, Any] = {"sentences": 6}
+
+# What spelling and number words differ by, on either side (Whisper writes "6", "colour" or
+# "color"; the references spell out).
+_SAME = {
+    "favorite": "favourite",
+    "color": "colour",
+    "let's": "let us",
+    "where's": "where is",
+    "what's": "what is",
+    "i'm": "i am",
+    "it's": "it is",
+    "6": "six",
+    "20": "twenty",
+    "2": "two",
+    "ok": "okay",
+}
+
+
+def normalize(text: str) -> list[str]:
+    words: list[str] = []
+    for word in re.findall(r"[a-z0-9']+", text.lower()):
+        words += _SAME.get(word, word).split()
+    return words
+
+
+def word_errors(reference: str, heard: str) -> tuple[int, int]:
+    """(edit distance in words, words in the reference)."""
+    ref, hyp = normalize(reference), normalize(heard)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        diagonal, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (r != h))
+    return row[len(hyp)], len(ref)
+
+
+def pink_noise(samples: int, seed: int) -> np.ndarray:
+    """1/f noise (power falls 3 dB an octave), unit RMS: a room's hum and bustle."""
+    spectrum = np.fft.rfft(np.random.default_rng(seed).normal(size=samples))
+    spectrum /= np.sqrt(np.maximum(np.arange(len(spectrum)), 1.0))
+    pink = np.fft.irfft(spectrum, samples)
+    return np.asarray(pink / np.sqrt(np.mean(pink**2)))
+
+
+def loud_mask(clean: np.ndarray, frame: int = 960) -> np.ndarray:
+    """Per 20 ms frame: does the clean signal speak there."""
+    frames = clean[: len(clean) // frame * frame].reshape(-1, frame)
+    return np.asarray(np.sqrt(np.mean(frames**2, axis=1)) > 300.0)
+
+
+def in_noise(speech: bytes, snr_db: float, seed: int) -> tuple[bytes, np.ndarray]:
+    """`speech` (48 kHz PCM16) with noise `snr_db` under its speaking frames' power, from
+    `LEAD_S` before to `TAIL_S` after; and the clean signal padded the same way."""
+    lead, tail = int(LEAD_S * SAMPLE_RATE), int(TAIL_S * SAMPLE_RATE)
+    clean = np.frombuffer(speech, "<i2").astype(np.float64)
+    clean = np.concatenate((np.zeros(lead), clean, np.zeros(tail)))
+    mask = np.repeat(loud_mask(clean), 960)
+    power = float(np.mean(clean[: len(mask)][mask] ** 2)) if mask.any() else 1.0
+    noise = pink_noise(len(clean), seed) * np.sqrt(power / 10 ** (snr_db / 10))
+    noisy = (clean + noise).clip(-32768, 32767).astype("<i2").tobytes()
+    return noisy, clean
+
+
+def snr_db(signal: np.ndarray, clean: np.ndarray) -> float:
+    """Speech over noise as read off `signal`: its power in the frames where `clean` speaks,
+    less its power where it does not (the noise), over that noise power."""
+    mask = loud_mask(clean)
+    frames = signal[: len(mask) * 960].reshape(-1, 960)
+    power = np.mean(frames**2, axis=1)
+    noise = float(np.mean(power[~mask])) if (~mask).any() else 0.0
+    speech = float(np.mean(power[mask])) - noise
+    return float(10 * np.log10(max(speech, 1e-9) / max(noise, 1e-9)))
+
+
+def denoised(noisy: bytes) -> tuple[np.ndarray, float]:
+    """RNNoise over `noisy` as the transceiver runs it (20 ms frames); (output, seconds a
+    frame)."""
+    from firsthop.services.transceiver.media.denoise import Denoiser
+
+    denoiser = Denoiser()
+    out = bytearray()
+    started = time.perf_counter()
+    frames = 0
+    for i in range(0, len(noisy) - 1919, 1920):
+        out += denoiser.process(noisy[i : i + 1920])
+        frames += 1
+    took = (time.perf_counter() - started) / max(frames, 1)
+    denoiser.close()
+    return np.frombuffer(bytes(out), "<i2").astype(np.float64), took
+
+
+@dataclass
+class Said:
+    text: str
+    pcm: bytes  # 48 kHz PCM16, as the caller's microphone gives it
+
+
+def piper_speech(texts: list[str]) -> list[bytes]:
+    from firsthop.services.agent.assistant.voice import PiperVoice, VoiceError
+
+    try:
+        voice = PiperVoice()
+    except VoiceError as exc:
+        raise BenchError(str(exc)) from exc
+    return [resample(voice.synthesize(t), 24000, SAMPLE_RATE) for t in texts]
+
+
+async def _call(stack: Stack, said: list[Said], noise_reduction: bool) -> list[str]:
+    track = SpeakingTrack()
+    heard = Heard()
+    caller = ListeningCaller(track, heard)
+    audio_in: dict[str, Any] = {"turn_detection": {"type": "server_vad", "create_response": False}}
+    if noise_reduction:
+        audio_in["noise_reduction"] = {"type": "near_field"}
+    session = {"type": "realtime", "model": "assistant", "audio": {"input": audio_in}}
+
+    async def signal(offer: str) -> str:
+        return await asyncio.to_thread(stack.offer_to_firsthop, offer, session=session)
+
+    transcripts: list[str] = []
+    try:
+        await caller.start(signal)
+        await asyncio.wait_for(caller.wait_connected(), 15)
+        await heard.wait_for("session.created", 0, 10)
+        for one in said:
+            utterance = track.speaker.say(one.pcm)
+            await asyncio.sleep(len(one.pcm) / (2 * SAMPLE_RATE) + 0.1)  # said at real time
+            end = utterance.last_loud or time.monotonic()
+            try:
+                await heard.wait_for(TRANSCRIBED, end, HEARD_WITHIN)
+            except BenchError:
+                pass  # heard as nothing
+            await asyncio.sleep(0.3)  # (a sentence the VAD cut in two: its second part)
+            parts = [e.get("transcript") for _, e in heard.events if e.get("type") == TRANSCRIBED]
+            transcripts.append(" ".join(p for p in parts if isinstance(p, str) and p))
+            heard.events.clear()  # (what is left is this sentence's)
+    finally:
+        await caller.close()
+    return transcripts
+
+
+def run(*, sentences: int) -> dict[str, Any]:
+    texts = list(SENTENCES[:sentences])
+    piper = piper_speech(texts)
+    espeak = [speak(t.rstrip(".?!"), SAMPLE_RATE) for t in texts]
+    noisy, cleans = zip(*(in_noise(p, SNR_DB, i) for i, p in enumerate(piper)), strict=True)
+    sets = {
+        "piper/clean": [Said(t, p) for t, p in zip(texts, piper, strict=True)],
+        "espeak/clean": [Said(t, p) for t, p in zip(texts, espeak, strict=True)],
+        "piper/noisy": [Said(t, p) for t, p in zip(texts, noisy, strict=True)],
+    }
+    sets["piper/noisy+nr"] = sets["piper/noisy"]
+    rows: list[dict[str, Any]] = []
+    for recognizer in RECOGNIZERS:
+        stack = Stack(agent_kind="assistant", agent_extra=("--recognizer", recognizer))
+        try:
+            stack.start()
+            for condition in CONDITIONS:
+                said = sets[condition]
+                heard = asyncio.run(_call(stack, said, condition.endswith("+nr")))
+                for one, text in zip(said, heard, strict=True):
+                    errors, words = word_errors(one.text, text)
+                    rows.append(
+                        {
+                            "recognizer": recognizer,
+                            "condition": condition,
+                            "said": one.text,
+                            "heard": text,
+                            "errors": errors,
+                            "words": words,
+                        }
+                    )
+        finally:
+            stack.stop()
+    # Noise suppression off the edge, on the same noisy set.
+    before, after, per_frame = [], [], []
+    for pcm, clean in zip(noisy, cleans, strict=True):
+        out, took = denoised(pcm)
+        signal = np.frombuffer(pcm, "<i2").astype(np.float64)
+        before.append(snr_db(signal, clean))
+        after.append(snr_db(out, clean))
+        per_frame.append(took)
+    suppression = {
+        "snr_before_db": round(float(np.median(before)), 1),
+        "snr_after_db": round(float(np.median(after)), 1),
+        "snr_gain_db": round(float(np.median(np.array(after) - np.array(before))), 1),
+        "us_per_frame": round(float(np.median(per_frame)) * 1e6, 1),
+        "core_share_per_call": round(float(np.median(per_frame)) / 0.02, 4),
+    }
+    return {
+        "config": {"sentences": texts, "snr_db": SNR_DB, "caller": "aiortc"},
+        "rows": rows,
+        "summary": summarize(rows),
+        "noise_suppression": suppression,
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for recognizer in RECOGNIZERS:
+        for condition in CONDITIONS:
+            mine = [
+                r for r in rows if r["recognizer"] == recognizer and r["condition"] == condition
+            ]
+            words = sum(r["words"] for r in mine)
+            errors = sum(r["errors"] for r in mine)
+            out[f"{recognizer} {condition}"] = {
+                "wer_pct": round(100 * errors / words, 1) if words else None,
+                "sentences": len(mine),
+                "word_for_word": sum(1 for r in mine if r["errors"] == 0),
+                "unheard": sum(1 for r in mine if not r["heard"]),
+            }
+    return out
+
+
+def render(result: dict[str, Any]) -> str:
+    s, ns = result["summary"], result["noise_suppression"]
+    lines = [
+        f"firsthop bench hearing: {len(result['config']['sentences'])} sentences, aiortc caller "
+        "through relay + transceiver + Realtime bridge to the assistant",
+        "  WER (word for word / sentences, unheard)",
+    ]
+    for key, row in s.items():
+        condition = key.split(" ", 1)[1]
+        target = TARGETS.get(condition) if key.startswith("whisper") else None
+        goal = f"  (target <= {target:.0f} %: {'met' if row['wer_pct'] <= target else 'MISSED'})"
+        lines.append(
+            f"    {key:<30} {row['wer_pct']:>6.1f} %  ({row['word_for_word']}/{row['sentences']}, "
+            f"{row['unheard']} unheard){goal if target is not None else ''}"
+        )
+    lines += [
+        f"  RNNoise on the noisy set (pink noise, {result['config']['snr_db']:.0f} dB):",
+        f"    SNR {ns['snr_before_db']} dB -> {ns['snr_after_db']} dB (median gain "
+        f"{ns['snr_gain_db']} dB; target >= 6)",
+        f"    CPU {ns['us_per_frame']} us per 20 ms frame = "
+        f"{100 * ns['core_share_per_call']:.2f} % of a core per call (target <= 1 %)",
+    ]
+    return "\n".join(lines)
+
+
+def _main(args: argparse.Namespace) -> int:
+    chosen = settings(args, QUICK if args.quick else DEFAULTS)
+    return report("hearing", args, lambda: run(sentences=int(chosen["sentences"])), render)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("hearing", help="the assistant's word error rate through the edge")
+    p.add_argument("--sentences", type=int, help=f"how many of the {len(SENTENCES)} to say")
+    p.add_argument("--quick", action="store_true", help="6 sentences")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_main)
