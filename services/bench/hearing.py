@@ -4,6 +4,10 @@ An aiortc caller (`voice.ListeningCaller`) calls the offline assistant through t
 transceiver and its Realtime bridge, and says `SENTENCES` one by one (most of them off the
 assistant's script) in a session that only transcribes (`create_response: false`); each
 `conversation.item.input_audio_transcription.completed` after a sentence is what was heard.
+Headless Chromium (Debian's, its fake microphone playing a WAV of the sentences, `getUserMedia`
+with an app's defaults: its own echo cancelling, noise suppression and gain control on) makes
+the same call once per condition; its transcripts are scored as one text against the
+sentences as one (the VAD may cut or join turns; the words' order is what is compared).
 Word error rate (substitutions + deletions + insertions over the reference's words, after
 `normalize`) per recognizer (Whisper tiny.en, the default, against pocketsphinx, the same run,
 each its own assistant process) and per condition:
@@ -81,6 +85,7 @@ SENTENCES = (
     "Hello there.",
 )
 RECOGNIZERS = ("whisper", "pocketsphinx")
+CALLERS = ("aiortc", "chromium")
 CONDITIONS = ("piper/clean", "espeak/clean", "piper/noisy", "piper/noisy+nr")
 SNR_DB = 10.0
 LEAD_S, TAIL_S = 0.5, 1.0  # noise before and after a sentence (the room is noisy throughout)
@@ -199,10 +204,7 @@ async def _call(stack: Stack, said: list[Said], noise_reduction: bool) -> list[s
     track = SpeakingTrack()
     heard = Heard()
     caller = ListeningCaller(track, heard)
-    audio_in: dict[str, Any] = {"turn_detection": {"type": "server_vad", "create_response": False}}
-    if noise_reduction:
-        audio_in["noise_reduction"] = {"type": "near_field"}
-    session = {"type": "realtime", "model": "assistant", "audio": {"input": audio_in}}
+    session = _session(noise_reduction)
 
     async def signal(offer: str) -> str:
         return await asyncio.to_thread(stack.offer_to_firsthop, offer, session=session)
@@ -229,7 +231,89 @@ async def _call(stack: Stack, said: list[Said], noise_reduction: bool) -> list[s
     return transcripts
 
 
-def run(*, sentences: int) -> dict[str, Any]:
+# -- the Chromium caller ---------------------------------------------------------------------
+
+CHROMIUM_LEAD_S = 2.0  # the fake microphone plays from getUserMedia on: the call is up by then
+CHROMIUM_GAP_S = 3.0  # between sentences: a turn ends, is transcribed, before the next
+OFFER_JS = """
+async () => {
+  const pc = new RTCPeerConnection({iceServers: []});
+  window.pc = pc;
+  window.events = [];
+  const mic = await navigator.mediaDevices.getUserMedia({audio: true});  // an app's defaults
+  mic.getTracks().forEach((t) => pc.addTrack(t, mic));
+  const dc = pc.createDataChannel("oai-events");
+  dc.onmessage = (e) => window.events.push(JSON.parse(e.data));
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise((res) => {
+    if (pc.iceGatheringState === "complete") return res();
+    pc.onicegatheringstatechange = () => pc.iceGatheringState === "complete" && res();
+  });
+  return pc.localDescription.sdp;
+}
+"""
+HEARD_JS = (
+    f'() => window.events.filter((e) => e.type === "{TRANSCRIBED}").map((e) => e.transcript || "")'
+)
+
+
+def _wav(path: str, said: list[Said]) -> float:
+    """The sentences as one WAV for Chromium's fake microphone; its length in seconds."""
+    import wave
+
+    gap = bytes(int(CHROMIUM_GAP_S * SAMPLE_RATE) * 2)
+    pcm = bytes(int(CHROMIUM_LEAD_S * SAMPLE_RATE) * 2) + b"".join(s.pcm + gap for s in said)
+    with wave.open(path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(pcm)
+    return len(pcm) / (2 * SAMPLE_RATE)
+
+
+def _chromium_call(stack: Stack, said: list[Said], noise_reduction: bool) -> list[str]:
+    """Headless Chromium says every sentence in one call (its fake microphone plays a WAV of
+    them); what the assistant transcribed, in order (the sentences are scored together)."""
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    from firsthop.services.bench.setup import CHROMIUM, CHROMIUM_ARGS
+
+    with tempfile.TemporaryDirectory(prefix="firsthop-hearing-") as scratch:
+        wav = f"{scratch}/said.wav"
+        seconds = _wav(wav, said)
+        args = [*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={wav}"]
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=args)
+            try:
+                page = browser.new_page()
+                page.route(
+                    "http://localhost/",  # (a secure context: getUserMedia works there)
+                    lambda route: route.fulfill(body="<!doctype html>", content_type="text/html"),
+                )
+                page.goto("http://localhost/")
+                started = time.monotonic()
+                offer = page.evaluate(OFFER_JS)
+                answer = stack.offer_to_firsthop(offer, session=_session(noise_reduction))
+                page.evaluate(
+                    "(sdp) => window.pc.setRemoteDescription({type: 'answer', sdp})", answer
+                )
+                time.sleep(max(0.0, seconds - 0.5 - (time.monotonic() - started)))
+                heard: list[str] = page.evaluate(HEARD_JS)
+            finally:
+                browser.close()
+    return heard
+
+
+def _session(noise_reduction: bool) -> dict[str, Any]:
+    audio_in: dict[str, Any] = {"turn_detection": {"type": "server_vad", "create_response": False}}
+    if noise_reduction:
+        audio_in["noise_reduction"] = {"type": "near_field"}
+    return {"type": "realtime", "model": "assistant", "audio": {"input": audio_in}}
+
+
+def run(*, sentences: int, callers: tuple[str, ...] = CALLERS) -> dict[str, Any]:
     texts = list(SENTENCES[:sentences])
     piper = piper_speech(texts)
     espeak = [speak(t.rstrip(".?!"), SAMPLE_RATE) for t in texts]
@@ -245,21 +329,22 @@ def run(*, sentences: int) -> dict[str, Any]:
         stack = Stack(agent_kind="assistant", agent_extra=("--recognizer", recognizer))
         try:
             stack.start()
-            for condition in CONDITIONS:
-                said = sets[condition]
-                heard = asyncio.run(_call(stack, said, condition.endswith("+nr")))
-                for one, text in zip(said, heard, strict=True):
-                    errors, words = word_errors(one.text, text)
-                    rows.append(
-                        {
-                            "recognizer": recognizer,
-                            "condition": condition,
-                            "said": one.text,
-                            "heard": text,
-                            "errors": errors,
-                            "words": words,
-                        }
-                    )
+            for caller in callers:
+                for condition in CONDITIONS:
+                    said = sets[condition]
+                    nr = condition.endswith("+nr")
+                    key = {"recognizer": recognizer, "caller": caller, "condition": condition}
+                    if caller == "chromium":  # scored as one text: VAD may cut or join turns
+                        heard = " ".join(_chromium_call(stack, said, nr))
+                        reference = " ".join(one.text for one in said)
+                        errors, words = word_errors(reference, heard)
+                        rows.append({**key, "said": reference, "heard": heard, "errors": errors,
+                                     "words": words, "sentences": len(said)})  # fmt: skip
+                        continue
+                    for one, text in zip(said, asyncio.run(_call(stack, said, nr)), strict=True):
+                        errors, words = word_errors(one.text, text)
+                        rows.append({**key, "said": one.text, "heard": text, "errors": errors,
+                                     "words": words, "sentences": 1})  # fmt: skip
         finally:
             stack.stop()
     # Noise suppression off the edge, on the same noisy set.
@@ -278,7 +363,7 @@ def run(*, sentences: int) -> dict[str, Any]:
         "core_share_per_call": round(float(np.median(per_frame)) / 0.02, 4),
     }
     return {
-        "config": {"sentences": texts, "snr_db": SNR_DB, "caller": "aiortc"},
+        "config": {"sentences": texts, "snr_db": SNR_DB, "callers": list(callers)},
         "rows": rows,
         "summary": summarize(rows),
         "noise_suppression": suppression,
@@ -288,35 +373,43 @@ def run(*, sentences: int) -> dict[str, Any]:
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for recognizer in RECOGNIZERS:
-        for condition in CONDITIONS:
-            mine = [
-                r for r in rows if r["recognizer"] == recognizer and r["condition"] == condition
-            ]
-            words = sum(r["words"] for r in mine)
-            errors = sum(r["errors"] for r in mine)
-            out[f"{recognizer} {condition}"] = {
-                "wer_pct": round(100 * errors / words, 1) if words else None,
-                "sentences": len(mine),
-                "word_for_word": sum(1 for r in mine if r["errors"] == 0),
-                "unheard": sum(1 for r in mine if not r["heard"]),
-            }
+        for caller in CALLERS:
+            for condition in CONDITIONS:
+                which = (recognizer, caller, condition)
+                mine = [r for r in rows if (r["recognizer"], r["caller"], r["condition"]) == which]
+                if not mine:
+                    continue
+                words = sum(r["words"] for r in mine)
+                errors = sum(r["errors"] for r in mine)
+                out[" ".join(which)] = {
+                    "wer_pct": round(100 * errors / words, 1) if words else None,
+                    "sentences": sum(r["sentences"] for r in mine),
+                    "word_for_word": sum(
+                        1 for r in mine if r["errors"] == 0 and r["sentences"] == 1
+                    ),
+                    "unheard": sum(1 for r in mine if not r["heard"]),
+                }
     return out
 
 
 def render(result: dict[str, Any]) -> str:
     s, ns = result["summary"], result["noise_suppression"]
     lines = [
-        f"firsthop bench hearing: {len(result['config']['sentences'])} sentences, aiortc caller "
-        "through relay + transceiver + Realtime bridge to the assistant",
-        "  WER (word for word / sentences, unheard)",
+        f"firsthop bench hearing: {len(result['config']['sentences'])} sentences, "
+        f"{' and '.join(result['config']['callers'])} callers through relay + transceiver + "
+        "Realtime bridge to the assistant",
+        "  WER (word for word / sentences, unheard; chromium: all its sentences as one text)",
     ]
     for key, row in s.items():
-        condition = key.split(" ", 1)[1]
+        condition = key.rsplit(" ", 1)[1]
         target = TARGETS.get(condition) if key.startswith("whisper") else None
-        goal = f"  (target <= {target:.0f} %: {'met' if row['wer_pct'] <= target else 'MISSED'})"
+        goal = ""
+        if target is not None:
+            met = row["wer_pct"] is not None and row["wer_pct"] <= target
+            goal = f"  (target <= {target:.0f} %: {'met' if met else 'MISSED'})"
         lines.append(
-            f"    {key:<30} {row['wer_pct']:>6.1f} %  ({row['word_for_word']}/{row['sentences']}, "
-            f"{row['unheard']} unheard){goal if target is not None else ''}"
+            f"    {key:<38} {row['wer_pct'] or 0:>6.1f} %  "
+            f"({row['word_for_word']}/{row['sentences']}, {row['unheard']} unheard){goal}"
         )
     lines += [
         f"  RNNoise on the noisy set (pink noise, {result['config']['snr_db']:.0f} dB):",
@@ -330,12 +423,16 @@ def render(result: dict[str, Any]) -> str:
 
 def _main(args: argparse.Namespace) -> int:
     chosen = settings(args, QUICK if args.quick else DEFAULTS)
-    return report("hearing", args, lambda: run(sentences=int(chosen["sentences"])), render)
+    callers = CALLERS if args.caller == "both" else (args.caller,)
+    return report(
+        "hearing", args, lambda: run(sentences=int(chosen["sentences"]), callers=callers), render
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("hearing", help="the assistant's word error rate through the edge")
     p.add_argument("--sentences", type=int, help=f"how many of the {len(SENTENCES)} to say")
     p.add_argument("--quick", action="store_true", help="6 sentences")
+    p.add_argument("--caller", default="both", help="aiortc | chromium | both")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_main)
