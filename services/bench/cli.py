@@ -12,6 +12,7 @@ from firsthop.services.bench import (
     knee,
     loss,
     phone,
+    recording,
     relay,
     sessions,
     setup,
@@ -34,6 +35,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     loss.register(benches)
     faults.register(benches)
     phone.register(benches)
+    recording.register(benches)
 
 
 def sessions_or_knee(args: argparse.Namespace) -> int:

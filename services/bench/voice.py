@@ -132,14 +132,20 @@ class OpusLink:
         encoder = opus.OpusEncoder(OPUS_BITRATE)  # the one the agent's voice goes through
         return cls(lambda pcm, pts: encoder.encode(pcm))
 
+    def packet(self, pcm: bytes) -> bytes:
+        """One 20 ms frame (PCM16 mono 48 kHz) in, its Opus packet out (b"": none yet)."""
+        data = self._encode(pcm, self._pts)
+        self._pts += FRAME_SAMPLES
+        return data
+
     def frame(self, pcm: bytes) -> bytes:
         """One 20 ms frame (PCM16 mono 48 kHz) in, the decoded frame out (mono)."""
-        data = self._encode(pcm, self._pts)
+        pts = self._pts
+        data = self.packet(pcm)
         out = bytes(FRAME_SAMPLES * 2)
         if data:
-            frames = self._decoder.decode(JitterFrame(data, self._pts))
+            frames = self._decoder.decode(JitterFrame(data, pts))
             out = b"".join(to_mono(f) for f in frames if isinstance(f, AudioFrame))
-        self._pts += FRAME_SAMPLES
         return out
 
     def run(self, pcm: bytes) -> bytes:

@@ -18,6 +18,7 @@ Errors: `OpusPacketError` for a packet these cannot frame.
 from __future__ import annotations
 
 import struct
+import zlib
 
 PAGE_PACKETS = 50  # 1 s of 20 ms packets a page: an interrupted file loses at most that
 MAX_SEGMENTS = 255  # lacing values a page can carry (RFC 3533 §6)
@@ -32,24 +33,15 @@ class OpusPacketError(ValueError):
     pass
 
 
-def _crc_table() -> list[int]:
-    table = []
-    for i in range(256):
-        r = i << 24
-        for _ in range(8):
-            r = ((r << 1) ^ 0x04C11DB7) if r & 0x80000000 else r << 1
-        table.append(r & 0xFFFFFFFF)
-    return table
-
-
-_CRC = _crc_table()
+_REVERSED = bytes(int(f"{i:08b}"[::-1], 2) for i in range(256))
 
 
 def ogg_crc(data: bytes) -> int:
-    crc = 0
-    for byte in data:
-        crc = ((crc << 8) & 0xFFFFFFFF) ^ _CRC[(crc >> 24) ^ byte]
-    return crc
+    """CRC-32 of RFC 3533 §6 (polynomial 0x04C11DB7, not reflected, no initial or final
+    value), computed with zlib's reflected CRC-32 on the bit-reversed bytes, in C: a page is
+    up to 64 KiB, and a byte loop in Python cost more than the rest of recording."""
+    reflected = zlib.crc32(data.translate(_REVERSED), 0xFFFFFFFF) ^ 0xFFFFFFFF
+    return int(f"{reflected:032b}"[::-1], 2)
 
 
 def packet_samples(packet: bytes) -> int:
