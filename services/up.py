@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 import trio
 
@@ -125,7 +126,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
             tx_id=f"tx-{i}",
             agent_url=agents["echo"],
             redis=redis_url,
-            extra=("--region", "local", "--drain-seconds", "5"),
+            extra=("--region", "local", "--drain-seconds", "5", "--record-dir", args.record_dir),
         )
         transceivers.append(f"http://127.0.0.1:{api}")
         tx_env = {**env, "FIRSTHOP_ROUTE_KEY_ID": "1"}
@@ -168,6 +169,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
         "transceivers": " ".join(transceivers),
         "agents": " ".join(f"{k}={v}" for k, v in agents.items()),
         "redis": redis_url or "none (in-memory)",
+        "recordings": f"{args.record_dir} (calls placed with ?record=true)",
         "phone (SIP)": " ".join(f"sip:{kind}@127.0.0.1:{sip_port}" for kind in agents)
         if sip_port
         else "off (--sip-port 0, or no Redis)",
@@ -248,5 +250,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
         type=int,
         help="SIP (UDP) for phone calls from loopback: sip:AGENT@127.0.0.1:PORT (0: off; "
         "needs Redis)",
+    )
+    add_option(
+        p,
+        "--record-dir",
+        default=os.path.join(tempfile.gettempdir(), "firsthop-recordings"),
+        help="where the transceivers keep the recordings calls ask for",
+        metavar="DIR",
     )
     p.set_defaults(func=run)

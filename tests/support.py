@@ -545,7 +545,10 @@ def start_all(*services: ServiceProcess | RelayProcess) -> None:
 
 
 def edge_for(
-    ingress: tuple[str, int], agents: dict[str, AgentProcess], *signaling: str
+    ingress: tuple[str, int],
+    agents: dict[str, AgentProcess],
+    *signaling: str,
+    tx_args: tuple[str, ...] = (),
 ) -> tuple[TransceiverProcess, SignalingProcess]:
     """A transceiver whose calls go to the first of `agents`, and a signaling process that
     places calls on it, advertises `ingress` (region "a") and names each agent by its key
@@ -553,7 +556,7 @@ def edge_for(
     neither is left running)."""
     from firsthop.shared.address import format_hostport
 
-    tx = TransceiverProcess(agent_url=next(iter(agents.values())).url).start()
+    tx = TransceiverProcess(*tx_args, agent_url=next(iter(agents.values())).url).start()
     urls = [arg for name, agent in agents.items() for arg in ("--agent-url", f"{name}={agent.url}")]
     args = ["--transceiver", tx.api, "--ingress", f"a={format_hostport(ingress)}", *urls]
     try:

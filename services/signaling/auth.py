@@ -235,6 +235,13 @@ class Authenticator:
             return self.secrets.verify(token, allow_expired=allow_expired)
         return self._key(token)
 
+    def any_credential(self, header: str | None) -> Principal:
+        """What may hang a call up, whichever route placed it: an API key, a client secret
+        or an ephemeral key, expired ones too (a call's recording, fetched after it ended)."""
+        if bearer_token(header).startswith(EK_PREFIX):
+            return self.realtime(header, allow_ek=True, allow_expired=True)
+        return self.authenticate(header, allow_expired=True)
+
     def realtime(
         self, header: str | None, *, allow_ek: bool, allow_expired: bool = False
     ) -> Principal:

@@ -36,11 +36,14 @@ def stack() -> Iterator[Stack]:
     echo = AgentProcess("echo")
     parrot = AgentProcess("parrot")
     start_all(relay, echo, parrot)
-    tx, sig = edge_for(relay.listen, {"echo": echo, "parrot": parrot}, "--dev")
+    recordings = tempfile.mkdtemp(prefix="firsthop-recordings-")
+    agents = {"echo": echo, "parrot": parrot}
+    tx, sig = edge_for(relay.listen, agents, "--dev", tx_args=("--record-dir", recordings))
     yield relay, tx, sig
     for p in (sig, tx, echo, parrot):
         p.kill()
     relay.kill()
+    shutil.rmtree(recordings, ignore_errors=True)
 
 
 @pytest.fixture
@@ -57,10 +60,13 @@ def page() -> Iterator[Page]:
     shutil.rmtree(profile, ignore_errors=True)
 
 
-def demo_call(page: Page, url: str, key: str | None = None) -> dict[str, str]:
+def demo_call(
+    page: Page, url: str, key: str | None = None, *, navigate: bool = True
+) -> dict[str, str]:
     """Call the echo agent from the demo page at `url` (with an API `key`, or a --dev
     server's secret) until its audio comes back; returns the page's timeline."""
-    page.goto(url)
+    if navigate:
+        page.goto(url)
     if key is not None:
         page.fill("#key", key)
     page.check("input[name=agent][value=echo]")
@@ -109,6 +115,26 @@ def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
     )
     page.click("#stop")
     page.wait_for_function("document.getElementById('state').textContent === 'idle'")
+
+
+def test_demo_page_records_a_call_with_noise_suppression_and_plays_it_back(
+    stack: Stack, page: Page
+) -> None:
+    _, tx, sig = stack
+    page.goto(sig.url + "/")
+    page.check("#record")
+    page.check("#denoise")
+    demo_call(page, sig.url + "/", navigate=False)
+    page.wait_for_timeout(1000)  # a second of the call to record
+    page.click("#stop")
+    page.wait_for_function("document.getElementById('state').textContent === 'idle'")
+    page.click("#play-recording")
+    page.wait_for_function(
+        "(() => { const a = document.getElementById('recording-audio');"
+        " return !a.hidden && a.duration > 1; })()",
+        timeout=15_000,
+    )
+    assert tx.event_count("frames_denoised") > 0  # the call asked for RNNoise: it ran
 
 
 def test_demo_page_puts_the_conversation_first_times_the_echo_and_hangs_up_cleanly(
