@@ -126,7 +126,10 @@ def plan(args: argparse.Namespace) -> tuple[list[Spec], dict[str, str]]:
             tx_id=f"tx-{i}",
             agent_url=agents["echo"],
             redis=redis_url,
-            extra=("--region", "local", "--drain-seconds", "5", "--record-dir", args.record_dir),
+            extra=(
+                *("--region", "local", "--drain-seconds", "5"),
+                *("--record-dir", os.path.join(args.record_dir, f"tx-{i}")),  # one each
+            ),
         )
         transceivers.append(f"http://127.0.0.1:{api}")
         tx_env = {**env, "FIRSTHOP_ROUTE_KEY_ID": "1"}

@@ -49,7 +49,7 @@ def _record(caller: list[bytes], agent: list[bytes], directory: str) -> tuple[fl
         now = 0.0
         for i in range(MINUTE):
             recorder.caller(caller[i], i * 960, now + 0.002)
-            recorder.agent(agent[i], now)
+            recorder.agent(agent[i], now, now)
             f.write(recorder.take())
             now += 0.02
         f.write(recorder.close(now))

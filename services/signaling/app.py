@@ -261,8 +261,11 @@ def create_app(ctx: Context) -> QuartTrio:
         limit_ip()
         call_id_ok(call_id)
         principal = ctx.auth.any_credential(request.headers.get("Authorization"))
-        data = await ctx.calls.recording(call_id, principal)
-        return Response(data, status=200, content_type="audio/ogg")
+        body, length = await ctx.calls.recording(call_id, principal)
+        resp = Response(body, status=200, content_type="audio/ogg")
+        if length is not None and length.isdigit():
+            resp.headers["Content-Length"] = length
+        return resp
 
     @app.patch("/v1/calls/<call_id>")
     async def patch_call(call_id: str) -> Response:

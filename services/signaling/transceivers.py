@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -27,7 +28,8 @@ TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 CREATE_TIMEOUT = 10.0  # aiortc builds the answer (certificates, codecs): well under this
 CONNECT_TIMEOUT = 1.0
 SMALL_TIMEOUT = 3.0
-RECORDING_TIMEOUT = 30.0  # a long call's file (tens of MB) over the cluster network
+RECORDING_TIMEOUT = 30.0  # between two chunks of a recording (it is streamed)
+RECORDING_CHUNK = 1 << 16
 
 
 class TransceiverError(Exception):
@@ -170,16 +172,35 @@ class TransceiverClient:
             raise TransceiverDown(resp.status_code, _reason(resp))
         return Reply(resp.status_code, resp.headers.get("content-type", ""), resp.content)
 
-    async def recording(self, api_url: str, call_id: str) -> tuple[int, bytes]:
-        """(status, body) of a call's recording on its transceiver."""
-        resp = await self._request(
+    async def recording(
+        self, api_url: str, call_id: str
+    ) -> tuple[int, AsyncIterator[bytes] | None, str | None]:
+        """(status, body, length) of a call's recording on its transceiver: the body streamed
+        (a long call's file is big; nothing of it is held whole), None unless 200."""
+        request = self.http.build_request(
             "GET",
             f"{api_url}/internal/v1/recordings/{quote(call_id, safe='')}",
-            limit=RECORDING_TIMEOUT,
+            headers=self._auth,
+            timeout=httpx.Timeout(RECORDING_TIMEOUT, connect=CONNECT_TIMEOUT),
         )
-        if resp.status_code >= 500 or resp.status_code in (401, 403):
-            raise TransceiverDown(resp.status_code, _reason(resp))
-        return resp.status_code, resp.content
+        try:
+            resp = await self.http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise TransceiverDown(None, f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code != 200:
+            await resp.aclose()
+            if resp.status_code >= 500 or resp.status_code in (401, 403):
+                raise TransceiverDown(resp.status_code, "the recording could not be read")
+            return resp.status_code, None, None
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_bytes(RECORDING_CHUNK):
+                    yield chunk
+            finally:
+                await resp.aclose()
+
+        return 200, body(), resp.headers.get("content-length")
 
     async def delete_session(self, api_url: str, session_id: str) -> int:
         resp = await self._request(

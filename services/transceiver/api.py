@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ MAX_TCP_INGRESS = 8  # ICE-TCP ingress addresses one answer advertises
 MAX_PROBED = 1000  # session ids one /sessions/ended probe may ask about
 MAX_BODY = MAX_SDP_BYTES + MAX_SESSION_BYTES + 4096
 BODY_TIMEOUT = 10.0  # bodies come from signaling, whole: seconds is generous
+RECORDING_CHUNK = 1 << 16  # bytes of a recording read and sent at a time
 
 
 def _error(status: int, reason: str) -> Response:
@@ -181,11 +184,21 @@ def create_app(tx: Transceiver) -> QuartTrio:
             return _error(409, "the call is still being recorded")
         if not isinstance(found, Path):
             return _error(404, "no recording of this call")
-        try:
-            data = await trio.to_thread.run_sync(found.read_bytes)
+        try:  # (opened now: a sweep that removes it meanwhile leaves this read whole)
+            file = await trio.to_thread.run_sync(found.open, "rb")
         except OSError:
             return _error(404, "no recording of this call")
-        return Response(data, status=200, content_type="audio/ogg")
+
+        async def body() -> AsyncIterator[bytes]:  # streamed: a long call's file is big
+            try:
+                while chunk := await trio.to_thread.run_sync(file.read, RECORDING_CHUNK):
+                    yield chunk
+            finally:
+                file.close()
+
+        resp = Response(body(), status=200, content_type="audio/ogg")
+        resp.headers["Content-Length"] = str(os.fstat(file.fileno()).st_size)
+        return resp
 
     @app.post("/internal/v1/sessions/ended")
     async def ended() -> Response:

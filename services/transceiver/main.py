@@ -11,6 +11,7 @@ import trio
 
 from firsthop.services.transceiver.api import create_app
 from firsthop.services.transceiver.media import opus
+from firsthop.services.transceiver.recordings import RecordingError
 from firsthop.services.transceiver.registry import FlowPins, heartbeat, trace_handoff_writer
 from firsthop.services.transceiver.rtc import check_pinned_versions, run_trio_guest
 from firsthop.services.transceiver.service import Transceiver, TransceiverConfig
@@ -36,7 +37,10 @@ async def serve_transceiver(
 
     g711.prepare()  # the agent bridges' telephony codecs, built before any call needs them
     opus.prepare()  # libopus found and loaded now: a missing one fails the start, not calls
-    tx = Transceiver(config)
+    try:
+        tx = Transceiver(config)
+    except (RecordingError, OSError) as exc:
+        raise SystemExit(f"firsthop transceiver: --record-dir: {exc}") from exc
     if not config.internal_token:
         log.warning("--dev: no internal token, /internal/ is open to anything on loopback")
     async with trio.open_nursery() as nursery:

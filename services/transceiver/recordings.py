@@ -1,24 +1,35 @@
 """Call recordings on disk (`--record-dir`): written while the call lasts, kept for a while.
 
 A recording is `{call}.opus.part` while its call lasts (the media core's Ogg pages appended
-as they are made, a second of audio at a time), then `{call}.opus` beside `{call}.json` (what
-the file holds: start, length, the cuts) once it ended; only a finished one is served
-(`GET /internal/v1/recordings/{call}`, which signaling's `GET /v1/calls/{id}/recording`
-fetches for the call's owner). Retention: a finished recording goes after `keep` seconds, and
-the oldest go while all of them take more than `max_bytes`; checked as each one finishes and at
-start (when a `.part` a stopped process left is finished as it is: its pages are whole).
+and flushed as they are made, a second of audio at a time), then `{call}.opus` beside
+`{call}.json` (what the file holds: start, length, the cuts) once it ended; only a finished
+one is served (`GET /internal/v1/recordings/{call}`, which signaling's `GET
+/v1/calls/{id}/recording` streams to the call's owner).
 
-File names come from call ids the edge made (`safe_name`: anything else is refused), so no id
-can name a path outside the directory.
+What could stall the media loop is not done on it: closing a file, writing its JSON, the
+rename and the retention sweep run on one worker thread, in order. A file that cannot be
+written (a full disk, an error) ends that recording (`recording_failed`, its `.part` removed),
+never the call. A recording stops growing at `max_file_bytes` (`recording_truncated`: the
+file keeps what it had). Retention: a finished recording goes after `keep` seconds, and the
+oldest go while all of them take more than `max_bytes`; checked as each one finishes and at
+start, when a `.part` a stopped process left is kept as it is (its pages up to the last
+second written are whole; marked `interrupted`).
+
+One transceiver per directory (a lock file: a second one refuses to start), since a start
+finishes the `.part` files it finds. File names come from call ids the edge made
+(`safe_name`: anything else is refused), so no id can name a path outside the directory.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import re
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -26,7 +37,8 @@ from typing import Any, BinaryIO
 log = logging.getLogger("firsthop.transceiver.recordings")
 
 _SAFE = re.compile(r"[A-Za-z0-9_-]{1,128}")
-PART, DONE, META = ".opus.part", ".opus", ".json"
+PART, DONE, META, LOCK = ".opus.part", ".opus", ".json", ".lock"
+MAX_CUTS = 1000
 
 
 class RecordingError(ValueError):
@@ -41,26 +53,42 @@ def safe_name(call_id: str) -> str:
 
 @dataclass
 class RecordingFile:
+    """One call's file while it lasts. Nothing here raises into the call."""
+
     store: RecordingStore
     call_id: str
-    file: BinaryIO
+    file: BinaryIO | None
     started_at: float  # wall clock
     cuts_ms: list[int] = field(default_factory=list)  # where the agent's audio was cleared
     size: int = 0  # bytes written
-
-    MAX_CUTS = 1000
+    truncated: bool = False
 
     def write(self, data: bytes) -> None:
-        if data:
+        if not data or self.file is None:
+            return
+        if self.size + len(data) > self.store.max_file_bytes:
+            if not self.truncated:
+                self.truncated = True
+                self.store.counters["recording_truncated"] += 1
+            return
+        try:
             self.file.write(data)
+            self.file.flush()  # whole pages on disk: a crash keeps what was written
             self.size += len(data)
+        except (OSError, ValueError) as exc:  # (a full disk; a file closed under us)
+            log.error("recording of call %s failed: %s", self.call_id, exc)
+            self.store.counters["recording_failed"] += 1
+            self.discard()
 
     def cut(self, at_ms: int) -> None:
-        if len(self.cuts_ms) < self.MAX_CUTS:
+        if len(self.cuts_ms) < MAX_CUTS:
             self.cuts_ms.append(at_ms)
 
     def finish(self, seconds: float, extra: dict[str, Any]) -> None:
-        self.file.close()
+        """The call ended: the file is finished and served (on the store's worker)."""
+        file, self.file = self.file, None
+        if file is None:
+            return  # (it failed, or was discarded)
         meta = {
             "call_id": self.call_id,
             "started_at": round(self.started_at, 3),
@@ -69,43 +97,122 @@ class RecordingFile:
             "channels": ["caller", "agent"],
             "format": "audio/ogg; codecs=opus",
             "cuts_ms": self.cuts_ms,
+            "truncated": self.truncated,
             **extra,
         }
-        self.store.finished(self.call_id, meta)
+        self.store.submit(self.store.finished, self.call_id, file, meta)
+
+    def discard(self) -> None:
+        """No recording after all (a call whose setup failed, a write that failed)."""
+        file, self.file = self.file, None
+        if file is not None:
+            self.store.submit(self.store.dropped, self.call_id, file)
 
 
 class RecordingStore:
-    def __init__(self, directory: str, keep: float, max_bytes: int) -> None:
+    def __init__(
+        self,
+        directory: str,
+        keep: float,
+        max_bytes: int,
+        counters: Counter[str] | None = None,
+        max_file_bytes: int = 1 << 30,
+    ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep = keep
         self.max_bytes = max_bytes
+        self.max_file_bytes = max_file_bytes
+        self.counters: Counter[str] = counters if counters is not None else Counter()
+        self._lock = open(self.directory / LOCK, "a")  # noqa: SIM115 (held while we live)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            self._lock.close()
+            raise RecordingError(f"{directory} is another transceiver's --record-dir") from exc
         self.live: set[str] = set()
-        self.counters: dict[str, int] = {"recordings": 0, "recordings_pruned": 0}
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="recordings")
         for part in self.directory.glob(f"*{PART}"):  # a stopped process's: kept as they are
             name = part.name.removesuffix(PART)
             part.rename(self.directory / f"{name}{DONE}")
             self._write_meta(name, {"call_id": name, "interrupted": True})
         self.prune()
 
+    def submit(self, fn: Any, *args: Any) -> None:
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("recordings: %s failed", getattr(fn, "__name__", fn))
+
+        self._worker.submit(run)
+
     def open(self, call_id: str) -> RecordingFile:
         name = safe_name(call_id)
         if name in self.live or (self.directory / f"{name}{DONE}").exists():
             raise RecordingError(f"call {name} is already recorded")
+        file = open(self.directory / f"{name}{PART}", "wb")  # noqa: SIM115 (finish closes it)
         self.live.add(name)
-        file = open(self.directory / f"{name}{PART}", "wb")  # noqa: SIM115 (closed by finish)
         self.counters["recordings"] += 1
         return RecordingFile(self, name, file, time.time())
 
-    def finished(self, call_id: str, meta: dict[str, Any]) -> None:
-        part = self.directory / f"{call_id}{PART}"
-        self._write_meta(call_id, meta)
-        os.replace(part, self.directory / f"{call_id}{DONE}")
-        self.live.discard(call_id)
+    # -- on the worker thread -------------------------------------------------------------------
+
+    def finished(self, call_id: str, file: BinaryIO, meta: dict[str, Any]) -> None:
+        try:
+            file.close()
+            self._write_meta(call_id, meta)
+            os.replace(self.directory / f"{call_id}{PART}", self.directory / f"{call_id}{DONE}")
+        except OSError as exc:
+            log.error("recording of call %s could not be finished: %s", call_id, exc)
+            self.counters["recording_failed"] += 1
+            self._remove(call_id, PART, META)
+        finally:
+            self.live.discard(call_id)
         self.prune()
+
+    def dropped(self, call_id: str, file: BinaryIO) -> None:
+        try:
+            file.close()
+        except OSError:
+            pass
+        self._remove(call_id, PART)
+        self.live.discard(call_id)
+
+    def _remove(self, call_id: str, *suffixes: str) -> None:
+        for suffix in suffixes:
+            try:
+                (self.directory / f"{call_id}{suffix}").unlink()
+            except OSError:
+                pass
 
     def _write_meta(self, call_id: str, meta: dict[str, Any]) -> None:
         (self.directory / f"{call_id}{META}").write_text(json.dumps(meta))
+
+    def prune(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        done = []
+        for path in self.directory.glob(f"*{DONE}"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            done.append((stat.st_mtime, stat.st_size, path.name.removesuffix(DONE)))
+        done.sort()
+        total = sum(size for _, size, _ in done)
+        for mtime, size, name in done:
+            if now - mtime <= self.keep and total <= self.max_bytes:
+                continue
+            total -= size
+            self._remove(name, DONE, META)
+            self.counters["recordings_pruned"] += 1
+        kept = {name for _, _, name in done}
+        for meta in self.directory.glob(f"*{META}"):  # a JSON whose recording is gone
+            name = meta.name.removesuffix(META)
+            if name not in kept and name not in self.live:
+                self._remove(name, META)
+
+    # -- reads (the API) ------------------------------------------------------------------------
 
     def find(self, call_id: str) -> Path | None | str:
         """The finished file, None when there is none, or "live" while its call lasts."""
@@ -125,24 +232,10 @@ class RecordingStore:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def prune(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        done = []
-        for path in self.directory.glob(f"*{DONE}"):
-            try:
-                stat = path.stat()
-            except OSError:
-                continue
-            done.append((stat.st_mtime, stat.st_size, path))
-        done.sort()
-        total = sum(size for _, size, _ in done)
-        for mtime, size, path in done:
-            if now - mtime <= self.keep and total <= self.max_bytes:
-                continue
-            total -= size
-            for doomed in (path, path.with_name(path.name.removesuffix(DONE) + META)):
-                try:
-                    doomed.unlink()
-                except FileNotFoundError:
-                    pass
-            self.counters["recordings_pruned"] += 1
+    def settle(self) -> None:
+        """Until what was handed to the worker is done (tests, and a clean exit)."""
+        self._worker.submit(lambda: None).result()
+
+    def close(self, wait: bool = True) -> None:
+        self._worker.shutdown(wait=wait)
+        self._lock.close()

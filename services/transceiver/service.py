@@ -118,11 +118,6 @@ def ice_password() -> str:
 class Transceiver:
     def __init__(self, config: TransceiverConfig) -> None:
         self.config = config
-        self.recordings = (
-            RecordingStore(config.record_dir, config.record_keep, config.record_max_bytes)
-            if config.record_dir
-            else None
-        )
         self.table: SessionTable[Session] = SessionTable(
             mint_ufrag=self.mint_ufrag,
             mint_password=ice_password,
@@ -131,6 +126,13 @@ class Transceiver:
             consent_timeout=config.consent_timeout,
         )
         self.counters = self.table.counters
+        self.recordings = (
+            RecordingStore(
+                config.record_dir, config.record_keep, config.record_max_bytes, self.counters
+            )
+            if config.record_dir
+            else None
+        )
         self.setup_seconds = Histogram(
             "firsthop_session_setup_seconds",
             "Offer received to ICE+DTLS connected",

@@ -99,6 +99,7 @@ class OggWriter:
         self.sequence = 0
         self.granule = 0  # samples of every packet given so far
         self._pending: list[bytes] = []
+        self._segments = 0  # lacing values the pending packets take
         self._out = bytearray()
         self._started = False
 
@@ -107,16 +108,21 @@ class OggWriter:
         self._started = True
 
     def audio(self, packet: bytes, samples: int) -> None:
+        need = len(packet) // 255 + 1
+        if need > MAX_SEGMENTS:
+            raise OpusPacketError("a packet past a page's 255 lacing values")
+        if self._segments + need > MAX_SEGMENTS:  # this one goes on the next page
+            self.flush()
         self.granule += samples
         self._pending.append(packet)
-        segments = sum(len(p) // 255 + 1 for p in self._pending)
-        if len(self._pending) >= PAGE_PACKETS or segments > MAX_SEGMENTS - 8:
+        self._segments += need
+        if len(self._pending) >= PAGE_PACKETS:
             self.flush()
 
     def flush(self, last: bool = False) -> None:
         if self._pending or last:
             self._page(self._pending, self.granule, _LAST if last else 0)
-            self._pending = []
+            self._pending, self._segments = [], 0
 
     def close(self) -> None:
         self.flush(last=True)

@@ -25,6 +25,7 @@ def test_a_turn_gets_its_length_and_two_seconds_in_whole_seconds() -> None:
 def test_a_repeat_of_the_beginning_is_cut() -> None:
     assert deloop("What time is it? What time is it") == "What time is it?"
     assert deloop("Hello there. Hello there. Hello there") == "Hello there."
+    assert deloop("What time is it? What time is it? What time") == "What time is it?"
     assert deloop("Can you book a table for two tonight? Can you") == (
         "Can you book a table for two tonight?"
     )
@@ -39,6 +40,9 @@ def test_what_is_not_a_repeat_stays() -> None:
         "No, no, no.",  # one word is not a sentence said again
         "I said yes. Yes I did.",
         "Well, well done.",
+        "Thank you, thank you very much.",
+        "Hello there. Hello there, what time is it?",
+        "What time is it? What time is it in Tokyo?",
         "",
     ):
         assert deloop(text) == text

@@ -90,7 +90,7 @@ def test_a_recording_is_a_two_channel_ogg_opus_stream_aligned_slot_by_slot() -> 
         if i % 10 != 3:  # the caller's tenth packets are lost
             rec.caller(VOICE, 5000 + i * FRAME, t + 0.003)
         if 40 <= i < 60:
-            rec.agent(VOICE, t)
+            rec.agent(VOICE, t, t)
         t += 0.02
     data = rec.take() + rec.close(t)
     found = pages(data)
@@ -112,18 +112,52 @@ def test_the_caller_keeps_its_own_spacing_and_what_comes_too_late_is_counted() -
     rec.caller(VOICE, 0, 0.0)
     rec.caller(VOICE, 2 * FRAME, 0.015)  # early by arrival, but its timestamp says slot 2
     rec.caller(VOICE, 1 * FRAME, 0.05)  # reordered: still slot 1
-    rec.agent(SILENCE, 1.0)  # time passes: slots before 1.0 - SETTLE are written
-    rec.caller(VOICE, 3 * FRAME, 1.0)  # slot 3, long written: late
+    rec.agent(SILENCE, 1.0, 1.0)  # time passes: slots before 1.0 - SETTLE are written
+    rec.caller(VOICE, 2 * FRAME, 0.06)  # a duplicate of slot 2: not written twice
     assert rec.late == 1
     packets = [p for _, _, ps in pages(rec.take() + rec.close(1.0))[2:] for p in ps]
     assert [p.endswith(VOICE) for p in packets[:4]] == [True, True, True, False]
     assert len(packets) == round(1.0 / 0.02) + 1 and 50 - SETTLE > 3
 
 
+@pytest.mark.parametrize("ppm", [-2000, 2000])
+def test_a_caller_clock_off_ours_is_drawn_again_not_dropped(ppm: int) -> None:
+    """A caller's timestamps running 0.2 % slow or fast (or a delay that changes): its line
+    leaves the window and is drawn again, every packet is written, and never far from when it
+    came (two minutes: a slot of drift each 10 s)."""
+    rec = CallRecorder(start=0.0, serial=1)
+    spacing = FRAME * (1 + ppm / 1e6)
+    data = bytearray()
+    for i in range(6000):
+        now = i * 0.02
+        rec.caller(VOICE, round(i * spacing) % (1 << 32), now + 0.005)
+        rec.agent(SILENCE, now, now)
+        data += rec.take()
+    data += rec.close(6000 * 0.02)
+    packets = [p for _, _, ps in pages(bytes(data))[2:] for p in ps]
+    heard = [i for i, p in enumerate(packets) if p.endswith(VOICE)]
+    assert rec.rebased >= 1
+    assert len(heard) >= 6000 - 15 * rec.rebased, (len(heard), rec.rebased, rec.late)
+    assert abs(max(heard) - 5999) <= 10  # never far from when it came
+
+
+def test_frames_a_stall_piled_up_keep_their_own_slots() -> None:
+    rec = CallRecorder(start=0.0, serial=1)
+    for i in range(10):
+        rec.agent(VOICE, i * 0.02, i * 0.02)
+    for i in range(10, 13):  # a 60 ms stall: three frames sent at once, at 0.26
+        rec.agent(VOICE, i * 0.02, 0.26)
+    for i in range(13, 60):
+        rec.agent(VOICE if i < 20 else SILENCE, i * 0.02, i * 0.02)
+    packets = [p for _, _, ps in pages(rec.take() + rec.close(1.2))[2:] for p in ps]
+    agent = [p.startswith(self_delimited(VOICE)) for p in packets]
+    assert agent[:20] == [True] * 20 and not any(agent[20:])  # no slot moved
+
+
 def test_a_packet_not_of_20_ms_is_written_as_silence_and_counted() -> None:
     rec = CallRecorder(start=0.0, serial=1)
     rec.caller(bytes([0xFD, 1, 2]), 0, 0.0)  # 40 ms
-    rec.agent(bytes([0xFD, 1, 2]), 0.0)
+    rec.agent(bytes([0xFD, 1, 2]), 0.0, 0.0)
     assert rec.replaced == 2
 
 
@@ -148,18 +182,50 @@ def test_store_names_and_retention(tmp_path: Path) -> None:
         rec.write(bytes(100))
         rec.cut(1500)
         rec.finish(1.0, {})
+        store.settle()
     # 300 bytes over a 250 bound: the oldest went
     assert store.find("old") is None and store.find("new") == tmp_path / "new.opus"
     assert json.loads((tmp_path / "new.json").read_text())["cuts_ms"] == [1500]
+    assert not (tmp_path / "old.json").exists()
     with pytest.raises(RecordingError):
         store.open("new")  # never written twice
     os.utime(tmp_path / "mid.opus", (0, 0))
     store.prune()
     assert store.find("mid") is None and store.find("new") is not None  # past its keep
+    with pytest.raises(RecordingError):
+        RecordingStore(str(tmp_path), keep=3600, max_bytes=1 << 20)  # one transceiver a dir
+    store.close()
     (tmp_path / "crashed.opus.part").write_bytes(b"OggS")
     again = RecordingStore(str(tmp_path), keep=3600, max_bytes=1 << 20)
     assert again.find("crashed") == tmp_path / "crashed.opus"
     assert again.meta("crashed")["interrupted"] is True
+    again.close()
+
+
+def test_a_recording_that_cannot_be_written_ends_quietly_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    store = RecordingStore(str(tmp_path), keep=3600, max_bytes=1 << 20, max_file_bytes=150)
+    failing = store.open("full")
+    assert failing.file is not None
+    failing.file.close()  # the next write raises (as a full disk would)
+    failing.write(b"OggS")
+    failing.finish(1.0, {})  # (nothing left to finish)
+    store.settle()
+    assert store.counters["recording_failed"] == 1
+    assert store.find("full") is None and not list(tmp_path.glob("full*"))
+    big = store.open("big")
+    big.write(bytes(100))
+    big.write(bytes(100))  # past 150 bytes: the file keeps what it had
+    big.finish(1.0, {})
+    unset = store.open("never")  # a call whose setup failed
+    unset.discard()
+    store.settle()
+    assert (tmp_path / "big.opus").stat().st_size == 100
+    assert json.loads((tmp_path / "big.json").read_text())["truncated"] is True
+    assert store.counters["recording_truncated"] == 1
+    assert store.find("never") is None and not list(tmp_path.glob("never*"))
+    store.close()
 
 
 def test_ogg_writer_pages_hold_at_most_a_second() -> None:
@@ -171,3 +237,16 @@ def test_ogg_writer_pages_hold_at_most_a_second() -> None:
     found = pages(writer.take())
     assert [len(p) for _, _, p in found] == [1, 50, 50, 20]
     assert [g for _, g, _ in found] == [0, 50 * FRAME, 100 * FRAME, 120 * FRAME]
+
+
+def test_big_packets_start_a_new_page_before_the_lacing_runs_out() -> None:
+    writer = OggWriter(serial=3)
+    big = bytes([0xFC]) + bytes(1400)  # 6 lacing values each
+    for _ in range(49):
+        writer.audio(big, FRAME)
+    writer.close()
+    found = pages(writer.take())
+    assert all(len(packets) * 6 <= 255 for _, _, packets in found)
+    assert sum(len(packets) for _, _, packets in found) == 49
+    with pytest.raises(OpusPacketError):
+        writer.audio(bytes(255 * 255), FRAME)

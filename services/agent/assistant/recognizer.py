@@ -170,12 +170,17 @@ def words_of(text: str) -> list[str]:
 
 
 def deloop(text: str) -> str:
-    """`text` up to where it starts saying its own beginning (two words or more) again, after
-    a clause mark ("What time is it? What time is" -> "What time is it?"); otherwise as it is."""
+    """`text` up to where it starts saying itself again, after a clause mark, when all that
+    follows is its beginning (two words or more) said over and over ("What time is it? What
+    time is it? What time" -> "What time is it?"); otherwise as it is ("What time is it?
+    What time is it in Tokyo?" and "Thank you, thank you very much." stay whole)."""
     for mark in _CLAUSE_END.finditer(text):
         head, tail = text[: mark.start() + 1], text[mark.end() :]
         said, again = words_of(head), words_of(tail)
-        if len(said) >= 2 and len(again) >= 2 and said[: len(again)] == again[: len(said)]:
+        if len(said) < 2 or len(again) < 2:
+            continue
+        repeated = said * (len(again) // len(said) + 1)
+        if again == repeated[: len(again)]:
             return head
     return text
 

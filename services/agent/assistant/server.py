@@ -3,7 +3,8 @@
 One Hypercorn (Trio worker) ASGI app serves the Realtime protocol on a WebSocket at any
 path (clients use `/v1/realtime`), `GET /healthz` and `GET /metrics`. Per connection: a
 reader feeds client frames to `RealtimeSession`; its commands run as tasks — recognition and
-synthesis in worker threads (`trio.to_thread`, at most `WORKERS` at a time across sessions),
+synthesis in worker threads (`trio.to_thread`: synthesis at most `WORKERS` at a time across
+sessions, recognition one turn at a time, each with its own limiter),
 so the loop keeps reading and sending while a model runs. Synthesis goes sentence by
 sentence, each sentence's audio sent as soon as it exists. Server events leave through one
 lock, in the order the core made them. Each connection is an `agent.session` span (joined
@@ -114,7 +115,10 @@ class Assistant:
         self.voice = voice
         self.recognizer = recognizer
         self.api_key = api_key
-        self.workers = trio.CapacityLimiter(WORKERS)
+        self.workers = trio.CapacityLimiter(WORKERS)  # synthesis
+        # Recognition has its own: one turn at a time (the model's threads are the turn's),
+        # and turns waiting for it never hold a slot synthesis needs.
+        self.recognizing = trio.CapacityLimiter(1)
         self.stats = Stats()
 
     def authorized(self, scope: Scope) -> bool:
@@ -290,7 +294,7 @@ class Connection:
         try:
             start = trio.current_time()
             text = await trio.to_thread.run_sync(
-                self.a.recognizer.transcribe, command.audio, limiter=self.a.workers
+                self.a.recognizer.transcribe, command.audio, limiter=self.a.recognizing
             )
             took = trio.current_time() - start
             self.a.stats.recognition.observe(took)

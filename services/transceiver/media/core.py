@@ -376,6 +376,9 @@ class CallMedia:
             if out.played_tag is not None:
                 self._event(FramePlayed(out.played_tag))
         self._send_rtp(payload, now)
+        if self.recorder is not None and not self._coded:
+            due = self._slot if self._slot is not None else now
+            self.recorder.agent(payload, min(due, now), now)
         self._grace = False
         self._slot = out.next_deadline(now)
 
@@ -393,8 +396,6 @@ class CallMedia:
         self._seq = (self._seq + 1) & 0xFFFF
         assert self._srtp is not None  # (the clock runs once the keys are here)
         self._outbox.append(self._srtp.protect_rtp(head + self._ext + payload))
-        if self.recorder is not None and not self._coded:
-            self.recorder.agent(payload, now)
         self.counts["rtp_packets_out"] += 1
         self.counts["rtp_bytes_out"] += len(payload)
         self._last_sent_at, self._last_sent_ts = now, ts

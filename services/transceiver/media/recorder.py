@@ -5,14 +5,20 @@ agent (the packets the output clock sends, silence included): nothing is decoded
 again (`shared/wire/ogg.py` frames the two as one multistream packet per 20 ms). What the
 caller heard is what was sent, so a barge-in's cut shows where it was heard.
 
-**Alignment.** The file's sample 0 is `start` (monotonic seconds). A side's packet takes the
-20 ms slot of when it was handled; the caller's after its first from their RTP timestamps (so
-the caller's own spacing survives arrival jitter), the agent's by the output clock's time (its
-slots are 20 ms apart, and a re-phase shows as the silence it was). A slot is written once it
-is `SETTLE` slots old; a side with nothing for a slot gets silence there (a lost packet, the
-agent quiet, a call that was not sending), so the two channels stay aligned for the whole call.
-A packet not of 20 ms (or, on the agent's side, not of one frame) is written as silence and
-counted (`replaced`).
+**Alignment.** The file's sample 0 is `start` (monotonic seconds). The agent's packet takes
+the 20 ms slot its output clock played it in (the frame's deadline, not when a late tick got
+to it: frames a stall let pile up keep their own slots; a re-phase shows as the silence it
+was). The caller's takes the slot of its arrival for the first, then of its RTP timestamp
+counted from there (the caller's own spacing survives arrival jitter). When that line leaves
+the window a packet can still be written in (`LATE_RUN` packets in a row older than `SETTLE`
+slots, or one more than `AHEAD` ahead of its arrival: a caller clock slower or faster than
+ours, a delay that changed, a new stream) it is drawn again from the arrival (`rebased`): the
+caller is never more than 200 ms from when it was heard, and loses at most 0.3 s of audio
+when its line is drawn again. A lone straggler is dropped; no slot is written twice (`late`). A
+slot is written once it is `SETTLE` slots old; a side with nothing for a slot gets silence
+there (a lost packet, the agent quiet, a call that was not sending), so the two channels stay
+aligned for the whole call. A packet not of 20 ms (or, on the agent's side, not of one frame)
+is written as silence and counted (`replaced`).
 
 `take()` gives the file's bytes made so far (the I/O writes them); `close(now)` writes what is
 left, both sides to the same end.
@@ -32,7 +38,8 @@ from firsthop.shared.wire.ogg import (
 FRAME = 960  # 48 kHz samples in a 20 ms slot
 SLOT = 0.02
 SETTLE = 10  # slots (200 ms) before a slot is written: the jitter buffer's lateness and more
-AHEAD = 50  # slots past now a packet may claim (a timestamp jump past it starts a new base)
+AHEAD = 10  # slots past its arrival a caller's packet may claim (past it: a new base)
+LATE_RUN = 3  # caller packets too late in a row: its line is behind (a slower clock), not one
 SILENCE = b"\xf8\xff\xfe"  # a 20 ms CELT frame of silence (RFC 6716 §3.1 TOC 0xf8)
 VENDOR = "firsthop"
 
@@ -48,10 +55,12 @@ class CallRecorder:
         self._caller: dict[int, bytes] = {}
         self._agent: dict[int, bytes] = {}
         self._caller_base: tuple[int, int] | None = None  # (RTP timestamp, its slot)
+        self._late_run = 0  # caller packets in a row that came too late for their slots
         self._agent_last = -1
         self._written = 0  # the next slot to write
         self.replaced = 0
         self.late = 0
+        self.rebased = 0
         self.closed = False
 
     def _slot(self, now: float) -> int:
@@ -67,24 +76,29 @@ class CallRecorder:
         base_ts, base_slot = self._caller_base
         delta = (timestamp - base_ts + (1 << 31)) % (1 << 32) - (1 << 31)
         slot = base_slot + round(delta / FRAME)
-        if abs(slot - here) > AHEAD:  # a new stream, or a jump: re-based on arrival
-            self._caller_base = (timestamp, here)
-            slot = here
+        if slot < self._written and self._late_run < LATE_RUN:
+            self._late_run += 1  # a straggler: dropped (`late`), the line kept
+            slot = -1
+        elif not self._written <= slot <= here + AHEAD:  # the line drifted off: drawn again
+            self._caller_base, slot = (timestamp, here), here
+            self.rebased += 1
+        if slot >= 0:
+            self._late_run = 0
         if packet is not None:
             self._put(self._caller, slot, packet, last_stream=True)
         self._settle(now)
 
-    def agent(self, packet: bytes, now: float) -> None:
-        """A packet the call sent (the agent's voice, or silence)."""
+    def agent(self, packet: bytes, due: float, now: float) -> None:
+        """A packet the call sent (the agent's voice, or silence) in its slot due at `due`."""
         if self.closed:
             return
-        slot = max(self._slot(now), self._agent_last + 1)
+        slot = max(self._slot(due), self._agent_last + 1)
         self._agent_last = slot
         self._put(self._agent, slot, packet, last_stream=False)
         self._settle(now)
 
     def _put(self, side: dict[int, bytes], slot: int, packet: bytes, *, last_stream: bool) -> None:
-        if slot < self._written:
+        if slot < self._written or slot in side:
             self.late += 1
             return
         try:

@@ -26,6 +26,7 @@ from firsthop.services.transceiver.media.core import (
     FramesDropped,
     MediaParams,
 )
+from firsthop.services.transceiver.media.denoise import available as denoise_available
 from firsthop.services.transceiver.recordings import RecordingFile
 from firsthop.services.transceiver.rtc.media_clock import MediaClock
 from firsthop.shared.address import Address
@@ -88,7 +89,9 @@ class MediaIo:
         """RNNoise on the caller's audio (`near_field`/`far_field`), or off (None); False when
         it cannot run here (pyrnnoise missing: counted `denoise_unavailable`)."""
         self.noise_reduction = kind
-        return self.media.set_noise_reduction(kind) if self.media is not None else True
+        if self.media is not None:
+            return self.media.set_noise_reduction(kind)
+        return kind is None or denoise_available()
 
     def media_datagram(self, data: bytes) -> None:
         """One RTP/RTCP datagram (RFC 7983: first byte 128-191) of the call's media path."""
@@ -199,9 +202,11 @@ class MediaIo:
         recording, self.recording = self.recording, None
         if recording is not None:  # its last pages, then the file is served
             recorder = media.recorder if media is not None else None
-            if recorder is not None:
-                recording.write(recorder.close(time.monotonic()))
+            if recorder is None:  # no media ever: nothing to keep
+                recording.discard()
+                return
+            recording.write(recorder.close(time.monotonic()))
             recording.finish(
-                recorder.seconds if recorder is not None else 0.0,
-                {"replaced": recorder.replaced, "late": recorder.late} if recorder else {},
+                recorder.seconds,
+                {"replaced": recorder.replaced, "late": recorder.late, "rebased": recorder.rebased},
             )
