@@ -79,7 +79,7 @@ def test_the_piper_voice_speaks_24khz_audio_the_recognizers_understand(
 @pytest.mark.parametrize(
     "sentence",
     [
-        "Can you book a table for two tonight?",
+        "I forgot my password again.",
         "The meeting has been moved to Thursday afternoon.",
         "Please send the report before lunch.",
     ],

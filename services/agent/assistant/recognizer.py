@@ -222,6 +222,9 @@ class WhisperRecognizer:
             local_files_only=True,
         )
         self.tokenizer = Tokenizer(self.model.hf_tokenizer, False, task="transcribe", language="en")
+        # (No "previous text" prompt of the brain's questions: it helped espeak-ng's "what is
+        # the date today", but lowered Whisper's no-speech probability so far that silence
+        # came out as one of the prompt's questions.)
         self.prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
         self._lock = threading.Lock()
         self.transcribe(bytes(4800))  # load and warm now: a broken install fails at start-up
@@ -250,7 +253,7 @@ class WhisperRecognizer:
             encoded,
             [self.prompt],
             beam_size=1,
-            max_length=int(TOKENS_PER_S * seconds) + 12,
+            max_length=len(self.prompt) + int(TOKENS_PER_S * seconds) + 12,  # (prompt in it)
             suppress_blank=True,
             suppress_tokens=[-1],
             return_no_speech_prob=True,
