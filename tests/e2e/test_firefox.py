@@ -150,7 +150,14 @@ def test_firefox_calls_through_the_relay_and_hears_the_echo(stack: Stack) -> Non
     # full-scale tone is ~1.0, silence 0; the page waits for 0.01), on time and whole
     assert report["level"] >= 0.01, json.dumps(report, indent=1)
     assert report["audio_ms"] - report["connected_ms"] < 5000, report
-    inbound = report["inbound"]
+    inbound, first = report["inbound"], report["at_audio"]
     assert inbound["packetsReceived"] >= 100 and inbound["packetsLost"] == 0, inbound
-    assert inbound["concealedSamples"] < inbound["totalSamplesReceived"] / 100, inbound
+    # once the echo is heard, it comes whole: Firefox conceals under 5 % of what it plays
+    # over the next two seconds. (Measured on a 2-core machine that headless Firefox keeps
+    # busy: 0-1.8 % there, a frame or two its jitter buffer found late, the same before and
+    # after #24; up to 8 % counted from the call's start, its own start-up included. Pacing
+    # that broke, a frame in ten late, would conceal 10 % and more.)
+    concealed = inbound["concealedSamples"] - first["concealedSamples"]
+    received = inbound["totalSamplesReceived"] - first["totalSamplesReceived"]
+    assert received > 48000 and concealed < received / 20, (first, inbound)
     assert relay.metric("firsthop_relay_packets_total", direction="downstream") > before
