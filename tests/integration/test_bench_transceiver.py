@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import run_bench
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -224,3 +226,12 @@ def test_quick_phone_bench_measures_a_phone_call_next_to_a_webrtc_call() -> None
         assert row["answer_ms"][kind] > 0
         assert any(v is not None for v in row["mouth_to_ear_ms"][kind])  # each heard its bursts
         assert row["cpu_pct_per_call"][kind] > 0
+
+
+def test_recording_bench_gives_cpu_and_bytes_per_call_minute() -> None:
+    result = run_bench("recording", "--rounds", "1")
+    for caller in ("aiortc", "browser-like"):
+        r = result[caller]
+        # a minute of 20 ms Opus both ways: tens of kB/s, and far less CPU than its codec work
+        assert 200_000 < r["bytes_per_call_minute"] < 3_000_000, r
+        assert 0 < r["cpu_ms_per_call_minute"] and 0 < r["over_codec"] < 1, r
