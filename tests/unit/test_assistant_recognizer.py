@@ -26,6 +26,7 @@ def test_a_repeat_of_the_beginning_is_cut() -> None:
     assert deloop("What time is it? What time is it") == "What time is it?"
     assert deloop("Hello there. Hello there. Hello there") == "Hello there."
     assert deloop("What time is it? What time is it? What time") == "What time is it?"
+    assert deloop("Where's the station? Where's the station? Where") == "Where's the station?"
     assert deloop("Can you book a table for two tonight? Can you") == (
         "Can you book a table for two tonight?"
     )

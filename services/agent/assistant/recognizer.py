@@ -180,7 +180,8 @@ def deloop(text: str) -> str:
         if len(said) < 2 or len(again) < 2:
             continue
         repeated = said * (len(again) // len(said) + 1)
-        if again == repeated[: len(again)]:
+        *whole, last = again  # (the last word may be cut short: "Where" of "Where's")
+        if whole == repeated[: len(whole)] and repeated[len(whole)].startswith(last):
             return head
     return text
 
