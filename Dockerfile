@@ -37,11 +37,14 @@ COPY services ./services
 # src/firsthop/ names the two folders as one package (symlinks: the wheel holds the files).
 COPY src ./src
 COPY setup.py ./
-# -P keeps /src off sys.path, so this imports the installed package (with its demo page and
-# the C data path: a builder without a compiler fails here, not a relay later).
+# -P keeps /src off sys.path, so this imports the installed package (with its demo page, the
+# C data path and, with the `noise` extra, RNNoise built and its model loaded: a builder
+# without a compiler fails here, not a relay or a call later).
 RUN /opt/firsthop/bin/pip install --no-deps . \
  && /opt/firsthop/bin/python -P -c 'import firsthop.services.signaling.app' \
  && /opt/firsthop/bin/python -P -c 'import firsthop.services.relay._fastpath' \
+ && case ",${FIRSTHOP_EXTRAS}," in *,noise,*) /opt/firsthop/bin/python -P -c \
+      'from firsthop.services.transceiver.media.denoise import Denoiser; Denoiser().close()';; esac \
  && /opt/firsthop/bin/firsthop --help >/dev/null
 
 FROM ${PYTHON_IMAGE} AS runtime

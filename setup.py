@@ -6,13 +6,13 @@
 
 Both are optional: where no C compiler or Python headers are found the build goes on without
 them; the relay then runs its Python loop (it logs which; docs/capacity.md has both costs) and
-noise suppression is unavailable (a call that asks for it is refused with the reason).
+noise suppression is unavailable (a call that asks for it goes on without it: logged and
+counted, `noise_reduction_unavailable`).
 """
 
 import platform
 
-from setuptools import Extension
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 RNNOISE = "services/transceiver/media/rnnoise"

@@ -186,7 +186,10 @@ class Session:
 
     def _noise_reduction(self, kind: str | None) -> None:
         if not self.rtc.set_noise_reduction(kind):
-            log.warning("session %s: noise reduction asked, pyrnnoise missing", self.session_id)
+            log.warning(
+                "session %s: noise reduction asked, unavailable here (not built or no pyrnnoise)",
+                self.session_id,
+            )
             self.counters["noise_reduction_unavailable"] += 1
         elif kind is not None:
             self.counters["noise_reduction_calls"] += 1

@@ -87,7 +87,7 @@ class MediaIo:
 
     def set_noise_reduction(self, kind: str | None) -> bool:
         """RNNoise on the caller's audio (`near_field`/`far_field`), or off (None); False when
-        it cannot run here (pyrnnoise missing: counted `denoise_unavailable`)."""
+        it cannot run here (not built, or pyrnnoise missing: counted `denoise_unavailable`)."""
         self.noise_reduction = kind
         if self.media is not None:
             return self.media.set_noise_reduction(kind)
