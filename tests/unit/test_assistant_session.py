@@ -112,6 +112,27 @@ def test_session_update_with_openai_names_is_accepted_and_reflects_what_is_honou
     assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
     assert session["audio"]["output"]["voice"] == "joe"  # the voice that really speaks
     assert session["audio"]["input"]["transcription"]["model"] == "pocketsphinx"
+    # run by the edge before this server hears the caller: reflected as in force
+    assert session["audio"]["input"]["noise_reduction"] == {"type": "near_field"}
+
+
+def test_noise_reduction_is_reflected_turned_off_and_a_bad_one_changes_nothing() -> None:
+    s = new_session()
+    s.take()
+
+    def update(session: dict[str, Any]) -> dict[str, Any]:
+        (event,), _ = send(s, {"type": "session.update", "session": session})
+        return event
+
+    far = update({"input_audio_noise_reduction": {"type": "far_field"}})  # the beta name
+    assert far["session"]["audio"]["input"]["noise_reduction"] == {"type": "far_field"}
+    kept = update({"instructions": "Be brief."})  # an update that does not name it keeps it
+    assert kept["session"]["audio"]["input"]["noise_reduction"] == {"type": "far_field"}
+    bad = update({"instructions": "X", "audio": {"input": {"noise_reduction": {"type": "loud"}}}})
+    assert bad["type"] == "error" and "noise_reduction" in bad["error"]["message"]
+    off = update({"audio": {"input": {"noise_reduction": None}}})
+    assert off["session"]["audio"]["input"]["noise_reduction"] is None
+    assert off["session"]["instructions"] == "Be brief."  # the refused update changed nothing
 
 
 def test_a_spoken_turn_is_detected_committed_transcribed_and_answered_in_order() -> None:

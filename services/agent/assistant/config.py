@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from firsthop.services.agent.assistant.audio import RATE
+from firsthop.shared.session_config import UNSET, SessionConfigError, noise_reduction
 
 MAX_INSTRUCTIONS = 16 * 1024  # characters kept
 DEFAULT_INSTRUCTIONS = "You are firsthop, a small offline voice assistant."
@@ -94,11 +95,18 @@ class SessionConfig:
     transcription_language: str = "en"
     input_format: str = "pcm"  # pcm (24 kHz PCM16) | pcmu | pcma (G.711, 8 kHz)
     output_format: str = "pcm"
+    # The edge runs it (RNNoise in the transceiver, before this server hears the caller); the
+    # assistant keeps what the session asked so that session.updated says what is in force.
+    noise_reduction: str | None = None
 
     def update(self, raw: object) -> bool:
         """Apply a client's session object; True if the turn detection settings changed."""
         if not isinstance(raw, dict):
             raise ConfigError("session must be an object")
+        try:  # checked before anything is applied: a refused update changes nothing
+            kind = noise_reduction(raw)
+        except SessionConfigError as exc:
+            raise ConfigError(exc.reason) from exc
         if isinstance(raw.get("model"), str) and raw["model"]:
             self.model = raw["model"][:128]
         if isinstance(raw.get("instructions"), str):
@@ -115,6 +123,8 @@ class SessionConfig:
             name = name or (BETA_FORMATS.get(beta_name) if isinstance(beta_name, str) else None)
             if name is not None:
                 setattr(self, attr, name)
+        if kind != UNSET:
+            self.noise_reduction = kind
         changed = False
         if isinstance(audio_in, dict) and "turn_detection" in audio_in:
             changed = self._turn_detection(audio_in["turn_detection"])
@@ -155,7 +165,9 @@ class SessionConfig:
                         "model": self.recognizer,
                         "language": self.transcription_language,
                     },
-                    "noise_reduction": None,
+                    "noise_reduction": (
+                        {"type": self.noise_reduction} if self.noise_reduction else None
+                    ),
                     "turn_detection": (
                         self.turn_detection.describe() if self.turn_detection else None
                     ),
