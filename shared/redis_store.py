@@ -105,6 +105,7 @@ class TransceiverInfo:
     sessions: int = 0
     capacity: int = 0  # 0: unknown (static list), never "full"
     draining: bool = False
+    records: bool | None = None  # has a --record-dir (None: unknown, a static list's)
 
     @property
     def load(self) -> float:
@@ -118,6 +119,7 @@ class TransceiverInfo:
     def to_hash(self) -> dict[str, str]:
         fields = {k: str(v) for k, v in asdict(self).items() if k != "id"}
         fields["draining"] = "1" if self.draining else "0"
+        fields["records"] = {True: "1", False: "0", None: ""}[self.records]
         return fields
 
     @classmethod
@@ -137,6 +139,7 @@ class TransceiverInfo:
                 sessions=max(0, int(fields.get("sessions", "0"))),
                 capacity=max(0, int(fields.get("capacity", "0"))),
                 draining=fields.get("draining", "0") not in ("0", "", "false", "False"),
+                records={"1": True, "0": False}.get(fields.get("records", "")),
             )
         except ValueError:
             return None

@@ -226,13 +226,18 @@ class Calls:
         tried: set[str] = set()
         began = self.directory.now()
         for since in (None, began):  # a miss reads the registry again (`Directory.snapshot`)
+            snapshot = await self.directory.snapshot(since=since)
+            if req.record and snapshot and all(tx.records is False for tx in snapshot):
+                self.stats.placement_failures["no_recorder"] += 1
+                raise Problem(400, "recording is off here (no transceiver has a --record-dir)")
             candidates = [
                 tx
                 for tx in rank(
-                    await self.directory.snapshot(since=since),
+                    snapshot,
                     region,
                     self.own_region,
                     tiebreak=lambda _: self._rng.random(),
+                    record=req.record,
                 )
                 if tx.id not in tried
             ][: MAX_ATTEMPTS - len(tried)]

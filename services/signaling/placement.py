@@ -65,9 +65,16 @@ def choose_region(
     return own, "own"
 
 
-def placeable(transceivers: Iterable[TransceiverInfo]) -> list[TransceiverInfo]:
-    """Those that may be asked to take a call: not draining, not full."""
-    return [t for t in transceivers if not t.draining and not t.full]
+def placeable(
+    transceivers: Iterable[TransceiverInfo], *, record: bool = False
+) -> list[TransceiverInfo]:
+    """Those that may be asked to take a call: not draining, not full, and for a call to be
+    recorded not one known to have no --record-dir."""
+    return [
+        t
+        for t in transceivers
+        if not t.draining and not t.full and not (record and t.records is False)
+    ]
 
 
 def rank(
@@ -76,9 +83,10 @@ def rank(
     own_region: str,
     *,
     tiebreak: Callable[[TransceiverInfo], float] | None = None,
+    record: bool = False,
 ) -> list[TransceiverInfo]:
     """Transceivers to ask, in order: the region's least loaded first, then own region's."""
-    usable = placeable(transceivers)
+    usable = placeable(transceivers, record=record)
 
     def key(t: TransceiverInfo) -> tuple[float, float, str]:
         return (t.load, tiebreak(t) if tiebreak is not None else 0.0, t.id)

@@ -64,6 +64,7 @@ async def serve_transceiver(
                     sessions=len(tx.table),
                     capacity=config.capacity,
                     draining=tx.draining,
+                    records=tx.recordings is not None,
                 )
 
             await nursery.start(heartbeat, config.redis, config.id, info, tx.counters)

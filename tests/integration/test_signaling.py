@@ -250,6 +250,40 @@ def test_a_dead_transceiver_is_skipped_for_the_next(stack: Stack) -> None:
         assert call_request(stack.sig, "DELETE", location).status_code == 204
 
 
+def test_a_call_to_record_goes_only_to_a_transceiver_that_records(stack: Stack) -> None:
+    assert stack.r.hget("firsthop:transceiver:tx-a", "records") == "0"  # no --record-dir
+    refused = post_call(stack.sig, query="?record=true")
+    assert refused.status_code == 400 and "recording is off here" in refused.text
+    assert metric(stack.sig, "firsthop_signaling_placement_failures_total", reason="no_recorder")
+    # A transceiver that records (here a dead one): it alone is asked.
+    dead = f"http://127.0.0.1:{free_tcp_port()}"
+    stack.r.hset(
+        "firsthop:transceiver:rec",
+        mapping={
+            "api_url": dead,
+            "media_addr": "127.0.0.1:1",
+            "region": "a",
+            "cluster": "1",
+            "sessions": "0",
+            "capacity": "1000",
+            "draining": "0",
+            "records": "1",
+        },
+    )
+    stack.r.expire("firsthop:transceiver:rec", 30)
+    try:
+        wait_until(partial(transceivers_seen, stack.sig, 3))
+        resp = post_call(stack.sig, query="?record=true")
+        # The recorder failed and nothing else was asked (tx-a would have answered 400,
+        # "recording is off on this transceiver").
+        assert resp.status_code == 503 and "could take" in resp.text, resp.text
+        plain = post_call(stack.sig)  # a call that does not ask goes anywhere
+        assert plain.status_code == 201, plain.text
+        assert call_request(stack.sig, "DELETE", plain.headers["location"]).status_code == 204
+    finally:
+        stack.r.delete("firsthop:transceiver:rec")
+
+
 def test_redis_down_no_capacity_and_rate_limits(stack: Stack) -> None:
     misc = stack.misc  # its Redis is unreachable; its static list has one region-b entry
     resp = post_call(misc)  # own region "a" has no transceiver at all

@@ -52,6 +52,11 @@ def test_a_registry_hash_reads_back_and_bad_ones_are_refused() -> None:
     assert TransceiverInfo.from_hash("x", {**fields, "sessions": "many"}) is None
     assert TransceiverInfo.from_hash("x", {**fields, "api_url": "ftp://x"}) is None
     assert TransceiverInfo.from_hash("x", {"region": "a"}) is None
+    # whether it records: said by transceivers that know it; unknown from older ones
+    for records in (True, False, None):
+        said = TransceiverInfo(id="r", api_url="http://r", region="a", records=records)
+        assert TransceiverInfo.from_hash("r", said.to_hash()) == said
+    assert info.records is None  # (the hash above has no `records`)
 
 
 def test_a_call_record_round_trips_and_may_lack_the_client_ufrag() -> None:

@@ -33,6 +33,17 @@ def test_least_loaded_first_by_ratio_not_count() -> None:
     assert ids(rank(fleet, "a", "a")) == ["idle", "big", "busy"]
 
 
+def test_a_call_to_record_goes_to_a_transceiver_that_records_or_may() -> None:
+    fleet = [
+        TransceiverInfo(id="no", api_url="http://no", region="a", capacity=10, records=False),
+        TransceiverInfo(id="yes", api_url="http://yes", region="a", capacity=10, records=True),
+        TransceiverInfo(id="unknown", api_url="http://u", region="a", capacity=10),
+        TransceiverInfo(id="b", api_url="http://b", region="b", capacity=10, records=False),
+    ]
+    assert ids(rank(fleet, "b", "a", record=True)) == ["unknown", "yes"]
+    assert ids(rank(fleet, "a", "a")) == ["no", "unknown", "yes"]  # the rest go anywhere
+
+
 def test_draining_and_full_are_skipped() -> None:
     fleet = [
         tx("draining", draining=True),
