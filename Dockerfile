@@ -10,9 +10,10 @@
 # statically; cryptography and google-crc32c likewise). What is left to the system is glibc,
 # libstdc++, libgcc_s and zlib, all already in python:3.11-slim, so neither stage installs an
 # apt package (--only-binary makes a missing wheel a build error instead of a silent source
-# build). The one thing compiled here is firsthop's own: the relay's C data path
-# (services/relay/_fastpath.c, setup.py), which links only libc; so the builder is the full
-# python image of the same Python (it has gcc and the headers) and the runtime the slim one.
+# build). What is compiled here is firsthop's own (setup.py): the relay's C data path
+# (services/relay/_fastpath.c) and RNNoise for noise suppression (services/transceiver/media/
+# rnnoise/, vendored), which link only libc and libm; so the builder is the full python image
+# of the same Python (it has gcc and the headers) and the runtime the slim one.
 # `--build-arg BUILDER_IMAGE=` and `PYTHON_IMAGE=` take local bases (the same Python in both:
 # the venv is copied from one to the other).
 

@@ -10,6 +10,7 @@ noise suppression is unavailable (a call that asks for it goes on without it: lo
 counted, `noise_reduction_unavailable`).
 """
 
+import glob
 import platform
 
 from setuptools import Extension, setup
@@ -45,18 +46,22 @@ class MixedExtension(Extension):
 class BuildExt(build_ext):
     def build_extension(self, ext):
         per_file = getattr(ext, "per_file", {})
-        if per_file:
-            objects = []
-            for source, flags in per_file.items():
-                objects += self.compiler.compile(
-                    [source],
-                    output_dir=self.build_temp,
-                    macros=ext.define_macros,
-                    include_dirs=ext.include_dirs,
-                    extra_postargs=ext.extra_compile_args + flags,
-                )
-            ext.extra_objects = [o for o in ext.extra_objects if o not in objects] + objects
-        super().build_extension(ext)
+        objects = []
+        for source, flags in per_file.items():
+            objects += self.compiler.compile(
+                [source],
+                output_dir=self.build_temp,
+                macros=ext.define_macros,
+                include_dirs=ext.include_dirs,
+                extra_postargs=ext.extra_compile_args + flags,
+                depends=ext.depends,
+            )
+        given = ext.extra_objects
+        ext.extra_objects = given + objects  # this build's objects only, never a past build's
+        try:
+            super().build_extension(ext)
+        finally:
+            ext.extra_objects = given
 
 
 def rnnoise() -> Extension:
@@ -74,9 +79,13 @@ def rnnoise() -> Extension:
             f"{RNNOISE}/src/x86/nnet_sse4_1.c": ["-msse4.1"],
             f"{RNNOISE}/src/x86/nnet_avx2.c": ["-mavx", "-mfma", "-mavx2"],
         }
+    headers = glob.glob(f"{RNNOISE}/include/*.h") + glob.glob(
+        f"{RNNOISE}/src/**/*.h", recursive=True
+    )
     return MixedExtension(
         "firsthop.services.transceiver.media._rnnoise",
         RNNOISE_SOURCES,
+        depends=sorted(headers) + sorted(per_file),  # a change to any of them relinks
         include_dirs=[f"{RNNOISE}/include", f"{RNNOISE}/src"],
         define_macros=macros,
         extra_compile_args=["-O3", "-fvisibility=hidden", "-w"],

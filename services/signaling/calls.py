@@ -227,7 +227,9 @@ class Calls:
         began = self.directory.now()
         for since in (None, began):  # a miss reads the registry again (`Directory.snapshot`)
             snapshot = await self.directory.snapshot(since=since)
-            if req.record and snapshot and all(tx.records is False for tx in snapshot):
+            # (first pass only: on the re-read, a recorder that just failed may be gone from
+            # the registry, and that is an outage, 503, not a setting)
+            if req.record and not tried and snapshot and all(t.records is False for t in snapshot):
                 self.stats.placement_failures["no_recorder"] += 1
                 raise Problem(400, "recording is off here (no transceiver has a --record-dir)")
             candidates = [

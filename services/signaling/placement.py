@@ -85,11 +85,14 @@ def rank(
     tiebreak: Callable[[TransceiverInfo], float] | None = None,
     record: bool = False,
 ) -> list[TransceiverInfo]:
-    """Transceivers to ask, in order: the region's least loaded first, then own region's."""
+    """Transceivers to ask, in order: the region's least loaded first, then own region's; for
+    a call to be recorded, those known to record before those that may (one of those without
+    a --record-dir would refuse the call outright)."""
     usable = placeable(transceivers, record=record)
 
-    def key(t: TransceiverInfo) -> tuple[float, float, str]:
-        return (t.load, tiebreak(t) if tiebreak is not None else 0.0, t.id)
+    def key(t: TransceiverInfo) -> tuple[bool, float, float, str]:
+        unsure = record and t.records is not True
+        return (unsure, t.load, tiebreak(t) if tiebreak is not None else 0.0, t.id)
 
     first = sorted((t for t in usable if t.region == region), key=key)
     if region == own_region:

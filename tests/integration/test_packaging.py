@@ -78,3 +78,38 @@ def test_nothing_imports_services_or_shared_as_top_level_modules() -> None:
     modules = json.loads(out.splitlines()[-1])
     assert [m for m in modules if m.split(".")[0] in ("services", "shared")] == []
     assert "firsthop.services.transceiver.table" in modules
+
+
+def test_a_wheel_built_from_the_sdist_has_both_compiled_parts_and_rnnoises_licence(
+    tmp_path: Path,
+) -> None:
+    # (the sdist must carry every C source and header setup.py compiles, not only those named
+    # in `sources`: a missing header would drop the optional extension without a word; they
+    # go in as the extension's `depends`)
+    import tarfile
+
+    project = project_copy(tmp_path)
+    shutil.copy(ROOT / "setup.py", project / "setup.py")
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "sdist")],
+        cwd=project,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (sdist,) = (tmp_path / "sdist").glob("firsthop-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        + ["-w", str(tmp_path / "dist"), str(unpacked)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = (tmp_path / "dist").glob("firsthop-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for part in ("services/relay/_fastpath", "services/transceiver/media/_rnnoise"):
+        assert any(n.startswith(f"firsthop/{part}.") and n.endswith(".so") for n in names), part
+    assert any(n.endswith("licenses/services/transceiver/media/rnnoise/COPYING") for n in names)

@@ -252,6 +252,7 @@ def test_a_dead_transceiver_is_skipped_for_the_next(stack: Stack) -> None:
 
 def test_a_call_to_record_goes_only_to_a_transceiver_that_records(stack: Stack) -> None:
     assert stack.r.hget("firsthop:transceiver:tx-a", "records") == "0"  # no --record-dir
+    wait_until(partial(transceivers_seen, stack.sig, 2))  # (no other test's entries left)
     refused = post_call(stack.sig, query="?record=true")
     assert refused.status_code == 400 and "recording is off here" in refused.text
     assert metric(stack.sig, "firsthop_signaling_placement_failures_total", reason="no_recorder")

@@ -19,7 +19,7 @@ from firsthop.services.transceiver.agents.events import (
 from firsthop.services.transceiver.agents.realtime import RealtimeProtocol
 from firsthop.services.transceiver.media import denoise
 from firsthop.services.transceiver.media.core import AudioReceived
-from firsthop.services.transceiver.media.denoise import BLOCK, Denoiser
+from firsthop.services.transceiver.media.denoise import BLOCK, DenoiseError, Denoiser
 from firsthop.shared.session_config import UNSET, SessionConfigError, noise_reduction
 
 from .test_media_core import PT, THEIRS, events, keyed
@@ -78,6 +78,9 @@ def test_rnnoise_keeps_the_length_and_silences_steady_noise() -> None:
     odd = Denoiser()  # part-blocks: held for the next call, the length kept
     parts = [odd.process(pcm[i : i + 700]) for i in range(0, 7000, 700)]
     assert [len(p) for p in parts] == [700] * 10
+    assert len(odd.process(bytearray(pcm[:960]))) == 960  # any bytes-like
+    with pytest.raises(DenoiseError):
+        odd.process(pcm[:3])  # not PCM16
     assert BLOCK == 480
     d.close()
     assert d.process(pcm[:1920]) == pcm[:1920]  # closed: untouched
@@ -114,7 +117,7 @@ def test_the_built_rnnoise_runs_the_shipped_model_on_its_int8_path() -> None:
     pcm = speech_like()
     ours, _ = denoised(pcm)
     lib = denoise._load()
-    assert 2_000_000 < len(lib.blob) < 4_000_000  # the int8 weights, not the 14 MB float copies
+    assert 2_000_000 < len(lib.blob) < 4_000_000  # the int8 weights, not the 11.5 MB float copies
     assert b"gru1_input_weights_float" not in lib.blob and b"gru1_input_weights_int8" in lib.blob
     reference, _ = shipped_denoised(pcm)
     signal = np.frombuffer(pcm, "<i2").astype(np.float64)

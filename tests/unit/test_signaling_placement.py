@@ -40,7 +40,7 @@ def test_a_call_to_record_goes_to_a_transceiver_that_records_or_may() -> None:
         TransceiverInfo(id="unknown", api_url="http://u", region="a", capacity=10),
         TransceiverInfo(id="b", api_url="http://b", region="b", capacity=10, records=False),
     ]
-    assert ids(rank(fleet, "b", "a", record=True)) == ["unknown", "yes"]
+    assert ids(rank(fleet, "b", "a", record=True)) == ["yes", "unknown"]  # known ones first
     assert ids(rank(fleet, "a", "a")) == ["no", "unknown", "yes"]  # the rest go anywhere
 
 

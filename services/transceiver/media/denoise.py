@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ class _WeightArray(ctypes.Structure):  # nnet.h's WeightArray
     ]
 
 
-MAX_ARRAYS = 256  # RNNoise 0.2's model has 59; the list ends at a NULL name
+MAX_ARRAYS = 256  # RNNoise 0.2's model has 50; the list ends at a NULL name
 
 
 def model_blob(library: Path) -> bytes:
@@ -115,13 +116,15 @@ class _Engine:
 
 
 _engine: _Engine | None = None
+_loading = threading.Lock()  # one engine per process: states point into its blob
 
 
 def _load() -> _Engine:
     global _engine
-    if _engine is None:
-        _engine = _Engine()
-    return _engine
+    with _loading:
+        if _engine is None:
+            _engine = _Engine()
+        return _engine
 
 
 def available() -> bool:
@@ -139,6 +142,7 @@ class Denoiser:
 
     def __init__(self) -> None:
         engine = _load()
+        self._engine = engine  # (the model and its blob live as long as any state)
         self._lib: Any = engine.lib
         self._state = self._lib.firsthop_rnnoise_create(engine.model)
         if not self._state:
@@ -148,7 +152,11 @@ class Denoiser:
         self.frames = 0
         self.speech = 0.0  # RNNoise's voice probability of the last block
 
-    def process(self, pcm: bytes) -> bytes:
+    def process(self, pcm: bytes | bytearray | memoryview) -> bytes:
+        """`pcm`'s length back, RNNoise's output (an odd length is not PCM16: DenoiseError)."""
+        if len(pcm) % 2:
+            raise DenoiseError(f"{len(pcm)} bytes are not PCM16 samples")
+        pcm = bytes(pcm)
         if self._state is None:
             return pcm
         held = self._held + pcm if self._held else pcm
