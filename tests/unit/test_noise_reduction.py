@@ -148,3 +148,15 @@ def test_a_model_of_other_shapes_is_refused() -> None:
     state = engine.lib.firsthop_rnnoise_create(engine.model)  # the real one still loads
     assert state
     engine.lib.firsthop_rnnoise_destroy(state)
+
+
+def test_run_time_dispatch_picks_the_best_kernels_this_cpu_has() -> None:
+    import platform
+    from pathlib import Path
+
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = set(next(ln for ln in lines if ln.startswith("flags")).split(":", 1)[1].split())
+    expected = "generic"
+    if platform.machine() == "x86_64" and "sse4_1" in flags:
+        expected = "avx2" if {"avx", "avx2", "fma", "xsave"} <= flags else "sse4.1"
+    assert denoise._load().kernels == expected

@@ -27,6 +27,7 @@ BLOCK = 480  # samples: RNNoise's frame, 10 ms at 48 kHz
 BLOCK_BYTES = 2 * BLOCK
 KINDS = ("near_field", "far_field")  # OpenAI's names; RNNoise has one model for both
 BUILT = "firsthop.services.transceiver.media._rnnoise"
+KERNELS = {0: "generic", 1: "sse4.1", 2: "avx2"}  # what x86 run-time dispatch can pick
 
 
 class DenoiseError(RuntimeError):
@@ -104,6 +105,8 @@ class _Engine:
             ctypes.c_int,
         ]
         lib.firsthop_rnnoise_pcm16.restype = ctypes.c_float
+        lib.firsthop_rnnoise_arch.argtypes = []
+        lib.firsthop_rnnoise_arch.restype = ctypes.c_int
         self.lib = lib
         self.blob = model_blob(library)  # the model points into it: kept as long as the engine
         self.model = lib.firsthop_rnnoise_model(self.blob, len(self.blob))
@@ -113,6 +116,7 @@ class _Engine:
                 f"{library}: not a model of the shapes firsthop's RNNoise is built for"
             )
         lib.firsthop_rnnoise_destroy(probe)
+        self.kernels = KERNELS.get(lib.firsthop_rnnoise_arch(), "generic")
 
 
 _engine: _Engine | None = None

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "rnnoise.h"
+#include "cpu_support.h"
 
 #define BLOCK 480 /* samples: 10 ms at 48 kHz */
 #define EXPORT __attribute__((visibility("default")))
@@ -33,6 +34,9 @@ EXPORT DenoiseState *firsthop_rnnoise_create(RNNModel *model) {
 EXPORT void firsthop_rnnoise_destroy(DenoiseState *st) {
   if (st != NULL) rnnoise_destroy(st);
 }
+
+/* The kernels run-time dispatch picked: 0 generic (SSE2 on x86-64), 1 SSE4.1, 2 AVX2. */
+EXPORT int firsthop_rnnoise_arch(void) { return rnn_select_arch(); }
 
 /* `blocks` whole 10 ms blocks of PCM16 in, as many out (`out` may be `in`); returns the voice
    probability of the last block. */

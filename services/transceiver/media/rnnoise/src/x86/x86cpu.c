@@ -116,6 +116,16 @@ static void rnn_cpu_feature_check(CPU_Feature *cpu_feature)
         cpu_feature->HW_SSE2 = (info[3] & (1 << 26)) != 0;
         cpu_feature->HW_SSE41 = (info[2] & (1 << 19)) != 0;
         cpu_feature->HW_AVX2 = (info[2] & (1 << 28)) != 0 && (info[2] & (1 << 12)) != 0;
+        /* firsthop: AVX needs the OS to save the YMM state too (OSXSAVE, then XCR0's SSE and
+           AVX bits), or the first AVX instruction faults where a hypervisor hides it. */
+        if (cpu_feature->HW_AVX2 && (info[2] & (1 << 27)) != 0) {
+            unsigned int xcr0_lo, xcr0_hi;
+            __asm__ __volatile__ ("xgetbv" : "=a" (xcr0_lo), "=d" (xcr0_hi) : "c" (0));
+            (void)xcr0_hi;
+            cpu_feature->HW_AVX2 = (xcr0_lo & 0x6) == 0x6;
+        } else {
+            cpu_feature->HW_AVX2 = 0;
+        }
         if (cpu_feature->HW_AVX2 && nIds >= 7) {
             cpuid(info, 7);
             cpu_feature->HW_AVX2 = cpu_feature->HW_AVX2 && (info[1] & (1 << 5)) != 0;
