@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Required, TypedDict
+from typing import Any, Required, TypedDict
 
 import httpx
 import pytest
@@ -216,25 +216,24 @@ def test_client_secret_is_single_use_across_replicas_and_bound_to_its_call(
     assert post_call(stack.sig, token=forged).status_code == 401
 
 
+def register_dead_transceiver(stack: Stack, tx_id: str, **fields: str) -> None:
+    """A registry entry (region a, for 30 s) for a transceiver nobody listens for."""
+    mapping: dict[Any, Any] = {
+        "api_url": f"http://127.0.0.1:{free_tcp_port()}",
+        "media_addr": "127.0.0.1:1",
+    }
+    mapping |= {"region": "a", "cluster": "1", "sessions": "0", "capacity": "1000"}
+    mapping |= {"draining": "0", **fields}
+    stack.r.hset(f"firsthop:transceiver:{tx_id}", mapping=mapping)
+    stack.r.expire(f"firsthop:transceiver:{tx_id}", 30)
+
+
 def test_a_dead_transceiver_is_skipped_for_the_next(stack: Stack) -> None:
     # Load the real transceiver a little, so two dead entries with no load rank first.
     held = post_call(stack.sig).headers["location"]
     wait_until(lambda: int(stack.r.hget("firsthop:transceiver:tx-a", "sessions") or 0) >= 1)
-    dead = f"http://127.0.0.1:{free_tcp_port()}"
     for tx_id, draining in (("dead", "0"), ("dead-draining", "1")):
-        stack.r.hset(
-            f"firsthop:transceiver:{tx_id}",
-            mapping={
-                "api_url": dead,
-                "media_addr": "127.0.0.1:1",
-                "region": "a",
-                "cluster": "1",
-                "sessions": "0",
-                "capacity": "1000",
-                "draining": draining,
-            },
-        )
-        stack.r.expire(f"firsthop:transceiver:{tx_id}", 30)
+        register_dead_transceiver(stack, tx_id, draining=draining)
     wait_until(partial(transceivers_seen, stack.sig, 4))
     before = metric(stack.sig, "firsthop_signaling_events_total", event="transceiver_failures")
     try:
@@ -257,21 +256,7 @@ def test_a_call_to_record_goes_only_to_a_transceiver_that_records(stack: Stack) 
     assert refused.status_code == 400 and "recording is off here" in refused.text
     assert metric(stack.sig, "firsthop_signaling_placement_failures_total", reason="no_recorder")
     # A transceiver that records (here a dead one): it alone is asked.
-    dead = f"http://127.0.0.1:{free_tcp_port()}"
-    stack.r.hset(
-        "firsthop:transceiver:rec",
-        mapping={
-            "api_url": dead,
-            "media_addr": "127.0.0.1:1",
-            "region": "a",
-            "cluster": "1",
-            "sessions": "0",
-            "capacity": "1000",
-            "draining": "0",
-            "records": "1",
-        },
-    )
-    stack.r.expire("firsthop:transceiver:rec", 30)
+    register_dead_transceiver(stack, "rec", records="1")
     try:
         wait_until(partial(transceivers_seen, stack.sig, 3))
         resp = post_call(stack.sig, query="?record=true")
