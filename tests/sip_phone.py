@@ -30,7 +30,7 @@ from .support import (
     RelayProcess,
     SignalingProcess,
     TransceiverProcess,
-    free_udp_port,
+    free_sip_port,
     start_all,
 )
 
@@ -85,22 +85,6 @@ class PhoneStack:
                     p.kill()
         finally:
             redis.kill()
-
-
-def free_sip_port() -> int:
-    """A loopback port free for UDP and TCP both (signaling's SIP listens on both: a port
-    free for UDP alone was once some TCP connection's, and signaling could not start)."""
-    import socket
-
-    for _ in range(100):
-        port = free_udp_port()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no loopback port free for both UDP and TCP")
 
 
 def tone(freq: float, seconds: float, rate: int = 8000, level: float = 8000.0) -> bytes:

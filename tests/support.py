@@ -103,6 +103,20 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
     return free_port(socket.SOCK_STREAM, host)
 
 
+def free_sip_port(host: str = "127.0.0.1") -> int:
+    """A port free for UDP and TCP both (signaling's SIP listens on both: a port free for UDP
+    alone was once some TCP connection's, and signaling could not start)."""
+    for _ in range(100):
+        port = free_udp_port(host)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no port free for both UDP and TCP")
+
+
 class RedisServer(Child):
     """A throwaway redis-server on a free loopback port (no persistence)."""
 
@@ -580,7 +594,7 @@ class UpStack:
         argv += ["--port", str(self.port), "--relay-port", str(free_udp_port())]
         argv += ["--relay-tcp-port", str(free_tcp_port())]
         argv += ["--relay-metrics-port", str(self.metrics)]
-        self.sip_port = free_udp_port()
+        self.sip_port = free_sip_port()
         argv += ["--sip-port", str(self.sip_port)]
         self.proc = subprocess.Popen(
             argv,

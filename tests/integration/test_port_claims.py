@@ -20,8 +20,8 @@ from firsthop.services.launch import FIRSTHOP, free_port, relay_command
 from tests.support import (
     RelayProcess,
     binding_request,
+    free_sip_port,
     free_tcp_port,
-    free_udp_port,
     mint,
     service_env,
 )
@@ -129,7 +129,7 @@ def test_up_refuses_ports_in_use_before_starting_anything(relay: RelayProcess) -
         *("--port", str(free_tcp_port()), "--relay-port", str(port)),
         *("--relay-tcp-port", str(free_tcp_port())),
         *("--relay-metrics-port", str(free_tcp_port())),
-        *("--sip-port", str(free_udp_port())),
+        *("--sip-port", str(free_sip_port())),
     ]
     done = run(argv)
     assert done.returncode == 1, done.stderr
