@@ -5,6 +5,7 @@ Writers and readers both go through here, so a key or a field is spelled in one 
 | key | record | written by | read by |
 |---|---|---|---|
 | `firsthop:transceiver:{id}` | `TransceiverInfo` (hash) | transceiver heartbeat | signaling |
+| `firsthop:transceivers` | the registry's index (sorted set: id, score its hash's expiry) | transceiver heartbeat | signaling (drops expired ids) |
 | `firsthop:call:{call_id}` | `CallRecord` (hash) | signaling | signaling (any replica) |
 | `firsthop:flow:{ip}:{port}` | `FlowRecord` (hash) | relay | relay (after a restart) |
 | `firsthop:trace:{ufrag}` | traceparent (string) | transceiver | relay (first-packet span) |
@@ -54,7 +55,12 @@ def transceiver_key(transceiver_id: str) -> str:
     return f"{PREFIX}transceiver:{transceiver_id}"
 
 
-TRANSCEIVER_PATTERN = transceiver_key("*")
+# The registry's index: a sorted set of every registered transceiver's id, scored by the unix
+# time its hash expires (the heartbeat writes both in one MULTI). Signaling reads the set and
+# the hashes it names, never the keyspace (a SCAN walked every call record, flow and trace).
+TRANSCEIVERS = f"{PREFIX}transceivers"
+REGISTRY_STALE = 60  # seconds past its expiry a member is dropped by any heartbeat (clock skew)
+MAX_TRANSCEIVERS = 1000  # at most this many read from the registry (the freshest first)
 
 
 def call_key(call_id: str) -> str:

@@ -7,8 +7,9 @@ threads with short timeouts and no retries (a slow Redis must not hold a signali
 
 Keys:
 
-* ``firsthop:transceiver:{id}`` — read only (the transceivers' heartbeat hashes), scanned
-  at most every `DIRECTORY_MAX_AGE` seconds;
+* ``firsthop:transceiver:{id}`` and their index ``firsthop:transceivers`` — the
+  transceivers' heartbeat hashes, read (with the index, one script) at most every
+  `DIRECTORY_MAX_AGE` seconds; the read drops from the index the ids whose hash expired;
 * ``firsthop:call:{call_id}`` — hash ``transceiver_id, session_id, api_url, owner, region,
   created, client_ufrag`` (the caller's current ICE ufrag: what tells trickle from an ICE
   restart; absent in records written before it existed), TTL the longest session (4 h);
@@ -37,7 +38,8 @@ from firsthop.services.signaling.auth import DEV_ISSUER
 from firsthop.services.signaling.errors import Problem
 from firsthop.shared.redis_store import (
     CALL_TTL,
-    TRANSCEIVER_PATTERN,
+    MAX_TRANSCEIVERS,
+    TRANSCEIVERS,
     CallRecord,
     TransceiverInfo,
     call_key,
@@ -93,7 +95,7 @@ class RedisLink:
 class Directory:
     """Where transceivers are: the Redis registry (when configured) or the static list.
 
-    Placements made since the last scan are added to each transceiver's session count, so a
+    Placements made since the last read are added to each transceiver's session count, so a
     burst of calls spreads out before the next heartbeat reports it.
     """
 
@@ -132,14 +134,11 @@ class Directory:
 
     async def _refresh(self, link: RedisLink) -> None:
         try:
-            rows = await link.run(_scan_registry)
+            rows = await link.run(read_registry)
         except StoreUnavailable:
             self._snapshot, self.from_registry = list(self.static), False
         else:
-            infos = [
-                TransceiverInfo.from_hash(key.removeprefix(transceiver_key("")), fields)
-                for key, fields in rows
-            ]
+            infos = [TransceiverInfo.from_hash(tx_id, fields) for tx_id, fields in rows]
             self._snapshot = [i for i in infos if i is not None]
             self.from_registry = True
         self._taken = self._clock()
@@ -164,14 +163,34 @@ def _with_extra(info: TransceiverInfo, placed: int) -> TransceiverInfo:
     return TransceiverInfo(**{**asdict(info), "sessions": info.sessions + placed})
 
 
-def _scan_registry(client: redis.Redis) -> list[tuple[str, dict[str, str]]]:
-    keys = list(client.scan_iter(match=TRANSCEIVER_PATTERN, count=500))
-    if not keys:
-        return []
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.hgetall(key)
-    return list(zip(keys, pipe.execute(), strict=True))
+# The registry, freshest first: the ids in the index (KEYS[1]), at most ARGV[2] of them, each
+# with its hash (key prefix ARGV[1]); an id whose hash has expired leaves the index. One
+# script: what it reads is one moment's registry, and no heartbeat lands between the read of
+# a missing hash and the removal of its id.
+_READ_REGISTRY = """
+local ids = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+local out = {}
+for _, id in ipairs(ids) do
+  local fields = redis.call('HGETALL', ARGV[1] .. id)
+  if #fields == 0 then
+    redis.call('ZREM', KEYS[1], id)
+  else
+    out[#out + 1] = id
+    out[#out + 1] = fields
+  end
+end
+return out
+"""
+
+
+def read_registry(client: redis.Redis) -> list[tuple[str, dict[str, str]]]:
+    """The registered transceivers' ids and hashes (`firsthop:transceivers`), at most
+    `MAX_TRANSCEIVERS`: one round trip, whatever else the keyspace holds."""
+    flat = client.eval(_READ_REGISTRY, 1, TRANSCEIVERS, transceiver_key(""), MAX_TRANSCEIVERS)
+    rows = []
+    for tx_id, fields in zip(flat[::2], flat[1::2], strict=True):
+        rows.append((tx_id, dict(zip(fields[::2], fields[1::2], strict=True))))
+    return rows
 
 
 class _Expiring:

@@ -2,7 +2,9 @@
 (`firsthop:transceiver:{id}`), the trace hand-off and its phone calls' relay flows.
 
 Every second the transceiver writes its hash (api_url, media_addr, region, cluster, sessions,
-capacity, draining) with a 5 s TTL, so signaling sees a transceiver only while it lives.
+capacity, draining, records) with a 5 s TTL, and its id into the registry's index
+(`firsthop:transceivers`, scored by that expiry), so signaling sees a transceiver only while
+it lives and reads the registry without walking the keyspace.
 Redis calls run in a worker thread; when Redis is down the transceiver goes on serving and
 the failures are counted and logged once per outage.
 """
@@ -10,6 +12,7 @@ the failures are counted and logged once per outage.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +24,10 @@ from firsthop.shared.address import Address
 from firsthop.shared.redis_store import (
     FLOW_TTL,
     HEARTBEAT_PERIOD,
+    REGISTRY_STALE,
     TRACE_TTL,
     TRANSCEIVER_TTL,
+    TRANSCEIVERS,
     FlowRecord,
     TransceiverInfo,
     flow_key,
@@ -49,9 +54,18 @@ async def heartbeat(
     down = started = False
 
     def write(mapping: dict[str, Any]) -> None:
-        pipe = client.pipeline(transaction=True)  # never a key without its TTL
+        now = time.time()
+        pipe = client.pipeline(transaction=True)  # never a key without its TTL, or its index
         pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
         pipe.expire(key, TRANSCEIVER_TTL)
+        pipe.zadd(TRANSCEIVERS, {transceiver_id: now + TRANSCEIVER_TTL})
+        pipe.zremrangebyscore(TRANSCEIVERS, "-inf", now - REGISTRY_STALE)  # others gone long
+        pipe.execute()
+
+    def leave() -> None:
+        pipe = client.pipeline(transaction=True)
+        pipe.delete(key)
+        pipe.zrem(TRANSCEIVERS, transceiver_id)
         pipe.execute()
 
     try:
@@ -73,7 +87,7 @@ async def heartbeat(
     finally:
         with trio.CancelScope(shield=True):
             try:
-                await trio.to_thread.run_sync(client.delete, key)
+                await trio.to_thread.run_sync(leave)
             except redis.RedisError:
                 pass
             client.close()

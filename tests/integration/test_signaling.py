@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -226,6 +227,7 @@ def register_dead_transceiver(stack: Stack, tx_id: str, **fields: str) -> None:
     mapping |= {"draining": "0", **fields}
     stack.r.hset(f"firsthop:transceiver:{tx_id}", mapping=mapping)
     stack.r.expire(f"firsthop:transceiver:{tx_id}", 30)
+    stack.r.zadd("firsthop:transceivers", {tx_id: time.time() + 30})
 
 
 def test_a_dead_transceiver_is_skipped_for_the_next(stack: Stack) -> None:

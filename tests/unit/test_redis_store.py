@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from firsthop.shared.redis_store import (
+    TRANSCEIVERS,
     CallRecord,
     FlowRecord,
     TransceiverInfo,
@@ -20,6 +21,7 @@ from firsthop.shared.redis_store import (
 
 def test_keys_are_the_documented_ones() -> None:
     assert transceiver_key("tx-1") == "firsthop:transceiver:tx-1"
+    assert TRANSCEIVERS == "firsthop:transceivers"
     assert call_key("c") == "firsthop:call:c"
     assert flow_key(("203.0.113.5", 4000)) == "firsthop:flow:203.0.113.5:4000"
     assert flow_key(("2001:db8::1", 4000)) == "firsthop:flow:2001:db8::1:4000"
