@@ -5,7 +5,7 @@ Writers and readers both go through here, so a key or a field is spelled in one 
 | key | record | written by | read by |
 |---|---|---|---|
 | `firsthop:transceiver:{id}` | `TransceiverInfo` (hash) | transceiver heartbeat | signaling |
-| `firsthop:transceivers` | the registry's index (sorted set: id, score its hash's expiry) | transceiver heartbeat | signaling (drops expired ids) |
+| `firsthop:transceivers` | index of those ids (sorted set) | transceiver heartbeat | signaling |
 | `firsthop:call:{call_id}` | `CallRecord` (hash) | signaling | signaling (any replica) |
 | `firsthop:flow:{ip}:{port}` | `FlowRecord` (hash) | relay | relay (after a restart) |
 | `firsthop:trace:{ufrag}` | traceparent (string) | transceiver | relay (first-packet span) |
@@ -56,11 +56,16 @@ def transceiver_key(transceiver_id: str) -> str:
 
 
 # The registry's index: a sorted set of every registered transceiver's id, scored by the unix
-# time its hash expires (the heartbeat writes both in one MULTI). Signaling reads the set and
-# the hashes it names, never the keyspace (a SCAN walked every call record, flow and trace).
+# time its hash expires by the writer's clock (the heartbeat writes both in one MULTI; the
+# score only orders the read: a member leaves when a read finds its hash gone, so no clock
+# decides who is live). Signaling reads the set and the hashes it names, not the keyspace (a
+# SCAN every 0.5 s walked every call record, flow and trace).
 TRANSCEIVERS = f"{PREFIX}transceivers"
-REGISTRY_STALE = 60  # seconds past its expiry a member is dropped by any heartbeat (clock skew)
 MAX_TRANSCEIVERS = 1000  # at most this many read from the registry (the freshest first)
+# Transceivers of a release before the index write only their hash: signaling finds them with
+# a SCAN at its first read and then this often (not every 0.5 s), and indexes them itself. A
+# later release drops this, once no such transceiver can be running.
+LEGACY_SWEEP = 30.0
 
 
 def call_key(call_id: str) -> str:

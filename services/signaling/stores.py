@@ -9,7 +9,8 @@ Keys:
 
 * ``firsthop:transceiver:{id}`` and their index ``firsthop:transceivers`` — the
   transceivers' heartbeat hashes, read (with the index, one script) at most every
-  `DIRECTORY_MAX_AGE` seconds; the read drops from the index the ids whose hash expired;
+  `DIRECTORY_MAX_AGE` seconds; the read drops from the index the ids whose hash expired,
+  and every `LEGACY_SWEEP` seconds a SCAN indexes hashes an older transceiver left unindexed;
 * ``firsthop:call:{call_id}`` — hash ``transceiver_id, session_id, api_url, owner, region,
   created, client_ufrag`` (the caller's current ICE ufrag: what tells trickle from an ICE
   restart; absent in records written before it existed), TTL the longest session (4 h);
@@ -29,6 +30,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
+from itertools import islice
 from typing import Any, TypeVar
 
 import redis
@@ -38,7 +41,9 @@ from firsthop.services.signaling.auth import DEV_ISSUER
 from firsthop.services.signaling.errors import Problem
 from firsthop.shared.redis_store import (
     CALL_TTL,
+    LEGACY_SWEEP,
     MAX_TRANSCEIVERS,
+    TRANSCEIVER_TTL,
     TRANSCEIVERS,
     CallRecord,
     TransceiverInfo,
@@ -113,6 +118,8 @@ class Directory:
         self._placed: Counter[str] = Counter()
         self._lock = trio.Lock()
         self.from_registry = False  # whether the current snapshot came from Redis
+        self._next_sweep = -1e9  # the first read sweeps for unindexed transceivers
+        self._next_cut_warning = -1e9
 
     def now(self) -> float:
         return self._clock()
@@ -134,11 +141,26 @@ class Directory:
 
     async def _refresh(self, link: RedisLink) -> None:
         try:
-            rows = await link.run(read_registry)
+            sweep = self._clock() >= self._next_sweep
+            registry = await link.run(partial(read_registry, sweep=sweep))
         except StoreUnavailable:
             self._snapshot, self.from_registry = list(self.static), False
         else:
-            infos = [TransceiverInfo.from_hash(tx_id, fields) for tx_id, fields in rows]
+            if sweep:
+                self._next_sweep = self._clock() + LEGACY_SWEEP
+                if registry.legacy:
+                    log.warning(
+                        "registry: %d transceiver(s) of an older release (no index entry)",
+                        registry.legacy,
+                    )
+            if registry.indexed > MAX_TRANSCEIVERS and self._clock() >= self._next_cut_warning:
+                self._next_cut_warning = self._clock() + 60
+                log.warning(
+                    "registry: %d transceivers indexed; read the %d freshest",
+                    registry.indexed,
+                    MAX_TRANSCEIVERS,
+                )
+            infos = [TransceiverInfo.from_hash(tx_id, f) for tx_id, f in registry.rows]
             self._snapshot = [i for i in infos if i is not None]
             self.from_registry = True
         self._taken = self._clock()
@@ -164,12 +186,14 @@ def _with_extra(info: TransceiverInfo, placed: int) -> TransceiverInfo:
 
 
 # The registry, freshest first: the ids in the index (KEYS[1]), at most ARGV[2] of them, each
-# with its hash (key prefix ARGV[1]); an id whose hash has expired leaves the index. One
-# script: what it reads is one moment's registry, and no heartbeat lands between the read of
-# a missing hash and the removal of its id.
+# with its hash (key prefix ARGV[1]); an id whose hash has expired leaves the index; first,
+# how many ids the index holds (more than ARGV[2]: some were not read). One script: what it
+# reads is one moment's registry, and no heartbeat lands between the read of a missing hash
+# and the removal of its id. (It reads keys it does not declare: one Redis, not a cluster.)
 _READ_REGISTRY = """
+local total = redis.call('ZCARD', KEYS[1])
 local ids = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
-local out = {}
+local out = {total}
 for _, id in ipairs(ids) do
   local fields = redis.call('HGETALL', ARGV[1] .. id)
   if #fields == 0 then
@@ -183,14 +207,36 @@ return out
 """
 
 
-def read_registry(client: redis.Redis) -> list[tuple[str, dict[str, str]]]:
+@dataclass
+class Registry:
+    """What one read of the registry found (`read_registry`)."""
+
+    rows: list[tuple[str, dict[str, str]]]
+    indexed: int  # ids in the index before the read (more than MAX_TRANSCEIVERS: cut)
+    legacy: int = 0  # hashes the sweep found unindexed, and indexed
+
+
+def read_registry(client: redis.Redis, *, sweep: bool = False) -> Registry:
     """The registered transceivers' ids and hashes (`firsthop:transceivers`), at most
-    `MAX_TRANSCEIVERS`: one round trip, whatever else the keyspace holds."""
+    `MAX_TRANSCEIVERS`: one round trip, whatever else the keyspace holds. `sweep`: first
+    index the hashes of transceivers too old to index themselves (a SCAN: `LEGACY_SWEEP`)."""
+    legacy = _index_legacy(client) if sweep else 0
     flat = client.eval(_READ_REGISTRY, 1, TRANSCEIVERS, transceiver_key(""), MAX_TRANSCEIVERS)
     rows = []
-    for tx_id, fields in zip(flat[::2], flat[1::2], strict=True):
+    for tx_id, fields in zip(flat[1::2], flat[2::2], strict=True):
         rows.append((tx_id, dict(zip(fields[::2], fields[1::2], strict=True))))
-    return rows
+    return Registry(rows, int(flat[0]), legacy)
+
+
+def _index_legacy(client: redis.Redis) -> int:
+    prefix = transceiver_key("")
+    keys = islice(client.scan_iter(match=f"{prefix}*", count=500), MAX_TRANSCEIVERS)
+    ids = [key.removeprefix(prefix) for key in keys]
+    if not ids:
+        return 0
+    expires = time.time() + TRANSCEIVER_TTL
+    added = client.zadd(TRANSCEIVERS, dict.fromkeys(ids, expires), nx=True)
+    return int(added or 0)
 
 
 class _Expiring:

@@ -24,7 +24,6 @@ from firsthop.shared.address import Address
 from firsthop.shared.redis_store import (
     FLOW_TTL,
     HEARTBEAT_PERIOD,
-    REGISTRY_STALE,
     TRACE_TTL,
     TRANSCEIVER_TTL,
     TRANSCEIVERS,
@@ -54,12 +53,11 @@ async def heartbeat(
     down = started = False
 
     def write(mapping: dict[str, Any]) -> None:
-        now = time.time()
+        now = time.time()  # (orders signaling's read; never decides who is live)
         pipe = client.pipeline(transaction=True)  # never a key without its TTL, or its index
         pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
         pipe.expire(key, TRANSCEIVER_TTL)
         pipe.zadd(TRANSCEIVERS, {transceiver_id: now + TRANSCEIVER_TTL})
-        pipe.zremrangebyscore(TRANSCEIVERS, "-inf", now - REGISTRY_STALE)  # others gone long
         pipe.execute()
 
     def leave() -> None:

@@ -1,6 +1,7 @@
 """The transceiver registry on a real Redis: the heartbeat writes a hash and its id into the
 index (`firsthop:transceivers`), signaling reads the index and the hashes it names in one
-script, never the keyspace (docs/architecture.md §9)."""
+script, and SCANs the keyspace only for transceivers too old to index themselves, at its first
+read and then every `LEGACY_SWEEP` seconds (docs/architecture.md §9)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import trio
 from firsthop.services.signaling.stores import Directory, RedisLink, read_registry
 from firsthop.services.transceiver.registry import heartbeat
 from firsthop.shared.redis_store import (
+    LEGACY_SWEEP,
     MAX_TRANSCEIVERS,
-    REGISTRY_STALE,
     TRANSCEIVERS,
     TransceiverInfo,
     transceiver_key,
@@ -61,8 +62,9 @@ def test_the_read_takes_the_index_and_its_hashes_and_nothing_else(server: RedisS
         r.zadd(TRANSCEIVERS, {"expired": time.time()})  # its hash is gone (TTL)
         for i in range(2000):  # the rest of a busy keyspace: never walked
             r.set(f"firsthop:call:{i}", "x")
-        rows = dict(read_registry(r))
-        assert set(rows) == {"tx-1", "tx-2"}
+        registry = read_registry(r)
+        rows = dict(registry.rows)
+        assert set(rows) == {"tx-1", "tx-2"} and registry.indexed == 3
         assert rows["tx-2"]["sessions"] == "7"
         assert TransceiverInfo.from_hash("tx-1", rows["tx-1"]) == info("tx-1")
         # An id whose hash expired leaves the index; one never indexed is not seen.
@@ -82,30 +84,44 @@ def test_the_read_is_bounded_and_takes_the_freshest_first(server: RedisServer) -
             pipe.hset(transceiver_key(tx_id), mapping=info(tx_id).to_hash())  # type: ignore[arg-type]
             pipe.zadd(TRANSCEIVERS, {tx_id: now + i / 1000})
         pipe.execute()
-        rows = read_registry(r)
-        assert len(rows) == MAX_TRANSCEIVERS
+        registry = read_registry(r)
+        rows = registry.rows
+        assert len(rows) == MAX_TRANSCEIVERS and registry.indexed == MAX_TRANSCEIVERS + 5
         assert rows[0][0] == f"tx-{MAX_TRANSCEIVERS + 4}"  # the latest heartbeat first
         assert "tx-0" not in dict(rows)
     finally:
         r.close()
 
 
-async def test_the_directory_reads_the_registry_without_a_scan(server: RedisServer) -> None:
+async def test_the_directory_sweeps_for_unindexed_transceivers_only_now_and_then(
+    server: RedisServer,
+) -> None:
     r = client_of(server)
     link = RedisLink(server.url, Counter())
     try:
         register(r, "tx-1")
+        # A transceiver of an older release: its hash, no index entry.
+        r.hset(transceiver_key("old"), mapping=info("old").to_hash())  # type: ignore[arg-type]
+        r.expire(transceiver_key("old"), 30)
         clock = [0.0]
         directory = Directory([], link, clock=lambda: clock[0])
         with trio.fail_after(5):
-            seen = await directory.snapshot()
-        assert [t.id for t in seen] == ["tx-1"] and directory.from_registry
+            seen = await directory.snapshot()  # the first read sweeps: one SCAN
+        assert sorted(t.id for t in seen) == ["old", "tx-1"] and directory.from_registry
+        assert r.zscore(TRANSCEIVERS, "old") is not None  # indexed by signaling
+        swept = scans(r)
+        assert swept >= 1
         r.delete(transceiver_key("tx-1"))  # gone (as its TTL would)
-        clock[0] += 1  # (past DIRECTORY_MAX_AGE: the next snapshot reads again)
+        for _ in range(3):
+            clock[0] += 1  # (past DIRECTORY_MAX_AGE: each snapshot reads again)
+            with trio.fail_after(5):
+                assert [t.id for t in await directory.snapshot()] == ["old"]
+        assert r.zscore(TRANSCEIVERS, "tx-1") is None
+        assert scans(r) == swept  # reads between sweeps take the index alone
+        clock[0] += LEGACY_SWEEP
         with trio.fail_after(5):
-            assert await directory.snapshot() == []
-        assert r.zcard(TRANSCEIVERS) == 0
-        assert scans(r) == 0
+            await directory.snapshot()
+        assert scans(r) > swept
     finally:
         link.close()
         r.close()
@@ -114,9 +130,9 @@ async def test_the_directory_reads_the_registry_without_a_scan(server: RedisServ
 async def test_the_heartbeat_indexes_its_hash_and_takes_both_away(server: RedisServer) -> None:
     r = client_of(server)
     try:
-        # An entry left by a transceiver that died long ago (past REGISTRY_STALE): dropped.
-        r.zadd(TRANSCEIVERS, {"long-gone": time.time() - REGISTRY_STALE - 1, "recent": 0})
-        r.zadd(TRANSCEIVERS, {"recent": time.time() - 1})
+        # An entry left by a transceiver that died (its hash expired), scored in the future by
+        # a clock far ahead: no clock decides, the read drops it.
+        r.zadd(TRANSCEIVERS, {"gone": time.time() + 3600})
         counters: Counter[str] = Counter()
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
@@ -128,9 +144,8 @@ async def test_the_heartbeat_indexes_its_hash_and_takes_both_away(server: RedisS
                 assert 0 < r.ttl(transceiver_key("tx-h")) <= 5
                 expiry = r.zscore(TRANSCEIVERS, "tx-h")
                 assert expiry is not None and abs(expiry - (time.time() + 5)) < 2
-                assert r.zscore(TRANSCEIVERS, "long-gone") is None
-                assert r.zscore(TRANSCEIVERS, "recent") is not None  # (the read drops it)
-                assert [tx for tx, _ in read_registry(r)] == ["tx-h"]
+                assert [tx for tx, _ in read_registry(r).rows] == ["tx-h"]
+                assert r.zrange(TRANSCEIVERS, 0, -1) == ["tx-h"]
                 nursery.cancel_scope.cancel()
         assert not r.exists(transceiver_key("tx-h"))
         assert r.zscore(TRANSCEIVERS, "tx-h") is None
