@@ -30,7 +30,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from functools import partial
 from itertools import islice
 from typing import Any, TypeVar
 
@@ -58,6 +57,7 @@ log = logging.getLogger("firsthop.signaling.stores")
 
 T = TypeVar("T")
 DIRECTORY_MAX_AGE = 0.5
+SWEEP_RETRY = 5.0  # seconds before a failed legacy sweep is tried again
 RE_READ_MIN = 0.02  # seconds between the registry re-reads of placement misses
 MEMORY_MAX_ENTRIES = 200_000
 EK_MEMORY_MAX_ENTRIES = 10_000  # each up to 16 KiB of session JSON
@@ -118,6 +118,7 @@ class Directory:
         self._placed: Counter[str] = Counter()
         self._lock = trio.Lock()
         self.from_registry = False  # whether the current snapshot came from Redis
+        self.complete = True  # whether the last read took every indexed transceiver
         self._next_sweep = -1e9  # the first read sweeps for unindexed transceivers
         self._next_cut_warning = -1e9
 
@@ -132,6 +133,8 @@ class Directory:
         a re-read, and a flood of them reads the registry at most once per `RE_READ_MIN`."""
         if self.link is None:
             return [_with_extra(t, self._placed[t.id]) for t in self.static]
+        if self._clock() >= self._next_sweep:
+            await self._sweep(self.link)  # (outside the lock: placements go on meanwhile)
         async with self._lock:
             age = self._clock() - self._taken
             older = since is not None and self._taken < since and age >= RE_READ_MIN
@@ -139,20 +142,26 @@ class Directory:
                 await self._refresh(self.link)
         return [_with_extra(t, self._placed[t.id]) for t in self._snapshot]
 
+    async def _sweep(self, link: RedisLink) -> None:
+        """Index the transceivers of an older release (hash, no index entry): a SCAN, at the
+        first read and then every `LEGACY_SWEEP` seconds (`SWEEP_RETRY` after a failure,
+        which leaves the read itself alone)."""
+        self._next_sweep = self._clock() + LEGACY_SWEEP  # (one sweep at a time)
+        try:
+            legacy = await link.run(index_legacy)
+        except StoreUnavailable:
+            self._next_sweep = self._clock() + SWEEP_RETRY
+            return
+        if legacy:
+            log.warning("registry: %d transceiver(s) of an older release indexed", legacy)
+
     async def _refresh(self, link: RedisLink) -> None:
         try:
-            sweep = self._clock() >= self._next_sweep
-            registry = await link.run(partial(read_registry, sweep=sweep))
+            registry = await link.run(read_registry)
         except StoreUnavailable:
             self._snapshot, self.from_registry = list(self.static), False
         else:
-            if sweep:
-                self._next_sweep = self._clock() + LEGACY_SWEEP
-                if registry.legacy:
-                    log.warning(
-                        "registry: %d transceiver(s) of an older release (no index entry)",
-                        registry.legacy,
-                    )
+            self.complete = registry.indexed <= MAX_TRANSCEIVERS
             if registry.indexed > MAX_TRANSCEIVERS and self._clock() >= self._next_cut_warning:
                 self._next_cut_warning = self._clock() + 60
                 log.warning(
@@ -176,7 +185,9 @@ class Directory:
         snapshot = await self.snapshot()
         if not self.from_registry:
             return None
-        return any(t.id == tx_id for t in snapshot)
+        if any(t.id == tx_id for t in snapshot):
+            return True
+        return False if self.complete else None  # (not read is not gone)
 
 
 def _with_extra(info: TransceiverInfo, placed: int) -> TransceiverInfo:
@@ -186,21 +197,22 @@ def _with_extra(info: TransceiverInfo, placed: int) -> TransceiverInfo:
 
 
 # The registry, freshest first: the ids in the index (KEYS[1]), at most ARGV[2] of them, each
-# with its hash (key prefix ARGV[1]); an id whose hash has expired leaves the index; first,
-# how many ids the index holds (more than ARGV[2]: some were not read). One script: what it
-# reads is one moment's registry, and no heartbeat lands between the read of a missing hash
-# and the removal of its id. (It reads keys it does not declare: one Redis, not a cluster.)
+# with its hash (key prefix ARGV[1]); an id whose hash has expired (or whose key is no hash)
+# leaves the index; first, how many ids the index holds (more than ARGV[2]: some were not
+# read). One script: what it reads is one moment's registry, and no heartbeat lands between
+# the check of a hash and the removal of its id. (It reads keys it does not declare: one
+# Redis, not a cluster.)
 _READ_REGISTRY = """
 local total = redis.call('ZCARD', KEYS[1])
 local ids = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
 local out = {total}
 for _, id in ipairs(ids) do
-  local fields = redis.call('HGETALL', ARGV[1] .. id)
-  if #fields == 0 then
+  local key = ARGV[1] .. id
+  if redis.call('TYPE', key).ok ~= 'hash' then
     redis.call('ZREM', KEYS[1], id)
   else
     out[#out + 1] = id
-    out[#out + 1] = fields
+    out[#out + 1] = redis.call('HGETALL', key)
   end
 end
 return out
@@ -213,25 +225,25 @@ class Registry:
 
     rows: list[tuple[str, dict[str, str]]]
     indexed: int  # ids in the index before the read (more than MAX_TRANSCEIVERS: cut)
-    legacy: int = 0  # hashes the sweep found unindexed, and indexed
 
 
-def read_registry(client: redis.Redis, *, sweep: bool = False) -> Registry:
+def read_registry(client: redis.Redis) -> Registry:
     """The registered transceivers' ids and hashes (`firsthop:transceivers`), at most
-    `MAX_TRANSCEIVERS`: one round trip, whatever else the keyspace holds. `sweep`: first
-    index the hashes of transceivers too old to index themselves (a SCAN: `LEGACY_SWEEP`)."""
-    legacy = _index_legacy(client) if sweep else 0
+    `MAX_TRANSCEIVERS`: one round trip, whatever else the keyspace holds."""
     flat = client.eval(_READ_REGISTRY, 1, TRANSCEIVERS, transceiver_key(""), MAX_TRANSCEIVERS)
     rows = []
     for tx_id, fields in zip(flat[1::2], flat[2::2], strict=True):
         rows.append((tx_id, dict(zip(fields[::2], fields[1::2], strict=True))))
-    return Registry(rows, int(flat[0]), legacy)
+    return Registry(rows, int(flat[0]))
 
 
-def _index_legacy(client: redis.Redis) -> int:
+def index_legacy(client: redis.Redis) -> int:
+    """Index the registry hashes no index entry names (transceivers of a release before the
+    index; at most `MAX_TRANSCEIVERS`): a SCAN of the keyspace. How many were added."""
     prefix = transceiver_key("")
-    keys = islice(client.scan_iter(match=f"{prefix}*", count=500), MAX_TRANSCEIVERS)
-    ids = [key.removeprefix(prefix) for key in keys]
+    keys = client.scan_iter(match=f"{prefix}*", count=5000, _type="hash")
+    ids = [key.removeprefix(prefix) for key in islice(keys, MAX_TRANSCEIVERS)]
+    ids = [tx_id for tx_id in ids if tx_id]
     if not ids:
         return 0
     expires = time.time() + TRANSCEIVER_TTL

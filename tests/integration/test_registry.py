@@ -13,7 +13,7 @@ import pytest
 import redis as redis_lib
 import trio
 
-from firsthop.services.signaling.stores import Directory, RedisLink, read_registry
+from firsthop.services.signaling.stores import Directory, RedisLink, index_legacy, read_registry
 from firsthop.services.transceiver.registry import heartbeat
 from firsthop.shared.redis_store import (
     LEGACY_SWEEP,
@@ -60,11 +60,13 @@ def test_the_read_takes_the_index_and_its_hashes_and_nothing_else(server: RedisS
         register(r, "tx-2", sessions="7")
         r.hset(transceiver_key("unindexed"), mapping=info("unindexed").to_hash())  # type: ignore[arg-type]
         r.zadd(TRANSCEIVERS, {"expired": time.time()})  # its hash is gone (TTL)
+        r.set(transceiver_key("not-a-hash"), "x")  # a key of another type: never jams the read
+        r.zadd(TRANSCEIVERS, {"not-a-hash": time.time()})
         for i in range(2000):  # the rest of a busy keyspace: never walked
             r.set(f"firsthop:call:{i}", "x")
         registry = read_registry(r)
         rows = dict(registry.rows)
-        assert set(rows) == {"tx-1", "tx-2"} and registry.indexed == 3
+        assert set(rows) == {"tx-1", "tx-2"} and registry.indexed == 4
         assert rows["tx-2"]["sessions"] == "7"
         assert TransceiverInfo.from_hash("tx-1", rows["tx-1"]) == info("tx-1")
         # An id whose hash expired leaves the index; one never indexed is not seen.
@@ -118,9 +120,11 @@ async def test_the_directory_sweeps_for_unindexed_transceivers_only_now_and_then
                 assert [t.id for t in await directory.snapshot()] == ["old"]
         assert r.zscore(TRANSCEIVERS, "tx-1") is None
         assert scans(r) == swept  # reads between sweeps take the index alone
-        clock[0] += LEGACY_SWEEP
+        r.hset(transceiver_key("old-2"), mapping=info("old-2").to_hash())  # type: ignore[arg-type]
+        r.expire(transceiver_key("old-2"), 30)
+        clock[0] += LEGACY_SWEEP  # the next sweep finds one that came since
         with trio.fail_after(5):
-            await directory.snapshot()
+            assert sorted(t.id for t in await directory.snapshot()) == ["old", "old-2"]
         assert scans(r) > swept
     finally:
         link.close()
@@ -151,4 +155,42 @@ async def test_the_heartbeat_indexes_its_hash_and_takes_both_away(server: RedisS
         assert r.zscore(TRANSCEIVERS, "tx-h") is None
         assert not counters["redis_errors"]
     finally:
+        r.close()
+
+
+def test_the_sweep_indexes_only_registry_hashes(server: RedisServer) -> None:
+    r = client_of(server)
+    try:
+        r.hset(transceiver_key("old"), mapping=info("old").to_hash())  # type: ignore[arg-type]
+        r.set(transceiver_key("a-string"), "x")
+        r.hset(transceiver_key(""), mapping={"api_url": "http://x"})  # (no id)
+        r.hset("firsthop:call:c1", mapping={"transceiver_id": "old"})
+        register(r, "tx-1")
+        assert index_legacy(r) == 1
+        assert sorted(r.zrange(TRANSCEIVERS, 0, -1)) == ["old", "tx-1"]
+        assert index_legacy(r) == 0  # (already there: kept as the heartbeat scored it)
+    finally:
+        r.close()
+
+
+async def test_a_registry_read_that_was_cut_does_not_call_the_rest_gone(
+    server: RedisServer,
+) -> None:
+    r = client_of(server)
+    link = RedisLink(server.url, Counter())
+    try:
+        now = time.time()
+        pipe = r.pipeline(transaction=False)
+        for i in range(MAX_TRANSCEIVERS + 1):
+            tx_id = f"tx-{i}"
+            pipe.hset(transceiver_key(tx_id), mapping=info(tx_id).to_hash())  # type: ignore[arg-type]
+            pipe.zadd(TRANSCEIVERS, {tx_id: now + i / 1000})
+        pipe.execute()
+        directory = Directory([], link)
+        with trio.fail_after(10):
+            assert await directory.is_registered(f"tx-{MAX_TRANSCEIVERS}") is True
+            assert await directory.is_registered("tx-0") is None  # not read: unknown
+        assert not directory.complete
+    finally:
+        link.close()
         r.close()
