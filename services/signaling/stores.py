@@ -242,8 +242,7 @@ def index_legacy(client: redis.Redis) -> int:
     index; at most `MAX_TRANSCEIVERS`): a SCAN of the keyspace. How many were added."""
     prefix = transceiver_key("")
     keys = client.scan_iter(match=f"{prefix}*", count=5000, _type="hash")
-    ids = [key.removeprefix(prefix) for key in islice(keys, MAX_TRANSCEIVERS)]
-    ids = [tx_id for tx_id in ids if tx_id]
+    ids = [key.removeprefix(prefix) for key in islice(keys, MAX_TRANSCEIVERS) if key != prefix]
     if not ids:
         return 0
     expires = time.time() + TRANSCEIVER_TTL

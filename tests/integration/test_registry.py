@@ -48,6 +48,23 @@ def register(r: redis_lib.Redis, tx_id: str, expires_in: float = 5, **fields: st
     r.zadd(TRANSCEIVERS, {tx_id: time.time() + expires_in})
 
 
+def register_unindexed(r: redis_lib.Redis, tx_id: str) -> None:
+    """What a transceiver of a release before the index writes: its hash alone."""
+    r.hset(transceiver_key(tx_id), mapping=info(tx_id).to_hash())  # type: ignore[arg-type]
+    r.expire(transceiver_key(tx_id), 30)
+
+
+def register_many(r: redis_lib.Redis, n: int) -> None:
+    """`tx-0` .. `tx-{n-1}`, each a heartbeat later than the one before."""
+    now = time.time()
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        tx_id = f"tx-{i}"
+        pipe.hset(transceiver_key(tx_id), mapping=info(tx_id).to_hash())  # type: ignore[arg-type]
+        pipe.zadd(TRANSCEIVERS, {tx_id: now + i / 1000})
+    pipe.execute()
+
+
 def scans(r: redis_lib.Redis) -> int:
     stats = r.info("commandstats")
     return int(stats.get("cmdstat_scan", {}).get("calls", 0))
@@ -58,7 +75,7 @@ def test_the_read_takes_the_index_and_its_hashes_and_nothing_else(server: RedisS
     try:
         register(r, "tx-1")
         register(r, "tx-2", sessions="7")
-        r.hset(transceiver_key("unindexed"), mapping=info("unindexed").to_hash())  # type: ignore[arg-type]
+        register_unindexed(r, "unindexed")
         r.zadd(TRANSCEIVERS, {"expired": time.time()})  # its hash is gone (TTL)
         r.set(transceiver_key("not-a-hash"), "x")  # a key of another type: never jams the read
         r.zadd(TRANSCEIVERS, {"not-a-hash": time.time()})
@@ -79,13 +96,7 @@ def test_the_read_takes_the_index_and_its_hashes_and_nothing_else(server: RedisS
 def test_the_read_is_bounded_and_takes_the_freshest_first(server: RedisServer) -> None:
     r = client_of(server)
     try:
-        now = time.time()
-        pipe = r.pipeline(transaction=False)
-        for i in range(MAX_TRANSCEIVERS + 5):
-            tx_id = f"tx-{i}"
-            pipe.hset(transceiver_key(tx_id), mapping=info(tx_id).to_hash())  # type: ignore[arg-type]
-            pipe.zadd(TRANSCEIVERS, {tx_id: now + i / 1000})
-        pipe.execute()
+        register_many(r, MAX_TRANSCEIVERS + 5)
         registry = read_registry(r)
         rows = registry.rows
         assert len(rows) == MAX_TRANSCEIVERS and registry.indexed == MAX_TRANSCEIVERS + 5
@@ -103,8 +114,7 @@ async def test_the_directory_sweeps_for_unindexed_transceivers_only_now_and_then
     try:
         register(r, "tx-1")
         # A transceiver of an older release: its hash, no index entry.
-        r.hset(transceiver_key("old"), mapping=info("old").to_hash())  # type: ignore[arg-type]
-        r.expire(transceiver_key("old"), 30)
+        register_unindexed(r, "old")
         clock = [0.0]
         directory = Directory([], link, clock=lambda: clock[0])
         with trio.fail_after(5):
@@ -120,8 +130,7 @@ async def test_the_directory_sweeps_for_unindexed_transceivers_only_now_and_then
                 assert [t.id for t in await directory.snapshot()] == ["old"]
         assert r.zscore(TRANSCEIVERS, "tx-1") is None
         assert scans(r) == swept  # reads between sweeps take the index alone
-        r.hset(transceiver_key("old-2"), mapping=info("old-2").to_hash())  # type: ignore[arg-type]
-        r.expire(transceiver_key("old-2"), 30)
+        register_unindexed(r, "old-2")
         clock[0] += LEGACY_SWEEP  # the next sweep finds one that came since
         with trio.fail_after(5):
             assert sorted(t.id for t in await directory.snapshot()) == ["old", "old-2"]
@@ -161,7 +170,7 @@ async def test_the_heartbeat_indexes_its_hash_and_takes_both_away(server: RedisS
 def test_the_sweep_indexes_only_registry_hashes(server: RedisServer) -> None:
     r = client_of(server)
     try:
-        r.hset(transceiver_key("old"), mapping=info("old").to_hash())  # type: ignore[arg-type]
+        register_unindexed(r, "old")
         r.set(transceiver_key("a-string"), "x")
         r.hset(transceiver_key(""), mapping={"api_url": "http://x"})  # (no id)
         r.hset("firsthop:call:c1", mapping={"transceiver_id": "old"})
@@ -179,13 +188,7 @@ async def test_a_registry_read_that_was_cut_does_not_call_the_rest_gone(
     r = client_of(server)
     link = RedisLink(server.url, Counter())
     try:
-        now = time.time()
-        pipe = r.pipeline(transaction=False)
-        for i in range(MAX_TRANSCEIVERS + 1):
-            tx_id = f"tx-{i}"
-            pipe.hset(transceiver_key(tx_id), mapping=info(tx_id).to_hash())  # type: ignore[arg-type]
-            pipe.zadd(TRANSCEIVERS, {tx_id: now + i / 1000})
-        pipe.execute()
+        register_many(r, MAX_TRANSCEIVERS + 1)
         directory = Directory([], link)
         with trio.fail_after(10):
             assert await directory.is_registered(f"tx-{MAX_TRANSCEIVERS}") is True
