@@ -59,16 +59,23 @@ class PhoneStack:
     @classmethod
     @contextmanager
     def running(
-        cls, *signaling: str, trunk: str = "127.0.0.1/32", agent: AgentProcess | None = None
+        cls,
+        *signaling: str,
+        trunk: str = "127.0.0.1/32",
+        agent: AgentProcess | None = None,
+        transceiver: tuple[str, ...] = (),
     ) -> Iterator[PhoneStack]:
         """`agent` (default: echo) is the transceiver's and signaling's `echo`; more agents
-        may be named with `signaling` flags (their processes the caller's to run)."""
+        may be named with `signaling` flags (their processes the caller's to run);
+        `transceiver`: more flags of the transceiver's."""
         redis = RedisServer()
         redis.start()
         try:
             relay = RelayProcess(redis_url=redis.url)
             agent = agent or AgentProcess("echo", metrics=True)
-            tx = TransceiverProcess("--redis", redis.url, "--region", "a", agent_url=agent.url)
+            tx = TransceiverProcess(
+                "--redis", redis.url, "--region", "a", *transceiver, agent_url=agent.url
+            )
             sip_port = free_sip_port()
             sig = SignalingProcess(
                 *["--redis", redis.url, "--ingress", f"a={relay.listen[0]}:{relay.listen[1]}"],

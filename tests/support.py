@@ -957,3 +957,68 @@ def make_cert(directory: Path) -> tuple[Path, Path]:
         )
     )
     return cert_path, key_path
+
+
+# -- recordings, as a listener reads them -------------------------------------------------------
+
+
+def probe_recording(data: bytes, suffix: str, rate: int) -> tuple[dict[str, Any], Any]:
+    """A recording's bytes read as ffprobe and ffmpeg (Debian's) read them: (the probe's
+    first stream with the format's duration in it, its two channels as float64 samples at
+    `rate`, shape (n, 2))."""
+    import tempfile
+
+    import numpy as np
+
+    for tool in ("ffprobe", "ffmpeg"):
+        assert shutil.which(tool), f"{tool} is not installed: run `make test` (it installs ffmpeg)"
+    with tempfile.NamedTemporaryFile(suffix=suffix) as f:
+        f.write(data)
+        f.flush()
+        probe = json.loads(
+            subprocess.run(
+                ["ffprobe", "-v", "error", "-show_streams", "-show_format", "-of", "json", f.name],
+                capture_output=True,
+                check=True,
+                timeout=30,
+            ).stdout
+        )
+        raw = subprocess.run(
+            [
+                "ffmpeg",
+                "-v",
+                "error",
+                "-i",
+                f.name,
+                "-f",
+                "s16le",
+                "-ac",
+                "2",
+                "-ar",
+                str(rate),
+                "-",
+            ],
+            capture_output=True,
+            check=True,
+            timeout=30,
+        ).stdout
+    (stream,) = probe["streams"]
+    stream["duration"] = float(probe["format"]["duration"])
+    return stream, np.frombuffer(raw, "<i2").reshape(-1, 2).astype(np.float64)
+
+
+def onsets(channel: Any, rate: int) -> list[float]:
+    """Seconds where 20 ms frames turn loud (RMS > 1000) after a quiet one."""
+    import numpy as np
+
+    size = rate // 50
+    frames = channel[: len(channel) // size * size].reshape(-1, size)
+    loud = np.sqrt(np.mean(frames**2, axis=1)) > 1000
+    return [i * 0.02 for i in range(1, len(loud)) if loud[i] and not loud[i - 1]]
+
+
+def peak_hz(channel: Any, rate: int) -> float:
+    import numpy as np
+
+    spectrum = np.abs(np.fft.rfft(channel))
+    return float(np.fft.rfftfreq(len(channel), 1 / rate)[np.argmax(spectrum)])

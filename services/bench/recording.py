@@ -21,7 +21,7 @@ from firsthop.services.bench.measure import report
 from firsthop.services.bench.voice import OpusLink, speak
 from firsthop.services.transceiver.media.frames import FRAME_BYTES
 from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder
-from firsthop.services.transceiver.media.recorder import CallRecorder
+from firsthop.services.transceiver.media.recorder import CallRecorder, OggOpus
 
 SAMPLE_RATE = 48000
 MINUTE = 3000  # 20 ms slots
@@ -45,7 +45,7 @@ def _record(caller: list[bytes], agent: list[bytes], directory: str) -> tuple[fl
     path = os.path.join(directory, "minute.opus")
     started = time.process_time()
     with open(path, "wb") as f:
-        recorder = CallRecorder(0.0, 1)
+        recorder = CallRecorder(0.0, OggOpus(1))
         now = 0.0
         for i in range(MINUTE):
             recorder.caller(caller[i], i * 960, now + 0.002)

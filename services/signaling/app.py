@@ -256,15 +256,15 @@ def create_app(ctx: Context) -> QuartTrio:
 
     @app.get("/v1/calls/<call_id>/recording")
     async def get_recording(call_id: str) -> Response:
-        """The call's recording (Ogg/Opus, caller left, agent right), for the credential
-        that placed the call (any route's), once the call has ended."""
+        """The call's recording (Ogg/Opus, or a G.711 phone call's WAVE; caller left, agent
+        right), for the credential that placed the call (any route's), once it has ended."""
         limit_ip()
         call_id_ok(call_id)
         principal = ctx.auth.any_credential(request.headers.get("Authorization"))
-        body, length = await ctx.calls.recording(call_id, principal)
-        resp = Response(body, status=200, content_type="audio/ogg")
-        if length is not None and length.isdigit():
-            resp.headers["Content-Length"] = length
+        found = await ctx.calls.recording(call_id, principal)
+        resp = Response(found.chunks, status=200, content_type=found.media_type)
+        if found.length is not None and found.length.isdigit():
+            resp.headers["Content-Length"] = found.length
         return resp
 
     @app.patch("/v1/calls/<call_id>")

@@ -17,7 +17,7 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,6 +40,7 @@ from firsthop.services.signaling.stores import (
     SecretLedger,
 )
 from firsthop.services.signaling.transceivers import (
+    RecordingBody,
     TransceiverClient,
     TransceiverDown,
     TransceiverRejected,
@@ -341,10 +342,8 @@ class Calls:
             raise Problem(403, "this call belongs to another credential")
         return record
 
-    async def recording(
-        self, call_id: str, principal: Principal
-    ) -> tuple[AsyncIterator[bytes], str | None]:
-        """A finished recording of `call_id` (streamed, and its length if known), for the
+    async def recording(self, call_id: str, principal: Principal) -> RecordingBody:
+        """A finished recording of `call_id` (streamed; its length if known, its type), for the
         credential that placed the call, or the API key whose ephemeral key did (the rule of
         the Realtime hangup): 404 none, 403 another's, 409 the call still lasts, 503 its
         transceiver cannot be asked."""
@@ -354,7 +353,7 @@ class Calls:
         if not principal.owns(found.owner):  # (an API key owns its ephemeral keys' calls)
             raise Problem(403, "this call belongs to another credential")
         try:
-            status, body, length = await self.client.recording(found.api_url, call_id)
+            status, body = await self.client.recording(found.api_url, call_id)
         except TransceiverDown:
             raise Problem(
                 503, "the recording's transceiver cannot be reached", retry_after=5.0
@@ -363,7 +362,7 @@ class Calls:
             raise Problem(409, "the call is still being recorded")
         if body is None:
             raise Problem(404, "no recording of this call (it may have expired)")
-        return body, length
+        return body
 
     async def trickle(self, record: CallRecord, frag: Fragment) -> bytes | None:
         """Apply a trickle-ice-sdpfrag (or one WebSocket candidate) to a call. Candidates are

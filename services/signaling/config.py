@@ -74,6 +74,7 @@ class SignalingConfig:
     sip_listen: Address | None = None  # SIP over UDP (`sip.py`): off unless given
     sip_public: Address | None = None  # our Contact's host:port (default: the bound one)
     sip_trunks: dict[str, list[str]] = field(default_factory=dict)  # name -> CIDRs
+    sip_record: frozenset[str] = frozenset()  # trunks whose every call is recorded
     sip_tls_listen: Address | None = None  # SIP over TLS, with the two below
     sip_tls_cert: str | None = None  # PEM certificate chain
     sip_tls_key: str | None = None  # PEM private key
@@ -230,6 +231,14 @@ def register_flags(p: argparse.ArgumentParser) -> None:
     )
     add_option(
         p,
+        "--sip-record",
+        action="append",
+        help="record every call from this trunk (a --sip-trunk name; repeat for more): the "
+        "transceivers need --record-dir; the files stay in it (no credential owns such a call)",
+        metavar="NAME",
+    )
+    add_option(
+        p,
         "--sip-tls-listen",
         default=None,
         help="SIP over TLS here too (5061), with --sip-tls-cert and --sip-tls-key",
@@ -341,6 +350,10 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         for name, cidr in _pairs(args.sip_trunk, "--sip-trunk"):
             ipaddress.ip_network(cidr, strict=False)  # validates
             trunks.setdefault(name, []).append(cidr)
+        recorded = frozenset(args.sip_record or ())
+        if recorded - trunks.keys():
+            unknown = sorted(recorded - trunks.keys())
+            raise ValueError(f"--sip-record names no --sip-trunk: {', '.join(unknown)}")
         ClientAddresses(proxies)  # validates
         config = SignalingConfig(
             listen=listen,
@@ -372,6 +385,7 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             sip_listen=hostport_arg(args.sip_listen) if args.sip_listen else None,
             sip_public=hostport_arg(args.sip_public) if args.sip_public else None,
             sip_trunks=trunks,
+            sip_record=recorded,
             sip_tls_listen=hostport_arg(args.sip_tls_listen) if args.sip_tls_listen else None,
             sip_tls_cert=args.sip_tls_cert or None,
             sip_tls_key=args.sip_tls_key or None,

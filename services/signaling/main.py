@@ -119,6 +119,7 @@ def sip_config(config: SignalingConfig) -> SipConfig:
         listen=config.sip_listen,
         public=config.sip_public,
         trunks=[Trunk.of(name, cidrs) for name, cidrs in config.sip_trunks.items()],
+        record=config.sip_record,
         poll_interval=config.call_poll_interval,
         lost_after=config.call_lost_after,
         tls_listen=config.sip_tls_listen,

@@ -228,6 +228,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
         principal, phone = await ringing_call(call_id)
         session = check_session(await json_object("session"))
         session.setdefault("type", "realtime")
+        recorded = record_flag(request.args.get("record"))  # (extension, as on /v1/calls)
         if not await ctx.phones.move(call_id, "ringing", state="accepted"):
             raise Problem(404, "no such call ringing")  # (a CANCEL, or another accept, won)
         agent = choose_agent(session.get("model"), None, config.agents, config.default_agent)
@@ -243,6 +244,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
                     session=session,
                     media="rtp",
                     call_id=call_id,
+                    record=recorded,
                 )
             )
         except Problem as problem:  # the trunk hears it (488 for an offer we cannot take)

@@ -93,6 +93,7 @@ class SipConfig:
     listen: Address
     trunks: list[Trunk]
     public: Address | None = None  # our Contact's host:port (default: `listen`)
+    record: frozenset[str] = frozenset()  # trunks whose every call is recorded
     limits: Limits = field(default_factory=Limits)
     poll_interval: float = 1.0  # each transceiver's calls, probed this often (all at once)
     lost_after: float = 5.0  # a transceiver that does not answer this long lost its calls
@@ -494,6 +495,7 @@ class SipFront:
                     region_header=None,
                     client_ip=offered.source[0],
                     media="rtp",
+                    record=offered.trunk in self.config.record,
                 )
             )
         except Problem as problem:

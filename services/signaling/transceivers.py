@@ -29,6 +29,7 @@ CREATE_TIMEOUT = 10.0  # aiortc builds the answer (certificates, codecs): well u
 CONNECT_TIMEOUT = 1.0
 SMALL_TIMEOUT = 3.0
 RECORDING_TIMEOUT = 30.0  # between two chunks of a recording (it is streamed)
+RECORDING_TYPES = ("audio/ogg", "audio/wav")  # Ogg/Opus; a G.711 phone call's WAVE
 RECORDING_CHUNK = 1 << 16
 
 
@@ -55,6 +56,15 @@ def new_traceparent(incoming: str | None = None) -> str:
         if m and m.group(1) != "0" * 32:
             trace_id = m.group(1)
     return f"00-{trace_id}-{os.urandom(8).hex()}-01"
+
+
+@dataclass(frozen=True)
+class RecordingBody:
+    """A finished recording, as its transceiver streams it."""
+
+    chunks: AsyncIterator[bytes]
+    length: str | None  # its Content-Length, if it said
+    media_type: str  # one of RECORDING_TYPES
 
 
 @dataclass(frozen=True)
@@ -172,11 +182,9 @@ class TransceiverClient:
             raise TransceiverDown(resp.status_code, _reason(resp))
         return Reply(resp.status_code, resp.headers.get("content-type", ""), resp.content)
 
-    async def recording(
-        self, api_url: str, call_id: str
-    ) -> tuple[int, AsyncIterator[bytes] | None, str | None]:
-        """(status, body, length) of a call's recording on its transceiver: the body streamed
-        (a long call's file is big; nothing of it is held whole), None unless 200."""
+    async def recording(self, api_url: str, call_id: str) -> tuple[int, RecordingBody | None]:
+        """(status, body) of a call's recording on its transceiver: the body streamed (a long
+        call's file is big; nothing of it is held whole), None unless 200."""
         request = self.http.build_request(
             "GET",
             f"{api_url}/internal/v1/recordings/{quote(call_id, safe='')}",
@@ -191,7 +199,7 @@ class TransceiverClient:
             await resp.aclose()
             if resp.status_code >= 500 or resp.status_code in (401, 403):
                 raise TransceiverDown(resp.status_code, "the recording could not be read")
-            return resp.status_code, None, None
+            return resp.status_code, None
 
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -200,7 +208,10 @@ class TransceiverClient:
             finally:
                 await resp.aclose()
 
-        return 200, body(), resp.headers.get("content-length")
+        media_type = resp.headers.get("content-type", "").split(";")[0].strip()
+        if media_type not in RECORDING_TYPES:
+            media_type = "application/octet-stream"
+        return 200, RecordingBody(body(), resp.headers.get("content-length"), media_type)
 
     async def delete_session(self, api_url: str, session_id: str) -> int:
         resp = await self._request(

@@ -23,6 +23,7 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from firsthop.services.transceiver.recordings import MEDIA_TYPES
 from firsthop.services.transceiver.service import Transceiver
 from firsthop.services.transceiver.table import Refusal
 from firsthop.shared import memory
@@ -132,8 +133,8 @@ def create_app(tx: Transceiver) -> QuartTrio:
         if media not in ("webrtc", "rtp"):
             return _error(400, "media must be webrtc or rtp")
         record = body.get("record", False)
-        if not isinstance(record, bool) or (record and media == "rtp"):
-            return _error(400, "record must be true or false (and a WebRTC call's)")
+        if not isinstance(record, bool):
+            return _error(400, "record must be true or false")
         try:
             if media == "rtp":  # a phone call: the trunk's plain RTP offer
                 session_id, answer = await tx.create_phone_session(
@@ -144,6 +145,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
                     region=region if isinstance(region, str) else None,
                     traceparent=request.headers.get("traceparent"),
                     session_config=session_config,
+                    record=record,
                 )
             else:
                 session_id, answer = await tx.create_session(
@@ -178,7 +180,8 @@ def create_app(tx: Transceiver) -> QuartTrio:
 
     @app.get("/internal/v1/recordings/<call_id>")
     async def recording(call_id: str) -> Response:
-        """A finished recording's Ogg/Opus (signaling serves it to the call's owner)."""
+        """A finished recording: Ogg/Opus, or a G.711 call's WAVE (signaling serves it to the
+        call's owner)."""
         found = tx.recordings.find(call_id) if tx.recordings is not None else None
         if found == "live":
             return _error(409, "the call is still being recorded")
@@ -196,7 +199,7 @@ def create_app(tx: Transceiver) -> QuartTrio:
             finally:
                 file.close()
 
-        resp = Response(body(), status=200, content_type="audio/ogg")
+        resp = Response(body(), status=200, content_type=MEDIA_TYPES[found.suffix])
         resp.headers["Content-Length"] = str(os.fstat(file.fileno()).st_size)
         return resp
 

@@ -1,10 +1,11 @@
 """Call recordings on disk (`--record-dir`): written while the call lasts, kept for a while.
 
-A recording is `{call}.opus.part` while its call lasts (the media core's Ogg pages appended
-and flushed as they are made, a second of audio at a time), then `{call}.opus` beside
-`{call}.json` (what the file holds: start, length, the cuts) once it ended; only a finished
-one is served (`GET /internal/v1/recordings/{call}`, which signaling's `GET
-/v1/calls/{id}/recording` streams to the call's owner).
+A recording is `{call}.part` while its call lasts (what the media core's recorder made,
+appended and flushed as it is made, a second of audio at a time), then `{call}.opus` (Ogg/Opus)
+or `{call}.wav` (a G.711 phone call's) beside `{call}.json` (what the file holds: start,
+length, the cuts) once it ended; only a finished one is served (`GET
+/internal/v1/recordings/{call}`, which signaling's `GET /v1/calls/{id}/recording` streams to
+the call's owner).
 
 What could stall the media loop is not done on it: closing a file, writing its JSON, the
 rename and the retention sweep run on one worker thread, in order. A file that cannot be
@@ -13,7 +14,7 @@ never the call. A recording stops growing at `max_file_bytes` (`recording_trunca
 file keeps what it had). Retention: a finished recording goes after `keep` seconds, and the
 oldest go while all of them take more than `max_bytes`; checked as each one finishes and at
 start, when a `.part` a stopped process left is kept as it is (its pages up to the last
-second written are whole; marked `interrupted`).
+second written are whole; marked `interrupted`; a WAVE file is given its sizes).
 
 One transceiver per directory (a lock file: a second one refuses to start), since a start
 finishes the `.part` files it finds. File names come from call ids the edge made
@@ -34,10 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from firsthop.shared.wire import wav
+
 log = logging.getLogger("firsthop.transceiver.recordings")
 
 _SAFE = re.compile(r"[A-Za-z0-9_-]{1,128}")
-PART, DONE, META, LOCK = ".opus.part", ".opus", ".json", ".lock"
+PART, META, LOCK = ".part", ".json", ".lock"
+OPUS, WAV = ".opus", ".wav"
+DONE = (OPUS, WAV)  # a finished recording's file: Ogg/Opus, or a G.711 call's WAVE
+MEDIA_TYPES = {OPUS: "audio/ogg", WAV: "audio/wav"}
 MAX_CUTS = 1000
 
 
@@ -84,8 +90,9 @@ class RecordingFile:
         if len(self.cuts_ms) < MAX_CUTS:
             self.cuts_ms.append(at_ms)
 
-    def finish(self, seconds: float, extra: dict[str, Any]) -> None:
-        """The call ended: the file is finished and served (on the store's worker)."""
+    def finish(self, seconds: float, suffix: str, extra: dict[str, Any]) -> None:
+        """The call ended: the file is finished as `{call}{suffix}` (one of `DONE`) and
+        served (on the store's worker)."""
         file, self.file = self.file, None
         if file is None:
             return  # (it failed, or was discarded)
@@ -100,7 +107,7 @@ class RecordingFile:
             "truncated": self.truncated,
             **extra,
         }
-        self.store.submit(self.store.finished, self.call_id, file, meta)
+        self.store.submit(self.store.finished, self.call_id, file, suffix, meta)
 
     def discard(self) -> None:
         """No recording after all (a call whose setup failed, a write that failed)."""
@@ -133,8 +140,13 @@ class RecordingStore:
         self.live: set[str] = set()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="recordings")
         for part in self.directory.glob(f"*{PART}"):  # a stopped process's: kept as they are
-            name = part.name.removesuffix(PART)
-            part.rename(self.directory / f"{name}{DONE}")
+            name = part.name.removesuffix(PART).removesuffix(OPUS)  # (".opus.part": before 0.x)
+            try:
+                suffix = _sized(part)
+                part.rename(self.directory / f"{name}{suffix}")
+            except OSError as exc:
+                log.error("recording %s left by a stopped process: %s", part.name, exc)
+                continue
             self._write_meta(name, {"call_id": name, "interrupted": True})
         self.prune()
 
@@ -149,7 +161,7 @@ class RecordingStore:
 
     def open(self, call_id: str) -> RecordingFile:
         name = safe_name(call_id)
-        if name in self.live or (self.directory / f"{name}{DONE}").exists():
+        if name in self.live or any((self.directory / f"{name}{s}").exists() for s in DONE):
             raise RecordingError(f"call {name} is already recorded")
         file = open(self.directory / f"{name}{PART}", "wb")  # noqa: SIM115 (finish closes it)
         self.live.add(name)
@@ -158,12 +170,15 @@ class RecordingStore:
 
     # -- on the worker thread -------------------------------------------------------------------
 
-    def finished(self, call_id: str, file: BinaryIO, meta: dict[str, Any]) -> None:
+    def finished(self, call_id: str, file: BinaryIO, suffix: str, meta: dict[str, Any]) -> None:
         try:
             file.close()
+            part = self.directory / f"{call_id}{PART}"
+            if suffix == WAV:
+                _sized(part)
             self._write_meta(call_id, meta)
-            os.replace(self.directory / f"{call_id}{PART}", self.directory / f"{call_id}{DONE}")
-        except OSError as exc:
+            os.replace(part, self.directory / f"{call_id}{suffix}")
+        except (OSError, wav.WavError) as exc:
             log.error("recording of call %s could not be finished: %s", call_id, exc)
             self.counters["recording_failed"] += 1
             self._remove(call_id, PART, META)
@@ -192,19 +207,21 @@ class RecordingStore:
     def prune(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         done = []
-        for path in self.directory.glob(f"*{DONE}"):
+        for path in self.directory.iterdir():
+            if path.suffix not in DONE:
+                continue
             try:
                 stat = path.stat()
             except OSError:
                 continue
-            done.append((stat.st_mtime, stat.st_size, path.name.removesuffix(DONE)))
+            done.append((stat.st_mtime, stat.st_size, path.stem))
         done.sort()
         total = sum(size for _, size, _ in done)
         for mtime, size, name in done:
             if now - mtime <= self.keep and total <= self.max_bytes:
                 continue
             total -= size
-            self._remove(name, DONE, META)
+            self._remove(name, *DONE, META)
             self.counters["recordings_pruned"] += 1
         kept = {name for _, _, name in done}
         for meta in self.directory.glob(f"*{META}"):  # a JSON whose recording is gone
@@ -222,8 +239,11 @@ class RecordingStore:
             return None
         if name in self.live:
             return "live"
-        path = self.directory / f"{name}{DONE}"
-        return path if path.is_file() else None
+        for suffix in DONE:
+            path = self.directory / f"{name}{suffix}"
+            if path.is_file():
+                return path
+        return None
 
     def meta(self, call_id: str) -> dict[str, Any]:
         try:
@@ -239,3 +259,21 @@ class RecordingStore:
     def close(self, wait: bool = True) -> None:
         self._worker.shutdown(wait=wait)
         self._lock.close()
+
+
+def _sized(path: Path) -> str:
+    """The suffix a recording's file is finished with, by its first bytes; a WAVE file is
+    given the sizes of the whole sample frames it holds (written while the call lasted, its
+    header did not know them), a torn last one cut off."""
+    with open(path, "r+b") as f:
+        head = f.read(wav.HEADER)
+        if head[:4] != b"RIFF":
+            return OPUS
+        try:
+            sized = wav.sized_header(head, os.fstat(f.fileno()).st_size - wav.HEADER)
+        except wav.WavError:
+            return WAV  # (not one of ours: kept as it is)
+        f.seek(0)
+        f.write(sized)
+        f.truncate(wav.HEADER + wav.data_size(sized))
+    return WAV

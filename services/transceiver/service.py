@@ -383,8 +383,7 @@ class Transceiver:
         self.table.check_admission()
         if not ingress:
             raise Refusal(400, "no ingress address to advertise")
-        if record and self.recordings is None:
-            raise Refusal(400, "recording is off on this transceiver (no --record-dir)")
+        self._check_recording(record)
         try:
             offer = check_offer(offer_sdp)
         except ValueError as exc:
@@ -405,11 +404,7 @@ class Transceiver:
                 traceparent, span, session_config,
             )  # fmt: skip
             if record:
-                assert self.recordings is not None
-                try:
-                    session.rtc.recording = self.recordings.open(call_id)
-                except (RecordingError, OSError) as exc:
-                    raise Refusal(400, f"cannot record this call: {exc}") from exc
+                self._record(session, call_id)
             with trace.use_span(span, end_on_exit=False):
                 with TRACER.start_as_current_span("transceiver.answer"):
                     answer = await self._answer(session, offer_sdp)
@@ -432,6 +427,7 @@ class Transceiver:
         region: str | None,
         traceparent: str | None = None,
         session_config: dict[str, Any] | None = None,
+        record: bool = False,
     ) -> tuple[str, str]:
         """A phone call from a SIP trunk (signaling's SIP front): plain RTP as the trunk's
         offer says (`rtc/plain_rtp.py`), its media pinned to the one address that offer
@@ -440,6 +436,7 @@ class Transceiver:
         self.table.check_admission()
         if not ingress:
             raise Refusal(400, "no ingress address to advertise")
+        self._check_recording(record)
         pins = self.flow_pins
         if pins is None and not self.config.accept_direct:
             raise Refusal(503, "phone calls need --redis: their relay flow is published there")
@@ -455,6 +452,8 @@ class Transceiver:
                 session_id, call_id, agent_url, region, ingress, [], creds, traceparent,
                 span, session_config, media="rtp",
             )  # fmt: skip
+            if record:
+                self._record(session, call_id)
             with trace.use_span(span, end_on_exit=False):
                 with TRACER.start_as_current_span("transceiver.answer"):
                     try:
@@ -483,6 +482,18 @@ class Transceiver:
         self.counters["phone_sessions"] += 1
         self._sessions_nursery.start_soon(self._run_session, session)
         return session_id, answer
+
+    def _check_recording(self, record: bool) -> None:
+        if record and self.recordings is None:
+            raise Refusal(400, "recording is off on this transceiver (no --record-dir)")
+
+    def _record(self, session: Session, call_id: str) -> None:
+        """The call is recorded (its file opened now: it is written from its media's start)."""
+        assert self.recordings is not None
+        try:
+            session.rtc.recording = self.recordings.open(call_id)
+        except (RecordingError, OSError) as exc:
+            raise Refusal(400, f"cannot record this call: {exc}") from exc
 
     def _check_trunk_media(self, remote: Address) -> None:
         """Where a trunk's offer may ask for media: not an address of no host, not one a live

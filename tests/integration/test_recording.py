@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,7 +21,14 @@ import numpy as np
 import pytest
 
 from firsthop.services.call.caller import Caller, ToneTrack
-from tests.support import AgentProcess, MediaStack, wait_until
+from tests.support import (
+    AgentProcess,
+    MediaStack,
+    onsets,
+    peak_hz,
+    probe_recording,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -77,18 +83,6 @@ def fetch(stack: MediaStack, call_id: str, key: str = KEY) -> httpx.Response:
     return httpx.get(f"{stack.sig.url}/v1/calls/{call_id}/recording", headers=headers(key))
 
 
-def onsets(channel: np.ndarray) -> list[float]:
-    """Seconds where 20 ms frames turn loud (RMS > 1000) after a quiet one."""
-    frames = channel[: len(channel) // 960 * 960].reshape(-1, 960)
-    loud = np.sqrt(np.mean(frames**2, axis=1)) > 1000
-    return [i * 0.02 for i in range(1, len(loud)) if loud[i] and not loud[i - 1]]
-
-
-def peak_hz(channel: np.ndarray) -> float:
-    spectrum = np.abs(np.fft.rfft(channel))
-    return float(np.fft.rfftfreq(len(channel), 1 / 48000)[np.argmax(spectrum)])
-
-
 def test_a_recorded_call_has_both_sides_aligned_for_its_owner_only(
     stack: tuple[MediaStack, Path],
 ) -> None:
@@ -100,41 +94,22 @@ def test_a_recorded_call_has_both_sides_aligned_for_its_owner_only(
     assert during == [409]  # not while the call lasts
     wait_until(lambda: fetch(edge, call_id).status_code == 200, timeout=10)
     assert fetch(edge, call_id, OTHER).status_code == 403
-    data = fetch(edge, call_id).content
-    with tempfile.NamedTemporaryFile(suffix=".opus") as f:
-        f.write(data)
-        f.flush()
-        probe = json.loads(
-            subprocess.run(
-                ["ffprobe", "-v", "error", "-show_streams", "-show_format", "-of", "json", f.name],
-                capture_output=True,
-                check=True,
-                timeout=30,
-            ).stdout
-        )
-        raw = subprocess.run(
-            ["ffmpeg", "-v", "error", "-i", f.name, "-f", "s16le", "-ac", "2", "-ar", "48000", "-"],
-            capture_output=True,
-            check=True,
-            timeout=30,
-        ).stdout
-    (stream,) = probe["streams"]
+    stream, pcm = probe_recording(fetch(edge, call_id).content, ".opus", 48000)
     assert stream["codec_name"] == "opus" and stream["channels"] == 2
-    duration = float(probe["format"]["duration"])
+    duration = stream["duration"]
     meta = json.loads((directory / f"{call_id}.json").read_text())
     assert abs(duration - meta["seconds"]) <= 0.02  # the file says what it holds, to a frame
     assert SECONDS < duration < lasted + 1.0, (duration, lasted)
-    pcm = np.frombuffer(raw, "<i2").reshape(-1, 2).astype(np.float64)
     left, right = pcm[:, 0], pcm[:, 1]
-    assert abs(peak_hz(left) - 440) < 5 and abs(peak_hz(right) - 440) < 5
-    said, echoed = onsets(left), onsets(right)
+    assert abs(peak_hz(left, 48000) - 440) < 5 and abs(peak_hz(right, 48000) - 440) < 5
+    said, echoed = onsets(left, 48000), onsets(right, 48000)
     assert len(said) >= 5 and len(echoed) >= 5, (said, echoed)
     # the echo's beeps follow the caller's by the edge's round trip, not before, not later
     lags = [min((e - s for e in echoed if e >= s - 0.02), default=9.0) for s in said[:-1]]
     assert all(-0.021 <= lag <= 0.25 for lag in lags), lags
     # the caller heard as many beeps as the right channel holds (its playout: the same)
     heard = np.frombuffer(bytes(caller.result.received), "<i2").astype(np.float64)
-    assert abs(len(onsets(heard)) - len(echoed)) <= 1
+    assert abs(len(onsets(heard, 48000)) - len(echoed)) <= 1
 
 
 def test_no_recording_unless_asked_and_not_for_a_bad_word(stack: tuple[MediaStack, Path]) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -33,7 +34,14 @@ from ..sip_phone import (
     sipp_invite,
     tone,
 )
-from ..support import AgentProcess, spoken, wait_until
+from ..support import (
+    AgentProcess,
+    SignalingProcess,
+    peak_hz,
+    probe_recording,
+    spoken,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -268,6 +276,39 @@ def test_the_assistant_answers_a_spoken_question_on_the_phone(tmp_path: Path) ->
                 phone.close()
     finally:
         assistant.kill()
+
+
+def test_a_trunk_whose_calls_are_recorded_leaves_a_wave_of_each_in_the_record_dir(
+    tmp_path: Path,
+) -> None:
+    """`--sip-record local`: every call from that trunk is recorded (its A-law both ways, as
+    carried, caller left), the file in the transceiver's --record-dir; no API credential owns
+    a trunk's call, so none fetches it."""
+    with PhoneStack.running(
+        "--sip-record", "local", transceiver=("--record-dir", str(tmp_path))
+    ) as stack:
+        phone = Phone(stack.sip)
+        try:
+            _, responses = phone.invite("echo", "8 101")
+            assert responses[-1].status == 200
+            wait_until(lambda: stack.live_sessions(), 5)
+            heard = phone.talk(tone(600.0, 2.0), 8)
+            assert power_at(heard[-4000:], 600.0) > 0.5
+            phone.send(phone.request("BYE"))
+            assert phone.responses_until_final()[-1].status == 200
+        finally:
+            phone.close()
+        wait_until(lambda: list(tmp_path.glob("*.wav")), 10)
+        (found,) = tmp_path.glob("*.wav")
+        meta = json.loads(found.with_suffix(".json").read_text())
+        key = {"Authorization": f"Bearer {SignalingProcess.API_KEY}"}
+        got = httpx.get(f"{stack.sig.url}/v1/calls/{found.stem}/recording", headers=key)
+        assert got.status_code == 403  # the trunk's call: not an API key's
+    stream, pcm = probe_recording(found.read_bytes(), ".wav", 8000)
+    assert (stream["codec_name"], stream["channels"]) == ("pcm_alaw", 2)
+    assert abs(stream["duration"] - meta["seconds"]) <= 0.02 and stream["duration"] >= 2.0
+    left, right = pcm[:, 0], pcm[:, 1]
+    assert abs(peak_hz(left, 8000) - 600) < 5 and abs(peak_hz(right, 8000) - 600) < 5
 
 
 def test_rtp_from_anywhere_but_the_offered_address_reaches_no_call(stack: PhoneStack) -> None:

@@ -16,17 +16,27 @@ import os
 import queue
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from firsthop.shared.wire import sip
 
 from ..sip_phone import Phone, PhoneStack, power_at, tone
-from ..support import SignalingProcess, free_tcp_port, wait_until
+from ..support import (
+    SignalingProcess,
+    free_tcp_port,
+    onsets,
+    peak_hz,
+    probe_recording,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +50,7 @@ class App:
     stack: PhoneStack
     events: queue.Queue[tuple[bytes, dict[str, str]]]
     client: openai.OpenAI
+    records: Path  # the transceiver's --record-dir
 
     def incoming(self, timeout: float = 10.0) -> Any:
         """The next webhook, verified by the SDK (it raises on a bad signature)."""
@@ -91,11 +102,34 @@ def client_for(stack: PhoneStack) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def app() -> Iterator[App]:
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    records = tmp_path_factory.mktemp("records")
     with webhook_endpoint() as (url, events):
         flags = ["--sip-webhook", url, "--sip-webhook-secret", SECRET]
-        with PhoneStack.running(*flags) as stack:
-            yield App(stack, events, client_for(stack))
+        with PhoneStack.running(*flags, transceiver=("--record-dir", str(records))) as stack:
+            yield App(stack, events, client_for(stack), records)
+
+
+def answered(app: App, phone: Phone, **accept: Any) -> str:
+    """The phone calls, the app accepts (`accept`: the SDK call's extra arguments), the phone
+    acknowledges the 200: the call's id."""
+    phone.send(phone.request("INVITE", body=phone.offer()))
+    call_id = str(app.incoming().data.call_id)
+    app.client.realtime.calls.accept(call_id, type="realtime", model="echo", **accept)
+    final = phone.responses_until_final()[-1]
+    assert final.status == 200
+    phone.remote_tag = sip.parse_name_addr(final.get("to") or "").tag
+    phone.answer = final.body.decode()
+    phone.send(phone.request("ACK", cseq=1, cseq_method="ACK"))
+    return call_id
+
+
+def hung_up(app: App, phone: Phone, call_id: str) -> None:
+    """The app hangs up; the phone answers the edge's BYE."""
+    app.client.realtime.calls.hangup(call_id)
+    bye = phone.receive(timeout=5)
+    assert isinstance(bye, sip.SipRequest) and bye.method == "BYE"
+    phone.sock.sendto(sip.response_to(bye, 200, "OK").encode(), app.stack.sip)
 
 
 def test_the_app_accepts_and_the_phone_hears_its_agent(app: App) -> None:
@@ -126,12 +160,49 @@ def test_the_app_accepts_and_the_phone_hears_its_agent(app: App) -> None:
             sideband.send(json.dumps({"type": "hello"}))
             echoed = json.loads(sideband.recv(timeout=5))
         assert echoed == {"type": "echo", "event": {"type": "hello"}}
-        app.client.realtime.calls.hangup(call_id)  # the app hangs up: the phone gets a BYE
-        bye = phone.receive(timeout=5)
-        assert isinstance(bye, sip.SipRequest) and bye.method == "BYE"
-        phone.sock.sendto(sip.response_to(bye, 200, "OK").encode(), app.stack.sip)
+        hung_up(app, phone, call_id)  # the app hangs up: the phone gets a BYE
     finally:
         phone.close()
+    assert not list(app.records.glob(f"{call_id}*"))  # not asked: nothing written for it
+
+
+def test_a_phone_call_the_app_asked_to_record_is_a_wave_of_both_sides_for_its_key(
+    app: App,
+) -> None:
+    """`accept?record=true` (extension): the call's G.711 both ways, not coded again, in one
+    two-channel WAVE file (the trunk left, the agent right), served to the accepting key once
+    the call ended, its beeps where the phone said them and the echo's just after."""
+    beep = tone(750.0, 0.3) + bytes(2 * 4000)  # 0.3 s on, 0.5 s off
+    phone = Phone(app.stack.sip)
+    try:
+        call_id = answered(app, phone, extra_query={"record": "true"})
+        url = f"{app.stack.sig.url}/v1/calls/{call_id}/recording"
+        auth = {"Authorization": f"Bearer {SignalingProcess.API_KEY}"}
+        began = time.monotonic()
+        phone.talk(beep * 4)
+        assert httpx.get(url, headers=auth).status_code == 409  # not while it lasts
+        hung_up(app, phone, call_id)
+        lasted = time.monotonic() - began
+    finally:
+        phone.close()
+    wait_until(lambda: httpx.get(url, headers=auth).status_code == 200, timeout=10)
+    got = httpx.get(url, headers=auth)
+    assert got.headers["content-type"] == "audio/wav"
+    assert httpx.get(url, headers={"Authorization": "Bearer nobody"}).status_code == 401
+    stream, pcm = probe_recording(got.content, ".wav", 8000)
+    assert (stream["codec_name"], stream["channels"], stream["sample_rate"]) == (
+        "pcm_mulaw", 2, "8000",
+    )  # fmt: skip
+    meta = json.loads((app.records / f"{call_id}.json").read_text())
+    assert meta["format"] == "audio/wav" and meta["channels"] == ["caller", "agent"]
+    assert abs(stream["duration"] - meta["seconds"]) <= 0.02  # to a frame
+    assert 3.2 <= stream["duration"] < lasted + 1.5, (stream["duration"], lasted)
+    left, right = pcm[:, 0], pcm[:, 1]
+    assert abs(peak_hz(left, 8000) - 750) < 5 and abs(peak_hz(right, 8000) - 750) < 5
+    said, echoed = onsets(left, 8000), onsets(right, 8000)
+    assert len(said) == 4 and len(echoed) >= 3, (said, echoed)
+    lags = [min((e - s for e in echoed if e >= s - 0.02), default=9.0) for s in said[:-1]]
+    assert all(-0.021 <= lag <= 0.3 for lag in lags), lags
 
 
 def test_the_app_rejects(app: App) -> None:

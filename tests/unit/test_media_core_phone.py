@@ -178,3 +178,31 @@ def test_frames_already_in_the_calls_codec_go_out_as_they_are() -> None:
     media.handle_timer(0.0)
     (packet,) = [rtp.parse_rtp(d) for d in media.datagrams_to_send() if not rtp.is_rtcp(d)]
     assert packet.payload == coded and media.stats()["agent_frames_straight_through"] == 1
+
+
+@pytest.mark.parametrize("codec", ["pcmu", "pcma"])
+def test_a_recorded_phone_call_keeps_both_sides_g711_as_carried(codec: str) -> None:
+    """The trunk's payloads on the left, what went out on the right, byte for byte: nothing
+    decoded or coded again (the file is the call's own law, `recorder.py`'s WavG711)."""
+    pt, encode, decode = LAW[codec]
+    media = CallMedia(MediaParams(ssrc=OURS, cname="firsthop", payload_type=pt, codec=codec))
+    assert media.record(0.0)
+    media.start(None, 0.0, 1_700_000_000.0)
+    narrow = encode(tone(1000.0, 1.0, 8000))
+    media.push_audio(tone(440.0, 1.0, CALL_RATE), None, 0.0)
+    sent: list[bytes] = []
+    now = 0.0
+    for i in range(50):
+        payload = narrow[i * G711_FRAME : (i + 1) * G711_FRAME]
+        media.receive_datagram(rtp.RtpPacket(pt, i, 160 * i, THEIRS, payload).encode(), now)
+        media.handle_timer(now)
+        sent += [rtp.parse_rtp(d).payload for d in media.datagrams_to_send() if d[1] < 200]
+        now += 0.02
+    recorder = media.recorder
+    assert recorder is not None and recorder.file.suffix == ".wav"
+    data = recorder.take() + recorder.close(now)
+    left, right = data[58::2], data[59::2]
+    assert left.startswith(narrow[: 48 * G711_FRAME])  # the trunk's bytes, where they came
+    assert right.startswith(b"".join(sent[:48]))  # ours, as sent
+    assert abs(dominant(decode(right[160:7840]), 8000) - 440.0) < 10
+    assert recorder.replaced == recorder.late == 0

@@ -6,14 +6,29 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from firsthop.services.transceiver.media.recorder import FRAME, SETTLE, SILENCE, CallRecorder
-from firsthop.services.transceiver.recordings import RecordingError, RecordingStore, safe_name
+from firsthop.services.transceiver.media.recorder import (
+    FRAME,
+    G711_FRAME,
+    SETTLE,
+    SILENCE,
+    CallRecorder,
+    OggOpus,
+    WavG711,
+)
+from firsthop.services.transceiver.recordings import (
+    MEDIA_TYPES,
+    RecordingError,
+    RecordingStore,
+    safe_name,
+)
+from firsthop.shared.wire import wav
 from firsthop.shared.wire.ogg import (
     OggWriter,
     OpusPacketError,
@@ -84,7 +99,7 @@ def test_opus_packets_durations_and_self_delimiting() -> None:
 
 
 def test_a_recording_is_a_two_channel_ogg_opus_stream_aligned_slot_by_slot() -> None:
-    rec = CallRecorder(start=10.0, serial=7, comments=["CALL_ID=c1"])
+    rec = CallRecorder(10.0, OggOpus(7, ["CALL_ID=c1"]))
     t = 10.0
     for i in range(100):
         if i % 10 != 3:  # the caller's tenth packets are lost
@@ -108,7 +123,7 @@ def test_a_recording_is_a_two_channel_ogg_opus_stream_aligned_slot_by_slot() -> 
 
 
 def test_the_caller_keeps_its_own_spacing_and_what_comes_too_late_is_counted() -> None:
-    rec = CallRecorder(start=0.0, serial=1)
+    rec = CallRecorder(0.0, OggOpus(1))
     rec.caller(VOICE, 0, 0.0)
     rec.caller(VOICE, 2 * FRAME, 0.015)  # early by arrival, but its timestamp says slot 2
     rec.caller(VOICE, 1 * FRAME, 0.05)  # reordered: still slot 1
@@ -125,7 +140,7 @@ def test_a_caller_clock_off_ours_is_drawn_again_not_dropped(ppm: int) -> None:
     """A caller's timestamps running 0.2 % slow or fast (or a delay that changes): its line
     leaves the window and is drawn again, every packet is written, and never far from when it
     came (two minutes: a slot of drift each 10 s)."""
-    rec = CallRecorder(start=0.0, serial=1)
+    rec = CallRecorder(0.0, OggOpus(1))
     spacing = FRAME * (1 + ppm / 1e6)
     data = bytearray()
     for i in range(6000):
@@ -142,7 +157,7 @@ def test_a_caller_clock_off_ours_is_drawn_again_not_dropped(ppm: int) -> None:
 
 
 def test_frames_a_stall_piled_up_keep_their_own_slots() -> None:
-    rec = CallRecorder(start=0.0, serial=1)
+    rec = CallRecorder(0.0, OggOpus(1))
     for i in range(10):
         rec.agent(VOICE, i * 0.02, i * 0.02)
     for i in range(10, 13):  # a 60 ms stall: three frames sent at once, at 0.26
@@ -155,7 +170,7 @@ def test_frames_a_stall_piled_up_keep_their_own_slots() -> None:
 
 
 def test_a_packet_not_of_20_ms_is_written_as_silence_and_counted() -> None:
-    rec = CallRecorder(start=0.0, serial=1)
+    rec = CallRecorder(0.0, OggOpus(1))
     rec.caller(bytes([0xFD, 1, 2]), 0, 0.0)  # 40 ms
     rec.agent(bytes([0xFD, 1, 2]), 0.0, 0.0)
     assert rec.replaced == 2
@@ -165,7 +180,7 @@ def test_a_packet_not_of_20_ms_is_written_as_silence_and_counted() -> None:
 def test_no_caller_packet_raises_and_the_file_stays_whole(
     packets: list[tuple[bytes, int]],
 ) -> None:
-    rec = CallRecorder(start=0.0, serial=1)
+    rec = CallRecorder(0.0, OggOpus(1))
     for i, (data, ts) in enumerate(packets):
         rec.caller(data or None, ts, i * 0.02)
     assert pages(rec.take() + rec.close(len(packets) * 0.02 + 1))  # every page checks
@@ -181,7 +196,7 @@ def test_store_names_and_retention(tmp_path: Path) -> None:
         assert store.find(name) == "live"
         rec.write(bytes(100))
         rec.cut(1500)
-        rec.finish(1.0, {})
+        rec.finish(1.0, ".opus", {})
         store.settle()
     # 300 bytes over a 250 bound: the oldest went
     assert store.find("old") is None and store.find("new") == tmp_path / "new.opus"
@@ -210,14 +225,14 @@ def test_a_recording_that_cannot_be_written_ends_quietly_and_leaves_nothing(
     assert failing.file is not None
     failing.file.close()  # the next write raises (as a full disk would)
     failing.write(b"OggS")
-    failing.finish(1.0, {})  # (nothing left to finish)
+    failing.finish(1.0, ".opus", {})  # (nothing left to finish)
     store.settle()
     assert store.counters["recording_failed"] == 1
     assert store.find("full") is None and not list(tmp_path.glob("full*"))
     big = store.open("big")
     big.write(bytes(100))
     big.write(bytes(100))  # past 150 bytes: the file keeps what it had
-    big.finish(1.0, {})
+    big.finish(1.0, ".opus", {})
     unset = store.open("never")  # a call whose setup failed
     unset.discard()
     store.settle()
@@ -250,3 +265,111 @@ def test_big_packets_start_a_new_page_before_the_lacing_runs_out() -> None:
     assert sum(len(packets) for _, _, packets in found) == 49
     with pytest.raises(OpusPacketError):
         writer.audio(bytes(255 * 255), FRAME)
+
+
+# -- a G.711 phone call's recording: WAVE, its own law, nothing coded again ----------------------
+
+ULAW = bytes(range(0, 160))  # a 20 ms slot of some mu-law bytes (not silence: 0xff)
+AGENT = bytes(range(50, 210))
+
+
+def wav_fields(data: bytes) -> tuple[int, int, int, int, int, int, int]:
+    """(tag, channels, rate, block align, bits, fact samples, data size) of a WAVE header."""
+    assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt " and data[38:42] == b"fact"
+    tag, channels, rate, _, block, bits = struct.unpack_from("<HHIIHH", data, 20)
+    assert struct.unpack_from("<I", data, 4)[0] in (len(data) - 8, 0xFFFFFFFF)
+    (samples,) = struct.unpack_from("<I", data, 46)
+    assert data[50:54] == b"data"
+    (size,) = struct.unpack_from("<I", data, 54)
+    return tag, channels, rate, block, bits, samples, size
+
+
+def test_a_wave_header_of_g711_and_its_sizes() -> None:
+    head = wav.g711_header(wav.MULAW, 2, 8000)
+    assert len(head) == wav.HEADER == 58
+    assert wav_fields(head) == (7, 2, 8000, 2, 8, 0xFFFFFFFF, 0xFFFFFFFF)  # not known yet
+    sized = wav.sized_header(head, 321)  # a torn last frame is not counted
+    assert wav_fields(sized + bytes(320)) == (7, 2, 8000, 2, 8, 160, 320)
+    assert wav.data_size(sized) == 320
+    assert wav_fields(wav.g711_header(wav.ALAW, 1, 8000, 5) + bytes(5))[::5] == (6, 5)
+    assert wav.interleave(b"ab", b"AB") == b"aAbB"
+    with pytest.raises(wav.WavError):
+        wav.g711_header(1, 2, 8000)  # PCM is no G.711
+    with pytest.raises(wav.WavError):
+        wav.sized_header(b"RIFF", 0)
+    with pytest.raises(wav.WavError):
+        wav.interleave(b"a", b"")
+
+
+def channels_of(data: bytes) -> tuple[bytes, bytes]:
+    body = data[wav.HEADER :]
+    return body[0::2], body[1::2]
+
+
+def test_a_g711_call_is_recorded_as_wave_caller_left_agent_right_slot_by_slot() -> None:
+    rec = CallRecorder(5.0, WavG711("pcmu"))
+    t = 5.0
+    for i in range(60):
+        if i % 10 != 3:  # the caller's tenth packets are lost: silence in their slots
+            rec.caller(ULAW, 1000 + i * G711_FRAME, t + 0.004)
+        if 20 <= i < 30:
+            rec.agent(AGENT, t, t)
+        t += 0.02
+    data = rec.take() + rec.close(t)
+    left, right = channels_of(data)
+    assert len(left) == len(right) == (60 + 1) * G711_FRAME  # to the same end
+    slots = [left[i * 160 : (i + 1) * 160] for i in range(60)]
+    assert [i for i, s in enumerate(slots) if s != ULAW] == list(range(3, 60, 10))
+    assert slots[3] == b"\xff" * 160  # mu-law silence
+    agent = [right[i * 160 : (i + 1) * 160] == AGENT for i in range(61)]
+    assert agent.index(True) == 20 and sum(agent) == 10
+    assert rec.replaced == 0 and rec.late == 0 and rec.seconds == pytest.approx(61 * 0.02)
+
+
+def test_a_g711_caller_of_40_ms_packets_fills_two_slots_and_a_torn_one_is_silence() -> None:
+    rec = CallRecorder(0.0, WavG711("pcma"))
+    rec.caller(ULAW + AGENT, 0, 0.0)  # 40 ms: slots 0 and 1
+    rec.caller(ULAW[:100], 2 * G711_FRAME, 0.04)  # not whole 20 ms: silence, counted
+    rec.agent(AGENT[:80], 0.0, 0.0)  # the agent's too
+    left, right = channels_of(rec.take() + rec.close(0.1))
+    assert left[:160] == ULAW and left[160:320] == AGENT and left[320:480] == b"\xd5" * 160
+    assert right[:160] == b"\xd5" * 160  # A-law silence
+    assert rec.replaced == 2
+    with pytest.raises(ValueError):
+        WavG711("opus")
+
+
+def test_a_finished_wave_recording_gets_its_sizes_and_an_interrupted_one_too(
+    tmp_path: Path,
+) -> None:
+    store = RecordingStore(str(tmp_path), keep=3600, max_bytes=1 << 20)
+    rec = store.open("phone")
+    recorder = CallRecorder(0.0, WavG711("pcmu"))
+    for i in range(50):
+        recorder.caller(ULAW, i * G711_FRAME, i * 0.02)
+        rec.write(recorder.take())
+    rec.write(recorder.close(1.0))
+    rec.finish(recorder.seconds, recorder.file.suffix, {"format": recorder.file.media_type})
+    store.settle()
+    path = tmp_path / "phone.wav"
+    assert store.find("phone") == path and MEDIA_TYPES[path.suffix] == "audio/wav"
+    data = path.read_bytes()
+    assert wav_fields(data)[5:] == (51 * 160, 51 * 320)
+    assert store.meta("phone")["format"] == "audio/wav"
+    store.close()
+    # a process stopped mid-call: its WAVE part (a torn last frame too) is sized and kept,
+    # an Ogg one and one of the older naming (`.opus.part`) as they are
+    (tmp_path / "cut.part").write_bytes(wav.g711_header(wav.MULAW, 2, 8000) + bytes(641))
+    (tmp_path / "ogg.part").write_bytes(b"OggS")
+    (tmp_path / "older.opus.part").write_bytes(b"OggS")
+    again = RecordingStore(str(tmp_path), keep=3600, max_bytes=1 << 20)
+    cut = (tmp_path / "cut.wav").read_bytes()
+    assert len(cut) == wav.HEADER + 640 and wav_fields(cut)[5:] == (320, 640)
+    assert again.find("ogg") == tmp_path / "ogg.opus"
+    assert again.find("older") == tmp_path / "older.opus"
+    assert again.meta("cut")["interrupted"] is True
+    with pytest.raises(RecordingError):
+        again.open("phone")  # a .wav of it is there: never written twice
+    again.prune(now=time.time() + 7200)  # past its keep: both kinds go
+    assert not list(tmp_path.glob("*.wav")) and not list(tmp_path.glob("*.opus"))
+    again.close()

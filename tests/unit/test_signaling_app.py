@@ -238,6 +238,14 @@ def parse(*argv: str) -> SignalingConfig:
     return config_from_args(parser.parse_args(argv))
 
 
+def test_sip_record_names_trunks_only() -> None:
+    base = ("--listen", "127.0.0.1:0", "--sip-trunk", "carrier=192.0.2.0/24")
+    assert parse(*base).sip_record == frozenset()
+    assert parse(*base, "--sip-record", "carrier").sip_record == {"carrier"}
+    with pytest.raises(SystemExit, match="--sip-record names no --sip-trunk: other"):
+        parse(*base, "--sip-record", "other")
+
+
 def test_flags() -> None:
     config = parse(
         "--listen",

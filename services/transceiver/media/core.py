@@ -44,7 +44,7 @@ from firsthop.services.transceiver.media.denoise import DenoiseError, Denoiser
 from firsthop.services.transceiver.media.frames import CALL_RATE, FrameCutter
 from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBuffer
 from firsthop.services.transceiver.media.pacing import OutputQueue
-from firsthop.services.transceiver.media.recorder import CallRecorder
+from firsthop.services.transceiver.media.recorder import CallRecorder, OggOpus, WavG711
 from firsthop.services.transceiver.media.srtp import PLAIN_RTP, PlainRtp, SrtpContext, SrtpCounts
 from firsthop.shared.wire import dtmf, rtcp, rtp
 
@@ -233,7 +233,7 @@ class CallMedia:
         self._dtmf_last: int | None = None  # the RTP timestamp of the last key heard
         self._audio_started = False
         self._denoiser: Denoiser | None = None  # RNNoise, when the session asks
-        self.recorder: CallRecorder | None = None  # both sides' Opus, when the call asks
+        self.recorder: CallRecorder | None = None  # both sides as carried, when the call asks
         self._now = 0.0  # (of the datagram being handled: the jitter buffer calls back)
         self._their_lsr = 0  # the caller's last SR (middle 32 bits of its NTP time)
         self._their_lsr_at = 0.0
@@ -376,7 +376,7 @@ class CallMedia:
             if out.played_tag is not None:
                 self._event(FramePlayed(out.played_tag))
         self._send_rtp(payload, now)
-        if self.recorder is not None and not self._coded:
+        if self.recorder is not None:
             due = self._slot if self._slot is not None else now
             self.recorder.agent(payload, min(due, now), now)
         self._grace = False
@@ -460,7 +460,7 @@ class CallMedia:
         the next packet's FEC, or concealed), so the agent hears every 20 ms."""
         codec = self.codec
         recorder = self.recorder
-        if recorder is not None and not self._coded and (self._audio_started or not frame.lost):
+        if recorder is not None and (self._audio_started or not frame.lost):
             recorder.caller(None if frame.lost else frame.data, frame.timestamp, self._now)
         try:
             if frame.lost:
@@ -493,13 +493,16 @@ class CallMedia:
             self._event(AudioReceived(pcm))
 
     def record(self, now: float, comments: list[str] | None = None) -> bool:
-        """Record both sides from now on (`recorder.py`); False for a G.711 call (its payloads
-        are not Opus: recording them would mean coding them again)."""
-        if self._coded or self._closed:
+        """Record both sides from now on (`recorder.py`: Ogg/Opus, or a G.711 call's WAVE
+        file of its own law); False once the call is over."""
+        if self._closed:
             return False
         if self.recorder is None:
-            serial = int.from_bytes(self._random(4), "big")
-            self.recorder = CallRecorder(now, serial, comments)
+            if self._coded:
+                file: OggOpus | WavG711 = WavG711(self.params.codec)
+            else:
+                file = OggOpus(int.from_bytes(self._random(4), "big"), comments)
+            self.recorder = CallRecorder(now, file)
         return True
 
     def set_noise_reduction(self, kind: str | None) -> bool:

@@ -1,9 +1,11 @@
-"""A call's recording, sans-IO: both sides' Opus, as carried, into one two-channel Ogg/Opus.
+"""A call's recording, sans-IO: both sides as carried, into one two-channel file.
 
-Left is the caller (the Opus packets the call's jitter buffer hands the decoder), right the
-agent (the packets the output clock sends, silence included): nothing is decoded or encoded
-again (`shared/wire/ogg.py` frames the two as one multistream packet per 20 ms). What the
-caller heard is what was sent, so a barge-in's cut shows where it was heard.
+Left is the caller (the packets the call's jitter buffer hands the decoder), right the agent
+(the packets the output clock sends, silence included): nothing is decoded or coded again. A
+WebRTC call's (and an Opus phone call's) is Ogg/Opus (`OggOpus`: `shared/wire/ogg.py` frames
+the two as one multistream packet per 20 ms); a G.711 phone call's is a WAVE file of its
+A-law or mu-law (`WavG711`: `shared/wire/wav.py`, the two interleaved sample by sample). What
+the caller heard is what was sent, so a barge-in's cut shows where it was heard.
 
 **Alignment.** The file's sample 0 is `start` (monotonic seconds). The agent's packet takes
 the 20 ms slot its output clock played it in (the frame's deadline, not when a late tick got
@@ -17,8 +19,10 @@ caller is never more than 200 ms from when it was heard, and loses at most 0.3 s
 when its line is drawn again. A lone straggler is dropped; no slot is written twice (`late`). A
 slot is written once it is `SETTLE` slots old; a side with nothing for a slot gets silence
 there (a lost packet, the agent quiet, a call that was not sending), so the two channels stay
-aligned for the whole call. A packet not of 20 ms (or, on the agent's side, not of one frame)
-is written as silence and counted (`replaced`).
+aligned for the whole call. A packet the format cannot cut into 20 ms slots (an Opus packet
+not of 20 ms; on the agent's side, not of one frame; G.711 not of whole 20 ms) is written as
+silence and counted (`replaced`); a G.711 caller sending 30 or 40 ms packets fills as many
+slots.
 
 `take()` gives the file's bytes made so far (the I/O writes them); `close(now)` writes what is
 left, both sides to the same end.
@@ -26,6 +30,9 @@ left, both sides to the same end.
 
 from __future__ import annotations
 
+from typing import Protocol
+
+from firsthop.shared.wire import wav
 from firsthop.shared.wire.ogg import (
     OggWriter,
     OpusPacketError,
@@ -42,16 +49,112 @@ AHEAD = 10  # slots past its arrival a caller's packet may claim (past it: a new
 LATE_RUN = 3  # caller packets too late in a row: its line is behind (a slower clock), not one
 SILENCE = b"\xf8\xff\xfe"  # a 20 ms CELT frame of silence (RFC 6716 §3.1 TOC 0xf8)
 VENDOR = "firsthop"
+G711_FRAME = 160  # 8 kHz samples (and bytes) in a 20 ms slot
+G711_SILENCE = {"pcmu": b"\xff" * G711_FRAME, "pcma": b"\xd5" * G711_FRAME}
+
+
+class Unfit(ValueError):
+    """A packet the file's format cannot put in 20 ms slots."""
+
+
+class RecordingFormat(Protocol):
+    """What a recording is written as: how a side's packet fills slots, and the file."""
+
+    media_type: str  # (served with it)
+    suffix: str  # the finished file's
+    frame: int  # RTP timestamp units in a 20 ms slot
+    silence: tuple[bytes, bytes]  # (caller, agent) for a slot with nothing
+
+    def caller_slots(self, packet: bytes) -> list[bytes]:
+        """The packet as one entry per 20 ms slot; `Unfit` if it cannot be."""
+        ...
+
+    def agent_slot(self, packet: bytes) -> bytes:
+        """The packet as one slot's entry; `Unfit` if it cannot be."""
+        ...
+
+    def write(self, caller: bytes, agent: bytes) -> None: ...
+
+    def take(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class OggOpus:
+    """Two mono Opus streams in one Ogg/Opus file: channel 0 (left) <- stream 1 (the caller,
+    the last stream: as it came), channel 1 (right) <- stream 0 (the agent, self-delimited)."""
+
+    media_type, suffix, frame = "audio/ogg; codecs=opus", ".opus", FRAME
+    silence = (SILENCE, self_delimited(SILENCE))
+
+    def __init__(self, serial: int, comments: list[str] | None = None) -> None:
+        self._ogg = OggWriter(serial)
+        self._ogg.header(opus_head(2, 2, 0, bytes([1, 0]), pre_skip=0))
+        self._ogg.header(opus_tags(VENDOR, comments or []))
+
+    def caller_slots(self, packet: bytes) -> list[bytes]:
+        try:
+            if packet_samples(packet) != FRAME:
+                raise Unfit("not 20 ms")
+        except OpusPacketError as exc:
+            raise Unfit(str(exc)) from exc
+        return [packet]
+
+    def agent_slot(self, packet: bytes) -> bytes:
+        try:
+            if packet_samples(packet) != FRAME:
+                raise Unfit("not 20 ms")
+            return self_delimited(packet)
+        except OpusPacketError as exc:
+            raise Unfit(str(exc)) from exc
+
+    def write(self, caller: bytes, agent: bytes) -> None:
+        self._ogg.audio(agent + caller, FRAME)
+
+    def take(self) -> bytes:
+        return self._ogg.take()
+
+    def close(self) -> None:
+        self._ogg.close()
+
+
+class WavG711:
+    """A G.711 call's two sides in one two-channel WAVE file of its own law, 8 kHz."""
+
+    media_type, suffix, frame = "audio/wav", ".wav", G711_FRAME
+
+    def __init__(self, codec: str) -> None:
+        if codec not in G711_SILENCE:
+            raise ValueError(f"{codec} is not G.711")
+        self.silence = (G711_SILENCE[codec], G711_SILENCE[codec])
+        tag = wav.MULAW if codec == "pcmu" else wav.ALAW
+        self._out = bytearray(wav.g711_header(tag, 2, 8000))  # sizes: when the file is done
+
+    def caller_slots(self, packet: bytes) -> list[bytes]:
+        if not packet or len(packet) % G711_FRAME:
+            raise Unfit("not whole 20 ms")
+        return [packet[i : i + G711_FRAME] for i in range(0, len(packet), G711_FRAME)]
+
+    def agent_slot(self, packet: bytes) -> bytes:
+        if len(packet) != G711_FRAME:
+            raise Unfit("not 20 ms")
+        return packet
+
+    def write(self, caller: bytes, agent: bytes) -> None:
+        self._out += wav.interleave(caller, agent)
+
+    def take(self) -> bytes:
+        out, self._out = bytes(self._out), bytearray()
+        return out
+
+    def close(self) -> None:
+        pass
 
 
 class CallRecorder:
-    def __init__(self, start: float, serial: int, comments: list[str] | None = None) -> None:
+    def __init__(self, start: float, file: RecordingFormat) -> None:
         self.start = start
-        self._ogg = OggWriter(serial)
-        # two streams, none coupled; channel 0 (left) <- stream 1 (the caller, the last
-        # stream: as it came), channel 1 (right) <- stream 0 (the agent, self-delimited)
-        self._ogg.header(opus_head(2, 2, 0, bytes([1, 0]), pre_skip=0))
-        self._ogg.header(opus_tags(VENDOR, comments or []))
+        self.file = file
         self._caller: dict[int, bytes] = {}
         self._agent: dict[int, bytes] = {}
         self._caller_base: tuple[int, int] | None = None  # (RTP timestamp, its slot)
@@ -75,7 +178,7 @@ class CallRecorder:
             self._caller_base = (timestamp, here)
         base_ts, base_slot = self._caller_base
         delta = (timestamp - base_ts + (1 << 31)) % (1 << 32) - (1 << 31)
-        slot = base_slot + round(delta / FRAME)
+        slot = base_slot + round(delta / self.file.frame)
         if slot < self._written and self._late_run < LATE_RUN:
             self._late_run += 1  # a straggler: dropped (`late`), the line kept
             slot = -1
@@ -85,8 +188,20 @@ class CallRecorder:
         if slot >= 0:
             self._late_run = 0
         if packet is not None:
-            self._put(self._caller, slot, packet, last_stream=True)
+            self._caller_packet(packet, slot)
         self._settle(now)
+
+    def _caller_packet(self, packet: bytes, slot: int) -> None:
+        if slot < self._written or slot in self._caller:
+            self.late += 1
+            return
+        try:
+            entries = self.file.caller_slots(packet)
+        except Unfit:
+            self.replaced += 1
+            entries = [self.file.silence[0]]
+        for i, entry in enumerate(entries):  # (a G.711 packet of 40 ms fills two)
+            self._put(self._caller, slot + i, entry)
 
     def agent(self, packet: bytes, due: float, now: float) -> None:
         """A packet the call sent (the agent's voice, or silence) in its slot due at `due`."""
@@ -94,42 +209,41 @@ class CallRecorder:
             return
         slot = max(self._slot(due), self._agent_last + 1)
         self._agent_last = slot
-        self._put(self._agent, slot, packet, last_stream=False)
+        try:
+            entry = self.file.agent_slot(packet)
+        except Unfit:
+            self.replaced += 1
+            entry = self.file.silence[1]
+        self._put(self._agent, slot, entry)
         self._settle(now)
 
-    def _put(self, side: dict[int, bytes], slot: int, packet: bytes, *, last_stream: bool) -> None:
+    def _put(self, side: dict[int, bytes], slot: int, entry: bytes) -> None:
         if slot < self._written or slot in side:
             self.late += 1
             return
-        try:
-            if packet_samples(packet) != FRAME:
-                raise OpusPacketError("not 20 ms")
-            side[slot] = packet if last_stream else self_delimited(packet)
-        except OpusPacketError:
-            self.replaced += 1
-            side[slot] = SILENCE if last_stream else self_delimited(SILENCE)
+        side[slot] = entry
 
     def _settle(self, now: float) -> None:
         self._write_until(self._slot(now) - SETTLE)
 
     def _write_until(self, end: int) -> None:
-        silent_agent = self_delimited(SILENCE)
+        silent_caller, silent_agent = self.file.silence
         while self._written < end:
             slot = self._written
             agent = self._agent.pop(slot, silent_agent)
-            caller = self._caller.pop(slot, SILENCE)
-            self._ogg.audio(agent + caller, FRAME)
+            caller = self._caller.pop(slot, silent_caller)
+            self.file.write(caller, agent)
             self._written += 1
 
     def take(self) -> bytes:
-        return self._ogg.take()
+        return self.file.take()
 
     def close(self, now: float) -> bytes:
         """The rest: every slot up to now (and any packet already placed past it)."""
         if not self.closed:
             last = max([self._slot(now), *self._caller, *self._agent], default=0)
             self._write_until(last + 1)
-            self._ogg.close()
+            self.file.close()
             self.closed = True
         return self.take()
 

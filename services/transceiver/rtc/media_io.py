@@ -79,10 +79,8 @@ class MediaIo:
         media = CallMedia(params)
         if self.noise_reduction is not None:
             media.set_noise_reduction(self.noise_reduction)
-        if self.recording is not None and not media.record(
-            time.monotonic(), [f"CALL_ID={self.recording.call_id}"]
-        ):
-            self.callbacks.count("recording_not_opus")
+        if self.recording is not None:
+            media.record(time.monotonic(), [f"CALL_ID={self.recording.call_id}"])
         return media
 
     def set_noise_reduction(self, kind: str | None) -> bool:
@@ -208,5 +206,11 @@ class MediaIo:
             recording.write(recorder.close(time.monotonic()))
             recording.finish(
                 recorder.seconds,
-                {"replaced": recorder.replaced, "late": recorder.late, "rebased": recorder.rebased},
+                recorder.file.suffix,
+                {
+                    "format": recorder.file.media_type,
+                    "replaced": recorder.replaced,
+                    "late": recorder.late,
+                    "rebased": recorder.rebased,
+                },
             )
