@@ -117,6 +117,14 @@ class TransceiverInfo:
     capacity: int = 0  # 0: unknown (static list), never "full"
     draining: bool = False
     records: bool | None = None  # has a --record-dir (None: unknown, a static list's)
+    # ...and records phone calls too (a release before it did not: False where `records`)
+    records_rtp: bool | None = None
+
+    def can_record(self, media: str) -> bool | None:
+        """Whether it records a call of `media` ("webrtc", "rtp"); None: not known."""
+        if media == "rtp" and self.records is True:
+            return self.records_rtp is True
+        return self.records
 
     @property
     def load(self) -> float:
@@ -131,6 +139,7 @@ class TransceiverInfo:
         fields = {k: str(v) for k, v in asdict(self).items() if k != "id"}
         fields["draining"] = "1" if self.draining else "0"
         fields["records"] = {True: "1", False: "0", None: ""}[self.records]
+        fields["records_rtp"] = {True: "1", False: "0", None: ""}[self.records_rtp]
         return fields
 
     @classmethod
@@ -151,6 +160,7 @@ class TransceiverInfo:
                 capacity=max(0, int(fields.get("capacity", "0"))),
                 draining=fields.get("draining", "0") not in ("0", "", "false", "False"),
                 records={"1": True, "0": False}.get(fields.get("records", "")),
+                records_rtp={"1": True, "0": False}.get(fields.get("records_rtp", "")),
             )
         except ValueError:
             return None

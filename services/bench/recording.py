@@ -6,7 +6,9 @@ VoIP; or by libopus at 32 kb/s mono, as browsers send) and the agent's (the tran
 encoder, 48 kb/s), into `media/recorder.py`, pages written to a file as the transceiver writes
 them. Reported: CPU per call-minute and as a share of a core while the call lasts, bytes per
 call-minute, and, as the reference in the same run, the CPU the same minute costs the media
-core to decode the caller's side and encode the agent's (what every call costs anyway).
+core to decode the caller's side and encode the agent's (what every call costs anyway). A
+phone call's row (`phone-g711`): the same speech as a trunk's PCMU both ways into the WAVE
+file, against G.711's own decode and encode (with the resampling to and from 48 kHz).
 """
 
 from __future__ import annotations
@@ -15,13 +17,20 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from firsthop.services.bench.measure import report
 from firsthop.services.bench.voice import OpusLink, speak
+from firsthop.services.transceiver.media.codecs import make_codec
 from firsthop.services.transceiver.media.frames import FRAME_BYTES
 from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder
-from firsthop.services.transceiver.media.recorder import CallRecorder, OggOpus
+from firsthop.services.transceiver.media.recorder import (
+    CallRecorder,
+    OggOpus,
+    RecordingFormat,
+    WavG711,
+)
 
 SAMPLE_RATE = 48000
 MINUTE = 3000  # 20 ms slots
@@ -40,15 +49,17 @@ def _packets(pcm: bytes, encode: Any) -> list[bytes]:
     return [encode(pcm[i : i + FRAME_BYTES]) for i in range(0, len(pcm), FRAME_BYTES)]
 
 
-def _record(caller: list[bytes], agent: list[bytes], directory: str) -> tuple[float, int]:
-    """(CPU seconds, bytes) of recording one minute."""
-    path = os.path.join(directory, "minute.opus")
+def _record(
+    caller: list[bytes], agent: list[bytes], directory: str, file: RecordingFormat
+) -> tuple[float, int]:
+    """(CPU seconds, bytes) of recording one minute into `file`."""
+    path = os.path.join(directory, f"minute{file.suffix}")
     started = time.process_time()
     with open(path, "wb") as f:
-        recorder = CallRecorder(0.0, OggOpus(1))
+        recorder = CallRecorder(0.0, file)
         now = 0.0
         for i in range(MINUTE):
-            recorder.caller(caller[i], i * 960, now + 0.002)
+            recorder.caller(caller[i], i * file.frame, now + 0.002)
             recorder.agent(agent[i], now, now)
             f.write(recorder.take())
             now += 0.02
@@ -56,12 +67,20 @@ def _record(caller: list[bytes], agent: list[bytes], directory: str) -> tuple[fl
     return time.process_time() - started, os.path.getsize(path)
 
 
-def _codec_minute(caller: list[bytes], agent_pcm: bytes) -> float:
-    decoder, encoder = OpusDecoder(), OpusEncoder(48000)
+def _codec_minute(caller: list[bytes], agent_pcm: bytes, codec: str) -> float:
+    """CPU seconds the call's own codec work takes for the minute: the caller's packets
+    decoded and the agent's 48 kHz frames coded (for G.711: with its resampling both ways)."""
+    decode: Callable[[bytes], object]
+    if codec == "opus":
+        decoder, encoder = OpusDecoder(), OpusEncoder(48000)
+        decode, encode = decoder.decode, encoder.encode
+    else:
+        call = make_codec(codec)
+        decode, encode = call.decode, call.encode
     started = time.process_time()
     for i in range(MINUTE):
-        decoder.decode(caller[i])
-        encoder.encode(agent_pcm[i * FRAME_BYTES : (i + 1) * FRAME_BYTES])
+        decode(caller[i])
+        encode(agent_pcm[i * FRAME_BYTES : (i + 1) * FRAME_BYTES])
     return time.process_time() - started
 
 
@@ -69,18 +88,31 @@ def run(rounds: int = 3) -> dict[str, Any]:
     pcm = _speech_minute()
     agent = _packets(pcm, OpusEncoder(48000).encode)
     uplink = OpusLink.uplink()
-    callers = {
-        "aiortc": [
-            uplink.packet(pcm[i : i + FRAME_BYTES]) or b"\xf8\xff\xfe"
-            for i in range(0, len(pcm), FRAME_BYTES)
-        ],
-        "browser-like": _packets(pcm, OpusEncoder(32000).encode),
+    phone = _packets(pcm, make_codec("pcmu").encode)  # a trunk's PCMU, 20 ms a packet
+    # (caller's packets, agent's packets, the file, the call's codec)
+    calls: dict[str, tuple[list[bytes], list[bytes], Any, str]] = {
+        "aiortc": (
+            [
+                uplink.packet(pcm[i : i + FRAME_BYTES]) or b"\xf8\xff\xfe"
+                for i in range(0, len(pcm), FRAME_BYTES)
+            ],
+            agent,
+            lambda: OggOpus(1),
+            "opus",
+        ),
+        "browser-like": (
+            _packets(pcm, OpusEncoder(32000).encode),
+            agent,
+            lambda: OggOpus(1),
+            "opus",
+        ),
+        "phone-g711": (phone, phone, lambda: WavG711("pcmu"), "pcmu"),
     }
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="firsthop-bench-rec-") as directory:
-        for name, caller in callers.items():
-            cpu = [_record(caller, agent, directory) for _ in range(rounds)]
-            codec = [_codec_minute(caller, pcm) for _ in range(rounds)]
+        for name, (caller, sent, file, codec_name) in calls.items():
+            cpu = [_record(caller, sent, directory, file()) for _ in range(rounds)]
+            codec = [_codec_minute(caller, pcm, codec_name) for _ in range(rounds)]
             best, size = min(cpu)
             out[name] = {
                 "cpu_ms_per_call_minute": round(best * 1000, 1),
@@ -93,7 +125,10 @@ def run(rounds: int = 3) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = ["firsthop bench recording: one call-minute, both sides into Ogg/Opus (no re-encode)"]
+    lines = [
+        "firsthop bench recording: one call-minute, both sides as carried (no re-encode): "
+        "Ogg/Opus, a phone call's G.711 WAVE"
+    ]
     for name, r in result.items():
         lines.append(
             f"  {name:<13} CPU {r['cpu_ms_per_call_minute']} ms a call-minute "

@@ -263,8 +263,9 @@ def create_app(ctx: Context) -> QuartTrio:
         principal = ctx.auth.any_credential(request.headers.get("Authorization"))
         found = await ctx.calls.recording(call_id, principal)
         resp = Response(found.chunks, status=200, content_type=found.media_type)
-        if found.length is not None and found.length.isdigit():
+        if found.length is not None and found.length.isascii() and found.length.isdigit():
             resp.headers["Content-Length"] = found.length
+        resp.headers["X-Content-Type-Options"] = "nosniff"  # (callers' bytes are in it)
         return resp
 
     @app.patch("/v1/calls/<call_id>")

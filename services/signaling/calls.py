@@ -230,9 +230,17 @@ class Calls:
             snapshot = await self.directory.snapshot(since=since)
             # (first pass only: on the re-read, a recorder that just failed may be gone from
             # the registry, and that is an outage, 503, not a setting)
-            if req.record and not tried and snapshot and all(t.records is False for t in snapshot):
+            recording = req.media if req.record else None
+            if (
+                recording
+                and not tried
+                and snapshot
+                and all(t.can_record(recording) is False for t in snapshot)
+            ):
                 self.stats.placement_failures["no_recorder"] += 1
-                raise Problem(400, "recording is off here (no transceiver has a --record-dir)")
+                raise Problem(
+                    400, f"recording is off here (no transceiver records {req.media} calls)"
+                )
             candidates = [
                 tx
                 for tx in rank(
@@ -240,7 +248,7 @@ class Calls:
                     region,
                     self.own_region,
                     tiebreak=lambda _: self._rng.random(),
-                    record=req.record,
+                    record=recording,
                 )
                 if tx.id not in tried
             ][: MAX_ATTEMPTS - len(tried)]

@@ -234,7 +234,8 @@ def register_flags(p: argparse.ArgumentParser) -> None:
         "--sip-record",
         action="append",
         help="record every call from this trunk (a --sip-trunk name; repeat for more): the "
-        "transceivers need --record-dir; the files stay in it (no credential owns such a call)",
+        "transceivers need --record-dir; with --sip-webhook the accepting key fetches the file, "
+        "else no credential owns the call and the file is read from that directory",
         metavar="NAME",
     )
     add_option(

@@ -66,14 +66,14 @@ def choose_region(
 
 
 def placeable(
-    transceivers: Iterable[TransceiverInfo], *, record: bool = False
+    transceivers: Iterable[TransceiverInfo], *, record: str | None = None
 ) -> list[TransceiverInfo]:
     """Those that may be asked to take a call: not draining, not full, and for a call to be
-    recorded not one known to have no --record-dir."""
+    recorded (`record`: its media, "webrtc" or "rtp") not one known not to record it."""
     return [
         t
         for t in transceivers
-        if not t.draining and not t.full and not (record and t.records is False)
+        if not t.draining and not t.full and not (record and t.can_record(record) is False)
     ]
 
 
@@ -83,7 +83,7 @@ def rank(
     own_region: str,
     *,
     tiebreak: Callable[[TransceiverInfo], float] | None = None,
-    record: bool = False,
+    record: str | None = None,
 ) -> list[TransceiverInfo]:
     """Transceivers to ask, in order: the region's least loaded first, then own region's; for
     a call to be recorded, those known to record before those that may (one of those without
@@ -91,7 +91,7 @@ def rank(
     usable = placeable(transceivers, record=record)
 
     def key(t: TransceiverInfo) -> tuple[bool, float, float, str]:
-        unsure = record and t.records is not True
+        unsure = record is not None and t.can_record(record) is not True
         return (unsure, t.load, tiebreak(t) if tiebreak is not None else 0.0, t.id)
 
     first = sorted((t for t in usable if t.region == region), key=key)

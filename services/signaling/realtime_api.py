@@ -228,7 +228,9 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
         principal, phone = await ringing_call(call_id)
         session = check_session(await json_object("session"))
         session.setdefault("type", "realtime")
-        recorded = record_flag(request.args.get("record"))  # (extension, as on /v1/calls)
+        # (extension, as on /v1/calls; a trunk the operator records is recorded whatever
+        # the app says, and the file is the accepting key's like the call)
+        recorded = record_flag(request.args.get("record")) or phone.trunk in config.sip_record
         if not await ctx.phones.move(call_id, "ringing", state="accepted"):
             raise Problem(404, "no such call ringing")  # (a CANCEL, or another accept, won)
         agent = choose_agent(session.get("model"), None, config.agents, config.default_agent)

@@ -65,6 +65,7 @@ async def serve_transceiver(
                     capacity=config.capacity,
                     draining=tx.draining,
                     records=tx.recordings is not None,
+                    records_rtp=tx.recordings is not None,
                 )
 
             await nursery.start(heartbeat, config.redis, config.id, info, tx.counters)

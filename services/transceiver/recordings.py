@@ -12,9 +12,11 @@ rename and the retention sweep run on one worker thread, in order. A file that c
 written (a full disk, an error) ends that recording (`recording_failed`, its `.part` removed),
 never the call. A recording stops growing at `max_file_bytes` (`recording_truncated`: the
 file keeps what it had). Retention: a finished recording goes after `keep` seconds, and the
-oldest go while all of them take more than `max_bytes`; checked as each one finishes and at
-start, when a `.part` a stopped process left is kept as it is (its pages up to the last
-second written are whole; marked `interrupted`; a WAVE file is given its sizes).
+oldest go while all of them and those being written take more than `max_bytes` (checked as
+each one finishes, as those being written grow by a 64th of it, and at start); those being
+written stop growing once they alone take it. At start, a `.part` a stopped process left is
+kept as it is (its pages up to the last second written are whole; marked `interrupted`; a
+WAVE file is given its sizes; an empty one, or one torn in its header, is removed).
 
 One transceiver per directory (a lock file: a second one refuses to start), since a start
 finishes the `.part` files it finds. File names come from call ids the edge made
@@ -72,7 +74,8 @@ class RecordingFile:
     def write(self, data: bytes) -> None:
         if not data or self.file is None:
             return
-        if self.size + len(data) > self.store.max_file_bytes:
+        store = self.store
+        if self.size + len(data) > store.max_file_bytes or store.live_bytes >= store.max_bytes:
             if not self.truncated:
                 self.truncated = True
                 self.store.counters["recording_truncated"] += 1
@@ -81,6 +84,7 @@ class RecordingFile:
             self.file.write(data)
             self.file.flush()  # whole pages on disk: a crash keeps what was written
             self.size += len(data)
+            store.grew(len(data))
         except (OSError, ValueError) as exc:  # (a full disk; a file closed under us)
             log.error("recording of call %s failed: %s", self.call_id, exc)
             self.store.counters["recording_failed"] += 1
@@ -94,6 +98,7 @@ class RecordingFile:
         """The call ended: the file is finished as `{call}{suffix}` (one of `DONE`) and
         served (on the store's worker)."""
         file, self.file = self.file, None
+        self.store.forget(self.call_id)
         if file is None:
             return  # (it failed, or was discarded)
         meta = {
@@ -112,6 +117,7 @@ class RecordingFile:
     def discard(self) -> None:
         """No recording after all (a call whose setup failed, a write that failed)."""
         file, self.file = self.file, None
+        self.store.forget(self.call_id)
         if file is not None:
             self.store.submit(self.store.dropped, self.call_id, file)
 
@@ -138,16 +144,22 @@ class RecordingStore:
             self._lock.close()
             raise RecordingError(f"{directory} is another transceiver's --record-dir") from exc
         self.live: set[str] = set()
+        self._writing: dict[str, RecordingFile] = {}  # (the loop's: their sizes count too)
+        self.live_bytes = 0  # what those take: they count toward `max_bytes` (see `grew`)
+        self._pruned_at = 0  # `live_bytes` when a prune was last asked for
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="recordings")
         for part in self.directory.glob(f"*{PART}"):  # a stopped process's: kept as they are
             name = part.name.removesuffix(PART).removesuffix(OPUS)  # (".opus.part": before 0.x)
             try:
-                suffix = _sized(part)
+                suffix = _finish_part(part)
+                if suffix is None:
+                    continue
                 part.rename(self.directory / f"{name}{suffix}")
             except OSError as exc:
                 log.error("recording %s left by a stopped process: %s", part.name, exc)
                 continue
-            self._write_meta(name, {"call_id": name, "interrupted": True})
+            meta = {"call_id": name, "interrupted": True, "format": MEDIA_TYPES[suffix]}
+            self._write_meta(name, meta)
         self.prune()
 
     def submit(self, fn: Any, *args: Any) -> None:
@@ -166,7 +178,24 @@ class RecordingStore:
         file = open(self.directory / f"{name}{PART}", "wb")  # noqa: SIM115 (finish closes it)
         self.live.add(name)
         self.counters["recordings"] += 1
-        return RecordingFile(self, name, file, time.time())
+        recording = self._writing[name] = RecordingFile(self, name, file, time.time())
+        return recording
+
+    def forget(self, call_id: str) -> None:
+        """`call_id`'s file is no longer written (the loop's; finished on the worker)."""
+        recording = self._writing.pop(call_id, None)
+        if recording is not None:
+            self.live_bytes -= recording.size
+            self._pruned_at = min(self._pruned_at, self.live_bytes)
+
+    def grew(self, n: int) -> None:
+        """A recording being written grew by `n` bytes: the oldest finished ones go to make
+        room (a prune each time they grew by a 64th of the budget); past the budget on their
+        own, recordings stop growing (`recording_truncated`)."""
+        self.live_bytes += n
+        if self.live_bytes - self._pruned_at >= self.max_bytes // 64:
+            self._pruned_at = self.live_bytes
+            self.submit(self.prune)
 
     # -- on the worker thread -------------------------------------------------------------------
 
@@ -174,8 +203,8 @@ class RecordingStore:
         try:
             file.close()
             part = self.directory / f"{call_id}{PART}"
-            if suffix == WAV:
-                _sized(part)
+            if suffix == WAV and _finish_part(part) != WAV:
+                raise wav.WavError("the WAVE file lost its header")
             self._write_meta(call_id, meta)
             os.replace(part, self.directory / f"{call_id}{suffix}")
         except (OSError, wav.WavError) as exc:
@@ -216,7 +245,7 @@ class RecordingStore:
                 continue
             done.append((stat.st_mtime, stat.st_size, path.stem))
         done.sort()
-        total = sum(size for _, size, _ in done)
+        total = sum(size for _, size, _ in done) + self.live_bytes
         for mtime, size, name in done:
             if now - mtime <= self.keep and total <= self.max_bytes:
                 continue
@@ -261,19 +290,28 @@ class RecordingStore:
         self._lock.close()
 
 
-def _sized(path: Path) -> str:
-    """The suffix a recording's file is finished with, by its first bytes; a WAVE file is
-    given the sizes of the whole sample frames it holds (written while the call lasted, its
-    header did not know them), a torn last one cut off."""
+def _finish_part(path: Path) -> str | None:
+    """The suffix a recording's `.part` is finished with, told by its first bytes; a WAVE
+    file is given the sizes of the whole sample frames it holds (written while the call
+    lasted, its header did not know them), a torn last one cut off. None: no recording in it
+    (an empty one, or one torn inside its header: removed; one not of ours: left alone)."""
     with open(path, "r+b") as f:
         head = f.read(wav.HEADER)
-        if head[:4] != b"RIFF":
+        if head[:4] == b"OggS":
             return OPUS
-        try:
-            sized = wav.sized_header(head, os.fstat(f.fileno()).st_size - wav.HEADER)
-        except wav.WavError:
-            return WAV  # (not one of ours: kept as it is)
-        f.seek(0)
-        f.write(sized)
-        f.truncate(wav.HEADER + wav.data_size(sized))
-    return WAV
+        if head[:4] == b"RIFF":
+            try:
+                sized = wav.sized_header(head, os.fstat(f.fileno()).st_size - wav.HEADER)
+            except wav.WavError:
+                sized = None
+            if sized is not None:
+                f.seek(0)
+                f.write(sized)
+                f.truncate(wav.HEADER + wav.data_size(sized))
+                return WAV
+        ours = len(head) < wav.HEADER and wav.g711_header(wav.MULAW, 2, 8000).startswith(head[:4])
+    if not head or ours:
+        path.unlink()
+    else:
+        log.warning("%s in the recordings' directory is not a recording: left as it is", path)
+    return None

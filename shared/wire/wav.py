@@ -48,7 +48,8 @@ def sized_header(header: bytes, data_bytes: int) -> bytes:
     (block,) = struct.unpack_from("<H", header, 32)
     if not channels or not block or header[38:42] != b"fact" or header[50:54] != b"data":
         raise WavError("not a header this module writes")
-    data_bytes = min(data_bytes - data_bytes % block, _UNKNOWN - HEADER)
+    data_bytes = min(data_bytes, _UNKNOWN - HEADER)
+    data_bytes -= data_bytes % block
     out = bytearray(header[:HEADER])
     struct.pack_into("<I", out, _RIFF_SIZE, HEADER - 8 + data_bytes)
     struct.pack_into("<I", out, _FACT_SAMPLES, data_bytes // block)
@@ -63,7 +64,7 @@ def data_size(header: bytes) -> int:
     return int(struct.unpack_from("<I", header, _DATA_SIZE)[0])
 
 
-def interleave(left: bytes, right: bytes) -> bytes:
+def interleave(left: bytes | bytearray, right: bytes | bytearray) -> bytes:
     """Two channels of 8-bit samples, as many of each, into one frame after another."""
     if len(left) != len(right):
         raise WavError("both channels need as many samples")

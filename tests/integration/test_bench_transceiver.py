@@ -235,3 +235,6 @@ def test_recording_bench_gives_cpu_and_bytes_per_call_minute() -> None:
         # a minute of 20 ms Opus both ways: tens of kB/s, and far less CPU than its codec work
         assert 200_000 < r["bytes_per_call_minute"] < 3_000_000, r
         assert 0 < r["cpu_ms_per_call_minute"] and 0 < r["over_codec"] < 1, r
+    phone = result["phone-g711"]  # two 8 kHz channels of a byte a sample, and the header
+    assert phone["bytes_per_call_minute"] == 58 + 3001 * 320, phone
+    assert 0 < phone["cpu_ms_per_call_minute"] and 0 < phone["over_codec"] < 1, phone

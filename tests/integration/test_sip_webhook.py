@@ -41,6 +41,7 @@ from ..support import (
 pytestmark = pytest.mark.slow
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+RECORDED_TRUNK = "127.0.0.3"
 
 
 @dataclass
@@ -106,6 +107,8 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     records = tmp_path_factory.mktemp("records")
     with webhook_endpoint() as (url, events):
         flags = ["--sip-webhook", url, "--sip-webhook-secret", SECRET]
+        # a second trunk, whose every call the operator records (`--sip-record`)
+        flags += ["--sip-trunk", f"recorded={RECORDED_TRUNK}/32", "--sip-record", "recorded"]
         with PhoneStack.running(*flags, transceiver=("--record-dir", str(records))) as stack:
             yield App(stack, events, client_for(stack), records)
 
@@ -166,6 +169,24 @@ def test_the_app_accepts_and_the_phone_hears_its_agent(app: App) -> None:
     assert not list(app.records.glob(f"{call_id}*"))  # not asked: nothing written for it
 
 
+def recorded_call(app: App, phone: Phone, said: bytes, **accept: Any) -> tuple[str, httpx.Response]:
+    """A call the app accepts (`accept`), `said` on it, the app hangs up: (its id, its
+    recording as the accepting key fetched it once there was one, 409 before)."""
+    try:
+        call_id = answered(app, phone, **accept)
+        url = f"{app.stack.sig.url}/v1/calls/{call_id}/recording"
+        auth = {"Authorization": f"Bearer {SignalingProcess.API_KEY}"}
+        phone.talk(said)
+        assert httpx.get(url, headers=auth).status_code == 409  # not while it lasts
+        hung_up(app, phone, call_id)
+    finally:
+        phone.close()
+    wait_until(lambda: httpx.get(url, headers=auth).status_code == 200, timeout=10)
+    got = httpx.get(url, headers=auth)
+    assert got.headers["content-type"] == "audio/wav"
+    return call_id, got
+
+
 def test_a_phone_call_the_app_asked_to_record_is_a_wave_of_both_sides_for_its_key(
     app: App,
 ) -> None:
@@ -173,22 +194,12 @@ def test_a_phone_call_the_app_asked_to_record_is_a_wave_of_both_sides_for_its_ke
     two-channel WAVE file (the trunk left, the agent right), served to the accepting key once
     the call ended, its beeps where the phone said them and the echo's just after."""
     beep = tone(750.0, 0.3) + bytes(2 * 4000)  # 0.3 s on, 0.5 s off
-    phone = Phone(app.stack.sip)
-    try:
-        call_id = answered(app, phone, extra_query={"record": "true"})
-        url = f"{app.stack.sig.url}/v1/calls/{call_id}/recording"
-        auth = {"Authorization": f"Bearer {SignalingProcess.API_KEY}"}
-        began = time.monotonic()
-        phone.talk(beep * 4)
-        assert httpx.get(url, headers=auth).status_code == 409  # not while it lasts
-        hung_up(app, phone, call_id)
-        lasted = time.monotonic() - began
-    finally:
-        phone.close()
-    wait_until(lambda: httpx.get(url, headers=auth).status_code == 200, timeout=10)
-    got = httpx.get(url, headers=auth)
-    assert got.headers["content-type"] == "audio/wav"
-    assert httpx.get(url, headers={"Authorization": "Bearer nobody"}).status_code == 401
+    began = time.monotonic()
+    call_id, got = recorded_call(
+        app, Phone(app.stack.sip), beep * 4, extra_query={"record": "true"}
+    )
+    lasted = time.monotonic() - began
+    assert httpx.get(got.url, headers={"Authorization": "Bearer nobody"}).status_code == 401
     stream, pcm = probe_recording(got.content, ".wav", 8000)
     assert (stream["codec_name"], stream["channels"], stream["sample_rate"]) == (
         "pcm_mulaw", 2, "8000",
@@ -203,6 +214,16 @@ def test_a_phone_call_the_app_asked_to_record_is_a_wave_of_both_sides_for_its_ke
     assert len(said) == 4 and len(echoed) >= 3, (said, echoed)
     lags = [min((e - s for e in echoed if e >= s - 0.02), default=9.0) for s in said[:-1]]
     assert all(-0.021 <= lag <= 0.3 for lag in lags), lags
+
+
+def test_a_trunk_the_operator_records_is_recorded_whatever_the_app_says(app: App) -> None:
+    """`--sip-record recorded`: its call is recorded though the app's accept did not ask, and
+    the file is the accepting key's, like the call."""
+    phone = Phone(app.stack.sip, host=RECORDED_TRUNK)
+    _, got = recorded_call(app, phone, tone(500.0, 1.0))
+    stream, pcm = probe_recording(got.content, ".wav", 8000)
+    assert stream["channels"] == 2 and stream["duration"] >= 1.0
+    assert abs(peak_hz(pcm[:, 0], 8000) - 500) < 5  # the phone's tone, on the left
 
 
 def test_the_app_rejects(app: App) -> None:

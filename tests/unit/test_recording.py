@@ -326,15 +326,34 @@ def test_a_g711_call_is_recorded_as_wave_caller_left_agent_right_slot_by_slot() 
     assert rec.replaced == 0 and rec.late == 0 and rec.seconds == pytest.approx(61 * 0.02)
 
 
-def test_a_g711_caller_of_40_ms_packets_fills_two_slots_and_a_torn_one_is_silence() -> None:
+@pytest.mark.parametrize("ms", [10, 20, 30, 40, 50])
+def test_a_g711_caller_is_placed_sample_by_sample_whatever_its_packets_hold(ms: int) -> None:
+    """A trunk may send 10, 30 ms or more a packet: every byte lands where its timestamp
+    says, so the caller's channel is what it sent, byte for byte, from its first slot on."""
+    said = bytes(i % 251 for i in range(8000))  # a second of bytes no two slots share
+    size = 8 * ms
+    rec = CallRecorder(0.0, WavG711("pcmu"))
+    for i in range(len(said) // size):
+        rec.caller(said[i * size : (i + 1) * size], 7 + i * size, i * ms / 1000 + 0.003)
+    left, _ = channels_of(rec.take() + rec.close(1.1))
+    n = len(said) // size * size
+    assert left[:n] == said[:n] and left[n:] == b"\xff" * (len(left) - n)
+    assert rec.late == rec.replaced == rec.rebased == 0
+
+
+def test_the_agents_frames_not_of_20_ms_are_silence_and_the_file_comes_a_second_at_a_time() -> None:
     rec = CallRecorder(0.0, WavG711("pcma"))
-    rec.caller(ULAW + AGENT, 0, 0.0)  # 40 ms: slots 0 and 1
-    rec.caller(ULAW[:100], 2 * G711_FRAME, 0.04)  # not whole 20 ms: silence, counted
-    rec.agent(AGENT[:80], 0.0, 0.0)  # the agent's too
-    left, right = channels_of(rec.take() + rec.close(0.1))
-    assert left[:160] == ULAW and left[160:320] == AGENT and left[320:480] == b"\xd5" * 160
-    assert right[:160] == b"\xd5" * 160  # A-law silence
-    assert rec.replaced == 2
+    rec.caller(ULAW[:100], 0, 0.0)  # 12.5 ms: its samples, the rest of the slot silent
+    rec.agent(AGENT[:80], 0.0, 0.0)  # the agent's are whole frames: counted, silence
+    assert rec.replaced == 1
+    assert rec.take() == b""  # (nothing a second long yet)
+    for i in range(1, 61):
+        rec.agent(AGENT, i * 0.02, i * 0.02)
+    first = rec.take()
+    assert wav.HEADER + 16000 <= len(first) < wav.HEADER + 16000 + 320  # a second's page
+    left, right = channels_of(first + rec.take() + rec.close(1.3))
+    assert left[:100] == ULAW[:100] and left[100:160] == b"\xd5" * 60  # A-law silence
+    assert right[:160] == b"\xd5" * 160 and right[160:320] == AGENT
     with pytest.raises(ValueError):
         WavG711("opus")
 
@@ -362,7 +381,13 @@ def test_a_finished_wave_recording_gets_its_sizes_and_an_interrupted_one_too(
     (tmp_path / "cut.part").write_bytes(wav.g711_header(wav.MULAW, 2, 8000) + bytes(641))
     (tmp_path / "ogg.part").write_bytes(b"OggS")
     (tmp_path / "older.opus.part").write_bytes(b"OggS")
+    (tmp_path / "empty.part").write_bytes(b"")  # stopped before its first write: no file
+    (tmp_path / "torn.part").write_bytes(wav.g711_header(wav.MULAW, 2, 8000)[:30])  # ditto
+    (tmp_path / "foreign.part").write_bytes(b"RIFF" + bytes(100))  # not ours: left alone
     again = RecordingStore(str(tmp_path), keep=3600, max_bytes=1 << 20)
+    assert not list(tmp_path.glob("empty*")) and not list(tmp_path.glob("torn*"))
+    assert [p.name for p in tmp_path.glob("foreign*")] == ["foreign.part"]
+    assert again.meta("cut")["format"] == "audio/wav" and again.meta("ogg")["format"] == "audio/ogg"
     cut = (tmp_path / "cut.wav").read_bytes()
     assert len(cut) == wav.HEADER + 640 and wav_fields(cut)[5:] == (320, 640)
     assert again.find("ogg") == tmp_path / "ogg.opus"
@@ -373,3 +398,29 @@ def test_a_finished_wave_recording_gets_its_sizes_and_an_interrupted_one_too(
     again.prune(now=time.time() + 7200)  # past its keep: both kinds go
     assert not list(tmp_path.glob("*.wav")) and not list(tmp_path.glob("*.opus"))
     again.close()
+
+
+def test_recordings_being_written_count_toward_the_budget_and_stop_growing_past_it(
+    tmp_path: Path,
+) -> None:
+    """Many calls recorded at once cannot write past `max_bytes` between two ends: what is
+    being written counts, the oldest finished ones go to make room, and past the budget on
+    their own the recordings stop growing (`recording_truncated`), never the calls."""
+    store = RecordingStore(str(tmp_path), keep=3600, max_bytes=6400)
+    old = store.open("old")
+    old.write(bytes(3000))
+    old.finish(1.0, ".opus", {})
+    store.settle()
+    live = [store.open(f"live{i}") for i in range(4)]
+    for _ in range(10):
+        for rec in live:
+            rec.write(bytes(200))
+    store.settle()
+    assert store.find("old") is None  # made room (3000 + 4 x 2000 > 6400)
+    assert store.live_bytes <= 6400 and sum(r.size for r in live) == store.live_bytes
+    assert store.counters["recording_truncated"] >= 1 and all(r.file for r in live)
+    for rec in live:
+        rec.finish(1.0, ".opus", {})
+    store.settle()
+    assert store.live_bytes == 0
+    store.close()

@@ -58,6 +58,8 @@ def test_a_registry_hash_reads_back_and_bad_ones_are_refused() -> None:
     for records in (True, False, None):
         said = TransceiverInfo(id="r", api_url="http://r", region="a", records=records)
         assert TransceiverInfo.from_hash("r", said.to_hash()) == said
+        both = TransceiverInfo("r", "http://r", "a", records=records, records_rtp=records)
+        assert TransceiverInfo.from_hash("r", both.to_hash()) == both
     assert info.records is None  # (the hash above has no `records`)
 
 

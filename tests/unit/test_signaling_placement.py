@@ -40,8 +40,21 @@ def test_a_call_to_record_goes_to_a_transceiver_that_records_or_may() -> None:
         TransceiverInfo(id="unknown", api_url="http://u", region="a", capacity=10),
         TransceiverInfo(id="b", api_url="http://b", region="b", capacity=10, records=False),
     ]
-    assert ids(rank(fleet, "b", "a", record=True)) == ["yes", "unknown"]  # known ones first
+    assert ids(rank(fleet, "b", "a", record="webrtc")) == ["yes", "unknown"]  # known ones first
     assert ids(rank(fleet, "a", "a")) == ["no", "unknown", "yes"]  # the rest go anywhere
+
+
+def test_a_phone_call_to_record_skips_a_recorder_of_a_release_that_records_webrtc_only() -> None:
+    """A rolling upgrade rolls signaling first: a transceiver that records but says nothing of
+    phone calls would refuse one (its release took `record` for WebRTC calls only)."""
+    fields = {"api_url": "http://old", "region": "a", "capacity": "10", "records": "1"}
+    old = TransceiverInfo.from_hash("old", fields)
+    assert old is not None and old.can_record("webrtc") and old.can_record("rtp") is False
+    new = TransceiverInfo("new", "http://new", "a", capacity=10, records=True, records_rtp=True)
+    unknown = TransceiverInfo(id="unknown", api_url="http://u", region="a", capacity=10)
+    fleet = [old, new, unknown]
+    assert ids(rank(fleet, "a", "a", record="rtp")) == ["new", "unknown"]
+    assert ids(rank(fleet, "a", "a", record="webrtc")) == ["new", "old", "unknown"]
 
 
 def test_draining_and_full_are_skipped() -> None:

@@ -19,10 +19,10 @@ caller is never more than 200 ms from when it was heard, and loses at most 0.3 s
 when its line is drawn again. A lone straggler is dropped; no slot is written twice (`late`). A
 slot is written once it is `SETTLE` slots old; a side with nothing for a slot gets silence
 there (a lost packet, the agent quiet, a call that was not sending), so the two channels stay
-aligned for the whole call. A packet the format cannot cut into 20 ms slots (an Opus packet
-not of 20 ms; on the agent's side, not of one frame; G.711 not of whole 20 ms) is written as
-silence and counted (`replaced`); a G.711 caller sending 30 or 40 ms packets fills as many
-slots.
+aligned for the whole call. An Opus packet takes a whole slot: one not of 20 ms (on the
+agent's side, not of one frame) is written as silence and counted (`replaced`). A G.711
+caller's bytes go where their timestamp puts them, sample by sample, so a trunk sending 10,
+30 or 40 ms packets fills the slots they cover (the agent's frames are always 20 ms).
 
 `take()` gives the file's bytes made so far (the I/O writes them); `close(now)` writes what is
 left, both sides to the same end.
@@ -64,16 +64,18 @@ class RecordingFormat(Protocol):
     suffix: str  # the finished file's
     frame: int  # RTP timestamp units in a 20 ms slot
     silence: tuple[bytes, bytes]  # (caller, agent) for a slot with nothing
+    partial: bool  # a slot's entry is samples a packet may fill part of (else: one packet)
 
-    def caller_slots(self, packet: bytes) -> list[bytes]:
-        """The packet as one entry per 20 ms slot; `Unfit` if it cannot be."""
+    def caller_pieces(self, packet: bytes, pos: int) -> list[tuple[int, int, bytes]]:
+        """The caller's packet whose first sample is `pos` (counted from the file's start)
+        as (slot, offset in it, bytes) pieces; `Unfit` if it cannot be placed."""
         ...
 
     def agent_slot(self, packet: bytes) -> bytes:
         """The packet as one slot's entry; `Unfit` if it cannot be."""
         ...
 
-    def write(self, caller: bytes, agent: bytes) -> None: ...
+    def write(self, caller: bytes | bytearray, agent: bytes) -> None: ...
 
     def take(self) -> bytes: ...
 
@@ -84,7 +86,7 @@ class OggOpus:
     """Two mono Opus streams in one Ogg/Opus file: channel 0 (left) <- stream 1 (the caller,
     the last stream: as it came), channel 1 (right) <- stream 0 (the agent, self-delimited)."""
 
-    media_type, suffix, frame = "audio/ogg; codecs=opus", ".opus", FRAME
+    media_type, suffix, frame, partial = "audio/ogg; codecs=opus", ".opus", FRAME, False
     silence = (SILENCE, self_delimited(SILENCE))
 
     def __init__(self, serial: int, comments: list[str] | None = None) -> None:
@@ -92,13 +94,13 @@ class OggOpus:
         self._ogg.header(opus_head(2, 2, 0, bytes([1, 0]), pre_skip=0))
         self._ogg.header(opus_tags(VENDOR, comments or []))
 
-    def caller_slots(self, packet: bytes) -> list[bytes]:
+    def caller_pieces(self, packet: bytes, pos: int) -> list[tuple[int, int, bytes]]:
         try:
             if packet_samples(packet) != FRAME:
                 raise Unfit("not 20 ms")
         except OpusPacketError as exc:
             raise Unfit(str(exc)) from exc
-        return [packet]
+        return [(round(pos / FRAME), 0, packet)]  # (a whole packet: the nearest slot)
 
     def agent_slot(self, packet: bytes) -> bytes:
         try:
@@ -108,7 +110,7 @@ class OggOpus:
         except OpusPacketError as exc:
             raise Unfit(str(exc)) from exc
 
-    def write(self, caller: bytes, agent: bytes) -> None:
+    def write(self, caller: bytes | bytearray, agent: bytes) -> None:
         self._ogg.audio(agent + caller, FRAME)
 
     def take(self) -> bytes:
@@ -119,9 +121,12 @@ class OggOpus:
 
 
 class WavG711:
-    """A G.711 call's two sides in one two-channel WAVE file of its own law, 8 kHz."""
+    """A G.711 call's two sides in one two-channel WAVE file of its own law, 8 kHz. The
+    caller's bytes go where their RTP timestamp says, sample by sample (a trunk may send 10,
+    20, 30 ms or more a packet); what is made is handed out a second at a time (`PAGE`)."""
 
-    media_type, suffix, frame = "audio/wav", ".wav", G711_FRAME
+    media_type, suffix, frame, partial = "audio/wav", ".wav", G711_FRAME, True
+    PAGE = 16000  # bytes: a second of two 8 kHz channels
 
     def __init__(self, codec: str) -> None:
         if codec not in G711_SILENCE:
@@ -129,33 +134,42 @@ class WavG711:
         self.silence = (G711_SILENCE[codec], G711_SILENCE[codec])
         tag = wav.MULAW if codec == "pcmu" else wav.ALAW
         self._out = bytearray(wav.g711_header(tag, 2, 8000))  # sizes: when the file is done
+        self._closed = False
 
-    def caller_slots(self, packet: bytes) -> list[bytes]:
-        if not packet or len(packet) % G711_FRAME:
-            raise Unfit("not whole 20 ms")
-        return [packet[i : i + G711_FRAME] for i in range(0, len(packet), G711_FRAME)]
+    def caller_pieces(self, packet: bytes, pos: int) -> list[tuple[int, int, bytes]]:
+        if not packet:
+            raise Unfit("no samples")
+        pieces, at, end = [], 0, len(packet)
+        while at < end:
+            slot, offset = divmod(pos + at, G711_FRAME)
+            n = min(G711_FRAME - offset, end - at)
+            pieces.append((slot, offset, packet[at : at + n]))
+            at += n
+        return pieces
 
     def agent_slot(self, packet: bytes) -> bytes:
         if len(packet) != G711_FRAME:
             raise Unfit("not 20 ms")
         return packet
 
-    def write(self, caller: bytes, agent: bytes) -> None:
+    def write(self, caller: bytes | bytearray, agent: bytes) -> None:
         self._out += wav.interleave(caller, agent)
 
     def take(self) -> bytes:
+        if len(self._out) < self.PAGE and not self._closed:
+            return b""
         out, self._out = bytes(self._out), bytearray()
         return out
 
     def close(self) -> None:
-        pass
+        self._closed = True
 
 
 class CallRecorder:
     def __init__(self, start: float, file: RecordingFormat) -> None:
         self.start = start
         self.file = file
-        self._caller: dict[int, bytes] = {}
+        self._caller: dict[int, bytes | bytearray] = {}
         self._agent: dict[int, bytes] = {}
         self._caller_base: tuple[int, int] | None = None  # (RTP timestamp, its slot)
         self._late_run = 0  # caller packets in a row that came too late for their slots
@@ -184,24 +198,36 @@ class CallRecorder:
             slot = -1
         elif not self._written <= slot <= here + AHEAD:  # the line drifted off: drawn again
             self._caller_base, slot = (timestamp, here), here
+            base_slot, delta = here, 0
             self.rebased += 1
         if slot >= 0:
             self._late_run = 0
         if packet is not None:
-            self._caller_packet(packet, slot)
+            self._caller_packet(packet, slot, base_slot * self.file.frame + delta)
         self._settle(now)
 
-    def _caller_packet(self, packet: bytes, slot: int) -> None:
-        if slot < self._written or slot in self._caller:
+    def _caller_packet(self, packet: bytes, slot: int, pos: int) -> None:
+        file, side = self.file, self._caller
+        if slot < self._written or (not file.partial and slot in side):
             self.late += 1
             return
         try:
-            entries = self.file.caller_slots(packet)
+            pieces = file.caller_pieces(packet, pos)
         except Unfit:
             self.replaced += 1
-            entries = [self.file.silence[0]]
-        for i, entry in enumerate(entries):  # (a G.711 packet of 40 ms fills two)
-            self._put(self._caller, slot + i, entry)
+            pieces = [(slot, 0, file.silence[0])]
+        late = False
+        for at, offset, data in pieces:
+            if at < self._written or (not file.partial and at in side):
+                late = True
+            elif file.partial:  # (the samples land where they belong; a duplicate: again)
+                entry = side.get(at)
+                if not isinstance(entry, bytearray):
+                    entry = side[at] = bytearray(file.silence[0])
+                entry[offset : offset + len(data)] = data
+            else:
+                side[at] = data
+        self.late += late
 
     def agent(self, packet: bytes, due: float, now: float) -> None:
         """A packet the call sent (the agent's voice, or silence) in its slot due at `due`."""
@@ -214,14 +240,11 @@ class CallRecorder:
         except Unfit:
             self.replaced += 1
             entry = self.file.silence[1]
-        self._put(self._agent, slot, entry)
-        self._settle(now)
-
-    def _put(self, side: dict[int, bytes], slot: int, entry: bytes) -> None:
-        if slot < self._written or slot in side:
+        if slot < self._written:  # (its slots only move forward: never one taken)
             self.late += 1
-            return
-        side[slot] = entry
+        else:
+            self._agent[slot] = entry
+        self._settle(now)
 
     def _settle(self, now: float) -> None:
         self._write_until(self._slot(now) - SETTLE)
