@@ -18,8 +18,9 @@ or absent Redis never holds a request or a packet.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -80,7 +81,24 @@ def flow_key(client: Address) -> str:
     return f"{PREFIX}flow:{client[0]}:{client[1]}"
 
 
-FLOW_KEYS = f"{PREFIX}flow:*"  # SCAN pattern of every flow key
+FLOW_KEYS = f"{PREFIX}flow:*"  # SCAN pattern of every flow key (no reader walks it now)
+# The flows' index: a sorted set of flow keys, scored by the Redis server's time of the key's
+# last write (the writing scripts read TIME: one clock, the one EXPIRE counts on). Each write
+# drops members older than FLOW_TTL (their keys have expired), so it holds at most a TTL's
+# worth of flows. The relay's warm standby reads it, newest first, not the keyspace.
+FLOWS = f"{PREFIX}flows"
+# KEYS: the index, then flow keys; ARGV: FLOW_TTL, then each key's token and hop.
+WRITE_FLOWS = """
+local now = tonumber(redis.call('TIME')[1])
+local ttl = tonumber(ARGV[1])
+for i = 2, #KEYS do
+  redis.call('HSET', KEYS[i], 'token', ARGV[2 * i - 2], 'hop', ARGV[2 * i - 1])
+  redis.call('EXPIRE', KEYS[i], ttl)
+  redis.call('ZADD', KEYS[1], now, KEYS[i])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl - 1)
+return #KEYS - 1
+"""
 
 
 def parse_flow_key(key: bytes | str) -> Address | None:
@@ -224,3 +242,16 @@ class FlowRecord:
         except (UnicodeDecodeError, ValueError):
             return None
         return cls(token, hop)
+
+
+def write_flows(client: Any, flows: Iterable[tuple[Address, FlowRecord]]) -> int:
+    """Write flow records with their TTL and into the index, in one atomic script."""
+    keys: list[str] = [FLOWS]
+    args: list[int | bytes] = [FLOW_TTL]
+    for address, record in flows:
+        fields = record.to_hash()
+        keys.append(flow_key(address))
+        args += [fields[b"token"], fields[b"hop"]]
+    if len(keys) == 1:
+        return 0
+    return int(client.eval(WRITE_FLOWS, len(keys), *keys, *args))

@@ -6,9 +6,10 @@ look-ups for datagrams from unknown clients. Nothing here runs on the packet pat
 plane hands over batches, and every Redis call runs in a worker thread (redis-py's blocking
 client; there is no maintained Trio client) with short socket timeouts.
 
-`snapshot` reads every flow of the cluster (SCAN, bounded): the warm standby worker keeps
-one, refreshed while it waits, so a worker that takes over can answer its look-ups from it
-when Redis is down at that moment (see `worker.py`).
+`snapshot` reads every flow of the cluster (the flows' index, `redis_store.FLOWS`, newest
+first and bounded; never a SCAN of the keyspace): the warm standby worker keeps one,
+refreshed while it waits, so a worker that takes over can answer its look-ups from it when
+Redis is down at that moment (see `worker.py`).
 
 When Redis is down: writes are kept (latest per client, bounded) and retried with backoff,
 look-ups fail at once (the data plane then drops the held datagrams without remembering a
@@ -26,13 +27,14 @@ import trio
 from firsthop.services.relay.write_behind import Entry
 from firsthop.shared.address import Address
 from firsthop.shared.redis_store import (
-    FLOW_KEYS,
     FLOW_TTL,
+    FLOWS,
     FlowRecord,
     flow_key,
     parse_flow_key,
     redis_client,
     trace_key,
+    write_flows,
 )
 
 log = logging.getLogger("firsthop.relay.cache")
@@ -40,7 +42,7 @@ log = logging.getLogger("firsthop.relay.cache")
 
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
-SCAN_BATCH = 1000  # keys per SCAN step, and tokens per pipelined read
+SCAN_BATCH = 1000  # index members per read, and tokens per pipelined read
 
 
 class CacheUnavailable(Exception):
@@ -82,13 +84,9 @@ class FlowCache:
             raise CacheUnavailable("backing off")
 
         def write() -> None:
-            # MULTI/EXEC: a write cut between HSET and EXPIRE must not leave a key forever
-            pipe = self._client.pipeline(transaction=True)
-            for client, token, via in batch:
-                key = flow_key(client)
-                pipe.hset(key, mapping=FlowRecord(token, via).to_hash())  # type: ignore[arg-type]
-                pipe.expire(key, FLOW_TTL)
-            pipe.execute()
+            # one script: a write cut between HSET and EXPIRE must not leave a key forever,
+            # and every key is in the index (`redis_store.FLOWS`)
+            write_flows(self._client, ((c, FlowRecord(token, via)) for c, token, via in batch))
 
         try:
             await trio.to_thread.run_sync(write, limiter=self._limiter)
@@ -125,26 +123,19 @@ class FlowCache:
 
         def read() -> dict[Address, bytes]:
             out: dict[Address, bytes] = {}
-            keys: list[bytes] = []
-
-            def fetch() -> None:
+            for at in range(0, max(0, limit), SCAN_BATCH):  # the newest first, in pages
+                keys: list[bytes] = self._client.zrevrange(  # type: ignore[assignment]
+                    FLOWS, at, min(at + SCAN_BATCH, limit) - 1
+                )
                 pipe = self._client.pipeline(transaction=False)
                 for key in keys:
                     pipe.hget(key, "token")
                 for key, token in zip(keys, pipe.execute(), strict=True):
                     client = parse_flow_key(key)
-                    if token and client is not None:
+                    if token and client is not None:  # (else: expired, not yet dropped)
                         out[client] = token
-                keys.clear()
-
-            for key in self._client.scan_iter(match=FLOW_KEYS, count=SCAN_BATCH):
-                keys.append(key)
-                if len(keys) >= SCAN_BATCH or len(out) + len(keys) >= limit:
-                    fetch()
-                    if len(out) >= limit:
-                        break
-            if keys:
-                fetch()
+                if len(keys) < SCAN_BATCH:
+                    break
             return out
 
         try:

@@ -23,6 +23,7 @@ import trio
 from firsthop.shared.address import Address
 from firsthop.shared.redis_store import (
     FLOW_TTL,
+    FLOWS,
     HEARTBEAT_PERIOD,
     TRACE_TTL,
     TRANSCEIVER_TTL,
@@ -33,6 +34,7 @@ from firsthop.shared.redis_store import (
     redis_client,
     trace_key,
     transceiver_key,
+    write_flows,
 )
 
 log = logging.getLogger("firsthop.transceiver.registry")
@@ -128,8 +130,9 @@ if held and held ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], tonumber(redis.call('TIME')[1]), KEYS[1])
 return 1
-"""
+"""  # (KEYS[2]: the flows' index, `redis_store.FLOWS`, scored as `WRITE_FLOWS` scores)
 
 
 class FlowPins:
@@ -151,12 +154,7 @@ class FlowPins:
         self.pinned: dict[Address, bytes] = {}
 
     def _write(self, pins: list[tuple[Address, bytes]]) -> None:
-        pipe = self._client.pipeline(transaction=True)  # never a key without its TTL
-        for client, token in pins:
-            key = flow_key(client)
-            pipe.hset(key, mapping=FlowRecord(token).to_hash())  # type: ignore[arg-type]
-            pipe.expire(key, FLOW_TTL)
-        pipe.execute()
+        write_flows(self._client, ((client, FlowRecord(token)) for client, token in pins))
 
     async def pin(self, client: Address, token: bytes) -> bool:
         """Write it now, unless the address is another flow's (False: a trunk may not take
@@ -165,7 +163,7 @@ class FlowPins:
         fields = [v for pair in FlowRecord(token).to_hash().items() for v in pair]
         args: list[bytes | int] = [token, FLOW_TTL, *fields]
         done = await trio.to_thread.run_sync(
-            lambda: self._client.eval(PIN_UNLESS_TAKEN, 1, flow_key(client), *args)
+            lambda: self._client.eval(PIN_UNLESS_TAKEN, 2, flow_key(client), FLOWS, *args)
         )
         if done != 1:
             self._counters["flow_pin_refused"] += 1
@@ -177,7 +175,11 @@ class FlowPins:
         if self.pinned.pop(client, None) is None:
             return
         try:
-            await trio.to_thread.run_sync(self._client.delete, flow_key(client))
+            key = flow_key(client)
+            pipe = self._client.pipeline(transaction=True)
+            pipe.delete(key)
+            pipe.zrem(FLOWS, key)
+            await trio.to_thread.run_sync(pipe.execute)
         except redis.RedisError:
             self._counters["redis_errors"] += 1  # (it expires within FLOW_TTL)
 
