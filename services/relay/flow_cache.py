@@ -123,19 +123,32 @@ class FlowCache:
 
         def read() -> dict[Address, bytes]:
             out: dict[Address, bytes] = {}
-            for at in range(0, max(0, limit), SCAN_BATCH):  # the newest first, in pages
-                keys: list[bytes] = self._client.zrevrange(  # type: ignore[assignment]
-                    FLOWS, at, min(at + SCAN_BATCH, limit) - 1
-                )
+            seen: set[bytes] = set()
+
+            def tokens(keys: list[bytes]) -> None:
                 pipe = self._client.pipeline(transaction=False)
                 for key in keys:
                     pipe.hget(key, "token")
                 for key, token in zip(keys, pipe.execute(), strict=True):
+                    seen.add(key)
                     client = parse_flow_key(key)
                     if token and client is not None:  # (else: expired, not yet dropped)
                         out[client] = token
+
+            began = int(self._client.time()[0])  # (the clock the index is scored by)
+            for at in range(0, max(0, limit), SCAN_BATCH):  # the newest first, in pages
+                keys: list[bytes] = self._client.zrevrange(  # type: ignore[assignment]
+                    FLOWS, at, min(at + SCAN_BATCH, limit) - 1
+                )
+                tokens([key for key in keys if key not in seen])
                 if len(keys) < SCAN_BATCH:
                     break
+            # A flow written again while the pages were read moved ahead of them (its score
+            # went up): those, since the read began, are read too.
+            moved: list[bytes] = self._client.zrevrangebyscore(  # type: ignore[assignment]
+                FLOWS, "+inf", began, start=0, num=max(0, limit)
+            )
+            tokens([key for key in moved if key not in seen][: max(0, limit - len(out))])
             return out
 
         try:

@@ -130,9 +130,11 @@ if held and held ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], tonumber(redis.call('TIME')[1]), KEYS[1])
+local now = tonumber(redis.call('TIME')[1])
+redis.call('ZADD', KEYS[2], now, KEYS[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]) - 1)
 return 1
-"""  # (KEYS[2]: the flows' index, `redis_store.FLOWS`, scored as `WRITE_FLOWS` scores)
+"""  # (KEYS[2]: the flows' index, `redis_store.FLOWS`, scored and trimmed as `WRITE_FLOWS`)
 
 
 class FlowPins:

@@ -95,3 +95,38 @@ async def test_a_phone_calls_pin_is_indexed_and_taken_away_with_its_flow(
         assert not counters["redis_errors"]
     finally:
         r.close()
+
+
+async def test_a_flow_written_again_while_the_standby_reads_is_not_missed(
+    server: RedisServer,
+) -> None:
+    """Newest first, in pages: a flow refreshed between two pages jumps ahead of them, and is
+    read from what moved since the read began. A batch bigger than a script's share goes as
+    several scripts, every key with its member."""
+    r = redis_lib.Redis.from_url(server.url, decode_responses=True)
+    cache = FlowCache(server.url)
+    writer = FlowCache(server.url)
+    flows = [(client(i), f"tok{i}".encode(), None) for i in range(1500)]
+    try:
+        with trio.fail_after(20):
+            await writer.store(flows[:1000])
+            await trio.sleep(1.1)  # (a second later by the server's clock: ranked ahead)
+            await writer.store(flows[1000:])
+            assert r.zcard(FLOWS) == 1500 and r.exists(flow_key(client(0)))
+            # the oldest, on the second page, is written again once the first page is read
+            pages = cache._client.zrevrange
+            calls = 0
+
+            def zrevrange(*args: object, **kwargs: object) -> object:
+                nonlocal calls
+                calls += 1
+                if calls == 2:
+                    r.hset(flow_key(client(0)), "token", "tok0")
+                    r.zadd(FLOWS, {flow_key(client(0)): float(r.time()[0]) + 1})
+                return pages(*args, **kwargs)  # type: ignore[arg-type]
+
+            cache._client.zrevrange = zrevrange  # type: ignore[method-assign,assignment]
+            got = await cache.snapshot(2000)
+        assert calls == 2 and len(got) == 1500 and got[client(0)] == b"tok0"
+    finally:
+        r.close()
