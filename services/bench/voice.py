@@ -93,7 +93,7 @@ BARGE_AFTER = 0.6  # seconds into the answer when the caller talks over it
 TARGET_EDGE_P50_MS = 20.0
 TARGET_BARGE_IN_MS = 150.0
 DEFAULTS: dict[str, Any] = {"turns": 6, "rounds": 2, "barge_ins": 3}
-QUICK: dict[str, Any] = {"turns": 2, "rounds": 1, "barge_ins": 1}
+QUICK: dict[str, Any] = {"turns": 1, "rounds": 1, "barge_ins": 1}
 
 
 # -- speech ------------------------------------------------------------------------------------
@@ -696,7 +696,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--turns", type=int, help="spoken questions per call")
     p.add_argument("--rounds", type=int, help="interleaved rounds of the two paths")
     p.add_argument("--barge-ins", type=int, help="interruptions in the first edge call")
-    p.add_argument("--quick", action="store_true", help="2 turns, 1 round, 1 barge-in")
+    p.add_argument("--quick", action="store_true", help="1 turn, 1 round, 1 barge-in")
     p.add_argument(
         "--recognizer", default="whisper", help="the assistant's: whisper | pocketsphinx"
     )
