@@ -81,7 +81,6 @@ def flow_key(client: Address) -> str:
     return f"{PREFIX}flow:{client[0]}:{client[1]}"
 
 
-FLOW_KEYS = f"{PREFIX}flow:*"  # SCAN pattern of every flow key (no reader walks it now)
 # The flows' index: a sorted set of flow keys, scored by the Redis server's time of the key's
 # last write (the writing scripts read TIME: one clock, the one EXPIRE counts on). Each write
 # drops members older than FLOW_TTL (their keys have expired), so it holds at most a TTL's
