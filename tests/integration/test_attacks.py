@@ -260,7 +260,10 @@ def test_unauthenticated_checks_do_not_keep_a_vanished_callers_session_alive() -
                 if status == 404:
                     ended = time.monotonic() - t0
                 time.sleep(0.5)
-            assert ended is not None, "the session outlived its consent"
+            assert ended is not None, (  # (what it last said, for a run that fails here)
+                f"the session outlived its consent: {status} {body!r:.300}; "
+                f"stun_auth_fail {events(tx, 'stun_auth_fail')}"
+            )
             assert b"consent_expired" in body
             assert ended < 7 + 3
             assert events(tx, "stun_auth_fail") >= 4
