@@ -19,6 +19,11 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG BUILDER_IMAGE=python:3.11-bookworm
+# Optional extras baked in: `assistant` (the offline voice assistant's models, ~400 MB) and
+# `noise` (RNNoise for the transceiver's noise suppression, ~90 MB);
+# `--build-arg FIRSTHOP_EXTRAS=` builds the edge alone. (One default here; each stage that
+# reads it names it again, as a stage sees only the ARGs it declares.)
+ARG FIRSTHOP_EXTRAS=assistant,noise
 
 # Three stages: `deps` (the venv with every dependency, read from pyproject.toml alone),
 # `builder` (firsthop itself built and installed on it) and the runtime. The runtime takes the
@@ -26,10 +31,7 @@ ARG BUILDER_IMAGE=python:3.11-bookworm
 # copies a few MB, not the ~1 GB venv again (a rebuild after a one-line change: 12 s instead of
 # 25-28 s, and no new 1 GB layer; measured on the compose test's engine and local bases).
 FROM ${BUILDER_IMAGE} AS deps
-# Optional extras baked in: `assistant` (the offline voice assistant's models, ~400 MB) and
-# `noise` (RNNoise for the transceiver's noise suppression, ~90 MB);
-# `--build-arg FIRSTHOP_EXTRAS=` builds the edge alone.
-ARG FIRSTHOP_EXTRAS=assistant,noise
+ARG FIRSTHOP_EXTRAS
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/firsthop
@@ -40,7 +42,7 @@ RUN python -c 'import os, tomllib; p = tomllib.load(open("pyproject.toml", "rb")
  && /opt/firsthop/bin/pip install --only-binary=:all: -r /tmp/requirements.txt
 
 FROM deps AS builder
-ARG FIRSTHOP_EXTRAS=assistant,noise
+ARG FIRSTHOP_EXTRAS
 COPY shared ./shared
 COPY services ./services
 # src/firsthop/ names the two folders as one package (symlinks: the wheel holds the files).
