@@ -88,7 +88,10 @@ def rnnoise() -> Extension:
         depends=sorted(headers) + sorted(per_file),  # a change to any of them relinks
         include_dirs=[f"{RNNOISE}/include", f"{RNNOISE}/src"],
         define_macros=macros,
-        extra_compile_args=["-O3", "-fvisibility=hidden", "-w"],
+        # -fno-wrapv undoes Python's own -fwrapv, which RNNoise does not need and which costs it
+        # ~15 % (loops the compiler may no longer vectorise); -fopenmp-simd: only the `omp simd`
+        # loops (pitch.h's sums) are vectorised, no OpenMP
+        extra_compile_args=["-O3", "-fno-wrapv", "-fopenmp-simd", "-fvisibility=hidden", "-w"],
         libraries=["m"],
         per_file=per_file,
         optional=True,

@@ -123,7 +123,7 @@ def test_the_built_rnnoise_runs_the_shipped_model_on_its_int8_path() -> None:
     signal = np.frombuffer(pcm, "<i2").astype(np.float64)
     removed = float(np.sum((signal - reference) ** 2))
     apart = float(np.sum((ours - reference) ** 2))
-    assert apart < removed / 100, (apart, removed)
+    assert apart < removed / 10_000, (apart, removed)  # 1e-6 of it measured on AVX2
     assert rms(ours.astype("<i2").tobytes()) > rms(pcm) / 3  # the voice is kept
 
 

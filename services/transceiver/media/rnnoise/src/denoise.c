@@ -197,6 +197,33 @@ static void forward_transform(kiss_fft_cpx *out, const float *in) {
   }
 }
 
+/* firsthop: the transforms of two real windows, x and p, from ONE complex FFT of x + i*p (a frame's
+   signal and its pitch-delayed copy, which upstream transformed one after the other): with
+   Z = FFT(x + i*p), X[k] = (Z[k] + conj(Z[N-k]))/2 and P[k] = (Z[k] - conj(Z[N-k]))/(2i).
+   The same spectra to rounding, for two FFTs of the three a frame took. */
+static void forward_transform_pair(kiss_fft_cpx *X, kiss_fft_cpx *P, const float *x,
+                                   const float *p) {
+  int i;
+  kiss_fft_cpx z[WINDOW_SIZE];
+  kiss_fft_cpx y[WINDOW_SIZE];
+  for (i=0;i<WINDOW_SIZE;i++) {
+    z[i].r = x[i];
+    z[i].i = p[i];
+  }
+  rnn_fft(&rnn_kfft, z, y, 0);
+  X[0].r = y[0].r;
+  X[0].i = 0;
+  P[0].r = y[0].i;
+  P[0].i = 0;
+  for (i=1;i<FREQ_SIZE;i++) {
+    kiss_fft_cpx a = y[i], b = y[WINDOW_SIZE - i];
+    X[i].r = .5f*(a.r + b.r);
+    X[i].i = .5f*(a.i - b.i);
+    P[i].r = .5f*(a.i + b.i);
+    P[i].i = .5f*(b.r - a.r);
+  }
+}
+
 static void inverse_transform(float *out, const kiss_fft_cpx *in) {
   int i;
   kiss_fft_cpx x[WINDOW_SIZE];
@@ -357,7 +384,12 @@ int rnn_compute_frame_features(DenoiseState *st, kiss_fft_cpx *X, kiss_fft_cpx *
   float gain;
   float *(pre[1]);
   float follow, logMax;
-  rnn_frame_analysis(st, X, Ex, in);
+  float x[WINDOW_SIZE];
+  /* firsthop: rnn_frame_analysis's windowing here, its transform below with p's */
+  RNN_COPY(x, st->analysis_mem, FRAME_SIZE);
+  for (i=0;i<FRAME_SIZE;i++) x[FRAME_SIZE + i] = in[i];
+  RNN_COPY(st->analysis_mem, in, FRAME_SIZE);
+  apply_window(x);
   RNN_MOVE(st->pitch_buf, &st->pitch_buf[FRAME_SIZE], PITCH_BUF_SIZE-FRAME_SIZE);
   RNN_COPY(&st->pitch_buf[PITCH_BUF_SIZE-FRAME_SIZE], in, FRAME_SIZE);
   pre[0] = &st->pitch_buf[0];
@@ -373,7 +405,12 @@ int rnn_compute_frame_features(DenoiseState *st, kiss_fft_cpx *X, kiss_fft_cpx *
   for (i=0;i<WINDOW_SIZE;i++)
     p[i] = st->pitch_buf[PITCH_BUF_SIZE-WINDOW_SIZE-pitch_index+i];
   apply_window(p);
-  forward_transform(P, p);
+  forward_transform_pair(X, P, x, p);
+#if TRAINING
+  for (i=lowpass;i<FREQ_SIZE;i++)
+    X[i].r = X[i].i = 0;
+#endif
+  compute_band_energy(Ex, X);
   compute_band_energy(Ep, P);
   compute_band_corr(Exp, X, P);
   for (i=0;i<NB_BANDS;i++) Exp[i] = Exp[i]/sqrt(.001+Ex[i]*Ep[i]);

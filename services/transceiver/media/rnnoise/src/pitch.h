@@ -120,6 +120,7 @@ static OPUS_INLINE void dual_inner_prod(const opus_val16 *x, const opus_val16 *y
    int i;
    opus_val32 xy01=0;
    opus_val32 xy02=0;
+#pragma omp simd reduction(+:xy01,xy02) /* firsthop: SIMD sums (built with -fopenmp-simd) */
    for (i=0;i<N;i++)
    {
       xy01 = MAC16_16(xy01, x[i], y01[i]);
@@ -136,7 +137,16 @@ static OPUS_INLINE opus_val32 celt_inner_prod(const opus_val16 *x,
 {
    int i;
    opus_val32 xy=0;
-   for (i=0;i<N;i++)
+   /* firsthop: sixteen partial sums, which the compiler keeps in four SIMD registers, so the
+      adds do not wait on each other (one chain of dependent adds was most of the pitch search) */
+   opus_val32 part[16]={0};
+   int k;
+   for (i=0;i<N-15;i+=16)
+      for (k=0;k<16;k++)
+         part[k] = MAC16_16(part[k], x[i+k], y[i+k]);
+   for (k=0;k<16;k++)
+      xy += part[k];
+   for (;i<N;i++)
       xy = MAC16_16(xy, x[i], y[i]);
    return xy;
 }

@@ -676,11 +676,27 @@ static inline void sgemv(float *out, const float *weights, int rows, int cols, i
   for (;i<rows-15;i+=16)
   {
      float *y;
-     __m256 vy0, vy8;
+     __m256 vy0, vy8, vz0, vz8;
      y = &out[i];
      vy0 = _mm256_setzero_ps();
      vy8 = _mm256_setzero_ps();
-     for (j=0;j<cols;j++)
+     /* firsthop: even and odd columns summed apart, so two FMAs are in flight for each half of
+        the block where each used to wait for the one before (about twice as fast here) */
+     vz0 = _mm256_setzero_ps();
+     vz8 = _mm256_setzero_ps();
+     for (j=0;j<cols-1;j+=2)
+     {
+        __m256 vxj, vxk;
+        vxj = _mm256_broadcast_ss(&x[j]);
+        vxk = _mm256_broadcast_ss(&x[j+1]);
+        vy0 = _mm256_fmadd_ps(_mm256_loadu_ps(&weights[j*col_stride + i]), vxj, vy0);
+        vy8 = _mm256_fmadd_ps(_mm256_loadu_ps(&weights[j*col_stride + i + 8]), vxj, vy8);
+        vz0 = _mm256_fmadd_ps(_mm256_loadu_ps(&weights[(j+1)*col_stride + i]), vxk, vz0);
+        vz8 = _mm256_fmadd_ps(_mm256_loadu_ps(&weights[(j+1)*col_stride + i + 8]), vxk, vz8);
+     }
+     vy0 = _mm256_add_ps(vy0, vz0);
+     vy8 = _mm256_add_ps(vy8, vz8);
+     for (;j<cols;j++)
      {
         __m256 vxj;
         __m256 vw;
@@ -731,8 +747,18 @@ static inline void sgemv(float *out, const float *weights, int rows, int cols, i
   }
   for (;i<rows;i++)
   {
-    out[i] = 0;
-    for (j=0;j<cols;j++) out[i] += weights[j*col_stride + i]*x[j];
+    /* firsthop: four partial sums where there was one chain of dependent adds (a layer of one
+       output, such as the VAD's, walked its 1,536 inputs one add at a time) */
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (j=0;j<cols-3;j+=4)
+    {
+      s0 += weights[j*col_stride + i]*x[j];
+      s1 += weights[(j+1)*col_stride + i]*x[j+1];
+      s2 += weights[(j+2)*col_stride + i]*x[j+2];
+      s3 += weights[(j+3)*col_stride + i]*x[j+3];
+    }
+    for (;j<cols;j++) s0 += weights[j*col_stride + i]*x[j];
+    out[i] = (s0 + s1) + (s2 + s3);
   }
 }
 
