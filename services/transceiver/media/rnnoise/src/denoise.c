@@ -224,10 +224,49 @@ static void forward_transform_pair(kiss_fft_cpx *X, kiss_fft_cpx *P, const float
   }
 }
 
+/* firsthop: the inverse transform of a real frame from a half-size complex FFT. With N the
+   window, M = N/2, w = e^(2 pi i/N): E[k] = X[k] + conj(X[M-k]) and O[k] = (X[k] - conj(X[M-k])) w^k
+   are the spectra of the even and odd output samples, so one M-point inverse of E + i*O gives
+   them both, out[2m] + i*out[2m+1]. The same output to rounding, half the FFT (a plan of 480
+   points, built once at load on the 960-point plan's twiddles; where it cannot be built, the
+   full-size transform below runs). */
+static kiss_fft_state *half_kfft;
+
+#if defined(__GNUC__)
+__attribute__((constructor)) static void build_half_kfft(void) {
+  half_kfft = rnn_fft_alloc_twiddles(FRAME_SIZE, NULL, NULL, &rnn_kfft, 0);
+}
+#endif
+
+static void inverse_transform_half(float *out, const kiss_fft_cpx *in) {
+  int k;
+  kiss_fft_cpx z[FRAME_SIZE];
+  kiss_fft_cpx y[FRAME_SIZE];
+  for (k=0;k<FRAME_SIZE;k++) {
+    kiss_fft_cpx a = in[k], b = in[FRAME_SIZE - k];
+    float c = rnn_kfft.twiddles[k].r, s = -rnn_kfft.twiddles[k].i; /* w^k (they are w^-k) */
+    float dr = a.r - b.r, di = a.i + b.i;
+    z[k].r = (a.r + b.r) - (dr*s + di*c);
+    z[k].i = (a.i - b.i) + (dr*c - di*s);
+  }
+  rnn_fft(half_kfft, z, y, 0);
+  /* an inverse by the forward FFT: reversed, and without its 1/M */
+  out[0] = FRAME_SIZE*y[0].r;
+  out[1] = FRAME_SIZE*y[0].i;
+  for (k=1;k<FRAME_SIZE;k++) {
+    out[2*k] = FRAME_SIZE*y[FRAME_SIZE - k].r;
+    out[2*k + 1] = FRAME_SIZE*y[FRAME_SIZE - k].i;
+  }
+}
+
 static void inverse_transform(float *out, const kiss_fft_cpx *in) {
   int i;
   kiss_fft_cpx x[WINDOW_SIZE];
   kiss_fft_cpx y[WINDOW_SIZE];
+  if (half_kfft != NULL) {
+    inverse_transform_half(out, in);
+    return;
+  }
   for (i=0;i<FREQ_SIZE;i++) {
     x[i] = in[i];
   }
