@@ -184,9 +184,9 @@ def denoised(noisy: bytes) -> tuple[np.ndarray, float]:
     return np.frombuffer(bytes(out), "<i2").astype(np.float64), took
 
 
-def shipped_denoised(noisy: bytes) -> tuple[np.ndarray, float]:
-    """The reference: `denoised` by the library pyrnnoise ships (the same RNNoise and model,
-    built with the weights' float copies, so on its float path), called the same way."""
+def shipped_library() -> Any:
+    """The library pyrnnoise ships (the same RNNoise and model, built with the weights' float
+    copies, so on its float path), its entry points typed."""
     import ctypes
     import importlib.util
     from pathlib import Path
@@ -199,6 +199,12 @@ def shipped_denoised(noisy: bytes) -> tuple[np.ndarray, float]:
     lib.rnnoise_destroy.argtypes = [ctypes.c_void_p]
     lib.rnnoise_process_frame.argtypes = [ctypes.c_void_p] * 3
     lib.rnnoise_process_frame.restype = ctypes.c_float
+    return lib
+
+
+def shipped_denoised(noisy: bytes) -> tuple[np.ndarray, float]:
+    """The reference: `denoised` by the library pyrnnoise ships, called the same way."""
+    lib = shipped_library()
     state = lib.rnnoise_create(None)
     out = np.empty(960, dtype=np.float32)
     pieces = []

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from firsthop.services.bench.hearing import denoised, shipped_denoised
+from firsthop.services.bench.hearing import denoised, shipped_denoised, shipped_library
 from firsthop.services.transceiver.agents.events import (
     CallInfo,
     NoiseReduction,
@@ -125,6 +125,26 @@ def test_the_built_rnnoise_runs_the_shipped_model_on_its_int8_path() -> None:
     apart = float(np.sum((ours - reference) ** 2))
     assert apart < removed / 10_000, (apart, removed)  # 1e-6 of it measured on AVX2
     assert rms(ours.astype("<i2").tobytes()) > rms(pcm) / 3  # the voice is kept
+
+
+def test_the_voice_probability_is_the_shipped_models() -> None:
+    """RNNoise's VAD (a layer of one output, summed apart from the others) block by block:
+    ours and pyrnnoise's library agree to rounding, through speech and pauses alike."""
+    pcm = speech_like()
+    ours = denoise.Denoiser()
+    lib = shipped_library()
+    state = lib.rnnoise_create(None)
+    out = np.empty(480, dtype=np.float32)
+    heard, reference = [], []
+    for i in range(0, len(pcm) - 959, 960):  # one 10 ms block at a time
+        ours.process(pcm[i : i + 960])
+        heard.append(ours.speech)
+        block = np.frombuffer(pcm[i : i + 960], "<i2").astype(np.float32)
+        reference.append(lib.rnnoise_process_frame(state, out.ctypes.data, block.ctypes.data))
+    lib.rnnoise_destroy(state)
+    ours.close()
+    assert min(reference) < 0.1 and max(reference) > 0.9  # the input has both
+    assert max(abs(a - b) for a, b in zip(heard, reference, strict=True)) < 0.1
 
 
 @pytest.mark.parametrize("blob", [b"", bytes(64), b"DNNw" + bytes(200), b"junk" * 5000])

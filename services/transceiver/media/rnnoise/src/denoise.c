@@ -397,19 +397,30 @@ extern int lowpass;
 extern int band_lp;
 #endif
 
-void rnn_frame_analysis(DenoiseState *st, kiss_fft_cpx *X, float *Ex, const float *in) {
+/* firsthop: rnn_frame_analysis in two halves around its transform, so that
+   rnn_compute_frame_features can transform the window together with the pitch-delayed one */
+static void analysis_window(DenoiseState *st, float *x, const float *in) {
   int i;
-  float x[WINDOW_SIZE];
   RNN_COPY(x, st->analysis_mem, FRAME_SIZE);
   for (i=0;i<FRAME_SIZE;i++) x[FRAME_SIZE + i] = in[i];
   RNN_COPY(st->analysis_mem, in, FRAME_SIZE);
   apply_window(x);
-  forward_transform(X, x);
+}
+
+static void analysis_bands(kiss_fft_cpx *X, float *Ex) {
 #if TRAINING
+  int i;
   for (i=lowpass;i<FREQ_SIZE;i++)
     X[i].r = X[i].i = 0;
 #endif
   compute_band_energy(Ex, X);
+}
+
+void rnn_frame_analysis(DenoiseState *st, kiss_fft_cpx *X, float *Ex, const float *in) {
+  float x[WINDOW_SIZE];
+  analysis_window(st, x, in);
+  forward_transform(X, x);
+  analysis_bands(X, Ex);
 }
 
 int rnn_compute_frame_features(DenoiseState *st, kiss_fft_cpx *X, kiss_fft_cpx *P,
@@ -424,11 +435,7 @@ int rnn_compute_frame_features(DenoiseState *st, kiss_fft_cpx *X, kiss_fft_cpx *
   float *(pre[1]);
   float follow, logMax;
   float x[WINDOW_SIZE];
-  /* firsthop: rnn_frame_analysis's windowing here, its transform below with p's */
-  RNN_COPY(x, st->analysis_mem, FRAME_SIZE);
-  for (i=0;i<FRAME_SIZE;i++) x[FRAME_SIZE + i] = in[i];
-  RNN_COPY(st->analysis_mem, in, FRAME_SIZE);
-  apply_window(x);
+  analysis_window(st, x, in); /* firsthop: transformed below, with p */
   RNN_MOVE(st->pitch_buf, &st->pitch_buf[FRAME_SIZE], PITCH_BUF_SIZE-FRAME_SIZE);
   RNN_COPY(&st->pitch_buf[PITCH_BUF_SIZE-FRAME_SIZE], in, FRAME_SIZE);
   pre[0] = &st->pitch_buf[0];
@@ -445,11 +452,7 @@ int rnn_compute_frame_features(DenoiseState *st, kiss_fft_cpx *X, kiss_fft_cpx *
     p[i] = st->pitch_buf[PITCH_BUF_SIZE-WINDOW_SIZE-pitch_index+i];
   apply_window(p);
   forward_transform_pair(X, P, x, p);
-#if TRAINING
-  for (i=lowpass;i<FREQ_SIZE;i++)
-    X[i].r = X[i].i = 0;
-#endif
-  compute_band_energy(Ex, X);
+  analysis_bands(X, Ex);
   compute_band_energy(Ep, P);
   compute_band_corr(Exp, X, P);
   for (i=0;i<NB_BANDS;i++) Exp[i] = Exp[i]/sqrt(.001+Ex[i]*Ep[i]);

@@ -220,11 +220,10 @@ void rnn_pitch_xcorr(const opus_val16 *_x, const opus_val16 *_y,
 #if 1 /* firsthop: this simple version, its inner products SIMD (pitch.h), is faster on x86
          than the unrolled scalar kernel below. Upstream: This is a simple version of the
          pitch correlation that should work well on DSPs like Blackfin and TI C5x/C6x */
-   int i, j;
+   int i;
 #ifdef FIXED_POINT
    opus_val32 maxcorr=1;
 #endif
-   (void)j;
    for (i=0;i<max_pitch;i++)
    {
       opus_val32 sum = celt_inner_prod(_x, _y+i, len);
