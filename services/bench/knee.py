@@ -177,6 +177,8 @@ COUNTED = (
     "jitter_late",
     "jitter_skipped",
     "agent_frames_played",
+    "output_gaps",
+    "output_late_played",
 )
 
 

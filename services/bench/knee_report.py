@@ -59,19 +59,21 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
 def step_line(r: dict[str, Any]) -> str:
     res = r["residence_ms"]
     busy = "/".join(_fmt(v, ".0f") for v in r["core_busy_pct"].values())
+    counted = r.get("transceiver_counted")
+    gaps = str(counted.get("output_gaps", "-")) if counted else "-"
     return (
         f"{r['calls']:>6}{r['connected']:>6}{r['loss_pct']:>8.2f}"
         f"{_fmt(res['p50']):>7}{_fmt(res['p99']):>7}{res['n']:>6}"
         f"{r['measured_cpu_pct']:>7.1f}{r['measured_runqueue_wait_ms']:>8.0f}"
         f"{busy:>10}{r['callers_cpu_pct']:>9.1f}"
-        f"{r['rss_kib'] / 1024:>8.1f}{_fmt(r['rss_kib_per_session']):>8}"
+        f"{r['rss_kib'] / 1024:>8.1f}{_fmt(r['rss_kib_per_session']):>8}{gaps:>6}"
         f"  {'pass' if r['passed'] else 'FAIL'}  {'' if r['passed'] else r['bound']}"
     )
 
 
 HEADER = (
     f"{'calls':>6}{'conn':>6}{'loss%':>8}{'res50':>7}{'res99':>7}{'n':>6}"
-    f"{'cpu%':>7}{'wait':>8}{'cores%':>10}{'callers%':>9}{'RSS MB':>8}{'KiB/s':>8}"
+    f"{'cpu%':>7}{'wait':>8}{'cores%':>10}{'callers%':>9}{'RSS MB':>8}{'KiB/s':>8}{'gaps':>6}"
 )
 
 
@@ -96,7 +98,8 @@ def render(result: dict[str, Any]) -> str:
         f"({'detected' if check['detected'] else 'NOT DETECTED'})",
         "",
         HEADER + "   (cpu%: what is measured, of its core; wait: ms it was runnable but not "
-        "running; cores%: busy per CPU; KiB/s: RSS per session over idle)",
+        "running; cores%: busy per CPU; KiB/s: RSS per session over idle; gaps: silent slots "
+        "the transceiver played inside the agent's speech, its frame later than the grace)",
     ]
     lines += [step_line(r) for r in result["rows"]]
     lines += [

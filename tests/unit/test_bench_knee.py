@@ -194,6 +194,7 @@ def _row(calls: int, passed: bool, cpu: float, measured: list[str]) -> dict[str,
 def test_the_knee_report_sets_firsthop_against_stock_on_the_same_core() -> None:
     tx = ["transceiver"]
     rows = [_row(20, True, 30.0, tx), _row(40, True, 60.0, tx), _row(80, False, 99.0, tx)]
+    rows[2]["transceiver_counted"] = {"output_gaps": 37, "output_late_played": 900}
     ref_rows = [_row(5, True, 50.0, ["stock"]), _row(10, False, 99.0, ["stock"])]
     summary, ref_summary = summarize(rows), summarize(ref_rows)
     assert (summary["knee_calls"], ref_summary["knee_calls"]) == (40, 5)
@@ -220,6 +221,9 @@ def test_the_knee_report_sets_firsthop_against_stock_on_the_same_core() -> None:
     result["reference"] = {"target": "stock", "rows": ref_rows, "summary": ref_summary}
     text = render(result)
     assert "stock knee: 5 calls on one core" in text
+    # the transceiver's own account of the gaps it played, on its step's line (stock: -)
+    step80 = next(line for line in text.splitlines() if line.startswith("    80"))
+    assert step80.split()[-4:] == ["37", "FAIL", "measured", "core"], step80
     assert "knee over stock's: 8.00x" in text
     # no knee for stock (its first step failed): no ratio, not a division by zero
     result["reference"]["summary"] = summarize([_row(1, False, 99.0, ["stock"])])

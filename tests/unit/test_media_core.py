@@ -262,12 +262,24 @@ def test_a_late_mid_speech_frame_gets_its_grace_and_keeps_the_phase() -> None:
     media.push_audio(pcm_tone(1), now=0.065)  # it came in its grace: played now
     caller.collect()
     assert len(caller.heard) == n + 1 and media.stats()["agent_frames_played"] == 4
+    assert media.stats()["output_late_played"] == 1 and media.stats()["output_gaps"] == 0
     assert media.get_timer() == pytest.approx(0.08)  # the phase held
     media.handle_timer(0.08)  # nothing: grace again, then silence fills the slot
     media.handle_timer(0.08 + core.LATE_GRACE)
     caller.collect()
     assert len(caller.heard) == n + 2
     assert media.get_timer() == pytest.approx(0.10)
+    media.push_audio(pcm_tone(1), now=0.095)  # too late for its slot: it takes the next
+    media.handle_timer(0.10)
+    assert media.stats()["output_gaps"] == 1  # a silent slot inside the speech: counted
+    assert media.stats()["output_late_played"] == 1
+    t = 0.12
+    while not media.out.idle:  # the agent stops: each slot waits its grace, then silence
+        media.handle_timer(t)
+        media.handle_timer(t + core.LATE_GRACE)
+        t += 0.02
+    media.push_audio(pcm_tone(1), now=t)  # it speaks again, idle: no gap in between
+    assert media.stats()["output_gaps"] == 1
 
 
 def test_the_frame_cutter_holds_a_part_frame_then_pads_it_in_its_slot() -> None:
@@ -284,6 +296,7 @@ def test_the_frame_cutter_holds_a_part_frame_then_pads_it_in_its_slot() -> None:
     assert media.stats()["agent_frames_played"] == 1
     media.handle_timer(0.026 + core.LATE_GRACE)
     assert media.stats()["agent_frames_played"] == 2 and not media._cutter.held
+    assert media.stats()["output_gaps"] == 0  # the padded part played: no gap
     caller.collect()
     decoder = OpusDecoder()
     heard = [decoder.decode(p.payload) for p in caller.heard]

@@ -245,6 +245,7 @@ class CallMedia:
         self._ts_base = int.from_bytes(random(4), "big")
         self._slot: float | None = None  # when the current frame is due
         self._grace = False  # the current slot waits `LATE_GRACE` for a late frame
+        self._gap_run = 0  # silent slots since the agent's last frame, each after a grace
         self._silent_run = 0
         self._sent_first = False
         self._ext = b""
@@ -338,6 +339,7 @@ class CallMedia:
             self._slot = now
             self._play(now)
         elif self._grace:  # the late frame came within its grace: it takes its slot now
+            self.counts["output_late_played"] += 1
             self._play(now)
 
     def clear(self) -> None:
@@ -360,10 +362,14 @@ class CallMedia:
             self._part_tag = None
         pcm = out.pop()
         if pcm is None:
+            # Mid-speech and its frame did not come even within the grace: a gap, if the
+            # agent's speech goes on (else it was the end of it, once the call is idle).
+            self._gap_run = 0 if out.idle else self._gap_run + int(self._grace)
             self._silent_run += 1
             payload = self.codec.silence(self._silent_run)
         else:
-            self._silent_run = 0
+            self.counts["output_gaps"] += self._gap_run
+            self._silent_run = self._gap_run = 0
             self.counts["agent_frames_played"] += 1
             if isinstance(pcm, CodedFrame):
                 payload = bytes(pcm)
@@ -659,7 +665,8 @@ STATS = (
     "rtcp_packets_out", "rtcp_malformed", "rtcp_bye_in", "rtp_malformed", "media_malformed",
     "rtp_payload_type_unknown", "ssrc_refused", "ssrc_changed", "frames_decoded",
     "frames_repaired", "frames_repaired_fec", "opus_decode_error", "decode_error",
-    "agent_frames_played", "agent_frames_straight_through", "dtmf_in", "dtmf_malformed",
+    "agent_frames_played", "agent_frames_straight_through", "output_late_played", "output_gaps",
+    "dtmf_in", "dtmf_malformed",
     "media_events_dropped", "srtp_before_keys", "srtp_after_close", "frames_denoised",
     "denoise_unavailable",
 )  # fmt: skip
