@@ -282,6 +282,36 @@ def test_a_late_mid_speech_frame_gets_its_grace_and_keeps_the_phase() -> None:
     assert media.stats()["output_gaps"] == 1
 
 
+def test_a_stream_that_keeps_coming_late_moves_the_clock_to_it() -> None:
+    media, caller = make()
+    media.start(server_keys(), 0.0, 0.0)
+    media.push_audio(pcm_tone(2), now=0.0)
+    for t in (0.0, 0.02):
+        media.handle_timer(t)
+    slot = 0.04
+    for i in range(core.LATE_RUN):  # each frame 6 ms after its slot: played on arrival
+        assert media.get_timer() == pytest.approx(slot)
+        media.handle_timer(slot)
+        media.push_audio(pcm_tone(1), now=slot + 0.006)
+        slot += 0.02
+        if i < core.LATE_RUN - 1:  # (one late frame, or two, is jitter: the phase holds)
+            assert media.get_timer() == pytest.approx(slot)
+    # the third in a row: the clock follows the stream, so the next frame, as late as
+    # these, is on time and its jitter has the whole grace again
+    assert media.get_timer() == pytest.approx(slot + 0.006)
+    media.push_audio(pcm_tone(1), now=slot + 0.006)
+    media.handle_timer(slot + 0.006)
+    assert media.stats()["output_late_played"] == core.LATE_RUN
+    media.push_audio(pcm_tone(1), now=slot + 0.02 + 0.006 + core.LATE_GRACE - 0.001)
+    media.handle_timer(slot + 0.026 + core.LATE_GRACE)
+    media.push_audio(pcm_tone(1), now=slot + 0.046)
+    media.handle_timer(slot + 0.046)
+    stats = media.stats()
+    assert stats["output_gaps"] == 0 and stats["agent_frames_played"] == 2 + core.LATE_RUN + 3
+    caller.collect()
+    assert len(caller.heard) == 2 + core.LATE_RUN + 3
+
+
 def test_the_frame_cutter_holds_a_part_frame_then_pads_it_in_its_slot() -> None:
     media, caller = make()
     media.start(server_keys(), 0.0, 0.0)

@@ -19,7 +19,8 @@ What it owns:
   (`opus.py`) and a loss is repaired from the next packet's in-band FEC, or concealed.
   Every 20 ms frame the caller sent becomes one `AudioReceived`;
 * **outbound**: the ONE output clock (the policy of `pacing.py`: an idle call's first frame
-  goes at once, a late mid-speech frame gets `LATE_GRACE`, a backlog drains through
+  goes at once, a late mid-speech frame gets `LATE_GRACE` (`LATE_RUN` of them in a row and
+  the clock re-phases to the agent's stream), a backlog drains through
   silence). Before it sits the frame cutter: the agent's PCM of any length is cut into 20 ms
   frames, and a part-frame is held until the rest comes or its slot is due (then padded).
   Then Opus encode, RTP sequence numbers and timestamps, SRTP;
@@ -50,6 +51,7 @@ from firsthop.shared.wire import dtmf, rtcp, rtp
 
 MAX_SSRCS = 2  # RTP streams a caller may send (one audio track; one more for a switch)
 LATE_GRACE = 0.008  # seconds a mid-speech frame may be late before silence fills its slot
+LATE_RUN = 3  # the agent's frames late in a row (each within its grace) before the clock follows
 MAX_BEHIND = 5  # slots the clock plays back to back after a stall; past that it re-phases
 RTCP_INTERVAL = 1.0  # seconds, randomised 0.5-1.5x (RFC 3550 §6.3.1)
 SENT_SRS = 8  # our last SRs remembered to time the caller's reports of them (RTT)
@@ -246,6 +248,7 @@ class CallMedia:
         self._slot: float | None = None  # when the current frame is due
         self._grace = False  # the current slot waits `LATE_GRACE` for a late frame
         self._gap_run = 0  # silent slots since the agent's last frame, each after a grace
+        self._late_run = 0  # the agent's frames in a row that came after their slot
         self._silent_run = 0
         self._sent_first = False
         self._ext = b""
@@ -340,7 +343,16 @@ class CallMedia:
             self._play(now)
         elif self._grace:  # the late frame came within its grace: it takes its slot now
             self.counts["output_late_played"] += 1
+            self._late_run += 1
+            if self._late_run >= LATE_RUN:
+                # The agent's stream lives after our tick (its clock, or the path to it,
+                # moved): the clock follows it, so its jitter has the whole grace again.
+                self.out.rephase(now)
+                self._slot = now
+                self._late_run = 0
             self._play(now)
+            return
+        self._late_run = 0
 
     def clear(self) -> None:
         """Drop the agent's queued audio (barge-in)."""

@@ -7,7 +7,8 @@ delay the agent's audio sees at its floor:
   agent's audio starts, the first frame goes out at once and the output clock re-phases to
   it, instead of waiting up to 20 ms for the next tick of a clock that started when DTLS
   did. One missing frame mid-speech (a packet lost on the way in, a late frame) is a gap,
-  not a pause: the clock keeps its phase.
+  not a pause: the clock keeps its phase (the core re-phases it only to a stream whose
+  frames keep coming late, `core.LATE_RUN`).
 * A queue that has grown (a stall in the agent, the network or this loop) drains through the
   agent's silence: a quiet frame arriving while 2 or more frames wait is dropped. Without it,
   audio arriving exactly as fast as it leaves keeps any backlog, and its delay, for the rest
