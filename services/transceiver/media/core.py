@@ -338,21 +338,21 @@ class CallMedia:
         if was_idle and now < self._slot:
             # Idle: the agent's audio starts now, not at the next tick of a clock that
             # started when DTLS did; the clock re-phases to it.
-            self.out.rephase(now)
-            self._slot = now
-            self._play(now)
+            rephase = True
         elif self._grace:  # the late frame came within its grace: it takes its slot now
             self.counts["output_late_played"] += 1
             self._late_run += 1
-            if self._late_run >= LATE_RUN:
-                # The agent's stream lives after our tick (its clock, or the path to it,
-                # moved): the clock follows it, so its jitter has the whole grace again.
-                self.out.rephase(now)
-                self._slot = now
-                self._late_run = 0
-            self._play(now)
+            # LATE_RUN in a row: the agent's stream lives after our tick (its clock, or the
+            # path to it, moved); the clock follows it, so its jitter has the whole grace.
+            rephase = self._late_run >= LATE_RUN
+        else:  # on time: it waits for its tick
+            self._late_run = 0
             return
-        self._late_run = 0
+        if rephase:
+            self.out.rephase(now)
+            self._slot = now
+            self._late_run = 0
+        self._play(now)
 
     def clear(self) -> None:
         """Drop the agent's queued audio (barge-in)."""
