@@ -361,7 +361,10 @@ async def hang_up(bot: Bot) -> None:
 
 async def overflow(bot: Bot) -> None:
     """Over 1 MiB the transceiver's link to any agent gives up (it bounds what it buffers)."""
-    await bot.send({"event": "media", "media": {"payload": "A" * (1 << 20)}})
+    try:
+        await bot.send({"event": "media", "media": {"payload": "A" * (1 << 20)}})
+    except (ConnectionError, ConnectionClosed):
+        pass  # it may cut the link before the bot has written it all: what this checks
 
 
 @pytest.mark.parametrize(("end", "reason"), [(hang_up, "agent_closed"), (overflow, "agent_lost")])
@@ -375,10 +378,12 @@ def test_the_end_of_the_bots_stream_ends_the_call_and_says_why(
     async def main(bot: Bot) -> None:
         c, session_id = await call(stack, bot.url)
         ids.append(session_id)
-        await eventually(lambda: bot.of("start"))
-        await end(bot)
-        await eventually(lambda: c.pc.connectionState in ("closed", "failed"), 10)
-        await c.close()
+        try:
+            await eventually(lambda: bot.of("start"))
+            await end(bot)
+            await eventually(lambda: c.pc.connectionState in ("closed", "failed"), 10)
+        finally:  # (a failure here must not leave the caller's sockets to later tests)
+            await c.close()
 
     run(main)
     assert tx.end_reason(ids[0]) == {"error": "session ended", "reason": reason}
