@@ -12,7 +12,9 @@ machine words ('I', 'P') at offsets taken from the ctypes structures, which cost
 each instead of a ctypes attribute. A received datagram is read in place (slot i starts at
 `i * stride`, its payload `headroom` bytes in, so a header can be written in front of it
 without copying the payload); a datagram to send is named by its address in memory and its
-length (`Sender.add`), typically a slice of a `Receiver`'s arena.
+length (`Sender.add`), typically a slice of a `Receiver`'s arena, or handed over as a buffer
+(`Sender.add_buffer`): a writable one is sent from where it is, `bytes` are copied into the
+`Sender`'s own arena (a slot per entry: one copy, no allocation per datagram).
 
 Source addresses are decoded to `(host, port)` once per distinct sockaddr: a bounded dict
 from the sockaddr's bytes (for IPv4, the first machine word: family, port and address) to
@@ -50,6 +52,7 @@ SOCKADDR_IN = 16
 SOCKADDR_IN6 = 28
 MAX_SOURCES = 4096  # decoded source addresses kept per Receiver
 MAX_DESTINATIONS = 4096  # encoded destination addresses kept per Sender
+SLOT = 2048  # bytes per entry of a Sender's own arena (a datagram of ours is under 1,600)
 _AGAIN = (errno_codes.EAGAIN, errno_codes.EWOULDBLOCK)
 
 
@@ -277,6 +280,9 @@ class Sender:
         self._msgs_at = ctypes.addressof(self._msgs)
         self._keep: list[Any] = [None] * count  # what pending entries point into
         self._names: dict[Address, tuple[Any, int, int]] = {}
+        self._arena = bytearray(count * SLOT)  # `add_buffer`'s copies: entry j at j * SLOT
+        self._arena_c = (ctypes.c_char * len(self._arena)).from_buffer(self._arena)
+        self._arena_at = ctypes.addressof(self._arena_c)
 
     def full(self) -> bool:
         return self.pending >= self.count
@@ -318,7 +324,17 @@ class Sender:
 
     def add_buffer(self, data: Any, dest: Address | None = None) -> None:
         """Queue a buffer (bytes, bytearray, memoryview). A writable one is sent from where
-        it is, a read-only one from a copy. Caller checks `full`."""
+        it is; `bytes` of up to `SLOT` are copied into the sender's own arena (one copy, no
+        allocation), another read-only one into a buffer of its own. Caller checks `full`."""
+        if type(data) is bytes and len(data) <= SLOT:
+            j = self.pending
+            start = j * SLOT
+            self._arena[start : start + len(data)] = data
+            if dest is None:
+                self.add(self._arena_at + start, len(data))
+            else:
+                self.add_to(self._arena_at + start, len(data), dest)
+            return
         view = memoryview(data).cast("B")
         length = view.nbytes
         if length == 0:

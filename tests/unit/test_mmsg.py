@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from firsthop.shared.mmsg import (
+    SLOT,
     Receiver,
     Sender,
     decode_sockaddr,
@@ -108,6 +109,22 @@ def test_addressed_sends_of_any_buffer(pair: tuple[socket.socket, socket.socket]
     assert rx.receive(a.fileno()) == 4
     assert [bytes(rx.payload(i)) for i in range(4)] == [b"bytes", b"bytearray", b"view", b""]
     assert rx.sources[:4] == [where(b)] * 4
+
+
+def test_bytes_are_copied_into_the_senders_own_slots_batch_after_batch(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """`bytes` up to SLOT go through the sender's arena (one slot per entry, reused by the
+    next batch); a longer one, through a copy of its own."""
+    a, b = pair
+    tx = Sender(3)
+    rx = Receiver(4, SLOT + 8)
+    for batch in ([b"a" * SLOT, b"b" * (SLOT + 1), b"c"], [b"d", b"e" * 10, b"f" * SLOT]):
+        for payload in batch:
+            tx.add_buffer(payload, where(a))
+        assert tx.flush(b.fileno()) == 3
+        assert rx.receive(a.fileno()) == 3
+        assert [bytes(rx.payload(i)) for i in range(3)] == batch
 
 
 def test_a_failed_send_in_the_middle_is_counted_and_the_rest_go(
