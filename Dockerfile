@@ -11,8 +11,8 @@
 # libstdc++, libgcc_s and zlib, all already in python:3.11-slim, so neither stage installs an
 # apt package (--only-binary makes a missing wheel a build error instead of a silent source
 # build). What is compiled here is firsthop's own (setup.py): the relay's C data path
-# (services/relay/_fastpath.c) and RNNoise for noise suppression (services/transceiver/media/
-# rnnoise/, vendored), which link only libc and libm; so the builder is the full python image
+# (services/relay/_fastpath.c), two per-frame loops of the media path (shared/_speedups.c) and
+# RNNoise for noise suppression (services/transceiver/media/rnnoise/, vendored), which link only libc and libm; so the builder is the full python image
 # of the same Python (it has gcc and the headers) and the runtime the slim one.
 # `--build-arg BUILDER_IMAGE=` and `PYTHON_IMAGE=` take local bases (the same Python in both:
 # the venv is copied from one to the other).
@@ -54,6 +54,7 @@ COPY setup.py ./
 RUN /opt/firsthop/bin/pip install --no-deps . \
  && /opt/firsthop/bin/python -P -c 'import firsthop.services.signaling.app' \
  && /opt/firsthop/bin/python -P -c 'import firsthop.services.relay._fastpath' \
+ && /opt/firsthop/bin/python -P -c 'import firsthop.shared._speedups' \
  && case ",${FIRSTHOP_EXTRAS}," in *,noise,*) /opt/firsthop/bin/python -P -c \
       'from firsthop.services.transceiver.media.denoise import Denoiser; Denoiser().close()';; esac \
  && /opt/firsthop/bin/firsthop --help >/dev/null

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test up lint typecheck pytest system-deps clean
 
-$(STAMP): pyproject.toml setup.py services/relay/_fastpath.c $(wildcard services/transceiver/media/rnnoise/*.c services/transceiver/media/rnnoise/src/*.[ch] services/transceiver/media/rnnoise/src/x86/*.[ch])
+$(STAMP): pyproject.toml setup.py services/relay/_fastpath.c shared/_speedups.c $(wildcard services/transceiver/media/rnnoise/*.c services/transceiver/media/rnnoise/src/*.[ch] services/transceiver/media/rnnoise/src/x86/*.[ch])
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "firsthop needs Python >= 3.11 (found %s)" % sys.version.split()[0])'
 	@PYTHON=$(PYTHON) ./scripts/ensure-system-deps gcc python-headers  # the relay's C data path
 	$(PYTHON) -m venv $(VENV)

@@ -1,12 +1,14 @@
 """The compiled parts; everything else about the package is in pyproject.toml.
 
 * the relay data plane's common cases (services/relay/_fastpath.c);
+* two per-frame loops of the transceiver's media path (shared/_speedups.c: WebSocket
+  masking and the quiet check; shared/speedups.py has numpy's versions for a build without);
 * RNNoise for the transceiver's noise suppression (services/transceiver/media/rnnoise/, BSD-3,
   vendored: its README.firsthop says from where and what was added).
 
-Both are optional: where no C compiler or Python headers are found the build goes on without
-them; the relay then runs its Python loop (it logs which; docs/capacity.md has both costs) and
-noise suppression is unavailable (a call that asks for it goes on without it: logged and
+All are optional: where no C compiler or Python headers are found the build goes on without
+them; the relay then runs its Python loop (it logs which; docs/capacity.md has both costs), the
+per-frame loops numpy's, and noise suppression is unavailable (a call that asks for it goes on without it: logged and
 counted, `noise_reduction_unavailable`).
 """
 
@@ -104,6 +106,12 @@ setup(
         Extension(
             "firsthop.services.relay._fastpath",
             ["services/relay/_fastpath.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"],
+            optional=True,
+        ),
+        Extension(
+            "firsthop.shared._speedups",
+            ["shared/_speedups.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"],
             optional=True,
         ),

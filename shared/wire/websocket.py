@@ -1,11 +1,11 @@
 """WebSocket framing (RFC 6455 §5), both ends, after the opening handshake: pure, no I/O.
 
 The agent link carries a 20 ms frame every 20 ms each way for every call, so the framing is
-on the media path. This codec frames a whole message in one step (the client's masking as
-one numpy XOR over the payload) and parses what arrives into whole messages, pings, pongs
-and closes, where wsproto walks a generator chain per frame (measured: about 13 us to send
-and 13 us to receive a 1920-byte frame with wsproto, 2 us each here). The handshake stays
-wsproto's; `split_handshake` cuts what follows it off for this reader.
+on the media path. This codec frames a whole message in one step (the client's masking one
+pass over the payload: `shared/speedups.py`) and parses what arrives into whole messages,
+pings, pongs and closes, where wsproto walks a generator chain per frame (measured: about 13
+us to send and 13 us to receive a 1920-byte frame with wsproto, 2 us each here). The
+handshake stays wsproto's; `split_handshake` cuts what follows it off for this reader.
 
 Strategy: `encode_frame` builds one frame; `WebSocketReader.feed` buffers bytes and returns
 the events the complete frames in them make. No extension is ever negotiated, so RSV bits
@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-import numpy as np
+from firsthop.shared.speedups import mask as mask  # (the codec's: RFC 6455 §5.3)
 
 # RFC 6455 §5.2 opcodes
 CONTINUATION = 0x0
@@ -85,17 +85,6 @@ class Close:
 
 
 Event = str | bytes | Ping | Pong | Close  # a whole text or binary message, or a control frame
-
-
-def mask(payload: bytes, key: bytes) -> bytes:
-    """XOR `payload` with the 4-byte `key` repeated (§5.3); the same call unmasks."""
-    n = len(payload)
-    if n == 0:
-        return b""
-    pad = -n % 4
-    words = np.frombuffer(payload + bytes(pad) if pad else payload, dtype="<u4")
-    out: bytes = (words ^ np.uint32(int.from_bytes(key, "little"))).tobytes()
-    return out[:n] if pad else out
 
 
 def encode_frame(opcode: int, payload: bytes, key: bytes | None = None) -> bytes:

@@ -110,6 +110,10 @@ def test_a_wheel_built_from_the_sdist_has_both_compiled_parts_and_rnnoises_licen
     )
     (wheel,) = (tmp_path / "dist").glob("firsthop-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for part in ("services/relay/_fastpath", "services/transceiver/media/_rnnoise"):
+    for part in (
+        "services/relay/_fastpath",
+        "services/transceiver/media/_rnnoise",
+        "shared/_speedups",
+    ):
         assert any(n.startswith(f"firsthop/{part}.") and n.endswith(".so") for n in names), part
     assert any(n.endswith("licenses/services/transceiver/media/rnnoise/COPYING") for n in names)
