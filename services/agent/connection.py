@@ -5,10 +5,11 @@ Strategy: the connection's own task reads the socket when it asks for a message;
 reader task and no message queue between the socket and the handler (trio-websocket's design),
 so a 20 ms frame in and its echo out cost one read and one write on the stream's Trio socket
 (no stream layer per frame either) and no task switch (measured: that hop and wsproto's
-framing took about half the agent's CPU per call). wsproto reads the upgrade request and
-writes the 101; the frames after it are the codec's. Ping is answered, Close is answered
-and ends the connection, a protocol error or a message over `max_message` closes it with
-the error's code (RFC 6455 §7.4.1).
+framing took about half the agent's CPU per call). A send the socket's buffer takes whole is
+written at once, without a pass of Trio's scheduler; only the rest of a larger one waits.
+wsproto reads the upgrade request and writes the 101; the frames after it are the codec's.
+Ping is answered, Close is answered and ends the connection, a protocol error or a message
+over `max_message` closes it with the error's code (RFC 6455 §7.4.1).
 
 Invariants: one task receives (`get_message`); sends may come from several (`send_message`
 holds a lock); after `ConnectionClosed` every call raises it again.
@@ -17,6 +18,7 @@ holds a lock); after `ConnectionClosed` every call raises it again.
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -112,9 +114,22 @@ class AgentConnection:
         await self._send(frame)
 
     async def _send(self, data: bytes) -> None:
+        view = memoryview(data)
+        if not self._send_lock.locked():
+            # The common case, a frame the socket's buffer takes whole: written now, not
+            # through the lock's and the Trio socket's checkpoints (two passes of the
+            # scheduler a frame; the task still yields in every `get_message` that reads).
+            # Nothing awaits between the check and the write, so no other send is between.
+            try:
+                view = view[os.write(self._sock.fileno(), view) :]
+            except BlockingIOError:
+                pass
+            except OSError:  # (a closed socket's fileno is -1: EBADF, never another's fd)
+                await self._lost()
+            if not view:
+                return
         try:
-            async with self._send_lock:
-                view = memoryview(data)
+            async with self._send_lock:  # the rest, when the socket's buffer allows
                 while view:
                     view = view[await self._sock.send(view) :]
         except (OSError, trio.ClosedResourceError):

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+import trio.testing
 from trio_websocket import open_websocket_url
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
@@ -221,4 +222,91 @@ async def test_what_comes_after_our_close_is_not_kept() -> None:
             await done.wait()
             await client.stream.aclose()
         assert held[0] < 100, held
+        nursery.cancel_scope.cancel()
+
+
+async def test_sends_behind_one_the_socket_could_not_take_wait_their_turn() -> None:
+    """A message larger than the socket's buffers is written in part at once and the rest
+    as the peer reads; the messages sent meanwhile (from another task) go after it, whole,
+    never inside it."""
+    big = os.urandom(40 << 20)  # more than loopback's send and receive buffers hold (36 MiB)
+    small = [b"after %d" % i for i in range(5)]
+    big_sent, read = trio.Event(), trio.Event()
+
+    async def send_big_then_more(ws: AgentConnection) -> None:
+        await ws.get_message()
+
+        async def send_big() -> None:
+            await ws.send_message(big)
+            big_sent.set()
+
+        async def send_small() -> None:
+            for message in small:
+                await ws.send_message(message)
+
+        async with trio.open_nursery() as tasks:
+            tasks.start_soon(send_big)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not big_sent.is_set()  # the peer reads nothing yet: the socket is full
+            tasks.start_soon(send_small)
+            await trio.testing.wait_all_tasks_blocked()
+            read.set()  # now the peer reads
+        await ws.get_message()
+
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery, 1 << 20, send_big_then_more)
+        with trio.fail_after(30):
+            client = await RawClient.open(port)
+            await client.send(BytesMessage(data=b"go"))
+            await read.wait()
+            got: list[bytes] = []
+            part = bytearray()
+            while len(got) < 1 + len(small):
+                assert await client.receive()
+                for event in client.events:
+                    if isinstance(event, BytesMessage):
+                        part += event.data
+                        if event.message_finished:
+                            got.append(bytes(part))
+                            part.clear()
+                client.events.clear()
+            assert got[0] == big
+            assert got[1:] == small
+            await client.send(BytesMessage(data=b"bye"))
+            await client.stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_send_writes_nothing_while_another_holds_the_socket() -> None:
+    """A send the socket could take at once still waits while another send has not finished
+    writing (it holds the send lock): its frame would land inside the other's."""
+    held, checked = trio.Event(), trio.Event()
+
+    async def hold_then_send(ws: AgentConnection) -> None:
+        await ws.get_message()
+        async with trio.open_nursery() as tasks:
+            async with ws._send_lock:  # as a send still writing its rest holds it
+                tasks.start_soon(ws.send_message, b"second")
+                await trio.testing.wait_all_tasks_blocked()
+                held.set()
+                await checked.wait()
+        await ws.get_message()
+
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery, 1 << 20, hold_then_send)
+        with trio.fail_after(10):
+            client = await RawClient.open(port)
+            await client.send(BytesMessage(data=b"go"))
+            await held.wait()
+            try:
+                early = os.read(client.stream.socket.fileno(), 100)  # (non-blocking)
+            except BlockingIOError:
+                early = b""
+            checked.set()
+            assert early == b""
+            while not any(isinstance(e, BytesMessage) for e in client.events):
+                assert await client.receive()
+            assert [e.data for e in client.events if isinstance(e, BytesMessage)] == [b"second"]
+            await client.send(BytesMessage(data=b"bye"))
+            await client.stream.aclose()
         nursery.cancel_scope.cancel()
