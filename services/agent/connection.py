@@ -12,7 +12,10 @@ Ping is answered, Close is answered and ends the connection, a protocol error or
 over `max_message` closes it with the error's code (RFC 6455 §7.4.1).
 
 Invariants: one task receives (`get_message`); sends may come from several (`send_message`
-holds a lock); after `ConnectionClosed` every call raises it again.
+holds a lock while it waits, and never writes while another holds it); after
+`ConnectionClosed` every call raises it again. A send the socket takes whole is not a Trio
+checkpoint: a task that only sends must yield elsewhere (the agents pace their frames with
+`trio.sleep_until`, or read between them).
 """
 
 from __future__ import annotations
@@ -114,20 +117,21 @@ class AgentConnection:
         await self._send(frame)
 
     async def _send(self, data: bytes) -> None:
-        view = memoryview(data)
+        sent = 0
         if not self._send_lock.locked():
             # The common case, a frame the socket's buffer takes whole: written now, not
             # through the lock's and the Trio socket's checkpoints (two passes of the
             # scheduler a frame; the task still yields in every `get_message` that reads).
             # Nothing awaits between the check and the write, so no other send is between.
             try:
-                view = view[os.write(self._sock.fileno(), view) :]
+                sent = os.write(self._sock.fileno(), data)
             except BlockingIOError:
                 pass
             except OSError:  # (a closed socket's fileno is -1: EBADF, never another's fd)
                 await self._lost()
-            if not view:
+            if sent == len(data):
                 return
+        view = memoryview(data)[sent:]
         try:
             async with self._send_lock:  # the rest, when the socket's buffer allows
                 while view:

@@ -78,6 +78,21 @@ class RawClient:
     async def send(self, event: Any) -> None:
         await self.stream.send_all(self.ws.send(event))
 
+    async def binary_messages(self, count: int) -> list[bytes]:
+        """Read until `count` whole binary messages came (their fragments joined)."""
+        got: list[bytes] = []
+        part = bytearray()
+        while len(got) < count:
+            assert await self.receive()
+            for event in self.events:
+                if isinstance(event, BytesMessage):
+                    part += event.data
+                    if event.message_finished:
+                        got.append(bytes(part))
+                        part.clear()
+            self.events.clear()
+        return got
+
     async def until_closed(self) -> CloseConnection:
         """Read until the server's Close (answered) and its end of the socket."""
         while await self.receive():
@@ -259,17 +274,7 @@ async def test_sends_behind_one_the_socket_could_not_take_wait_their_turn() -> N
             client = await RawClient.open(port)
             await client.send(BytesMessage(data=b"go"))
             await read.wait()
-            got: list[bytes] = []
-            part = bytearray()
-            while len(got) < 1 + len(small):
-                assert await client.receive()
-                for event in client.events:
-                    if isinstance(event, BytesMessage):
-                        part += event.data
-                        if event.message_finished:
-                            got.append(bytes(part))
-                            part.clear()
-                client.events.clear()
+            got = await client.binary_messages(1 + len(small))
             assert got[0] == big
             assert got[1:] == small
             await client.send(BytesMessage(data=b"bye"))
@@ -304,9 +309,7 @@ async def test_a_send_writes_nothing_while_another_holds_the_socket() -> None:
                 early = b""
             checked.set()
             assert early == b""
-            while not any(isinstance(e, BytesMessage) for e in client.events):
-                assert await client.receive()
-            assert [e.data for e in client.events if isinstance(e, BytesMessage)] == [b"second"]
+            assert await client.binary_messages(1) == [b"second"]
             await client.send(BytesMessage(data=b"bye"))
             await client.stream.aclose()
         nursery.cancel_scope.cancel()
