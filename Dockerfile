@@ -12,8 +12,9 @@
 # apt package (--only-binary makes a missing wheel a build error instead of a silent source
 # build). What is compiled here is firsthop's own (setup.py): the relay's C data path
 # (services/relay/_fastpath.c), two per-frame loops of the media path (shared/_speedups.c) and
-# RNNoise for noise suppression (services/transceiver/media/rnnoise/, vendored), which link only libc and libm; so the builder is the full python image
-# of the same Python (it has gcc and the headers) and the runtime the slim one.
+# RNNoise for noise suppression (services/transceiver/media/rnnoise/, vendored), which link
+# only libc and libm; so the builder is the full python image of the same Python (it has gcc
+# and the headers) and the runtime the slim one.
 # `--build-arg BUILDER_IMAGE=` and `PYTHON_IMAGE=` take local bases (the same Python in both:
 # the venv is copied from one to the other).
 

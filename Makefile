@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml setup.py services/relay/_fastpath.c shared/_speedups.c $(wildcard services/transceiver/media/rnnoise/*.c services/transceiver/media/rnnoise/src/*.[ch] services/transceiver/media/rnnoise/src/x86/*.[ch])
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "firsthop needs Python >= 3.11 (found %s)" % sys.version.split()[0])'
-	@PYTHON=$(PYTHON) ./scripts/ensure-system-deps gcc python-headers  # the relay's C data path
+	@PYTHON=$(PYTHON) ./scripts/ensure-system-deps gcc python-headers  # the C parts (setup.py)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,assistant,noise]'

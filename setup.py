@@ -8,8 +8,8 @@
 
 All are optional: where no C compiler or Python headers are found the build goes on without
 them; the relay then runs its Python loop (it logs which; docs/capacity.md has both costs), the
-per-frame loops numpy's, and noise suppression is unavailable (a call that asks for it goes on without it: logged and
-counted, `noise_reduction_unavailable`).
+per-frame loops are numpy's, and noise suppression is unavailable (a call that asks for it goes
+on without it: logged and counted, `noise_reduction_unavailable`).
 """
 
 import glob
