@@ -153,6 +153,7 @@ class Transceiver:
         self.trace_writes: trio.MemorySendChannel[tuple[str, str]] | None = None
         self._sock: socket.socket | None = None
         self._out = mmsg.Sender(SEND_BATCH)  # a batch's sends, in one syscall
+        self._errnos_counted: Counter[int] = Counter()  # what of `_out.errnos` is counted
         self._batch: list[tuple[bytes, Address]] | None = None
         self._sessions_nursery: trio.Nursery | None = None
         self._session_removed = trio.Event()
@@ -226,7 +227,7 @@ class Transceiver:
                 self._send(data, dest)
             return
         out, fd = self._out, self._sock.fileno()
-        errors = out.errnos.copy()
+        failed = out.errors
         for data, dest in batch:
             if out.full():
                 self._flush(fd)
@@ -235,10 +236,12 @@ class Transceiver:
             except (OSError, ValueError):  # (an address this socket's family cannot name)
                 self.counters["send_error"] += 1
         self._flush(fd)
-        new = out.errnos - errors
-        would_block = new[errno.EAGAIN] + new[errno.EWOULDBLOCK]
-        self.counters["send_would_block"] += would_block
-        self.counters["send_error"] += new.total() - would_block
+        if out.errors != failed:  # (rare: only then are the errnos told apart)
+            new = out.errnos - self._errnos_counted
+            self._errnos_counted = out.errnos.copy()
+            would_block = new[errno.EAGAIN] + new[errno.EWOULDBLOCK]
+            self.counters["send_would_block"] += would_block
+            self.counters["send_error"] += new.total() - would_block
 
     def _flush(self, fd: int) -> None:
         out = self._out
