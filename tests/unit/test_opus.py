@@ -135,3 +135,14 @@ def test_the_agents_encoder_delays_its_voice_by_2_5_ms_not_voips_6_5() -> None:
     assert encoder.lookahead <= onset <= encoder.lookahead + RATE // 2000  # + the tone's rise
     heard = out[8 * FRAME_SAMPLES :]
     assert abs(20 * math.log10(rms(heard) / rms(tone(7).astype(np.float64)))) < 1.0
+
+
+def test_the_agents_encoder_runs_at_the_chosen_complexity_and_refuses_a_bad_one() -> None:
+    from firsthop.services.transceiver.media.codecs import OPUS_BITRATE
+    from firsthop.services.transceiver.media.opus import COMPLEXITY, OpusEncoder
+
+    assert OpusEncoder(OPUS_BITRATE).complexity == COMPLEXITY == 6
+    assert OpusEncoder(OPUS_BITRATE, complexity=10).complexity == 10
+    for bad in (-1, 11):
+        with pytest.raises(OpusError, match="OPUS_SET_COMPLEXITY"):
+            OpusEncoder(OPUS_BITRATE, complexity=bad)
