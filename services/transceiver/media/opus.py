@@ -20,7 +20,7 @@ pays off below ~24 kb/s and carries in-band FEC; at our 48 kb/s CELT codes voice
 (measured on espeak speech: 19 dB waveform SNR, 112 bytes a frame against VoIP's 109) at a
 third of the cost (51 us a frame against 150), and we send no FEC (nor did we in the VoIP
 mode): the caller's decoder conceals a lost frame. It encodes at `COMPLEXITY` 6, not
-libopus's 10: 40 us a frame against 56, for a wideband PESQ of 4.41 against 4.46.
+libopus's default 9: 40 us a frame against 61, for a wideband PESQ of 4.41 against 4.45.
 
 The library is the one PyAV ships (so it is the same build aiortc's encoder uses), else the
 system's.
@@ -47,11 +47,11 @@ APPLICATION_RESTRICTED_LOWDELAY = 2051  # OPUS_APPLICATION_RESTRICTED_LOWDELAY: 
 SET_BITRATE = 4002  # OPUS_SET_BITRATE_REQUEST
 SET_COMPLEXITY = 4010  # OPUS_SET_COMPLEXITY_REQUEST
 GET_COMPLEXITY = 4011  # OPUS_GET_COMPLEXITY_REQUEST
-# The encoder's complexity (libopus: 0-10, its default 10 here). CELT's cost steps down below
-# 7 and is flat from 7 to 10; measured on 13.6 s of piper speech at 48 kb/s: 56-61 us a frame
-# at 7-10, 40-41 us at 5-6, 35 us at 4; wideband PESQ (ITU-T P.862.2) 4.458 at 10, 4.417 at 7,
-# 4.407 at 6 and 5. So 6: the encode, two thirds of a call's codec time, a third cheaper, for
-# 0.05 of PESQ's 4.64 (libwebrtc runs Opus at 5 on phones).
+# The encoder's complexity (libopus: 0-10; its default, which we ran at before, is 9). CELT's
+# cost steps down below 7 and is flat from 7 to 10: measured in one run, 56-61 us a frame at
+# 7-10, 40-41 us at 5-6, 35 us at 4; wideband PESQ (ITU-T P.862.2) on 13.6 s of piper speech at
+# 48 kb/s 4.452 at 9 and 10, 4.408 at 6. So 6: the encode, two thirds of a call's codec time, a
+# third cheaper, for 0.04 of PESQ's 4.64 (libwebrtc runs Opus at 5 on phones).
 COMPLEXITY = 6
 GET_LOOKAHEAD = 4027  # OPUS_GET_LOOKAHEAD_REQUEST
 
