@@ -261,7 +261,8 @@ class Sender:
     `add(address, length)` queues `length` bytes at a memory address (a Receiver's slot:
     `receiver.base + offset`), for a connected socket; `add_to` names a destination too.
     `add_buffer` queues any buffer (writable ones are not copied). After a flush, `sent`
-    and `dropped` say what became of the last batch; `errors`/`errnos` accumulate."""
+    and `dropped` say what became of the last batch (`would_block` of `dropped`: left unsent
+    because the socket's buffer was full); `errors`/`errnos` accumulate."""
 
     def __init__(
         self, count: int, *, connected: bool = False, max_destinations: int = MAX_DESTINATIONS
@@ -273,6 +274,7 @@ class Sender:
         self.pending = 0
         self.sent = 0
         self.dropped = 0
+        self.would_block = 0
         self.errors = 0
         self.errnos: collections.Counter[int] = collections.Counter()
         self.max_destinations = max_destinations
@@ -358,7 +360,7 @@ class Sender:
         """Send what is queued on `fd`. Returns how many were sent; `dropped` is the rest
         (EAGAIN: the socket's buffer is full; other errors: that datagram only)."""
         n = self.pending
-        done = dropped = 0
+        done = dropped = would_block = 0
         msgs_at = self._msgs_at
         while done < n:
             k: int = _sendmmsg(fd, msgs_at + done * _HDR, n - done, MSG_DONTWAIT)
@@ -371,12 +373,14 @@ class Sender:
             self.errors += 1
             self.errnos[err] += 1
             if err in _AGAIN:
-                dropped += n - done
+                would_block = n - done
+                dropped += would_block
                 break
             dropped += 1  # this one datagram failed (ECONNREFUSED, EMSGSIZE, ...)
             done += 1
         self.sent = n - dropped
         self.dropped = dropped
+        self.would_block = would_block
         self.pending = 0
         keep = self._keep
         for j in range(n):

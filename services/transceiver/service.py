@@ -11,7 +11,6 @@ ends sessions through it. aiortc runs on the asyncio host loop behind `rtc/`.
 from __future__ import annotations
 
 import base64
-import errno
 import ipaddress
 import logging
 import math
@@ -153,7 +152,6 @@ class Transceiver:
         self.trace_writes: trio.MemorySendChannel[tuple[str, str]] | None = None
         self._sock: socket.socket | None = None
         self._out = mmsg.Sender(SEND_BATCH)  # a batch's sends, in one syscall
-        self._errnos_counted: Counter[int] = Counter()  # what of `_out.errnos` is counted
         self._batch: list[tuple[bytes, Address]] | None = None
         self._sessions_nursery: trio.Nursery | None = None
         self._session_removed = trio.Event()
@@ -227,7 +225,6 @@ class Transceiver:
                 self._send(data, dest)
             return
         out, fd = self._out, self._sock.fileno()
-        failed = out.errors
         for data, dest in batch:
             if out.full():
                 self._flush(fd)
@@ -236,17 +233,16 @@ class Transceiver:
             except (OSError, ValueError):  # (an address this socket's family cannot name)
                 self.counters["send_error"] += 1
         self._flush(fd)
-        if out.errors != failed:  # (rare: only then are the errnos told apart)
-            new = out.errnos - self._errnos_counted
-            self._errnos_counted = out.errnos.copy()
-            would_block = new[errno.EAGAIN] + new[errno.EWOULDBLOCK]
-            self.counters["send_would_block"] += would_block
-            self.counters["send_error"] += new.total() - would_block
 
     def _flush(self, fd: int) -> None:
+        """Send what is queued; a datagram the kernel refused is counted as `_send` counts
+        it: `send_would_block` (the buffer was full) or `send_error`, one each."""
         out = self._out
         if out.pending:
             self.counters["packets_out"] += out.flush(fd)
+            if out.dropped:
+                self.counters["send_would_block"] += out.would_block
+                self.counters["send_error"] += out.dropped - out.would_block
 
     async def _receive_loop(self, sock: socket.socket) -> None:
         """Own the media socket's reading for as long as this task lives.

@@ -143,6 +143,33 @@ def test_a_failed_send_in_the_middle_is_counted_and_the_rest_go(
     assert [bytes(rx.payload(i)) for i in range(2)] == [b"first", b"third"]
 
 
+def test_a_full_socket_buffer_leaves_the_rest_unsent_as_would_block() -> None:
+    """EAGAIN mid-batch (a Unix datagram socket whose peer reads nothing fills at once): what
+    went is `sent`, the rest `dropped`, all of it `would_block`; the next flush starts clean."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        a.setblocking(False)
+        tx = Sender(256, connected=True)
+        for _ in range(256):
+            tx.add_buffer(b"x" * 1000)
+        sent = tx.flush(a.fileno())
+        assert 0 < sent < 256
+        assert tx.dropped == tx.would_block == 256 - sent
+        assert tx.errnos[errno.EAGAIN] == 1
+        while True:  # the peer reads it all: room again
+            try:
+                b.recv(2000, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+        tx.add_buffer(b"y")
+        assert tx.flush(a.fileno()) == 1
+        assert tx.dropped == tx.would_block == 0
+        assert b.recv(10) == b"y"
+    finally:
+        a.close()
+        b.close()
+
+
 def test_errors_are_counted_never_raised(pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
     gone = udp(a.family, where(a)[0])
