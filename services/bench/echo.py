@@ -251,6 +251,18 @@ def residence(records: list[Any], period_s: float) -> dict[str, Any]:
     }
 
 
+def burst_of(matched: list[tuple[int, float]], at: int, period_s: float) -> float | None:
+    """The residence of the tap's burst nearest the caller's onset `at` (ns, the tap's
+    clock), if one is within half a period. The onset is converted from the caller's
+    monotonic clock through the wall clock once, after the call; nearest-within-half-a-period
+    rather than "just after" keeps the match when that conversion is off by a few ms (a wall
+    clock stepped mid-call), in either direction."""
+    best = min(matched, key=lambda m: abs(m[0] - at), default=None)
+    if best is None or abs(best[0] - at) >= period_s * 5e8:
+        return None
+    return best[1]
+
+
 def _pct(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile."""
     if not values:
@@ -320,8 +332,9 @@ def run(*, bursts: int, rounds: int, period_s: float, burst_s: float) -> dict[st
                     # Per burst, the time outside the server: mouth-to-ear less residence. It
                     # leaves out the 0-20 ms wait for the server's next output tick.
                     matched = row.pop("matched")
+                    row["tap_bursts"] = len(matched)
                     res = [
-                        next((r for t, r in matched if 0 <= t - at < 1e8), None)
+                        burst_of(matched, at, period_s)
                         for at in (round(o * 1e9) + clock for o in onsets)
                     ]
                     row["burst_residence_ms"] = res
