@@ -1,4 +1,4 @@
-/* Two per-frame loops of the transceiver's media path, in C (shared/speedups.py says why).
+/* Per-frame work of the transceiver's media path, in C (shared/speedups.py says why).
  *
  * mask(data, key) -> bytes: `data` XORed with the 4-byte `key` repeated (RFC 6455 §5.3); the
  *     same call unmasks.
@@ -6,6 +6,14 @@
  *
  * Both take any contiguous buffer and never keep it; a wrong argument raises TypeError or
  * ValueError, as the numpy versions they stand for do.
+ *
+ * libopus's two per-frame calls, made from here instead of through ctypes (media/opus.py):
+ * opus_bind(encode_address, decode_address): the addresses of opus_encode and opus_decode in
+ *     the libopus opus.py loaded (it passes them once, when it loads the library);
+ * opus_encode(state, pcm, max_bytes) -> bytes: one packet of the PCM16 mono frame;
+ * opus_decode(state, payload or None, frame_size, fec) -> bytes: PCM16 mono (None: conceal).
+ * `state` is the address of an encoder or decoder opus.py made (and has not destroyed). A
+ * negative libopus result raises ValueError(code); the state is libopus's to check.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -62,9 +70,121 @@ static PyObject *speedups_peak(PyObject *self, PyObject *args) {
     return PyLong_FromLong(top);
 }
 
+/* opus.h's two calls (the types of opus_int16, opus_int32: int16_t, int32_t) */
+typedef int32_t (*opus_encode_fn)(void *, const int16_t *, int, unsigned char *, int32_t);
+typedef int (*opus_decode_fn)(void *, const unsigned char *, int32_t, int16_t *, int, int);
+static opus_encode_fn opus_encode_p = NULL;
+static opus_decode_fn opus_decode_p = NULL;
+#define OPUS_MAX_PACKET 1500 /* media/opus.py MAX_PACKET */
+#define OPUS_MAX_SAMPLES 5760 /* 120 ms at 48 kHz, the longest Opus packet */
+
+static PyObject *speedups_opus_bind(PyObject *self, PyObject *args) {
+    PyObject *encode, *decode;
+    if (!PyArg_ParseTuple(args, "OO", &encode, &decode))
+        return NULL;
+    void *e = PyLong_AsVoidPtr(encode), *d = PyLong_AsVoidPtr(decode);
+    if (PyErr_Occurred())
+        return NULL;
+    if (e == NULL || d == NULL) {
+        PyErr_SetString(PyExc_ValueError, "a libopus function's address is needed");
+        return NULL;
+    }
+    opus_encode_p = (opus_encode_fn)e;
+    opus_decode_p = (opus_decode_fn)d;
+    Py_RETURN_NONE;
+}
+
+static void *opus_state(PyObject *address, void *bound) {
+    if (bound == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "libopus is not bound (opus_bind)");
+        return NULL;
+    }
+    void *state = PyLong_AsVoidPtr(address);
+    if (state == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "no libopus state (closed?)");
+    return state;
+}
+
+static PyObject *opus_failed(long code) {
+    PyObject *value = PyLong_FromLong(code);
+    if (value != NULL) {
+        PyErr_SetObject(PyExc_ValueError, value);
+        Py_DECREF(value);
+    }
+    return NULL;
+}
+
+static PyObject *speedups_opus_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "opus_encode(state, pcm, max_bytes)");
+        return NULL;
+    }
+    void *state = opus_state(args[0], (void *)opus_encode_p);
+    if (state == NULL)
+        return NULL;
+    long max_bytes = PyLong_AsLong(args[2]);
+    if (max_bytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (max_bytes < 1 || max_bytes > OPUS_MAX_PACKET) {
+        PyErr_SetString(PyExc_ValueError, "max_bytes is 1 to 1500");
+        return NULL;
+    }
+    Py_buffer pcm;
+    if (PyObject_GetBuffer(args[1], &pcm, PyBUF_SIMPLE) < 0)
+        return NULL;
+    unsigned char out[OPUS_MAX_PACKET];
+    int32_t n = -1; /* OPUS_BAD_ARG */
+    if (pcm.len / 2 <= OPUS_MAX_SAMPLES) /* (longer is no frame libopus takes) */
+        n = opus_encode_p(state, (const int16_t *)pcm.buf, (int)(pcm.len / 2), out,
+                          (int32_t)max_bytes);
+    PyBuffer_Release(&pcm);
+    if (n < 0)
+        return opus_failed(n);
+    return PyBytes_FromStringAndSize((const char *)out, n);
+}
+
+static PyObject *speedups_opus_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "opus_decode(state, payload, frame_size, fec)");
+        return NULL;
+    }
+    void *state = opus_state(args[0], (void *)opus_decode_p);
+    if (state == NULL)
+        return NULL;
+    long frame_size = PyLong_AsLong(args[2]);
+    if (frame_size == -1 && PyErr_Occurred())
+        return NULL;
+    long fec = PyLong_AsLong(args[3]);
+    if (fec == -1 && PyErr_Occurred())
+        return NULL;
+    if (frame_size < 1 || frame_size > OPUS_MAX_SAMPLES) {
+        PyErr_SetString(PyExc_ValueError, "frame_size is 1 to 5760 samples");
+        return NULL;
+    }
+    Py_buffer payload = {0};
+    int has_payload = args[1] != Py_None;
+    if (has_payload && PyObject_GetBuffer(args[1], &payload, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int16_t pcm[OPUS_MAX_SAMPLES];
+    int n = -1; /* OPUS_BAD_ARG */
+    if (payload.len <= INT32_MAX)
+        n = opus_decode_p(state, has_payload ? (const unsigned char *)payload.buf : NULL,
+                          (int32_t)payload.len, pcm, (int)frame_size, fec ? 1 : 0);
+    if (has_payload)
+        PyBuffer_Release(&payload);
+    if (n < 0)
+        return opus_failed(n);
+    return PyBytes_FromStringAndSize((const char *)pcm, (Py_ssize_t)n * 2);
+}
+
 static PyMethodDef methods[] = {
     {"mask", speedups_mask, METH_VARARGS, "XOR data with a 4-byte key repeated (RFC 6455)."},
     {"peak", speedups_peak, METH_VARARGS, "The largest |sample| of PCM16 little-endian."},
+    {"opus_bind", speedups_opus_bind, METH_VARARGS, "Bind libopus's encode and decode."},
+    {"opus_encode", (PyCFunction)(void (*)(void))speedups_opus_encode, METH_FASTCALL,
+     "One Opus packet of a PCM16 mono frame."},
+    {"opus_decode", (PyCFunction)(void (*)(void))speedups_opus_decode, METH_FASTCALL,
+     "PCM16 mono of one Opus packet (None: concealment)."},
     {NULL, NULL, 0, NULL},
 };
 

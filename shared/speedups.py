@@ -21,6 +21,7 @@ except ImportError:  # no C compiler where it was installed: numpy's
     _speedups = None  # type: ignore[assignment]
 
 BUILT = _speedups is not None
+native = _speedups  # the C module itself, or None: media/opus.py binds libopus's calls into it
 
 
 Buffer = bytes | bytearray | memoryview

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fractions
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -146,3 +147,51 @@ def test_the_agents_encoder_runs_at_the_chosen_complexity_and_refuses_a_bad_one(
     for bad in (-1, 11):
         with pytest.raises(OpusError, match="OPUS_SET_COMPLEXITY"):
             OpusEncoder(OPUS_BITRATE, complexity=bad)
+
+
+def test_the_c_calls_give_what_ctypes_gives_and_fail_as_it_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Encode, decode, FEC recovery and concealment made from `_speedups.c` (what runs where
+    it is built: `make test` builds it) are byte for byte those ctypes makes, with the same
+    errors."""
+    from firsthop.services.transceiver.media import opus
+    from firsthop.services.transceiver.media.codecs import OPUS_BITRATE
+    from firsthop.shared import speedups
+
+    assert speedups.BUILT and speedups.native is not None
+    rng = np.random.default_rng(7)
+    voiced = tone(12, 330.0) + rng.integers(-2000, 2000, 12 * FRAME_SAMPLES).astype(np.int16)
+    frames = [voiced[i : i + FRAME_SAMPLES].tobytes() for i in range(0, len(voiced), FRAME_SAMPLES)]
+    fec_packets = encode(tone(12), fec=True)
+
+    def errors(*calls: Callable[[], object]) -> list[str]:
+        said = []
+        for call in calls:
+            with pytest.raises(OpusError) as caught:
+                call()
+            said.append(str(caught.value))
+        return said
+
+    def run() -> tuple[list[bytes], list[object], list[str]]:
+        encoder, decoder = opus.OpusEncoder(OPUS_BITRATE), opus.OpusDecoder()
+        packets = [encoder.encode(f) for f in frames]
+        decoded: list[object] = [decoder.decode(p) for p in packets[:6]]
+        decoded += [decoder.conceal(), decoder.recover(fec_packets[8])]
+        decoded.append(decoder.decode(fec_packets[8]))
+        said = errors(lambda: decoder.decode(b"\xff" * 3), lambda: encoder.encode(b"\x00" * 7))
+        encoder.close()
+        decoder.close()
+        # closed: an error, never a call into libopus with no state
+        said += errors(lambda: encoder.encode(frames[0]), lambda: decoder.decode(packets[0]))
+        return packets, decoded, said
+
+    from_c = run()
+    monkeypatch.setattr(opus, "native", None)
+    from_ctypes = run()
+    assert from_c == from_ctypes
+    packets, _, said = from_c
+    assert len(packets[0]) > 20
+    assert said[0] == "opus_decode failed (-4)"  # OPUS_INVALID_PACKET
+    assert said[1] == "opus_encode failed (-1)"  # OPUS_BAD_ARG: 3 samples is no frame
+    assert "closed" in said[2] and "closed" in said[3]
