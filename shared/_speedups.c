@@ -5,15 +5,17 @@
  * peak(pcm) -> int: the largest |sample| of PCM16 little-endian (an odd last byte is ignored).
  *
  * Both take any contiguous buffer and never keep it; a wrong argument raises TypeError or
- * ValueError, as the numpy versions they stand for do.
+ * ValueError, as the numpy versions they stand for do. So do the Opus calls below.
  *
  * libopus's two per-frame calls, made from here instead of through ctypes (media/opus.py):
  * opus_bind(encode_address, decode_address): the addresses of opus_encode and opus_decode in
  *     the libopus opus.py loaded (it passes them once, when it loads the library);
  * opus_encode(state, pcm, max_bytes) -> bytes: one packet of the PCM16 mono frame;
  * opus_decode(state, payload or None, frame_size, fec) -> bytes: PCM16 mono (None: conceal).
- * `state` is the address of an encoder or decoder opus.py made (and has not destroyed). A
- * negative libopus result raises ValueError(code); the state is libopus's to check.
+ * `state` must be the address of an encoder or decoder (mono, 48 kHz) opus.py made and has
+ * not destroyed: nothing here or in libopus can check it, as nothing could through ctypes. A
+ * negative libopus result raises ValueError(code), and so do arguments out of range
+ * (ValueError(-1), OPUS_BAD_ARG, as libopus would say).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -82,8 +84,11 @@ static PyObject *speedups_opus_bind(PyObject *self, PyObject *args) {
     PyObject *encode, *decode;
     if (!PyArg_ParseTuple(args, "OO", &encode, &decode))
         return NULL;
-    void *e = PyLong_AsVoidPtr(encode), *d = PyLong_AsVoidPtr(decode);
-    if (PyErr_Occurred())
+    void *e = PyLong_AsVoidPtr(encode);
+    if (e == NULL && PyErr_Occurred())
+        return NULL;
+    void *d = PyLong_AsVoidPtr(decode);
+    if (d == NULL && PyErr_Occurred())
         return NULL;
     if (e == NULL || d == NULL) {
         PyErr_SetString(PyExc_ValueError, "a libopus function's address is needed");
@@ -125,10 +130,8 @@ static PyObject *speedups_opus_encode(PyObject *self, PyObject *const *args, Py_
     long max_bytes = PyLong_AsLong(args[2]);
     if (max_bytes == -1 && PyErr_Occurred())
         return NULL;
-    if (max_bytes < 1 || max_bytes > OPUS_MAX_PACKET) {
-        PyErr_SetString(PyExc_ValueError, "max_bytes is 1 to 1500");
-        return NULL;
-    }
+    if (max_bytes < 1 || max_bytes > OPUS_MAX_PACKET)
+        return opus_failed(-1);
     Py_buffer pcm;
     if (PyObject_GetBuffer(args[1], &pcm, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -157,10 +160,8 @@ static PyObject *speedups_opus_decode(PyObject *self, PyObject *const *args, Py_
     long fec = PyLong_AsLong(args[3]);
     if (fec == -1 && PyErr_Occurred())
         return NULL;
-    if (frame_size < 1 || frame_size > OPUS_MAX_SAMPLES) {
-        PyErr_SetString(PyExc_ValueError, "frame_size is 1 to 5760 samples");
-        return NULL;
-    }
+    if (frame_size < 1 || frame_size > OPUS_MAX_SAMPLES)
+        return opus_failed(-1);
     Py_buffer payload = {0};
     int has_payload = args[1] != Py_None;
     if (has_payload && PyObject_GetBuffer(args[1], &payload, PyBUF_SIMPLE) < 0)

@@ -1,5 +1,7 @@
 """Two loops of the per-frame media path in C where the extension is built (`_speedups.c`),
 in numpy where it is not: the same results either way (a property test holds them equal).
+(The extension also makes libopus's per-frame calls for `media/opus.py`, which falls back
+to ctypes.)
 
 * `mask(data, key)`: RFC 6455 §5.3's XOR, on every frame the transceiver sends an agent
   (a WebSocket client masks all it sends) and on every frame an agent server receives;

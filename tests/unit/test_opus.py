@@ -186,12 +186,28 @@ def test_the_c_calls_give_what_ctypes_gives_and_fail_as_it_does(
         said += errors(lambda: encoder.encode(frames[0]), lambda: decoder.decode(packets[0]))
         return packets, decoded, said
 
-    from_c = run()
+    def longest() -> list[object]:
+        """120 ms, the longest packet: the C decode's whole buffer, decoded, then concealed
+        at that length; and one sample more than it to encode."""
+        encoder, decoder = opus.OpusEncoder(OPUS_BITRATE), opus.OpusDecoder()
+        long_frame = tone(6).tobytes()  # 6 x 20 ms = 5760 samples
+        packet = encoder.encode(long_frame)
+        out: list[object] = [packet, decoder.decode(packet), decoder.conceal()]
+        out += errors(lambda: encoder.encode(long_frame + b"\x00\x00"))
+        return out
+
+    from_c = run(), longest()
     monkeypatch.setattr(opus, "native", None)
-    from_ctypes = run()
+    from_ctypes = run(), longest()
     assert from_c == from_ctypes
-    packets, _, said = from_c
+    (packets, _, said), (_, long_pcm, concealed, too_long) = from_c
+    assert len(long_pcm) == len(concealed) == opus.MAX_SAMPLES * 2  # type: ignore[arg-type]
+    assert too_long == "opus_encode failed (-1)"
     assert len(packets[0]) > 20
     assert said[0] == "opus_decode failed (-4)"  # OPUS_INVALID_PACKET
     assert said[1] == "opus_encode failed (-1)"  # OPUS_BAD_ARG: 3 samples is no frame
     assert "closed" in said[2] and "closed" in said[3]
+    monkeypatch.undo()
+    with pytest.raises(ValueError):
+        speedups.native.opus_bind(0, 0)  # (no address: refused, the binding kept)
+    assert opus.OpusEncoder(OPUS_BITRATE).encode(frames[0]) == packets[0]

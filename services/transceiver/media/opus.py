@@ -131,7 +131,7 @@ class OpusDecoder:
         self._state = self._lib.opus_decoder_create(SAMPLE_RATE, 1, ctypes.byref(error))
         if not self._state or error.value != 0:
             raise OpusError(f"opus_decoder_create failed ({error.value})")
-        self._pcm = ctypes.create_string_buffer(MAX_SAMPLES * 2)
+        self._pcm: ctypes.Array[ctypes.c_char] | None = None  # (ctypes' decode only: 11.5 KB)
         self.last_samples = FRAME_SAMPLES  # the length of the last frame, what a loss lasts
 
     def decode(self, payload: bytes) -> bytes:
@@ -160,6 +160,8 @@ class OpusDecoder:
             except ValueError as exc:
                 raise OpusError(f"opus_decode failed ({exc})") from None
         else:
+            if self._pcm is None:
+                self._pcm = ctypes.create_string_buffer(MAX_SAMPLES * 2)
             n = self._lib.opus_decode(
                 self._state, payload, len(payload or b""), self._pcm, frame_size, fec
             )
@@ -205,7 +207,7 @@ class OpusEncoder:
             ):
                 self.close()
                 raise OpusError(f"opus_encoder_ctl({name}, {value}) failed")
-        self._out = ctypes.create_string_buffer(MAX_PACKET)
+        self._out: ctypes.Array[ctypes.c_char] | None = None  # (ctypes' encode only)
 
     @property
     def lookahead(self) -> int:
@@ -231,6 +233,8 @@ class OpusEncoder:
                 return native.opus_encode(self._state, pcm, MAX_PACKET)
             except ValueError as exc:
                 raise OpusError(f"opus_encode failed ({exc})") from None
+        if self._out is None:
+            self._out = ctypes.create_string_buffer(MAX_PACKET)
         n = self._lib.opus_encode(self._state, pcm, len(pcm) // 2, self._out, MAX_PACKET)
         if n < 0:
             raise OpusError(f"opus_encode failed ({n})")
