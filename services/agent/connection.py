@@ -15,7 +15,11 @@ Invariants: one task receives (`get_message`); sends may come from several (`sen
 holds a lock while it waits, and never writes while another holds it); after
 `ConnectionClosed` every call raises it again. A send the socket takes whole is not a Trio
 checkpoint: a task that only sends must yield elsewhere (the agents pace their frames with
-`trio.sleep_until`, or read between them).
+`trio.sleep_until`, or read between them), and `get_message` yields every `YIELD_EVERY`
+messages it hands out of one read (one read can hold thousands of tiny frames, and a
+handler that answers each would otherwise hold the loop for all of them). A cancelled send
+writes nothing; a send cut off after part of its frame went out closes the connection
+(the next frame would land inside that one).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ RECEIVE_SIZE = 65536
 MAX_HANDSHAKE = 16384  # bytes of upgrade request
 HANDSHAKE_TIMEOUT = 60.0  # seconds for a client to send its upgrade request
 CLOSE_TIMEOUT = 2.0  # seconds to wait for the peer's Close after ours
+YIELD_EVERY = 16  # messages handed out of one read between passes of Trio's scheduler
 
 log = logging.getLogger("firsthop.agent")
 
@@ -62,6 +67,7 @@ class AgentConnection:
         self._messages: deque[str | bytes] = deque()
         self._early = early  # what came right behind the upgrade request
         self._send_lock = trio.Lock()
+        self._unyielded = 0  # messages handed out since the last read
         self.closed = False
 
     async def get_message(self) -> str | bytes:
@@ -69,6 +75,10 @@ class AgentConnection:
         ws = self._ws
         while True:
             if self._messages:
+                self._unyielded += 1
+                if self._unyielded >= YIELD_EVERY:
+                    self._unyielded = 0
+                    await trio.lowlevel.checkpoint()
                 return self._messages.popleft()
             answers = ws.data_to_send()  # Pongs, the answer to a Close or to a bad frame
             if answers:
@@ -82,6 +92,7 @@ class AgentConnection:
             await self._receive()
 
     async def _receive(self) -> None:
+        self._unyielded = 0  # (a read yields)
         data, self._early = self._early, b""
         if not data:
             try:
@@ -122,7 +133,9 @@ class AgentConnection:
             # The common case, a frame the socket's buffer takes whole: written now, not
             # through the lock's and the Trio socket's checkpoints (two passes of the
             # scheduler a frame; the task still yields in every `get_message` that reads).
+            # A send already cancelled writes nothing (this does not yield unless it is).
             # Nothing awaits between the check and the write, so no other send is between.
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 sent = os.write(self._sock.fileno(), data)
             except BlockingIOError:
@@ -138,6 +151,11 @@ class AgentConnection:
                     view = view[await self._sock.send(view) :]
         except (OSError, trio.ClosedResourceError):
             await self._lost()
+        except BaseException:  # cancelled: if part of the frame went out, nothing may follow
+            if len(view) < len(data):
+                self.closed = True
+                self._sock.close()  # (at once: the stream's aclose would wait, and we leave)
+            raise
 
     async def _lost(self) -> None:
         self.closed = True

@@ -4,10 +4,14 @@ spoken to by trio-websocket and by raw wsproto where a test needs frames by hand
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from trio_websocket import open_websocket_url
 from wsproto import ConnectionType, WSConnection
@@ -20,6 +24,7 @@ from wsproto.events import (
 )
 
 from firsthop.services.agent.connection import (
+    YIELD_EVERY,
     AgentConnection,
     ConnectionClosed,
     serve_websockets,
@@ -313,3 +318,100 @@ async def test_a_send_writes_nothing_while_another_holds_the_socket() -> None:
             await client.send(BytesMessage(data=b"bye"))
             await client.stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+@contextmanager
+def _pair(buffer: int = 4096) -> Iterator[tuple[AgentConnection, trio.socket.SocketType]]:
+    """An agent connection on one end of a socket pair with small buffers, and its peer."""
+    ours, peer = trio.socket.socketpair()
+    with ours, peer:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+        yield AgentConnection(trio.SocketStream(ours), 1 << 20), peer
+
+
+def _read_all(peer: trio.socket.SocketType) -> tuple[bytes, bool]:
+    """What the peer can read now, and whether the other end is gone (EOF)."""
+    got = bytearray()
+    while True:
+        try:
+            chunk = os.read(peer.fileno(), 65536)
+        except BlockingIOError:
+            return bytes(got), False
+        if not chunk:
+            return bytes(got), True
+        got += chunk
+
+
+async def test_a_cancelled_send_writes_nothing_and_one_cut_off_ends_the_connection() -> None:
+    """A send cancelled before it writes leaves the socket as it was (the Close after it is
+    whole); one cancelled after part of its frame went out closes the socket, so no later
+    frame lands inside it."""
+    with _pair() as (ws, peer):
+        await _cancelled_sends(ws, peer)
+
+
+async def _cancelled_sends(ws: AgentConnection, peer: trio.socket.SocketType) -> None:
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await ws.send_message(b"x" * 1_000_000)
+    assert not ws.closed and _read_all(peer) == (b"", False)
+    await ws.send_message(b"after")
+    assert _read_all(peer) == (
+        encode_frame(
+            2,
+            b"after",
+        ),
+        False,
+    )
+
+    big = b"y" * 1_000_000  # more than the pair's buffers: part goes out, the rest waits
+    with trio.move_on_after(1):  # (the peer never reads: the rest never goes)
+        await ws.send_message(big)
+    assert ws.closed
+    with pytest.raises(ConnectionClosed):
+        await ws.send_message(b"never")
+    await ws.aclose()  # (nothing to say: it is closed)
+    got, eof = _read_all(peer)
+    frame = encode_frame(
+        2,
+        big,
+    )
+    assert eof and 0 < len(got) < len(frame) and frame.startswith(got)
+
+
+async def test_one_read_of_many_small_frames_does_not_hold_the_loop() -> None:
+    """A client's one write of a thousand tiny messages, each answered: the handler yields
+    every YIELD_EVERY messages, so the other tasks run meanwhile."""
+    with _pair(1 << 20) as (ws, peer):
+        await _many_small_frames(ws, peer)
+
+
+async def _many_small_frames(ws: AgentConnection, peer: trio.socket.SocketType) -> None:
+    frames = b"".join(encode_frame(2, b"%d" % i, os.urandom(4)) for i in range(1000))
+    await peer.send(frames)
+    handled = 0
+    seen_at: list[int] = []
+
+    async def other_task() -> None:
+        while handled < 1000:
+            await trio.lowlevel.checkpoint()
+            seen_at.append(handled)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        with trio.fail_after(10):
+            for _ in range(1000):
+                await ws.send_message(await ws.get_message())
+                handled += 1
+    # (Trio may run the two in either order after each yield: a step may span two yields)
+    steps = [b - a for a, b in zip([0, *seen_at], seen_at, strict=False)]
+    assert max(steps) <= 2 * YIELD_EVERY and len(seen_at) >= 1000 // (2 * YIELD_EVERY), steps
+    echoed, _ = _read_all(peer)
+    assert echoed == b"".join(
+        encode_frame(
+            2,
+            b"%d" % i,
+        )
+        for i in range(1000)
+    )
