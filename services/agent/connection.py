@@ -43,7 +43,7 @@ from firsthop.shared.wire.websocket_connection import (
     WebSocketConnection,
 )
 
-RECEIVE_SIZE = 65536
+RECEIVE_SIZE = 16384  # bytes a read takes: all the frames in them are parsed at once
 MAX_HANDSHAKE = 16384  # bytes of upgrade request
 HANDSHAKE_TIMEOUT = 60.0  # seconds for a client to send its upgrade request
 CLOSE_TIMEOUT = 2.0  # seconds to wait for the peer's Close after ours

@@ -69,7 +69,7 @@ class WebSocketConnection:
     ) -> None:
         self._key = mask_key if client else None
         self._reader = WebSocketReader(masked=not client, max_message=max_message)
-        self._out: list[bytes] = []
+        self._pong: bytes | None = None  # the latest Ping's payload, not yet answered
         self._close: tuple[int, str] | None = None  # a Close to answer with, not yet taken
         self.close_sent = False
         self.ended: Ended | None = None
@@ -92,7 +92,9 @@ class WebSocketConnection:
             if isinstance(event, (str, bytes)):
                 messages.append(event)
             elif isinstance(event, Ping):
-                self._out.append(self._frame(PONG, event.payload))
+                # RFC 6455 §5.5.3: only the most recent Ping not yet answered is: a peer's
+                # burst of Pings costs one Pong, not one each (and no more than it sent)
+                self._pong = event.payload
             elif isinstance(event, Close):
                 self._answer_close(event.code, "")
                 self.ended = Ended(PEER_CLOSED, event.code, event.reason)
@@ -112,13 +114,15 @@ class WebSocketConnection:
 
     def data_to_send(self) -> bytes:
         """What the frames received so far call for (Pongs, then a Close), to write now."""
-        if not self._out and self._close is None:
+        if self._pong is None and self._close is None:
             return b""  # (the common case: asked after every read, on the media path)
+        out = b""
+        if self._pong is not None:
+            out, self._pong = self._frame(PONG, self._pong), None
         if self._close is not None:
             code, reason = self._close
             self._close, self.close_sent = None, True
-            self._out.append(self._frame(CLOSE, close_payload(code, reason)))
-        out, self._out = b"".join(self._out), []
+            out += self._frame(CLOSE, close_payload(code, reason))
         return out
 
     def send(self, message: str | bytes) -> bytes:

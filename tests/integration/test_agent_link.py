@@ -12,7 +12,14 @@ import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from firsthop.services.transceiver.rtc import AgentLink, AgentLinkError
-from firsthop.shared.wire.websocket import BINARY, Close, WebSocketReader, encode_frame
+from firsthop.shared.wire.websocket import (
+    BINARY,
+    PING,
+    PONG,
+    Close,
+    WebSocketReader,
+    encode_frame,
+)
 from tests.support import eventually
 
 
@@ -195,5 +202,34 @@ def test_the_goodbye_goes_behind_what_is_still_queued() -> None:
         theirs.close()
         reader = WebSocketReader(masked=True, max_message=1 << 20)
         assert reader.feed(wire) == [b"m" * 1000, Close(1000, "")]
+
+    asyncio.run(main())
+
+
+def test_one_wake_up_reads_a_bounded_amount_of_an_agents_flood() -> None:
+    """An agent's flood of tiny frames (here 64 KiB of empty ones, and Pings) is read
+    READ_SIZE bytes a wake-up, each read's frames handled before the loop runs anything
+    else; the rest waits for the next wake-up, and a read's Pings cost one Pong."""
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        got: list[str | bytes] = []
+        link = AgentLink("ws://127.0.0.1:9/", on_message=got.append, on_closed=print)
+        link.sock, link.open = ours, True
+        flood = (encode_frame(BINARY, b"") + encode_frame(PING, b"")) * (64 * 1024 // 4)
+        theirs.sendall(flood)
+        link._readable()
+        assert len(got) == AgentLink.READ_SIZE // 4  # (a frame and a Ping: 4 bytes)
+        theirs.setblocking(False)
+        pong = theirs.recv(65536)  # one Pong (a client's: masked, 2 + 4 bytes)
+        assert len(pong) == 6 and pong[:2] == bytes((0x80 | PONG, 0x80))
+        reads = 1
+        while len(got) < len(flood) // 4:
+            link._readable()
+            reads += 1
+        assert reads == len(flood) // AgentLink.READ_SIZE
+        link.close()
+        theirs.close()
 
     asyncio.run(main())

@@ -61,6 +61,17 @@ def test_a_ping_is_answered_with_its_payload_in_order_with_the_messages() -> Non
     assert client.data_to_send() == encode_frame(PONG, b"x", KEY)  # a client's Pong is masked
 
 
+def test_a_burst_of_pings_costs_one_pong_for_the_latest() -> None:
+    """RFC 6455 §5.5.3: Pings not yet answered are answered by one Pong, the latest's: a
+    peer's flood of Pings costs one frame back per read, and less than it sent."""
+    _, server = pair()
+    burst = b"".join(from_client(PING, b"%d" % i) for i in range(1000))
+    assert server.receive_data(burst + from_client(PING, b"last")) == []
+    assert server.data_to_send() == encode_frame(PONG, b"last")
+    assert server.receive_data(from_client(PING, b"p") + from_client(CLOSE, b"\x03\xe8")) == []
+    assert server.data_to_send() == encode_frame(PONG, b"p") + encode_frame(CLOSE, b"\x03\xe8")
+
+
 def test_a_close_is_answered_once_echoing_its_code_and_ends_the_connection() -> None:
     _, server = pair()
     got = server.receive_data(
