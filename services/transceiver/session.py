@@ -433,6 +433,10 @@ class Session:
                 link.close()
                 self.fail("agent_connect", exc)
                 return
+            except BaseException:  # the call is ending, perhaps just as the link opened
+                self._link = None
+                self._hang_up(agent, link)
+                raise
             self.counters["agent_connects"] += 1
             opened = trio.current_time()
             try:
@@ -457,14 +461,19 @@ class Session:
                 log.warning("session %s: agent link lost (%s)", self.session_id, why[0])
             finally:
                 self._link = None
-                if link.open:  # the session is ending: say so, then hang up
-                    try:
-                        for message in agent.closing():
-                            link.send(message)
-                    except Exception as exc:
-                        self.fail("close", exc)
-                link.close()
+                self._hang_up(agent, link)
             delay = await self._back_off(delay)
+
+    def _hang_up(self, agent: AgentProtocol, link: AgentLink) -> None:
+        """The link is done with: if it is open, the agent is told the session is ending (in
+        its protocol's words), then the link is closed."""
+        if link.open:
+            try:
+                for message in agent.closing():
+                    link.send(message)
+            except Exception as exc:
+                self.fail("close", exc)
+        link.close()
 
     async def _back_off(self, delay: float) -> float:
         """Wait before the next attempt (`delay`, less up to half of it at random, so the

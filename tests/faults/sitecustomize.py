@@ -2,9 +2,10 @@
 
 A process started with this directory on its ``PYTHONPATH`` imports this module first (Python's
 `site` does), which wraps one function per stage of a call so that it raises for calls whose
-id starts with ``boom-<stage>`` and behaves as usual for every other call. Nothing of it is in
-the product: the product is only ever run as it ships, with these functions raising where a bug
-or an unforeseen input would.
+id starts with ``boom-<stage>`` and behaves as usual for every other call; and, for a call
+whose id starts with ``race-connect``, ends the call in the tick its agent link opens. Nothing
+of it is in the product: the product is only ever run as it ships, with these functions raising
+where a bug or an unforeseen input would.
 """
 
 from __future__ import annotations
@@ -62,6 +63,27 @@ def _install() -> None:
         await original_teardown(self)
 
     Session._teardown = teardown  # type: ignore[method-assign]
+
+    # A call named ``race-connect``: its agent link opens in the very tick the call ends, so
+    # the connect's await is cancelled although the link is open (`call_asyncio` cannot
+    # give back a result its caller was cancelled before seeing).
+    import sys
+
+    import trio
+
+    from firsthop.services.transceiver import session as session_module
+    from firsthop.services.transceiver.rtc.bridge import call_asyncio as real_call_asyncio
+
+    async def call_asyncio(coro: Any) -> Any:
+        caller = sys._getframe(1).f_locals.get("self")  # (the session awaiting this)
+        result = await real_call_asyncio(coro)
+        connect = getattr(coro, "__qualname__", "") == "AgentLink.connect"
+        if connect and isinstance(caller, Session) and caller.call_id.startswith("race-connect"):
+            caller.end("race")  # (its peer connection closes: the table says why)
+            await trio.sleep_forever()  # (the call's end cancels this at once)
+        return result
+
+    setattr(session_module, "call_asyncio", call_asyncio)  # noqa: B010 (the name session.py calls)
 
 
 try:

@@ -26,15 +26,20 @@ BYSTANDER_TONE, TONE = 440.0, 700.0
 
 
 @pytest.fixture(scope="module")
-def tx() -> Iterator[TransceiverProcess]:
-    agent = AgentProcess("echo").start()
+def agent() -> Iterator[AgentProcess]:
+    process = AgentProcess("echo").start()
+    yield process
+    process.kill()
+
+
+@pytest.fixture(scope="module")
+def tx(agent: AgentProcess) -> Iterator[TransceiverProcess]:
     process = TransceiverProcess("--accept-direct", agent_url=agent.url)
     path = os.pathsep.join(p for p in (str(FAULTS), os.environ.get("PYTHONPATH")) if p)
     process.spec.env["PYTHONPATH"] = path
     process.start()
     yield process
     process.kill()
-    agent.kill()
 
 
 def direct(tx: TransceiverProcess) -> list[str]:
@@ -64,6 +69,35 @@ async def call(
 
 def alive(tx: TransceiverProcess) -> bool:
     return tx.proc is not None and tx.proc.poll() is None
+
+
+def links_to(port: int) -> int:
+    """TCP connections established to `port` on loopback (the transceiver's agent links)."""
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return sum(1 for row in rows if row[3] == "01" and int(row[2].split(":")[1], 16) == port)
+
+
+@pytest.mark.timeout(60)
+def test_a_link_that_opens_as_its_call_ends_is_closed(
+    tx: TransceiverProcess, agent: AgentProcess
+) -> None:
+    """The agent link's connect finishes in the tick the call ends: the session is cancelled
+    while it waits for the answer, although the link is open. It is told goodbye and closed,
+    not left open to an agent that goes on talking to a call that is over. (First in this
+    module: no other call's link may come and go while it counts.)"""
+    port = agent.port
+    wait_until(lambda: links_to(port) == 0)
+
+    async def main() -> dict[str, str]:
+        caller, session_id = await call(tx, "race-connect-1", connect=False)
+        reason: dict[str, str] = await asyncio.to_thread(tx.end_reason, session_id, 15)
+        await caller.close()
+        return reason
+
+    assert asyncio.run(main())["reason"] == "connection_closed"  # (the hook ends the session)
+    wait_until(lambda: links_to(port) == 0, 10)
+    assert alive(tx)
 
 
 @pytest.mark.timeout(180)
