@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -231,5 +232,31 @@ def test_one_wake_up_reads_a_bounded_amount_of_an_agents_flood() -> None:
         assert reads == len(flood) // AgentLink.READ_SIZE
         link.close()
         theirs.close()
+
+    asyncio.run(main())
+
+
+def test_our_goodbye_is_a_close_and_a_fin_not_a_reset_with_the_agents_data_unread() -> None:
+    """The agent sent something we did not read yet when the call ends: the link reads it
+    away before closing, so the agent gets our Close and an orderly end of stream, not a
+    TCP reset (which a socket closed with unread data sends)."""
+
+    async def main() -> None:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            theirs = socket.create_connection(listener.getsockname())
+            ours, _ = listener.accept()
+        ours.setblocking(False)
+        link = AgentLink("ws://127.0.0.1:9/", on_message=print, on_closed=print)
+        link.sock, link.open = ours, True
+        theirs.sendall(encode_frame(BINARY, b"unread" * 1000))
+        assert select.select([ours], [], [], 5)[0]  # it is in our socket's buffer, unread
+        link.close()
+        theirs.settimeout(5)
+        wire = b""
+        while chunk := theirs.recv(65536):  # ConnectionResetError here, before the fix
+            wire += chunk
+        theirs.close()
+        reader = WebSocketReader(masked=True, max_message=1 << 20)
+        assert reader.feed(wire) == [Close(1000, "")]
 
     asyncio.run(main())

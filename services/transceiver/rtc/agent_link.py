@@ -47,6 +47,7 @@ class AgentLink:
     # else (a 20 ms frame of audio is 2-4 KB). 16 KiB bounds what an agent's flood of tiny
     # frames holds every call on this loop up for: about a quarter of what 64 KiB did.
     READ_SIZE = 16384
+    CLOSE_DRAIN_READS = 8  # READ_SIZE reads of unread data dropped before a close
 
     def __init__(
         self,
@@ -302,4 +303,14 @@ class AgentLink:
                 self.sock.send(bytes(self._out) + close)
             except (OSError, ssl.SSLError):
                 pass
+        if self.sock is not None:
+            # What the agent sent that we did not read yet is read and dropped first: a
+            # socket closed with unread data sends a reset, not a FIN, and the agent could
+            # lose our last messages and Close behind it (a few reads at most: no waiting).
+            for _ in range(self.CLOSE_DRAIN_READS):
+                try:
+                    if not self.sock.recv(self.READ_SIZE):
+                        break
+                except OSError:  # (nothing more to read now, or the socket is gone)
+                    break
         self._teardown()
