@@ -80,7 +80,7 @@ class AgentConnection:
                     self._unyielded = 0
                     await trio.lowlevel.checkpoint()
                 return self._messages.popleft()
-            answers = ws.data_to_send()  # Pongs, the answer to a Close or to a bad frame
+            answers = ws.data_to_send()  # a Pong, the answer to a Close or to a bad frame
             if answers:
                 await self._send(answers)
             if ws.ended is not None:

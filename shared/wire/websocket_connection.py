@@ -5,12 +5,13 @@ both do.
 
     conn = WebSocketConnection(client=True, max_message=1 << 20)
     messages = conn.receive_data(data)   # whole messages, in order
-    out = conn.data_to_send()            # Pongs and the Close answer these frames called for
+    out = conn.data_to_send()            # the Pong and the Close these frames called for
     frame = conn.send(message)           # one frame to write (ConnectionEnded once closing)
     frame = conn.close(1000)             # our Close (b"": one was sent already)
     conn.ended                           # None while open; then why it is over
 
-The rules: a Ping is answered with a Pong carrying its payload; a Close is answered once,
+The rules: Pings are answered with one Pong carrying the payload of the latest not yet
+answered (§5.5.3: a burst of them costs one frame back); a Close is answered once,
 echoing its code (§5.5.1), and ends the connection: nothing after it is read; a frame that
 breaks the protocol, or a message over `max_message`, ends it too, after the messages that
 came before it, and is answered with a Close carrying the violation's code (§7.1.7, §7.4.1);
@@ -113,7 +114,7 @@ class WebSocketConnection:
             self._close = (code, reason)
 
     def data_to_send(self) -> bytes:
-        """What the frames received so far call for (Pongs, then a Close), to write now."""
+        """What the frames received so far call for (a Pong, then a Close), to write now."""
         if self._pong is None and self._close is None:
             return b""  # (the common case: asked after every read, on the media path)
         out = b""

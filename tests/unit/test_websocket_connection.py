@@ -68,6 +68,9 @@ def test_a_burst_of_pings_costs_one_pong_for_the_latest() -> None:
     burst = b"".join(from_client(PING, b"%d" % i) for i in range(1000))
     assert server.receive_data(burst + from_client(PING, b"last")) == []
     assert server.data_to_send() == encode_frame(PONG, b"last")
+    server.receive_data(from_client(PING, b"one read"))  # (answered later: the latest wins)
+    server.receive_data(from_client(PING, b"the next"))
+    assert server.data_to_send() == encode_frame(PONG, b"the next")
     assert server.receive_data(from_client(PING, b"p") + from_client(CLOSE, b"\x03\xe8")) == []
     assert server.data_to_send() == encode_frame(PONG, b"p") + encode_frame(CLOSE, b"\x03\xe8")
 

@@ -266,7 +266,7 @@ class AgentLink:
             if self.sock is None:
                 return  # a message before this one ended the link
             self.on_message(message)
-        answers = conn.data_to_send()  # Pongs, the answer to a Close or to a bad frame
+        answers = conn.data_to_send()  # a Pong, the answer to a Close or to a bad frame
         if answers and self.sock is not None:
             self._send(answers)
         ended = conn.ended
