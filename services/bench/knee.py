@@ -53,6 +53,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -68,6 +69,7 @@ from firsthop.services.bench.knee_caller import (
     PERIOD_FRAMES,
     BurstTrack,
     TapCaller,
+    burst_frames,
     encoded_cycle,
     judge,
 )
@@ -87,7 +89,13 @@ from firsthop.services.bench.measure import (
     settings,
 )
 from firsthop.services.bench.procs import Stack
-from firsthop.services.bench.sessions import connect_all, emit, frequencies, worker_main
+from firsthop.services.bench.sessions import (
+    codec_floor,
+    connect_all,
+    emit,
+    frequencies,
+    worker_main,
+)
 
 SATURATED_PCT = 90.0  # a core this busy over the window is the limit
 CONTENDED = 0.10  # share of the window other processes took on the measured core
@@ -262,6 +270,18 @@ class Bench:
         self._wait_idle()
         time.sleep(1.0)
         self.idle_rss_kib, self.idle_threads = rss_kib(self.server_pid)
+
+    def codec_floor(self) -> float:
+        """The codec floor (`sessions.codec_floor`) on the measured core, of the callers'
+        own frames: a cycle of tone bursts and silence, decoded, and the decodes encoded."""
+        os.sched_setaffinity(
+            0, {self.tx_cpu} if self.tx_cpu is not None else os.sched_getaffinity(0)
+        )
+        try:
+            return codec_floor(frames=burst_frames(frequencies(1)[0]))
+        finally:
+            if self.bench_cpu is not None:
+                os.sched_setaffinity(0, {self.bench_cpu})
 
     def measured_pids(self) -> dict[str, int]:
         """The processes on the measured core, by name."""
@@ -507,8 +527,10 @@ def run(
         _unwind_on_sigterm(exits)
         bench = Bench(exits, seconds=seconds, warmup=warmup, workers=workers, pinned=pinned)
         try:
+            floors = [bench.codec_floor()]  # before and after the sweep, as `bench sessions`
             check = bench.step(min(start, 4), stall=STALL_S)
             rows = sweep(bench, start, max_calls, resolution)
+            floors.append(bench.codec_floor())
         except BenchError as exc:
             raise _with_log(bench, exc) from exc
         config = {
@@ -538,7 +560,7 @@ def run(
         # the stall may fall partly into a burst's silence: at least 30 % of it is tone
         "detected": all(c["lost"] >= stall_frames * 0.3 for c in check["per_call"]),
     }
-    summary = summarize(rows)
+    summary = summarize(rows, statistics.median(floors))
     result: dict[str, Any] = {"config": config, "loss_check": loss_check, "rows": rows}
     result["summary"] = summary
     if reference:

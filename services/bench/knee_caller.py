@@ -84,6 +84,14 @@ def encoded_cycle(
     return payloads[-period:]
 
 
+def burst_frames(freq: float) -> tuple[list[bytes], list[bytes]]:
+    """The codec work of one caller's second (`sessions.codec_floor`'s frames): its cycle's
+    packets, and their decodes, which the echo hands back to be encoded."""
+    payloads = encoded_cycle(freq)
+    decoder = OpusDecoder()
+    return payloads, [decoder.decode(payload) for payload in payloads]
+
+
 class BurstTrack(MediaStreamTrack):
     """Paced at real time, the pre-encoded cycle over and over; `onsets` are when each
     burst's first frame left (monotonic), from `arm()` on.

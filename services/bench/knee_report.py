@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from firsthop.services.bench.sessions import FLOOR_TARGET
+
 MAX_LOSS_PCT = 0.5
 MAX_RESIDENCE_P99_MS = 40.0
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], floor: float | None = None) -> dict[str, Any]:
+    """The sweep's knee; with `floor` (the codec floor, % of a core per call, measured on
+    the same core in the same run), the transceiver's CPU per call at the knee over it."""
     passed = [r for r in rows if r["passed"]]
     best = max(passed, key=lambda r: r["calls"]) if passed else None
     failed = [r for r in rows if not r["passed"] and (best is None or r["calls"] > best["calls"])]
@@ -37,6 +41,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         # earlier ones left behind in the heap)
         "rss_kib_per_session_first_step": rows[0]["rss_kib_per_session"] if rows else None,
         "first_step_calls": rows[0]["calls"] if rows else None,
+        "codec_floor_pct_per_call": round(floor, 3) if floor else None,
+        "transceiver_over_floor_at_knee": (
+            round(best["transceiver_cpu_pct_per_call"] / floor, 2)
+            if floor and best and best.get("transceiver_cpu_pct_per_call")
+            else None
+        ),
     }
 
 
@@ -114,6 +124,14 @@ def render(result: dict[str, Any]) -> str:
         f"projected, not measured: {_fmt(s['calls_at_full_core_projected'], '.0f')} calls at "
         f"100 % of the core, at the knee's CPU per call",
     ]
+    over = s.get("transceiver_over_floor_at_knee")
+    if over is not None:
+        lines.append(
+            f"codec floor (the callers' frames decoded and their decodes encoded in a tight "
+            f"loop, same core): {s['codec_floor_pct_per_call']:.2f} % of a core per call; the "
+            f"transceiver at the knee is {over:.2f}x it (target <= {FLOOR_TARGET}x: "
+            f"{'met' if over <= FLOOR_TARGET else 'MISSED'})"
+        )
     ref = result.get("reference")
     if ref is not None:
         rs = ref["summary"]

@@ -390,24 +390,41 @@ def run(
     }
 
 
-def codec_floor(seconds: float = FLOOR_SECONDS) -> float:
+def codec_floor(
+    seconds: float = FLOOR_SECONDS, frames: tuple[list[bytes], list[bytes]] | None = None
+) -> float:
     """What transcoding alone costs, % of one core per call: a call's 50 frames a second of
-    a caller's Opus decoded (aiortc's own encoder made them, as the callers' are: stereo,
-    96 kb/s, VoIP mode) and 50 of the answer encoded (the transceiver's encoder), in a tight
-    loop on this thread's core."""
+    a caller's Opus decoded and 50 of the answer encoded (the transceiver's decoder and
+    encoder), in a tight loop on this thread's core. `frames`: the caller's packets and the
+    answer's PCM, one each per 20 ms (`tone_frames()` unless given)."""
+    from firsthop.services.transceiver.media.codecs import OPUS_BITRATE
+    from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder
+
+    packets, pcm = frames if frames is not None else tone_frames()
+    decoder, encoder = OpusDecoder(), OpusEncoder(OPUS_BITRATE)
+    count, start = 0, time.thread_time()
+    while (spent := time.thread_time() - start) < seconds:
+        for packet, chunk in zip(packets, pcm, strict=True):
+            decoder.decode(packet)
+            encoder.encode(chunk)
+        count += len(packets)
+    return 100 * spent / (count * FRAME_S)  # % of a core for 1 s of one call
+
+
+def tone_frames() -> tuple[list[bytes], list[bytes]]:
+    """One second of a 440 Hz tone as `bench sessions`' aiortc callers send it (aiortc's own
+    encoder: stereo, 96 kb/s, VoIP mode), and the tone itself as the answer to encode."""
     import fractions
 
     import numpy as np
     from aiortc.codecs.opus import OpusEncoder as AiortcOpusEncoder
     from av import AudioFrame
 
-    from firsthop.services.transceiver.media.codecs import OPUS_BITRATE
     from firsthop.services.transceiver.media.frames import FRAME_SAMPLES
-    from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder
 
     t = np.arange(50 * FRAME_SAMPLES) / 48000
     tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
-    caller = AiortcOpusEncoder()  # what the bench's aiortc callers send: stereo, 96 kb/s
+    caller = AiortcOpusEncoder()
     packets: list[bytes] = []
     pcm = [tone[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES].tobytes() for i in range(50)]
     for i, chunk in enumerate(pcm):
@@ -416,14 +433,7 @@ def codec_floor(seconds: float = FLOOR_SECONDS) -> float:
         frame.pts, frame.sample_rate = i * FRAME_SAMPLES, 48000
         frame.time_base = fractions.Fraction(1, 48000)
         packets += caller.encode(frame)[0]
-    decoder, encoder = OpusDecoder(), OpusEncoder(OPUS_BITRATE)
-    frames, start = 0, time.thread_time()
-    while (spent := time.thread_time() - start) < seconds:
-        for packet, chunk in zip(packets, pcm, strict=False):
-            decoder.decode(packet)
-            encoder.encode(chunk)
-        frames += len(packets)
-    return 100 * spent / (frames * FRAME_S)  # % of a core for 1 s of one call
+    return packets, pcm[: len(packets)]
 
 
 def summarize(

@@ -89,6 +89,10 @@ def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> 
             assert row["residence_ms"]["n"] > 0 and row["residence_ms"]["p50"] > 0, row
     summary = result["summary"]
     assert summary["knee_calls"] in {0, 2, 3, 4}
+    # the codec floor of the callers' own frames, on the measured core, in the same run
+    assert 0 < summary["codec_floor_pct_per_call"] < 5
+    if summary["knee_calls"]:  # the transceiver does more than transcode
+        assert summary["transceiver_over_floor_at_knee"] > 1
     assert summary["bound_by"]
     # --whole-path: the transceiver, the echo agent and the relay (supervisor and worker) are
     # what is measured, together on the one core

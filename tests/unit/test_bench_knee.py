@@ -182,6 +182,7 @@ def _row(calls: int, passed: bool, cpu: float, measured: list[str]) -> dict[str,
         "measured_cpu_pct_per_call": cpu / calls,
         "measured_runqueue_wait_ms": 0.0,
         "transceiver_cpu_pct": cpu if measured == ["transceiver"] else None,
+        "transceiver_cpu_pct_per_call": cpu / calls if measured == ["transceiver"] else None,
         "core_busy_pct": {0: cpu, 1: 50.0},
         "callers_cpu_pct": 10.0,
         "rss_kib": 100_000,
@@ -228,3 +229,22 @@ def test_the_knee_report_sets_firsthop_against_stock_on_the_same_core() -> None:
     # no knee for stock (its first step failed): no ratio, not a division by zero
     result["reference"]["summary"] = summarize([_row(1, False, 99.0, ["stock"])])
     assert "knee over stock's: -" in render(result)
+    assert "codec floor" not in text  # none measured: none reported
+    result["summary"] = summarize(rows, 0.75)
+    assert "the transceiver at the knee is 2.00x it (target <= 2.5x: met)" in render(result)
+    result["summary"] = summarize(rows, 0.5)
+    assert "the transceiver at the knee is 3.00x it (target <= 2.5x: MISSED)" in render(result)
+
+
+def test_the_knee_report_sets_the_transceiver_at_its_knee_against_the_codec_floor() -> None:
+    tx = ["transceiver"]
+    rows = [_row(40, True, 60.0, tx), _row(80, False, 99.0, tx)]  # the knee: 1.5 % a call
+    assert summarize(rows, 0.5)["transceiver_over_floor_at_knee"] == 3.0
+    summary = summarize(rows, 0.75)
+    assert summary["codec_floor_pct_per_call"] == 0.75
+    assert summary["transceiver_over_floor_at_knee"] == 2.0
+    # the whole path: the transceiver's own share, not the measured core's
+    path = ["transceiver", "agent", "relay"]
+    whole = [_row(40, True, 60.0, path) | {"transceiver_cpu_pct_per_call": 0.9}]
+    assert summarize(whole, 0.3)["transceiver_over_floor_at_knee"] == 3.0
+    assert summarize([_row(4, False, 99.0, tx)], 0.5)["transceiver_over_floor_at_knee"] is None
