@@ -22,7 +22,8 @@ datagrams or more, or any one while the worker carries `BUSY_RATE` a second) tha
 its sockets sleeps before the next epoll wait: as long as `GATHER_BATCH` datagrams take to
 come at the last window's rate, 0.2-0.7 ms. The next batch gathers meanwhile, and no
 datagram waits longer than that for it (socket buffers are 4 MiB: at 150,000/s 0.7 ms is
-105 datagrams). An idle relay, or one at a few calls' rates, never sleeps this way.
+105 datagrams). An idle relay, or one at a few calls' rates, never sleeps this way (the
+rule: `shared/gather.py`, which the transceiver's loop follows too).
 
 The common cases of `_drain_public`, `_drain_upstream` and `_drain_peer` run in C when built
 (`_fastpath.c`, `--datapath`): one call receives a batch, one forwards it up to the first
@@ -64,6 +65,7 @@ from firsthop.services.relay.flows import (
 )
 from firsthop.services.relay.tcp_ingress import Connection, TcpIngress
 from firsthop.shared.address import ip_family
+from firsthop.shared.gather import Gather
 from firsthop.shared.mmsg import Receiver, Sender
 from firsthop.shared.wire.demux import STUN_LAST
 from firsthop.shared.wire.proxy_v2 import FAMILY_INET6_STREAM, V4_HEADER, V6_HEADER
@@ -242,6 +244,9 @@ class DataPlane:
         self._queued: dict[socket.socket, Sender] = {}  # upstream socket -> its batch
         self._handled = 0  # datagrams received in this wake-up
         self._more = False
+        self.gather = Gather(
+            GATHER, GATHER_FLOOR, GATHER_BATCH, BUSY_RATE, GATHER_MIN, window=RATE_WINDOW
+        )
         self.snapshot: dict[str, Any] = self._make_snapshot()
 
     # -- control (any thread) ---------------------------------------------------------------
@@ -280,8 +285,7 @@ class DataPlane:
         view = memoryview(buf)
         next_tick = 0.0
         upstream_by_fd = self._upstream_by_fd
-        window, window_at, busy = 0, time.time(), False  # datagrams per RATE_WINDOW
-        gather = GATHER
+        gather = self.gather
         try:
             while not self._stopping:
                 now = time.time()
@@ -314,17 +318,9 @@ class DataPlane:
                 # Wake-ups, not syscalls, are what a batch has to amortise: when this one
                 # carried traffic and emptied its sockets, let the next batch gather for
                 # GATHER before asking again (a datagram waits at most that much longer).
-                handled = self._handled
-                if handled:
-                    window += handled
-                    if now - window_at >= RATE_WINDOW:
-                        rate = window / (now - window_at)
-                        # long enough for GATHER_BATCH datagrams to come, within bounds
-                        gather = min(GATHER, max(GATHER_FLOOR, GATHER_BATCH / max(rate, 1.0)))
-                        busy = rate >= BUSY_RATE
-                        window, window_at = 0, now
-                    if (busy or handled >= GATHER_MIN) and not self._more:
-                        time.sleep(gather)
+                wait = gather.after(now, self._handled, self._more)
+                if wait:
+                    time.sleep(wait)
         finally:
             if tcp is not None:
                 tcp.close_all()

@@ -103,6 +103,7 @@ class TransceiverConfig:
     record_dir: str | None = None  # call recordings (off without it: `recordings.py`)
     record_keep: float = 24 * 3600.0  # seconds a finished recording is kept
     record_max_bytes: int = 10 << 30  # all recordings together; the oldest go first
+    gather: float = 0.002  # seconds a busy loop lets its next batch gather (`rtc/bridge.py`)
 
     @property
     def advertised(self) -> Address:

@@ -1,0 +1,113 @@
+"""A busy loop's gather: the rule (`shared/gather.py`), the transceiver's selector that follows
+it (`rtc/bridge.py`), and its flag."""
+
+from __future__ import annotations
+
+import argparse
+import selectors
+import socket
+
+import pytest
+
+from firsthop.services.transceiver.main import config_from_args, register
+from firsthop.services.transceiver.rtc.bridge import GATHER_BATCH, GatheringSelector
+from firsthop.shared.gather import Gather
+
+
+def relay_rule() -> Gather:  # the relay's figures (`services/relay/dataplane.py`)
+    return Gather(most=0.0007, floor=0.0002, batch=32, busy_rate=5000.0, min_batch=4)
+
+
+def test_a_quiet_loop_never_gathers() -> None:
+    g = relay_rule()
+    now = 0.0
+    for _ in range(200):  # a datagram every 10 ms: a call's rate
+        now += 0.01
+        assert g.after(now, 1) == 0.0
+    assert g.after(now, 0) == 0.0  # a wake-up that carried nothing
+    assert g.rate == pytest.approx(100, rel=0.1) and g.gathers == 0
+
+
+def test_a_full_wake_up_gathers_at_once_and_a_busy_loop_after_every_wake_up() -> None:
+    g = relay_rule()
+    assert g.after(0.0, 4) == 0.0007  # min_batch in one wake-up: no rate known yet, the most
+    assert g.after(0.0001, 1) == 0.0  # one, the rate not yet known: not busy
+    g = relay_rule()
+    now = 0.0
+    for _ in range(2000):  # 40,000/s, two a wake-up (0.1 s): the most
+        now += 0.00005
+        wait = g.after(now, 2)
+    assert g.rate == pytest.approx(40_000, rel=0.05) and wait == 0.0007
+    for _ in range(4000):  # 80,000/s
+        now += 0.000025
+        wait = g.after(now, 2)
+    assert wait == pytest.approx(32 / g.rate) and wait < 0.0007  # as long as `batch` take
+    for _ in range(10_000):  # 400,000/s: the floor
+        now += 0.00001
+        wait = g.after(now, 4)
+    assert wait == 0.0002
+    assert g.after(now, 5, more=True) == 0.0  # a read left work behind: no waiting
+
+
+def test_the_rate_is_measured_over_whole_windows() -> None:
+    g = relay_rule()
+    g.after(0.0, 0)
+    g.after(0.049, 100)
+    assert g.rate == 0.0  # the window is not over
+    g.after(0.05, 150)
+    assert g.rate == pytest.approx(250 / 0.05)
+
+
+class Sleeps(list[float]):
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def test_the_selector_gathers_after_a_busy_wake_up_and_never_past_the_timeout() -> None:
+    pairs = [socket.socketpair() for _ in range(4)]
+    sleeps = Sleeps()
+    selector = GatheringSelector(0.002, sleep=sleeps)
+    selector.gather.window = 1e9  # the rate is what the test sets, however slow the machine
+    try:
+        a, b = pairs[0]
+        selector.register(b, selectors.EVENT_READ)
+        a.send(b"x")  # readable until read: every select returns it at once
+        selector.gather.rate = 1e6  # as busy as can be: a wake-up with an event gathers
+        assert len(selector.select(1.0)) == 1 and sleeps == []  # no busy wake-up before it
+        # that one was busy: the next wait first lets a batch gather (the floor at this rate)
+        assert len(selector.select(1.0)) == 1 and sleeps == [0.0002]
+        selector.select(0.0001)  # the loop's next timer is sooner: the gather ends by it
+        assert sleeps == [0.0002, 0.0001]
+        selector.select(0)  # the loop has callbacks ready: no sleep at all
+        assert sleeps == [0.0002, 0.0001]
+        selector.gather.rate = 10.0  # quiet: one event a wake-up does not gather
+        selector.select(1.0)  # (the gather the last busy wake-up asked for)
+        selector.select(1.0)
+        assert sleeps == [0.0002, 0.0001, 0.0002]
+        for a, b in pairs[1:]:  # four events in one wake-up gather whatever the rate
+            selector.register(b, selectors.EVENT_READ)
+            a.send(b"x")
+        assert len(selector.select(1.0)) == 4
+        selector.select(1.0)
+        assert sleeps[-1] == min(0.002, GATHER_BATCH / 10.0)  # the most
+    finally:
+        selector.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(), "transceiver")
+    keys = ("--route-keys", "1=" + "A" * 43 + "=", "--internal-token", "t")
+    return parser.parse_args(["transceiver", *keys, "--media", "127.0.0.1:0", *argv])
+
+
+def test_the_gather_flag_defaults_to_2_ms_and_is_bounded_by_a_frame() -> None:
+    assert config_from_args(args()).gather == 0.002
+    assert config_from_args(args("--gather-ms", "0")).gather == 0.0
+    assert config_from_args(args("--gather-ms", "20")).gather == 0.02
+    for bad in ("-1", "21", "nan"):
+        with pytest.raises(SystemExit, match="--gather-ms must be 0-20"):
+            config_from_args(args("--gather-ms", bad))
