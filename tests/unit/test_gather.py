@@ -64,7 +64,7 @@ class Sleeps(list[float]):
 
 
 def test_the_selector_gathers_after_a_busy_wake_up_and_never_past_the_timeout() -> None:
-    pairs = [socket.socketpair() for _ in range(4)]
+    pairs = [socket.socketpair() for _ in range(GATHER_BATCH)]
     sleeps = Sleeps()
     selector = GatheringSelector(0.002, sleep=sleeps)
     selector.gather.window = 1e9  # the rate is what the test sets, however slow the machine
@@ -84,12 +84,19 @@ def test_the_selector_gathers_after_a_busy_wake_up_and_never_past_the_timeout() 
         selector.select(1.0)  # (the gather the last busy wake-up asked for)
         selector.select(1.0)
         assert sleeps == [0.0002, 0.0001, 0.0002]
-        for a, b in pairs[1:]:  # four events in one wake-up gather whatever the rate
+        for a, b in pairs[1:4]:  # four events in one wake-up gather whatever the rate
             selector.register(b, selectors.EVENT_READ)
             a.send(b"x")
         assert len(selector.select(1.0)) == 4
         selector.select(1.0)
-        assert sleeps[-1] == min(0.002, GATHER_BATCH / 10.0)  # the most
+        assert sleeps[-1] == min(0.002, GATHER_BATCH / 10.0) and len(sleeps) == 4  # the most
+        for a, b in pairs[4:]:  # a batch's worth in one wake-up: batching already, no gather
+            selector.register(b, selectors.EVENT_READ)
+            a.send(b"x")
+        selector.gather.rate = 1e6  # however busy
+        assert len(selector.select(1.0)) == GATHER_BATCH and len(sleeps) == 5  # (the last's)
+        selector.select(1.0)
+        assert len(sleeps) == 5
     finally:
         selector.close()
         for a, b in pairs:

@@ -9,8 +9,8 @@ asyncio callbacks reach Trio through its token.
 The host loop's selector lets a busy loop's next batch gather (`GatheringSelector`, the rule
 in `shared/gather.py`): with many calls the media socket, the agent links and the media clock
 each wake the loop for one or two events at a time, and those wake-ups cost more than the
-events (measured at 24 echo calls: the transceiver's CPU 24.5-25.2 % of a core without, 21.3-
-22.5 % gathering up to 2 ms). A gather never delays a timer: it ends by the loop's next one.
+events (measured at 24 echo calls: the transceiver's CPU 24.8-26.1 % of a core without,
+22.1-23.8 % with). A gather never delays a timer: it ends by the loop's next one.
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ T = TypeVar("T")
 # The transceiver loop's gather (`shared/gather.py`): events are ready file descriptors (the
 # media socket, one per batch of datagrams; an agent link; Trio's and asyncio's wake-ups).
 # Below ~1,000 a second (some 10 calls) a gather only adds a sleep (measured at 4 and 8
-# calls: no gain); at 24 calls 1 ms saved 3 % of the transceiver's CPU, 2 ms 11-13 %, 4 ms
-# 17 %, for that much more latency at most on a datagram or an agent frame.
+# calls: no gain); at 24 calls, gathering after every wake-up that carried any, 1 ms saved
+# 3 % of the transceiver's CPU, 2 ms 11-13 %, 4 ms 17 %, for that much more latency at
+# most on a datagram or an agent frame. Near saturation that latency, added at every hop
+# of the whole path on one core, cost its knee 10 calls: hence no gather after a wake-up
+# that found GATHER_BATCH ready.
 GATHER_BATCH = 8
 GATHER_FLOOR = 0.0002
 GATHER_BUSY_RATE = 1000.0
@@ -103,7 +106,10 @@ class GatheringSelector(selectors.EpollSelector):
                 timeout -= wait
             self._sleep(wait)
         ready = super().select(timeout)
-        self._wait = self.gather.after(time.monotonic(), len(ready))
+        # A wake-up that found a batch's worth ready is batching already: no gather after it
+        # (near saturation a sleep there only adds its latency to every hop of a call).
+        handled = len(ready)
+        self._wait = self.gather.after(time.monotonic(), handled, handled >= GATHER_BATCH)
         return ready
 
 
