@@ -37,7 +37,9 @@ from firsthop.services.transceiver.rtc import (
     PlainRtpSession,
     around_ticks,
     call_asyncio,
+    gather_counts,
     watch_readable,
+    work_left,
 )
 from firsthop.services.transceiver.session import Session
 from firsthop.services.transceiver.table import (
@@ -177,6 +179,7 @@ class Transceiver:
         counts = Counter(self.counters)
         for entry in self.table.entries.values():
             counts.update(entry.handle.rtc.live_stats())
+        counts.update(gather_counts())  # (the loop's: `rtc/bridge.py`)
         return counts
 
     @property
@@ -258,6 +261,8 @@ class Transceiver:
 
         def drain() -> None:
             got = batch.receive(fd)
+            if got == DRAIN_BATCH:  # more is waiting: the loop must come back at once
+                work_left()
             if batch.errors:
                 self.counters["recv_error"] += batch.errors
                 batch.errors = 0

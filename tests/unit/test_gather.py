@@ -4,13 +4,21 @@ it (`rtc/bridge.py`), and its flag."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import selectors
 import socket
+from functools import partial
 
 import pytest
 
 from firsthop.services.transceiver.main import config_from_args, register
-from firsthop.services.transceiver.rtc.bridge import GATHER_BATCH, GatheringSelector
+from firsthop.services.transceiver.rtc.bridge import (
+    GATHER_BATCH,
+    GatheringSelector,
+    _gathering,
+    run_trio_guest,
+    work_left,
+)
 from firsthop.shared.gather import Gather
 
 
@@ -80,28 +88,52 @@ def test_the_selector_gathers_after_a_busy_wake_up_and_never_past_the_timeout() 
         assert sleeps == [0.0002, 0.0001]
         selector.select(0)  # the loop has callbacks ready: no sleep at all
         assert sleeps == [0.0002, 0.0001]
-        selector.gather.rate = 10.0  # quiet: one event a wake-up does not gather
-        selector.select(1.0)  # (the gather the last busy wake-up asked for)
+        # Each wait asks about the wake-up before it (its readers have run since): at this
+        # rate, one event a wake-up is quiet and does not gather
+        selector.gather.rate = 10.0
         selector.select(1.0)
-        assert sleeps == [0.0002, 0.0001, 0.0002]
+        selector.select(1.0)
+        assert sleeps == [0.0002, 0.0001]
         for a, b in pairs[1:4]:  # four events in one wake-up gather whatever the rate
             selector.register(b, selectors.EVENT_READ)
             a.send(b"x")
         assert len(selector.select(1.0)) == 4
         selector.select(1.0)
-        assert sleeps[-1] == min(0.002, GATHER_BATCH / 10.0) and len(sleeps) == 4  # the most
+        assert sleeps == [0.0002, 0.0001, min(0.002, GATHER_BATCH / 10.0)]  # the most
         for a, b in pairs[4:]:  # a batch's worth in one wake-up: batching already, no gather
             selector.register(b, selectors.EVENT_READ)
             a.send(b"x")
         selector.gather.rate = 1e6  # however busy
-        assert len(selector.select(1.0)) == GATHER_BATCH and len(sleeps) == 5  # (the last's)
+        assert len(selector.select(1.0)) == GATHER_BATCH and len(sleeps) == 4  # (the four's)
+        selector.select(1.0)
+        assert len(sleeps) == 4
+        for _, b in pairs[1:]:  # one ready again, the loop busy: it gathers...
+            selector.unregister(b)
+        selector.select(1.0)
         selector.select(1.0)
         assert len(sleeps) == 5
+        selector.more = True  # ... unless a reader left work behind (`work_left`)
+        selector.select(1.0)
+        assert len(sleeps) == 5 and not selector.more  # (for that wake-up only)
+        selector.select(1.0)
+        assert len(sleeps) == 6
     finally:
         selector.close()
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_a_reader_that_left_work_behind_stops_the_gathering_loops_next_gather() -> None:
+    async def main(gathering: bool) -> bool:
+        loop = asyncio.get_running_loop()
+        assert (loop in _gathering) is gathering
+        work_left()  # (on a loop that does not gather: nothing to do)
+        return gathering and _gathering[loop].more
+
+    assert run_trio_guest(partial(main, True), gather=0.002)
+    assert not run_trio_guest(partial(main, False), gather=0.0)
+    assert not _gathering  # the loop is forgotten with its run
 
 
 def args(*argv: str) -> argparse.Namespace:

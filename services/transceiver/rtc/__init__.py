@@ -18,8 +18,10 @@
 from firsthop.services.transceiver.rtc.agent_link import AgentLink, AgentLinkError
 from firsthop.services.transceiver.rtc.bridge import (
     call_asyncio,
+    gather_counts,
     run_trio_guest,
     watch_readable,
+    work_left,
 )
 from firsthop.services.transceiver.rtc.hooks import check_pinned_versions, hook_points
 from firsthop.services.transceiver.rtc.media_clock import around_ticks
@@ -37,7 +39,9 @@ __all__ = [
     "around_ticks",
     "call_asyncio",
     "check_pinned_versions",
+    "gather_counts",
     "hook_points",
     "run_trio_guest",
     "watch_readable",
+    "work_left",
 ]

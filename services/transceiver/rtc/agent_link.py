@@ -18,6 +18,7 @@ from collections.abc import Callable
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, RejectConnection, Request
 
+from firsthop.services.transceiver.rtc.bridge import work_left
 from firsthop.shared.wire.websocket import split_handshake
 from firsthop.shared.wire.websocket_connection import (
     PEER_CLOSED,
@@ -250,6 +251,8 @@ class AgentLink:
             self.hung_up = True
             self._fail("agent closed the connection")
             return
+        if len(data) == self.READ_SIZE:  # more may be waiting: the loop comes back at once
+            work_left()
         try:
             plain = self._unwrap(data)
             if self._tls is not None and self._tls_out.pending:  # TLS wants to answer

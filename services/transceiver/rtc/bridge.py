@@ -40,6 +40,7 @@ GATHER_BATCH = 8
 GATHER_FLOOR = 0.0002
 GATHER_BUSY_RATE = 1000.0
 GATHER_MIN = 4
+_gathering: dict[asyncio.AbstractEventLoop, GatheringSelector] = {}  # loops that gather
 
 
 async def call_asyncio(coro: Coroutine[Any, Any, T]) -> T:
@@ -81,10 +82,36 @@ def run_trio_guest(trio_main: Callable[[], Awaitable[Any]], gather: float = 0.0)
         return asyncio.run(host())
 
     def gathering_loop() -> asyncio.AbstractEventLoop:
-        return asyncio.SelectorEventLoop(GatheringSelector(gather))
+        selector = GatheringSelector(gather)
+        loop = asyncio.SelectorEventLoop(selector)
+        _gathering[loop] = selector
+        return loop
 
     with asyncio.Runner(loop_factory=gathering_loop) as runner:
-        return runner.run(host())
+        try:
+            return runner.run(host())
+        finally:
+            _gathering.pop(runner.get_loop(), None)
+
+
+def work_left() -> None:
+    """A reader left work behind (its read filled a whole batch): the loop's next wait must
+    not gather (under a flood a sleep there would only let the socket's buffer overflow)."""
+    selector = _gathering.get(asyncio.get_running_loop())
+    if selector is not None:
+        selector.more = True
+
+
+def gather_counts() -> dict[str, int]:
+    """The running loop's gathers (`loop_gathers`) and wake-ups whose readers left work
+    behind (`loop_work_left`), for /metrics; nothing if it does not gather."""
+    try:
+        selector = _gathering.get(asyncio.get_running_loop())
+    except RuntimeError:  # (no asyncio loop: a service run by Trio alone, in tests)
+        return {}
+    if selector is None:
+        return {}
+    return {"loop_gathers": selector.gather.gathers, "loop_work_left": selector.left}
 
 
 class GatheringSelector(selectors.EpollSelector):
@@ -96,20 +123,25 @@ class GatheringSelector(selectors.EpollSelector):
         super().__init__()
         self.gather = Gather(most, GATHER_FLOOR, GATHER_BATCH, GATHER_BUSY_RATE, GATHER_MIN)
         self._sleep = sleep
-        self._wait = 0.0  # what the last wake-up asked for
+        self.more = False  # a reader left work behind in this wake-up (`work_left`)
+        self.left = 0  # wake-ups that did
+        self._handled, self._at = 0, time.monotonic()  # the last wake-up's ready, and when
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        wait = self._wait
+        # Asked now, not at the end of the last select: its events' readers have run since,
+        # and one may have left work behind. A wake-up that found a batch's worth ready is
+        # batching already (near saturation a sleep after it only adds its latency to every
+        # hop of a call).
+        handled, more, self.more = self._handled, self.more, False
+        self.left += more
+        wait = self.gather.after(self._at, handled, more or handled >= GATHER_BATCH)
         if wait and (timeout is None or timeout > 0):
             if timeout is not None:
                 wait = min(wait, timeout)
                 timeout -= wait
             self._sleep(wait)
         ready = super().select(timeout)
-        # A wake-up that found a batch's worth ready is batching already: no gather after it
-        # (near saturation a sleep there only adds its latency to every hop of a call).
-        handled = len(ready)
-        self._wait = self.gather.after(time.monotonic(), handled, handled >= GATHER_BATCH)
+        self._handled, self._at = len(ready), time.monotonic()
         return ready
 
 
