@@ -30,7 +30,6 @@ class Gather:
     min_batch: int  # events in one wake-up for it to gather whatever the rate
     window: float = 0.05  # seconds the rate is measured over
     rate: float = field(init=False, default=0.0)  # events/s over the last whole window
-    gathers: int = field(init=False, default=0)  # how often `after` said to sleep
     _count: int = field(init=False, default=0)
     _since: float | None = field(init=False, default=None)
 
@@ -48,5 +47,4 @@ class Gather:
             self._count, self._since = 0, now
         if more or (handled < self.min_batch and self.rate < self.busy_rate):
             return 0.0
-        self.gathers += 1
         return min(self.most, max(self.floor, self.batch / max(self.rate, 1.0)))

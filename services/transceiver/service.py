@@ -69,6 +69,7 @@ from firsthop.shared.wire.route_token import encode_route_token, fresh_nonce
 log = logging.getLogger("firsthop.transceiver")
 
 RECV_BUFFER = 2048
+SOCKET_BUFFER = 4 * 1024 * 1024  # the media socket's, each way
 DRAIN_BATCH = 64  # datagrams read per readiness callback (one recvmmsg) before yielding
 SEND_BATCH = 64  # datagrams a sendmmsg takes (a read batch's or a media tick's sends)
 TRACER = tracer("firsthop.transceiver")
@@ -710,9 +711,17 @@ class Transceiver:
         sock.setblocking(False)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             try:
-                sock.setsockopt(socket.SOL_SOCKET, opt, 4 * 1024 * 1024)
+                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
             except OSError:
                 pass
+        granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # (Linux: doubled)
+        if granted < SOCKET_BUFFER:
+            log.warning(
+                "the media socket's receive buffer is %d bytes, not the %d asked (the "
+                "kernel's net.core.rmem_max caps it): a burst past it is dropped unread",
+                granted,
+                SOCKET_BUFFER,
+            )
         sock.bind(self.config.media)
         self._sock = sock
         self.media_addr = sock.getsockname()[:2]

@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from firsthop.services.transceiver.rtc import AgentLink, AgentLinkError
+from firsthop.services.transceiver.rtc import AgentLink, AgentLinkError, run_trio_guest
+from firsthop.services.transceiver.rtc.bridge import _gathering
 from firsthop.shared.wire.websocket import (
     BINARY,
     PING,
@@ -234,6 +235,30 @@ def test_one_wake_up_reads_a_bounded_amount_of_an_agents_flood() -> None:
         theirs.close()
 
     asyncio.run(main())
+
+
+def test_a_read_that_fills_its_size_tells_a_gathering_loop_to_come_back_at_once() -> None:
+    """The agent sent more than one read takes: the loop must not gather before the next
+    (`rtc/bridge.py`'s `work_left`); a read that took the rest says nothing."""
+
+    async def main() -> tuple[bool, bool]:
+        selector = _gathering[asyncio.get_running_loop()]
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        got: list[str | bytes] = []
+        link = AgentLink("ws://127.0.0.1:9/", on_message=got.append, on_closed=print)
+        link.sock, link.open = ours, True
+        frame = encode_frame(BINARY, b"x" * 1000)
+        theirs.sendall(frame * (AgentLink.READ_SIZE // len(frame) + 2))  # a read and a bit
+        link._readable()
+        full, selector.more = selector.more, False
+        link._readable()
+        assert len(got) == AgentLink.READ_SIZE // len(frame) + 2
+        link.close()
+        theirs.close()
+        return full, selector.more
+
+    assert run_trio_guest(main, gather=0.002) == (True, False)
 
 
 def test_our_goodbye_is_a_close_and_a_fin_not_a_reset_with_the_agents_data_unread() -> None:

@@ -33,7 +33,7 @@ def test_a_quiet_loop_never_gathers() -> None:
         now += 0.01
         assert g.after(now, 1) == 0.0
     assert g.after(now, 0) == 0.0  # a wake-up that carried nothing
-    assert g.rate == pytest.approx(100, rel=0.1) and g.gathers == 0
+    assert g.rate == pytest.approx(100, rel=0.1)
 
 
 def test_a_full_wake_up_gathers_at_once_and_a_busy_loop_after_every_wake_up() -> None:
@@ -67,14 +67,35 @@ def test_the_rate_is_measured_over_whole_windows() -> None:
 
 
 class Sleeps(list[float]):
+    """The selector's sleep: each one recorded, and a fake clock moved by it (and by
+    `overshoot` more, as a real sleep overshoots)."""
+
+    def __init__(self, overshoot: float = 0.0) -> None:
+        super().__init__()
+        self.now, self.overshoot = 1000.0, overshoot
+
     def __call__(self, seconds: float) -> None:
         self.append(seconds)
+        self.now += seconds + self.overshoot
+
+    def clock(self) -> float:
+        return self.now
+
+
+class Recording(GatheringSelector):
+    """Records the timeout each wait was given after its gather."""
+
+    polled: list[float | None]
+
+    def _poll(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+        self.polled.append(timeout)
+        return super()._poll(timeout)
 
 
 def test_the_selector_gathers_after_a_busy_wake_up_and_never_past_the_timeout() -> None:
     pairs = [socket.socketpair() for _ in range(GATHER_BATCH)]
     sleeps = Sleeps()
-    selector = GatheringSelector(0.002, sleep=sleeps)
+    selector = GatheringSelector(0.002, sleep=sleeps, clock=sleeps.clock)
     selector.gather.window = 1e9  # the rate is what the test sets, however slow the machine
     try:
         a, b = pairs[0]
@@ -122,6 +143,31 @@ def test_the_selector_gathers_after_a_busy_wake_up_and_never_past_the_timeout() 
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_a_gather_ends_by_the_loops_next_timer_whatever_the_sleep_took() -> None:
+    a, b = socket.socketpair()
+    sleeps = Sleeps(overshoot=0.0003)
+    selector = Recording(0.002, sleep=sleeps, clock=sleeps.clock)
+    selector.polled = []
+    selector.gather.window = 1e9
+    selector.gather.rate = 1e6  # busy: each wake-up with an event gathers 0.2 ms
+    try:
+        selector.register(b, selectors.EVENT_READ)
+        a.send(b"x")
+        selector.select(1.0)  # (busy: the next wait gathers)
+        selector.select(0.05)  # the timer in 50 ms: the wait gets what the sleep left of it
+        assert selector.polled[-1] == pytest.approx(0.05 - 0.0002 - 0.0003)
+        selector.select(0.0001)  # sooner than the gather: cut to it; the overshoot: no wait
+        assert sleeps[-1] == 0.0001 and selector.polled[-1] == 0.0
+        selector.select(None)  # no timer: it sleeps, then waits as long as it takes
+        assert selector.polled[-1] is None and len(sleeps) == 3
+        selector.select(0)  # callbacks are ready: neither a sleep nor a gather counted
+        assert len(sleeps) == 3 and selector.slept == 3 and selector.polled[-1] == 0
+    finally:
+        selector.close()
+        a.close()
+        b.close()
 
 
 def test_a_reader_that_left_work_behind_stops_the_gathering_loops_next_gather() -> None:

@@ -10,7 +10,9 @@ The host loop's selector lets a busy loop's next batch gather (`GatheringSelecto
 in `shared/gather.py`): with many calls the media socket, the agent links and the media clock
 each wake the loop for one or two events at a time, and those wake-ups cost more than the
 events (measured at 24 echo calls: the transceiver's CPU 24.8-26.1 % of a core without,
-22.1-23.8 % with). A gather never delays a timer: it ends by the loop's next one.
+22.1-23.8 % with). A gather never delays an asyncio timer (the media clock's): it ends by
+the loop's next one; what Trio schedules (its deadlines, its wake-ups from other threads)
+waits at most one gather.
 """
 
 from __future__ import annotations
@@ -88,10 +90,11 @@ def run_trio_guest(trio_main: Callable[[], Awaitable[Any]], gather: float = 0.0)
         return loop
 
     with asyncio.Runner(loop_factory=gathering_loop) as runner:
+        loop = runner.get_loop()
         try:
             return runner.run(host())
         finally:
-            _gathering.pop(runner.get_loop(), None)
+            _gathering.pop(loop, None)
 
 
 def work_left() -> None:
@@ -111,7 +114,7 @@ def gather_counts() -> dict[str, int]:
         return {}
     if selector is None:
         return {}
-    return {"loop_gathers": selector.gather.gathers, "loop_work_left": selector.left}
+    return {"loop_gathers": selector.slept, "loop_work_left": selector.left}
 
 
 class GatheringSelector(selectors.EpollSelector):
@@ -119,13 +122,19 @@ class GatheringSelector(selectors.EpollSelector):
     as `gather.after` says, and never past the wait's own timeout: the loop's next timer),
     so the events of that time come back together."""
 
-    def __init__(self, most: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        most: float,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
         self.gather = Gather(most, GATHER_FLOOR, GATHER_BATCH, GATHER_BUSY_RATE, GATHER_MIN)
-        self._sleep = sleep
+        self._sleep, self._clock = sleep, clock
         self.more = False  # a reader left work behind in this wake-up (`work_left`)
         self.left = 0  # wake-ups that did
-        self._handled, self._at = 0, time.monotonic()  # the last wake-up's ready, and when
+        self.slept = 0  # gathers: sleeps before a wait
+        self._handled, self._at = 0, clock()  # the last wake-up's ready, and when
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         # Asked now, not at the end of the last select: its events' readers have run since,
@@ -136,13 +145,17 @@ class GatheringSelector(selectors.EpollSelector):
         self.left += more
         wait = self.gather.after(self._at, handled, more or handled >= GATHER_BATCH)
         if wait and (timeout is None or timeout > 0):
-            if timeout is not None:
-                wait = min(wait, timeout)
-                timeout -= wait
-            self._sleep(wait)
-        ready = super().select(timeout)
-        self._handled, self._at = len(ready), time.monotonic()
+            deadline = None if timeout is None else self._clock() + timeout
+            self._sleep(wait if timeout is None else min(wait, timeout))
+            self.slept += 1
+            if deadline is not None:  # what the sleep took, overshoot and all
+                timeout = max(0.0, deadline - self._clock())
+        ready = self._poll(timeout)
+        self._handled, self._at = len(ready), self._clock()
         return ready
+
+    def _poll(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+        return super().select(timeout)
 
 
 def watch_readable(sock: socket.socket, callback: Callable[[], None]) -> Callable[[], None]:
