@@ -274,9 +274,8 @@ class Bench:
     def codec_floor(self) -> float:
         """The codec floor (`sessions.codec_floor`) on the measured core, of the callers'
         own frames: a cycle of tone bursts and silence, decoded, and the decodes encoded."""
-        os.sched_setaffinity(
-            0, {self.tx_cpu} if self.tx_cpu is not None else os.sched_getaffinity(0)
-        )
+        if self.tx_cpu is not None:
+            os.sched_setaffinity(0, {self.tx_cpu})
         try:
             return codec_floor(frames=burst_frames(frequencies(1)[0]))
         finally:

@@ -208,7 +208,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], help: str
     add_option(
         p,
         "--gather-ms",
-        default=2.0,
+        default=TransceiverConfig.gather * 1000,
         type=float,
         help="a busy loop (many calls) lets its next batch of datagrams and agent frames "
         "gather this long at most: less CPU a call, that much more latency (0: never)",
