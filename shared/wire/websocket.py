@@ -140,30 +140,37 @@ class WebSocketReader:
         self._opcode: int | None = None  # the data message being reassembled
         self._message = bytearray()  # its fragments so far
 
-    def feed(self, data: bytes) -> list[Event]:
+    def feed(self, data: bytes, limit: int | None = None) -> list[Event]:
         """The events the complete frames buffered so far make (`WebSocketError` if the
         peer broke the protocol: the connection is then over; the error carries the events
-        of the frames before the bad one)."""
+        of the frames before the bad one). With `limit`, at most that many frames are read
+        (control frames and fragments count): the rest stay buffered, `more` says so, and
+        the next `feed` (of b"" if nothing new came) goes on from there."""
         data = data if type(data) is bytes else bytes(data)  # (messages are bytes)
         if self._pending:
-            self._pending.append(data)
-            self._have += len(data)
+            if data:
+                self._pending.append(data)
+                self._have += len(data)
             if self._have < self._want:
                 return []
-            buffer = b"".join(self._pending)
+            buffer = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
         else:
             buffer = data
         events: list[Event] = []
         offset = 0
+        left = -1 if limit is None else limit
         try:
-            while True:
+            while left:
                 frame = self._frame(buffer, offset)
                 if frame is None:
                     break
+                left -= 1
                 offset, fin, opcode, payload = frame
                 event = self._event(fin, opcode, payload)
                 if event is not None:
                     events.append(event)
+            else:
+                self._want = 0  # (stopped at the limit: what is left may be whole frames)
         except WebSocketError as exc:
             exc.events = events
             self._pending, self._have = [], 0
@@ -171,6 +178,11 @@ class WebSocketReader:
         self._have = len(buffer) - offset
         self._pending = [buffer[offset:]] if self._have else []
         return events
+
+    @property
+    def more(self) -> bool:
+        """Whether a `feed` limited by its `limit` left frames buffered that may be whole."""
+        return self._have > 0 and self._want == 0
 
     def _frame(self, buf: bytes, at: int) -> tuple[int, bool, int, bytes] | None:
         """The frame at `at` (its end, FIN, opcode, unmasked payload); None if incomplete

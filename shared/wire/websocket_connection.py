@@ -78,14 +78,15 @@ class WebSocketConnection:
     def _frame(self, opcode: int, payload: bytes) -> bytes:
         return encode_frame(opcode, payload, self._key() if self._key is not None else None)
 
-    def receive_data(self, data: bytes) -> list[str | bytes]:
+    def receive_data(self, data: bytes, limit: int | None = None) -> list[str | bytes]:
         """The whole messages `data` completes, in order; control frames are dealt with
-        (their answers wait in `data_to_send`). Nothing is read once the connection ended."""
+        (their answers wait in `data_to_send`). Nothing is read once the connection ended.
+        `limit`: read at most that many frames now (`more` then says whether some wait)."""
         if self.ended is not None:
             return []
         failure: WebSocketError | None = None
         try:
-            events = self._reader.feed(data)
+            events = self._reader.feed(data, limit)
         except WebSocketError as exc:
             events, failure = exc.events, exc  # (the frames before the bad one stand)
         messages: list[str | bytes] = []
@@ -106,6 +107,11 @@ class WebSocketConnection:
             how = TOO_BIG if isinstance(failure, MessageTooBig) else VIOLATION
             self.ended = Ended(how, failure.code, failure.reason)
         return messages
+
+    @property
+    def more(self) -> bool:
+        """Whether frames a limited `receive_data` did not read wait (read them with b"")."""
+        return self.ended is None and self._reader.more
 
     def _answer_close(self, code: int, reason: str) -> None:
         # framed when taken (`data_to_send`): until then the messages that came before it

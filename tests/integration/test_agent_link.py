@@ -4,9 +4,11 @@ WebSocket server from another library."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import select
 import socket
+import termios
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -208,10 +210,11 @@ def test_the_goodbye_goes_behind_what_is_still_queued() -> None:
     asyncio.run(main())
 
 
-def test_one_wake_up_reads_a_bounded_amount_of_an_agents_flood() -> None:
+def test_one_wake_up_handles_a_bounded_amount_of_an_agents_flood() -> None:
     """An agent's flood of tiny frames (here 64 KiB of empty ones, and Pings) is read
-    READ_SIZE bytes a wake-up, each read's frames handled before the loop runs anything
-    else; the rest waits for the next wake-up, and a read's Pings cost one Pong."""
+    READ_SIZE bytes a read and handled FRAMES_PER_WAKE frames a callback, the rest on the
+    loop's next passes, in order; the socket is not read again while a read's frames wait
+    (memory: one read), and a batch's Pings cost one Pong."""
 
     async def main() -> None:
         ours, theirs = socket.socketpair()
@@ -219,22 +222,37 @@ def test_one_wake_up_reads_a_bounded_amount_of_an_agents_flood() -> None:
         got: list[str | bytes] = []
         link = AgentLink("ws://127.0.0.1:9/", on_message=got.append, on_closed=print)
         link.sock, link.open = ours, True
-        flood = (encode_frame(BINARY, b"") + encode_frame(PING, b"")) * (64 * 1024 // 4)
+        asyncio.get_running_loop().add_reader(ours.fileno(), link._readable)
+        flood = b"".join(
+            encode_frame(BINARY, i.to_bytes(2, "big")) + encode_frame(PING, b"")
+            for i in range(64 * 1024 // 6)
+        )
         theirs.sendall(flood)
         link._readable()
-        assert len(got) == AgentLink.READ_SIZE // 4  # (a frame and a Ping: 4 bytes)
+        per_wake = AgentLink.FRAMES_PER_WAKE
+        assert len(got) == per_wake // 2  # (a frame and a Ping each)
+        assert unread(ours) == len(flood) - AgentLink.READ_SIZE
         theirs.setblocking(False)
         pong = theirs.recv(65536)  # one Pong (a client's: masked, 2 + 4 bytes)
         assert len(pong) == 6 and pong[:2] == bytes((0x80 | PONG, 0x80))
-        reads = 1
-        while len(got) < len(flood) // 4:
-            link._readable()
-            reads += 1
-        assert reads == len(flood) // AgentLink.READ_SIZE
+        link._readable()  # the socket is readable, but the read's frames go first
+        assert len(got) == per_wake and unread(ours) == len(flood) - AgentLink.READ_SIZE
+        passes = 0
+        while len(got) < len(flood) // 6:
+            await asyncio.sleep(0)  # one pass of the loop: the reader and the rest
+            passes += 1
+            assert passes < 10_000
+        assert got == [i.to_bytes(2, "big") for i in range(len(flood) // 6)]
+        assert passes >= len(flood) // 3 // (2 * per_wake)  # never more than two a pass
         link.close()
         theirs.close()
 
     asyncio.run(main())
+
+
+def unread(sock: socket.socket) -> int:
+    """Bytes waiting in `sock`'s receive buffer."""
+    return int.from_bytes(fcntl.ioctl(sock, termios.FIONREAD, bytes(4)), "little")
 
 
 def test_a_read_that_fills_its_size_tells_a_gathering_loop_to_come_back_at_once() -> None:

@@ -97,6 +97,19 @@ def test_a_close_is_answered_once_echoing_its_code_and_ends_the_connection() -> 
     assert server.close() == b""  # answered already
 
 
+def test_a_limited_read_leaves_the_rest_for_later_and_a_close_among_them_still_ends_it() -> None:
+    """`limit` frames at a time: `more` says frames wait; a Close read in a later batch ends
+    the connection there, and what follows it is never read."""
+    _, server = pair()
+    wire = b"".join(from_client(TEXT, b"%d" % i) for i in range(5))
+    wire += from_client(CLOSE, close_payload(1000)) + from_client(TEXT, b"after")
+    assert server.receive_data(wire, 2) == ["0", "1"] and server.more
+    assert server.receive_data(b"", 2) == ["2", "3"] and server.more
+    assert server.receive_data(b"", 2) == ["4"]
+    assert server.ended is not None and server.ended.how == PEER_CLOSED
+    assert not server.more and server.receive_data(b"", 2) == []
+
+
 def test_a_bad_frame_ends_it_after_the_good_ones_with_the_violations_code() -> None:
     _, server = pair()
     unmasked = encode_frame(TEXT, b"x")  # a client must mask (RFC 6455 §5.1)

@@ -210,6 +210,50 @@ def test_fragmented_messages_with_control_frames_between_round_trip(
     assert feed_all(reader, chunked(wire, cuts)) == expected
 
 
+@settings(max_examples=150)
+@given(
+    st.lists(st.one_of(st.binary(max_size=300), st.text(max_size=50), st.none()), max_size=40),
+    st.lists(st.integers(0, 1 << 14)),
+    st.integers(1, 6),
+    st.booleans(),
+)
+def test_a_limited_feed_reads_at_most_its_limit_and_loses_nothing(
+    sent: list[str | bytes | None], cuts: list[int], limit: int, client: bool
+) -> None:
+    """Fed with a limit, and drained with b"" while `more`, a reader gives the same events
+    as unlimited whatever the chunking, never more than `limit` a call (None: a Ping)."""
+    wire, expected = b"", list[wsw.Event]()
+    for m in sent:
+        key = os.urandom(4) if client else None
+        if m is None:
+            wire += encode_frame(PING, b"p", key)
+            expected.append(wsw.Ping(b"p"))
+        else:
+            wire += encode_frame(*((TEXT, m.encode()) if isinstance(m, str) else (BINARY, m)), key)
+            expected.append(m)
+    reader = WebSocketReader(masked=client, max_message=1 << 20)
+    got: list[wsw.Event] = []
+    for chunk in chunked(wire, cuts):
+        batch = reader.feed(chunk, limit)
+        while True:
+            assert len(batch) <= limit
+            got += batch
+            if not reader.more:
+                break
+            batch = reader.feed(b"", limit)
+    assert got == expected
+    assert not reader.more
+
+
+def test_more_is_false_once_what_waits_is_a_frame_not_whole() -> None:
+    reader = WebSocketReader(masked=False, max_message=1 << 20)
+    wire = encode_frame(BINARY, b"a") * 3 + encode_frame(BINARY, b"bcd")[:3]
+    assert reader.feed(wire, 2) == [b"a", b"a"] and reader.more
+    assert reader.feed(b"", 2) == [b"a"] and not reader.more  # the rest is a part frame
+    assert reader.feed(b"", 2) == [] and not reader.more
+    assert reader.feed(b"cd") == [b"bcd"] and not reader.more
+
+
 @pytest.mark.parametrize(
     "frame_",
     [

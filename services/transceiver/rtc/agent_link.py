@@ -48,6 +48,12 @@ class AgentLink:
     # else (a 20 ms frame of audio is 2-4 KB). 16 KiB bounds what an agent's flood of tiny
     # frames holds every call on this loop up for: about a quarter of what 64 KiB did.
     READ_SIZE = 16384
+    # Frames one callback handles (control frames and fragments count). A read's frames past
+    # it wait in the connection, for the loop's next pass, and the socket is not read again
+    # before they are handled: an agent's flood of tiny frames (16 KiB of empty ones is
+    # 8,192) holds the other calls up for 64 frames' work at a time, and costs no memory
+    # past one read. A 20 ms frame of audio, or a Realtime delta, is one frame.
+    FRAMES_PER_WAKE = 64
     CLOSE_DRAIN_READS = 8  # READ_SIZE reads of unread data dropped before a close
 
     def __init__(
@@ -83,6 +89,7 @@ class AgentLink:
         self.hung_up = False  # it closed because the agent closed it (not a failure)
         self._out = bytearray()
         self.conn = WebSocketConnection(client=True, max_message=self.MAX_MESSAGE)
+        self._resuming = False  # a pass of the loop is asked for, for frames left unread
 
     async def connect(self, first: list[str | bytes] | None = None) -> None:
         """Open the socket and do the WebSocket handshake (wrap in a timeout); `first` are
@@ -240,6 +247,9 @@ class AgentLink:
         sock = self.sock
         if sock is None:
             return
+        if self.conn.more:  # an earlier read's frames wait: they go first, the socket after
+            self._received(b"")
+            return
         try:
             data = sock.recv(self.READ_SIZE)
         except BlockingIOError:
@@ -265,10 +275,14 @@ class AgentLink:
 
     def _received(self, data: bytes) -> None:
         conn = self.conn
-        for message in conn.receive_data(data):
+        for message in conn.receive_data(data, self.FRAMES_PER_WAKE):
             if self.sock is None:
                 return  # a message before this one ended the link
             self.on_message(message)
+        if conn.more and self.sock is not None and not self._resuming:
+            self._resuming = True  # the rest on the loop's next pass, after the others
+            asyncio.get_running_loop().call_soon(self._resume)
+            work_left()
         answers = conn.data_to_send()  # a Pong, the answer to a Close or to a bad frame
         if answers and self.sock is not None:
             self._send(answers)
@@ -283,6 +297,11 @@ class AgentLink:
             self._fail(f"agent closed the WebSocket ({ended.code})")
         else:
             self._fail(f"agent closed the WebSocket ({ended.code}): {ended.reason}")
+
+    def _resume(self) -> None:
+        self._resuming = False
+        if self.sock is not None and self.conn.more:
+            self._received(b"")
 
     def _fail(self, reason: str) -> None:
         if self.sock is not None:
