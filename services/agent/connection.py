@@ -17,7 +17,8 @@ holds a lock while it waits, and never writes while another holds it); after
 checkpoint: a task that only sends must yield elsewhere (the agents pace their frames with
 `trio.sleep_until`, or read between them), and `get_message` yields every `YIELD_EVERY`
 messages it hands out of one read (one read can hold thousands of tiny frames, and a
-handler that answers each would otherwise hold the loop for all of them). A cancelled send
+handler that answers each would otherwise hold the loop for all of them), and parses a
+read's frames `PARSE_EVERY` at a time, yielding between. A cancelled send
 writes nothing; a send cut off after part of its frame went out closes the connection
 (the next frame would land inside that one).
 """
@@ -43,7 +44,12 @@ from firsthop.shared.wire.websocket_connection import (
     WebSocketConnection,
 )
 
-RECEIVE_SIZE = 16384  # bytes a read takes: all the frames in them are parsed at once
+RECEIVE_SIZE = 16384  # bytes a read takes
+# Frames of a read parsed between passes of Trio's scheduler (control frames count): the
+# rest wait in the connection and the socket is not read before they are parsed, so a read
+# of thousands of tiny frames (Pings, which hand out no message) holds the loop for 64 at
+# a time, not for all of them.
+PARSE_EVERY = 64
 MAX_HANDSHAKE = 16384  # bytes of upgrade request
 HANDSHAKE_TIMEOUT = 60.0  # seconds for a client to send its upgrade request
 CLOSE_TIMEOUT = 2.0  # seconds to wait for the peer's Close after ours
@@ -92,6 +98,10 @@ class AgentConnection:
             await self._receive()
 
     async def _receive(self) -> None:
+        if self._ws.more:  # an earlier read's frames wait: the next of them, the socket after
+            await trio.lowlevel.checkpoint()
+            self._messages.extend(self._ws.receive_data(b"", PARSE_EVERY))
+            return
         self._unyielded = 0  # (a read yields)
         data, self._early = self._early, b""
         if not data:
@@ -102,7 +112,7 @@ class AgentConnection:
             if not data:
                 self._ws.connection_lost()
                 await self._lost()
-        self._messages.extend(self._ws.receive_data(data))
+        self._messages.extend(self._ws.receive_data(data, PARSE_EVERY))
 
     async def _fail(self, ended: Ended) -> None:
         """RFC 6455 §7.1.7, "Fail the WebSocket Connection": the Close saying why is sent;

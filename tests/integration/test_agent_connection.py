@@ -24,12 +24,13 @@ from wsproto.events import (
 )
 
 from firsthop.services.agent.connection import (
+    PARSE_EVERY,
     YIELD_EVERY,
     AgentConnection,
     ConnectionClosed,
     serve_websockets,
 )
-from firsthop.shared.wire.websocket import CLOSE, encode_frame
+from firsthop.shared.wire.websocket import CLOSE, PING, encode_frame
 
 
 async def _echo(ws: AgentConnection) -> None:
@@ -385,6 +386,33 @@ async def test_one_read_of_many_small_frames_does_not_hold_the_loop() -> None:
     every YIELD_EVERY messages, so the other tasks run meanwhile."""
     with _pair(1 << 20) as (ws, peer):
         await _many_small_frames(ws, peer)
+
+
+async def test_a_read_of_pings_is_parsed_a_batch_at_a_time_yielding_between() -> None:
+    """A client's one write of thousands of Pings (no message to hand out, so no
+    `YIELD_EVERY`) and then one message: the read's frames are parsed PARSE_EVERY at a
+    time with a pass of the scheduler between, and each batch's Pings cost one Pong."""
+    with _pair(1 << 20) as (ws, peer):
+        pings = encode_frame(PING, b"", os.urandom(4)) * (16384 // 6)
+        await peer.send(pings + encode_frame(2, b"last", os.urandom(4)))
+        done = False
+        turns = 0
+
+        async def other_task() -> None:
+            nonlocal turns
+            while not done:
+                await trio.lowlevel.checkpoint()
+                turns += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_task)
+            with trio.fail_after(10):
+                assert await ws.get_message() == b"last"
+            done = True
+        batches = len(pings) // 6 // PARSE_EVERY
+        assert turns >= batches // 2, turns  # (Trio may run the two in either order)
+        pongs, _ = _read_all(peer)
+        assert batches <= len(pongs) // 2 <= batches + 2  # (a server's Pong: 2 bytes)
 
 
 async def _many_small_frames(ws: AgentConnection, peer: trio.socket.SocketType) -> None:
