@@ -86,7 +86,9 @@ class AgentConnection:
                     self._unyielded = 0
                     await trio.lowlevel.checkpoint()
                 return self._messages.popleft()
-            answers = ws.data_to_send()  # a Pong, the answer to a Close or to a bad frame
+            # a Pong, the answer to a Close or to a bad frame (once a read's frames are all
+            # parsed: one Pong for its Pings)
+            answers = ws.data_to_send() if not ws.more else b""
             if answers:
                 await self._send(answers)
             if ws.ended is not None:

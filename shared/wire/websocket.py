@@ -146,6 +146,8 @@ class WebSocketReader:
         of the frames before the bad one). With `limit`, at most that many frames are read
         (control frames and fragments count): the rest stay buffered, `more` says so, and
         the next `feed` (of b"" if nothing new came) goes on from there."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"a frame limit must be 1 or more, not {limit}")
         data = data if type(data) is bytes else bytes(data)  # (messages are bytes)
         if self._pending:
             if data:

@@ -391,7 +391,7 @@ async def test_one_read_of_many_small_frames_does_not_hold_the_loop() -> None:
 async def test_a_read_of_pings_is_parsed_a_batch_at_a_time_yielding_between() -> None:
     """A client's one write of thousands of Pings (no message to hand out, so no
     `YIELD_EVERY`) and then one message: the read's frames are parsed PARSE_EVERY at a
-    time with a pass of the scheduler between, and each batch's Pings cost one Pong."""
+    time with a pass of the scheduler between, and a read's Pings cost one Pong."""
     with _pair(1 << 20) as (ws, peer):
         pings = encode_frame(PING, b"", os.urandom(4)) * (16384 // 6)
         await peer.send(pings + encode_frame(2, b"last", os.urandom(4)))
@@ -412,7 +412,7 @@ async def test_a_read_of_pings_is_parsed_a_batch_at_a_time_yielding_between() ->
         batches = len(pings) // 6 // PARSE_EVERY
         assert turns >= batches // 2, turns  # (Trio may run the two in either order)
         pongs, _ = _read_all(peer)
-        assert batches <= len(pongs) // 2 <= batches + 2  # (a server's Pong: 2 bytes)
+        assert 1 <= len(pongs) // 2 <= 2  # one a read (two reads; a server's Pong: 2 bytes)
 
 
 async def _many_small_frames(ws: AgentConnection, peer: trio.socket.SocketType) -> None:

@@ -252,6 +252,8 @@ def test_more_is_false_once_what_waits_is_a_frame_not_whole() -> None:
     assert reader.feed(b"", 2) == [b"a"] and not reader.more  # the rest is a part frame
     assert reader.feed(b"", 2) == [] and not reader.more
     assert reader.feed(b"cd") == [b"bcd"] and not reader.more
+    with pytest.raises(ValueError):
+        reader.feed(b"", 0)  # (no frame read, and `more` would stay true)
 
 
 @pytest.mark.parametrize(

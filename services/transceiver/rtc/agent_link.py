@@ -52,7 +52,9 @@ class AgentLink:
     # it wait in the connection, for the loop's next pass, and the socket is not read again
     # before they are handled: an agent's flood of tiny frames (16 KiB of empty ones is
     # 8,192) holds the other calls up for 64 frames' work at a time, and costs no memory
-    # past one read. A 20 ms frame of audio, or a Realtime delta, is one frame.
+    # past one read's plaintext (wss: up to about 32 KiB with a part record; the
+    # handshake's early bytes up to 64 KiB). A 20 ms frame of audio, or a Realtime delta,
+    # is one frame.
     FRAMES_PER_WAKE = 64
     CLOSE_DRAIN_READS = 8  # READ_SIZE reads of unread data dropped before a close
 
@@ -279,10 +281,11 @@ class AgentLink:
             if self.sock is None:
                 return  # a message before this one ended the link
             self.on_message(message)
-        if conn.more and self.sock is not None and not self._resuming:
-            self._resuming = True  # the rest on the loop's next pass, after the others
-            asyncio.get_running_loop().call_soon(self._resume)
-            work_left()
+        if conn.more:
+            if self.sock is not None and not self._resuming:
+                self._resuming = True  # the rest on the loop's next pass, after the others
+                asyncio.get_running_loop().call_soon(self._resume)  # (so the loop won't gather)
+            return  # (answers wait for the read's last batch: one Pong for its Pings)
         answers = conn.data_to_send()  # a Pong, the answer to a Close or to a bad frame
         if answers and self.sock is not None:
             self._send(answers)
