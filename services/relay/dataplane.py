@@ -297,7 +297,8 @@ class DataPlane:
                     self._housekeeping(now)
                 self._handled = 0
                 self._more = False  # set when a receive filled its batch: more is queued
-                for fd, events in ep.poll(TICK):
+                # (ICE-TCP frames a pass left in a deframer: polled for without waiting)
+                for fd, events in ep.poll(0 if tcp is not None and tcp.backlog else TICK):
                     now = time.time()
                     if fd == pub_fd:
                         self._drain_public(public, now)
@@ -315,6 +316,9 @@ class DataPlane:
                         self._run_commands(time.time())
                     elif tcp is not None:
                         tcp.on_event(fd, events, now)
+                if tcp is not None and tcp.backlog:
+                    tcp.serve_backlog(time.time())
+                    self._more = self._more or bool(tcp.backlog)
                 # Wake-ups, not syscalls, are what a batch has to amortise: when this one
                 # carried traffic and emptied its sockets, let the next batch gather for
                 # GATHER before asking again (a datagram waits at most that much longer).

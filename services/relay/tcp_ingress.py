@@ -19,7 +19,16 @@ Bounds (`RelayLimits.tcp_*`, counted in `closed` by reason, or as drops):
   a connection whose flow the table let go of (expired, revoked, displaced) is closed at its
   next frame;
 * frame size: a LENGTH above `MAX_DATAGRAM` (no WebRTC packet is larger) resets the
-  connection; the read side never holds more than one partial frame;
+  connection; the read side holds at most one read's whole frames not yet handled and one
+  partial frame;
+* work: a pass of the loop handles at most `FRAMES_PER_EVENT` frames of one connection
+  (empty ones count; a connection not yet routed, one: its first must be its check, and an
+  empty one resets it); the rest of that read waits in its deframer (`backlog`), the socket
+  is not read before it is handled, and the loop comes back for it without waiting. A read
+  of thousands of tiny frames holds every other caller up for 64 frames' work, not 8,192;
+* rate: a connection's frames past `FRAME_RATE` a second (burst `FRAME_BURST`, what a
+  transceiver's session takes) are dropped and counted (`tcp_rate_limited`): RFC 4571's
+  two-byte frames cannot turn one TCP segment into hundreds of datagrams to a transceiver;
 * write side: bytes queued toward a slow reader are capped at `tcp_write_buffer` per
   connection and `tcp_write_budget` for all of a worker's connections; a frame that does not
   fit is dropped and counted (`tcp_write_buffer_full`, `tcp_write_budget_full`), as a full
@@ -39,13 +48,17 @@ from dataclasses import dataclass, field
 
 from firsthop.services.relay.flows import MAX_DATAGRAM, RelayLimits
 from firsthop.shared.address import Address, ip_family, source_key
+from firsthop.shared.ratelimit import TokenBucket
 from firsthop.shared.wire.rfc4571 import Deframer, FramingError, prefix
 
 ACCEPT_BATCH = 64  # connections accepted per wake-up
 READ_BATCH = 4  # reads per connection per wake-up (level-triggered: the rest comes next turn)
 READ_SIZE = 16 * 1024
+FRAMES_PER_EVENT = 64  # frames of one connection a pass handles (a call sends ~100 a second)
+FRAME_RATE, FRAME_BURST = 1000.0, 2000.0  # a connection's frames a second (a session's rate)
 BACKLOG = 1024
 KERNEL_SEND_BUFFER = 64 * 1024  # SO_SNDBUF of a caller's connection (the kernel doubles it)
+KERNEL_RECEIVE_BUFFER = 64 * 1024  # SO_RCVBUF: what a flooding caller holds in the kernel
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER {on, 0 s}: close() sends RST
 
 
@@ -55,6 +68,7 @@ class Connection:
     client: Address
     accepted: float
     last_frame: float
+    frames: TokenBucket
     deframer: Deframer = field(default_factory=lambda: Deframer(MAX_DATAGRAM))
     out: bytearray = field(default_factory=bytearray)
     routed: bool = False  # its first frame opened a flow
@@ -111,6 +125,9 @@ class TcpIngress:
         self.closed: Counter[str] = Counter()  # by reason
         self._ep: select.epoll | None = None
         self._buf = bytearray(READ_SIZE)
+        # connections whose deframer holds frames a pass did not handle (by fd): the loop
+        # serves them without waiting (`serve_backlog`)
+        self.backlog: dict[int, Connection] = {}
         self._resting: list[int] = []  # listeners paused while descriptors ran out
 
     def attach(self, ep: select.epoll) -> None:
@@ -164,7 +181,8 @@ class TcpIngress:
             # The kernel's own send buffer (autotuned to MBs) is bounded too, so a caller
             # that stops reading holds little beyond `tcp_write_buffer` in the relay.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, KERNEL_SEND_BUFFER)
-            conn = Connection(sock, client, now, now)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, KERNEL_RECEIVE_BUFFER)
+            conn = Connection(sock, client, now, now, TokenBucket(FRAME_RATE, FRAME_BURST, now))
             self.by_fd[sock.fileno()] = conn
             self.by_client[client] = conn
             self.per_ip[source] += 1
@@ -180,34 +198,60 @@ class TcpIngress:
             sock.close()
 
     def _read(self, conn: Connection, now: float) -> None:
+        """Handle up to a pass's frames of `conn`: those its deframer holds first, then
+        what the socket has (up to READ_BATCH reads)."""
         buf = self._buf
+        deframer = conn.deframer
+        budget = FRAMES_PER_EVENT if conn.routed else 1
+        n = 0
         for _ in range(READ_BATCH):
+            held = deframer.more  # a read's frames a pass left: they go before the socket
+            if not held:
+                try:
+                    n = conn.sock.recv_into(buf)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    self.close(conn, "reset")
+                    return
+                if n == 0:
+                    self.close(conn, "eof")
+                    return
             try:
-                n = conn.sock.recv_into(buf)
-            except BlockingIOError:
-                return
-            except OSError:
-                self.close(conn, "reset")
-                return
-            if n == 0:
-                self.close(conn, "eof")
-                return
-            try:
-                frames = conn.deframer.feed(memoryview(buf)[:n])
+                frames = deframer.feed(b"" if held else memoryview(buf)[:n], budget)
             except FramingError as exc:
                 self.close(conn, exc.reason, reset=True)
                 return
+            budget -= len(frames)
             for data in frames:
                 if not data:
+                    if not conn.routed:  # RFC 6544: a caller's first frame is its check
+                        self.close(conn, "empty_first_frame", reset=True)
+                        return
                     continue  # an empty frame carries nothing (RFC 4571 allows it)
                 conn.last_frame = now
+                if not conn.frames.take(now):
+                    self.count_drop("tcp_rate_limited")
+                    continue
                 reason = self.on_frame(conn, data, now)
                 if reason is not None:
                     self.close(conn, reason, reset=True)
                     return
                 conn.routed = True
-            if n < READ_SIZE:
-                return
+            if budget <= 0 or (not held and n < READ_SIZE):
+                break
+        fd = conn.sock.fileno()
+        if deframer.more:
+            self.backlog[fd] = conn
+        else:
+            self.backlog.pop(fd, None)
+
+    def serve_backlog(self, now: float) -> None:
+        """A pass for each connection whose deframer holds frames a pass left (the loop
+        calls this after its events, and polls without waiting while there are any)."""
+        for conn in list(self.backlog.values()):
+            if self.by_fd.get(conn.sock.fileno()) is conn:
+                self._read(conn, now)
 
     # -- the reply path ------------------------------------------------------------------------
 
@@ -290,6 +334,7 @@ class TcpIngress:
         if self.by_fd.get(fd) is not conn:
             return
         del self.by_fd[fd]
+        self.backlog.pop(fd, None)
         self.queued -= len(conn.out)
         owner = self.by_client.get(conn.client) is conn
         if owner:

@@ -6,10 +6,12 @@ ICE-TCP connection. `frame` writes one; `Deframer` is the sans-IO reader: feed i
 `recv` returned, get back the complete frames, with a partial frame kept for the next feed.
 
 Bounds: the deframer holds at most one partial frame of at most `max_frame` bytes (plus its
-two length bytes). A frame longer than `max_frame` (no WebRTC packet on the wire exceeds
-~1500 bytes, though the format allows 65535) raises `OversizeFrame`, and the deframer
-refuses further input: the peer is not speaking this protocol, so the connection should
-close. Parsing never raises anything but this module's errors.
+two length bytes), and, when a `feed` was given a `limit`, the whole frames of that feed it
+did not read yet (`more`): the caller reads them with `feed(b"", limit)` before it feeds
+more, so that is at most one read's bytes. A frame longer than `max_frame` (no WebRTC
+packet on the wire exceeds ~1500 bytes, though the format allows 65535) raises
+`OversizeFrame`, and the deframer refuses further input: the peer is not speaking this
+protocol, so the connection should close. Parsing never raises anything but this module's errors.
 
 Errors::
 
@@ -49,7 +51,7 @@ def prefix(n: int) -> bytes:
 class Deframer:
     """Splits a byte stream into RFC 4571 frames."""
 
-    __slots__ = ("max_frame", "_buf", "_failed")
+    __slots__ = ("max_frame", "_buf", "_failed", "_more")
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         if not 0 < max_frame <= MAX_FRAME:
@@ -57,22 +59,38 @@ class Deframer:
         self.max_frame = max_frame
         self._buf = bytearray()
         self._failed = False
+        self._more = False
 
     @property
     def buffered(self) -> int:
-        """Bytes held of a frame not yet complete."""
+        """Bytes held: of a frame not yet complete, and of frames a limited feed left."""
         return len(self._buf)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """The frames `data` completes, in order (an empty frame is returned as b"")."""
+    @property
+    def more(self) -> bool:
+        """Whether a `feed` stopped at its `limit` with bytes left that may be whole frames."""
+        return self._more
+
+    def feed(self, data: bytes | bytearray | memoryview, limit: int | None = None) -> list[bytes]:
+        """The frames `data` completes, in order (an empty frame is returned as b""); with
+        `limit`, at most that many (empty ones count), the rest kept for the next feed."""
         if self._failed:
             raise OversizeFrame("the stream already carried an oversize frame")
+        if limit is not None and limit < 1:
+            raise ValueError(f"a frame limit must be 1 or more, not {limit}")
         buf = self._buf
-        buf += data
+        if data:
+            buf += data
         out: list[bytes] = []
         pos = 0
         end = len(buf)
+        left = -1 if limit is None else limit
+        self._more = False
         while end - pos >= LENGTH_PREFIX:
+            if not left:
+                self._more = True
+                break
+            left -= 1
             n = (buf[pos] << 8) | buf[pos + 1]
             if n > self.max_frame:
                 self._failed = True

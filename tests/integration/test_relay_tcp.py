@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from firsthop.services.relay.tcp_ingress import FRAME_BURST, FRAME_RATE
 from firsthop.shared.wire import stun
 from firsthop.shared.wire.proxy_v2 import build_proxy_v2, parse_proxy_v2
 from firsthop.shared.wire.rfc4571 import Deframer, frame
@@ -283,6 +284,37 @@ def test_a_first_frame_that_opens_no_flow_closes_the_connection(
         relay.wait_metric(
             "firsthop_relay_tcp_closed_total", before + 1, reason="first_frame_rejected"
         )
+    finally:
+        caller.close()
+
+
+def test_a_flood_of_tiny_frames_is_rate_limited_and_counted_and_the_call_goes_on(
+    relay: RelayProcess, tx: FakeTransceiver
+) -> None:
+    """RFC 4571's two-byte frames would turn one TCP segment into hundreds of datagrams to
+    a transceiver: past FRAME_RATE a second (burst FRAME_BURST) a connection's frames are
+    counted drops, and its call's next frames pass once the bucket refills."""
+    caller = TcpCaller(listen_tcp(relay))
+    try:
+        via = open_tcp_call(relay, caller, tx)
+        before = relay.metric("firsthop_relay_drops_total", reason="tcp_rate_limited")
+        sent = 30_000
+        start = time.monotonic()
+        caller.sock.sendall(frame(b"\x80") * sent)  # (90 KB: 485 frames a TCP segment)
+
+        def dropped_past_the_rate() -> bool:
+            allowed = FRAME_BURST + FRAME_RATE * (time.monotonic() - start)
+            dropped = relay.metric("firsthop_relay_drops_total", reason="tcp_rate_limited")
+            return dropped - before >= sent - allowed
+
+        wait_until(dropped_past_the_rate, timeout=10)
+        while not tx.recv_none(0.2):  # (what did pass, if the socket kept it)
+            pass
+        time.sleep(0.1)  # a hundred tokens back
+        caller.send(rtp(1))
+        data, frm = tx.recv()
+        hdr = parse_proxy_v2(data)
+        assert (hdr.src, data[hdr.payload_offset :], frm) == (caller.addr, rtp(1), via)
     finally:
         caller.close()
 

@@ -8,8 +8,15 @@ import socket
 import struct
 
 from firsthop.services.relay.flows import RelayLimits
-from firsthop.services.relay.tcp_ingress import KERNEL_SEND_BUFFER, TcpIngress, tcp_listener
+from firsthop.services.relay.tcp_ingress import (
+    FRAME_BURST,
+    FRAMES_PER_EVENT,
+    KERNEL_SEND_BUFFER,
+    TcpIngress,
+    tcp_listener,
+)
 from firsthop.shared.address import Address
+from firsthop.shared.wire.rfc4571 import frame
 
 
 def ingress() -> tuple[TcpIngress, socket.socket, list[Address]]:
@@ -96,4 +103,76 @@ def test_out_of_descriptors_the_listener_rests_until_the_next_sweep() -> None:
         sock.close()
     tcp.close_all()
     ep.close()
+    listener.close()
+
+
+def accepted(
+    frames: list[bytes], drops: list[str]
+) -> tuple[TcpIngress, socket.socket, socket.socket]:
+    """An ingress whose frame handler records what it is handed, a caller connected to it
+    and accepted, and the listener."""
+    listener = tcp_listener(("127.0.0.1", 0), reuseport=False)
+    listener.setblocking(False)
+
+    def on_frame(conn: object, data: bytes, now: float) -> None:
+        frames.append(data)
+
+    tcp = TcpIngress(
+        [listener],
+        RelayLimits(),
+        on_frame=on_frame,
+        on_close=lambda _: None,
+        count_drop=drops.append,
+    )
+    caller = connect(listener)
+    tcp._accept(listener, 0.0)
+    return tcp, caller, listener
+
+
+def test_a_pass_handles_a_bounded_number_of_a_connections_frames_the_rest_next_passes() -> None:
+    """A caller's one write of thousands of one-byte frames: each pass handles at most
+    FRAMES_PER_EVENT of them (the first, before the connection is routed, alone), the socket
+    is not read while its frames wait, the loop is told to come back (`backlog`), and every
+    frame is handled in order, up to the connection's burst; the rest are counted drops."""
+    frames: list[bytes] = []
+    drops: list[str] = []
+    tcp, caller, listener = accepted(frames, drops)
+    (conn,) = tcp.by_fd.values()
+    flood = b"".join(frame(bytes([i % 256])) for i in range(3000))
+    caller.sendall(frame(b"check") + flood)
+    assert select.select([conn.sock], [], [], 5)[0]
+    tcp._read(conn, 0.0)
+    assert frames == [b"check"] and list(tcp.backlog.values()) == [conn]
+    tcp.serve_backlog(0.0)
+    assert len(frames) == 1 + FRAMES_PER_EVENT
+    passes = 2
+    while tcp.backlog or select.select([conn.sock], [], [], 0)[0]:
+        before = len(frames) + len(drops)
+        if tcp.backlog:
+            tcp.serve_backlog(0.0)
+        else:
+            tcp._read(conn, 0.0)
+        assert len(frames) + len(drops) - before <= FRAMES_PER_EVENT
+        passes += 1
+    assert frames[1:] == [bytes([i % 256]) for i in range(int(FRAME_BURST) - 1)]
+    assert drops == ["tcp_rate_limited"] * (3001 - int(FRAME_BURST))
+    assert passes >= 3000 // FRAMES_PER_EVENT
+    caller.close()
+    tcp.close_all()
+    listener.close()
+
+
+def test_an_empty_first_frame_resets_the_connection() -> None:
+    """RFC 6544: a caller's first frame is its check; an empty one (RFC 4571 allows them
+    later) would let a caller with no token make the relay parse a flood for free."""
+    frames: list[bytes] = []
+    tcp, caller, listener = accepted(frames, [])
+    (conn,) = tcp.by_fd.values()
+    caller.sendall(frame(b"") * 8000)
+    assert select.select([conn.sock], [], [], 5)[0]
+    tcp._read(conn, 0.0)
+    assert tcp.closed["empty_first_frame"] == 1 and not tcp.by_fd and not tcp.backlog
+    assert frames == []
+    caller.close()
+    tcp.close_all()
     listener.close()

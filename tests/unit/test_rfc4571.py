@@ -76,3 +76,42 @@ def test_garbage_raises_only_framing_errors(data: bytes) -> None:
     except rfc4571.FramingError:
         return
     assert sum(len(f) + 2 for f in frames) + d.buffered == len(data)
+
+
+@given(
+    st.lists(st.binary(max_size=300), max_size=40),
+    st.lists(st.integers(1, 400), min_size=1),
+    st.integers(1, 5),
+)
+def test_a_limited_feed_reads_at_most_its_limit_and_loses_nothing(
+    payloads: list[bytes], cuts: list[int], limit: int
+) -> None:
+    """Fed with a limit and drained with b"" while `more`, the same frames come back as
+    unlimited, whatever the split, never more than `limit` a call (empty frames count)."""
+    stream = b"".join(frame(p) for p in payloads)
+    d = Deframer(max_frame=300)
+    out: list[bytes] = []
+    pos = i = 0
+    while pos < len(stream):
+        step = cuts[i % len(cuts)]
+        batch = d.feed(stream[pos : pos + step], limit)
+        while True:
+            assert len(batch) <= limit
+            out += batch
+            if not d.more:
+                break
+            batch = d.feed(b"", limit)
+        pos += step
+        i += 1
+    assert out == payloads
+    assert d.buffered == 0 and not d.more
+
+
+def test_more_is_false_once_what_is_left_is_a_part_frame() -> None:
+    d = Deframer()
+    stream = frame(b"") * 3 + frame(b"abc")[:3]
+    assert d.feed(stream, 2) == [b"", b""] and d.more
+    assert d.feed(b"", 2) == [b""] and not d.more  # the rest: a part frame
+    assert d.feed(b"bc", 2) == [b"abc"] and not d.more
+    with pytest.raises(ValueError):
+        d.feed(b"", 0)
