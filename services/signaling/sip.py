@@ -81,6 +81,7 @@ BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)  # a conn
 MAX_TCP, MAX_TCP_PER_SOURCE = 1024, 16  # SIP connections, in all and from one address
 TCP_IDLE = 300.0  # s without a message (or a keep-alive) before a connection is closed
 TCP_QUEUE = 64  # messages waiting to be written to one connection; past that, dropped
+STREAM_BATCH = 16  # messages of one read handled between passes of Trio's scheduler
 WEBHOOK_ATTEMPTS = 3  # posts of one event (Standard Webhooks: retried on a failure)
 WEBHOOK_TIMEOUT = 5.0  # s, each
 # What of an INVITE its webhook carries (`data.sip_headers`), bounded: not the routing.
@@ -325,12 +326,15 @@ class SipFront:
             except sip.SipError as exc:  # nothing after it can be framed: the connection goes
                 self.counters[f"{exc.reason}_tcp"] += 1
                 return
-            for _ in range(framer.pings):
+            if framer.pings:  # RFC 5626 §3.5.1: a pong (one a read, however many pings)
                 with contextlib.suppress(trio.WouldBlock):
-                    send.send_nowait(b"\r\n")  # RFC 5626 §3.5.1: a pong
+                    send.send_nowait(b"\r\n")
             framer.pings = 0
-            for message in messages:
+            for i, message in enumerate(messages, 1):
                 self._feed(message, peer)
+                if i % STREAM_BATCH == 0:  # a read of thousands of tiny messages: others run
+                    await self._carry_out()
+                    await trio.lowlevel.checkpoint()
             await self._carry_out()
 
     async def _writer(

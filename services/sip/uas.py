@@ -55,6 +55,8 @@ ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
 KNOWN = {"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRACK", "INFO"}
 ENDED = {"bye", "cancel", "no_ack", "rejected", "hangup", "ring_timeout", "session_expired"}
 MIN_SE = 90  # s: the shortest session interval we take (RFC 4028 §4: at least 90)
+MAX_SE = 7200  # s: the longest; a longer one is answered with this (RFC 4028 §9 lets a UAS)
+HEAP_SLACK = 4  # timer entries kept per live transaction or call before stale ones go
 RELIABLE = {"TCP", "TLS", "SCTP", "WS", "WSS"}  # transports that retransmit for us (§17)
 
 
@@ -235,10 +237,11 @@ class SipUas:
         except sip.SipError as exc:
             self.counters[exc.reason] += 1
             if trunk is not None and message.method != "ACK":
-                self._reply(message, source, 400, str(exc)[:100])
+                if not isinstance(exc, sip.TooManyValues):  # (its answer would copy them all)
+                    self._reply(message, source, 400, str(exc)[:100])
             return
         if trunk is None:
-            self._refuse_stranger(message, source, now)
+            self._refuse_stranger(message, source, now, len(data))
             return
         self._on_request(message, source, trunk, now)
 
@@ -321,7 +324,7 @@ class SipUas:
         c.reoffer = None
         refreshed = _session_timer(tx.request)  # a refresh (RFC 4028 §9): its interval now
         if c.interval and refreshed is not None and refreshed[0] >= MIN_SE:
-            c.interval = refreshed[0]
+            c.interval = min(refreshed[0], MAX_SE)
         data = self._final_bytes(tx, 200, "OK", sdp, c.tag, _timer_headers(c))
         tx.final = data
         self._send(data, tx.source)
@@ -466,7 +469,7 @@ class SipUas:
             transport=sip.parse_via(request.vias()[0]).transport,
         )
         if timer is not None:
-            call.interval, call.refresher = timer[0], timer[1] or "uac"
+            call.interval, call.refresher = min(timer[0], MAX_SE), timer[1] or "uac"
             call.timer_supported = "timer" in [o.lower() for o in request.get_all("supported")]
         tx.call = call
         self._calls[tag] = call
@@ -767,18 +770,40 @@ class SipUas:
             if self._per_source[host] <= 0:
                 del self._per_source[host]
 
-    def _reply(self, request: SipRequest, source: Address, status: int, reason: str) -> None:
-        """A stateless answer (no transaction kept): to a request we will not process."""
-        response = sip.response_to(
-            request, status, reason, to_tag=self.token(), via_received=source
-        )
-        self._send(response.encode(), source)
+    def _reply(
+        self,
+        request: SipRequest,
+        source: Address,
+        status: int,
+        reason: str,
+        most: int | None = None,
+    ) -> bool:
+        """A stateless answer (no transaction kept): to a request we will not process. Not
+        sent (False, counted) to a request with more Via values than a path has, or when it
+        would be more than `most` bytes; a request it cannot be built for is a counted drop."""
+        if len(request.vias()) > sip.MAX_HOPS:
+            self.counters["sip_reply_not_sent"] += 1
+            return False
+        try:
+            response = sip.response_to(
+                request, status, reason, to_tag=self.token(), via_received=source
+            ).encode()
+        except sip.SipError:
+            self.counters["sip_reply_not_sent"] += 1
+            return False
+        if most is not None and len(response) > most:
+            self.counters["sip_reply_not_sent"] += 1
+            return False
+        self._send(response, source)
+        return True
 
-    def _refuse_stranger(self, request: SipRequest, source: Address, now: float) -> None:
+    def _refuse_stranger(self, request: SipRequest, source: Address, now: float, size: int) -> None:
+        """A 403, no bigger than the request (a spoofed source must not be a reflector),
+        at most FORBIDDEN_RATE a second from all strangers together."""
         self.counters["sip_forbidden"] += 1
-        if request.method != "ACK" and self._forbidden.take(now):
-            self._reply(request, source, 403, "Forbidden")
-        else:
+        if request.method == "ACK" or not self._forbidden.take(now):
+            self.counters["sip_forbidden_unanswered"] += 1
+        elif not self._reply(request, source, 403, "Forbidden", most=size):
             self.counters["sip_forbidden_unanswered"] += 1
 
     def _send(self, data: bytes, dest: Address) -> None:
@@ -792,7 +817,14 @@ class SipUas:
 
     def _arm(self, item: _Timed, when: float) -> None:
         item.deadline = when
-        heapq.heappush(self._heap, (when, next(self._seq), item))
+        heap = self._heap
+        heapq.heappush(heap, (when, next(self._seq), item))
+        live = len(self._server) + len(self._client) + len(self._calls)
+        if len(heap) > HEAP_SLACK * live + 64:
+            # Entries whose item was re-armed or is done leave only from the top; a call
+            # refreshed every second would pile them up under a far deadline. Keep the live.
+            heap[:] = [entry for entry in heap if entry[2].deadline == entry[0]]
+            heapq.heapify(heap)
 
 
 def referable(target: str) -> bool:

@@ -390,6 +390,14 @@ def test_tcp_connections_are_a_trunks_only_and_framed_strictly(stack: PhoneStack
     try:
         trunk.sendall(b"\r\n\r\n")
         assert trunk.recv(100) == b"\r\n"
+        trunk.sendall(b"\r\n\r\n" * 2000)  # one write of pings: a pong a read, not each
+        pongs = trunk.recv(100)
+        trunk.settimeout(0.3)
+        with contextlib.suppress(TimeoutError):
+            while more := trunk.recv(65536):  # (whatever else comes within 0.3 s)
+                pongs += more
+        trunk.settimeout(5)
+        assert pongs and set(pongs) <= set(b"\r\n") and len(pongs) <= 2 * 8, len(pongs)
         phone = Phone(stack.sip)
         options = phone.request("OPTIONS").encode().replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
         phone.close()

@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from firsthop.services.sip.uas import (
+    HEAP_SLACK,
+    MAX_SE,
     T1,
     T2,
     TIMEOUT,
@@ -512,3 +514,68 @@ def test_when_the_trunk_asks_us_to_refresh_we_send_updates() -> None:
     assert {m.method for _, m in updates} == {"UPDATE"} and 50.0 <= updates[0][0] < 50.2
     assert updates[0][1].get("session-expires") == "100;refresher=uas"
     assert events(core) == [CallConfirmed(offer.call)]  # and the call goes on
+
+
+def test_a_request_with_more_vias_than_a_path_has_is_not_answered() -> None:
+    """Each comma-separated Via becomes a line of its own in an answer (§8.2.6.2): 7,700
+    of them in 16 KB made a 62 KB 403 (and 742 KB with a trunk's retransmissions)."""
+    core = uas()
+    vias = ",".join(f"SIP/2.0/UDP 192.0.2.7:5062;branch=z9hG4bK{i}" for i in range(40))
+    core.receive_datagram(request("OPTIONS", extra=(("Via", vias),)), TRUNK, 0.0)
+    assert sent(core) == [] and core.counters["sip_too_many_hops"] == 1
+    assert core.transactions == 0
+    core.receive_datagram(request("OPTIONS", extra=(("Via", vias),)), STRANGER, 0.0)
+    assert sent(core) == []  # (refused before it is checked: no 403 copying them either)
+    assert core.counters["sip_reply_not_sent"] + core.counters["sip_too_many_hops"] == 2
+
+
+def test_a_403_is_never_bigger_than_the_request_it_answers() -> None:
+    core = uas()
+    data = request("INVITE", body=SDP)
+    core.receive_datagram(data, STRANGER, 0.0)
+    ((answer, _),) = [(m, d) for m, d in sent(core)]
+    assert isinstance(answer, SipResponse) and answer.status == 403
+    assert len(answer.encode()) <= len(data)
+    tiny = (
+        b"OPTIONS sip:a@b SIP/2.0\r\nv: SIP/2.0/UDP h;branch=z9hG4bK1\r\nf: <sip:a@b>;tag=1\r\n"
+        b"t: <sip:b@b>\r\ni: 1\r\nCSeq: 1 OPTIONS\r\n\r\n"
+    )
+    core.receive_datagram(tiny, STRANGER, 0.0)  # (compact forms: its 403 would be bigger)
+    assert sent(core) == [] and core.counters["sip_forbidden_unanswered"] == 1
+
+
+def test_a_trunks_request_whose_to_cannot_be_read_gets_its_400() -> None:
+    """It raised out of the core before (a traceback a datagram, and no answer)."""
+    core = uas()
+    data = re.sub(rb"To: [^\r]*", b"To: garbage <<", request("OPTIONS"))
+    core.receive_datagram(data, TRUNK, 0.0)
+    assert statuses(core) == [400]
+
+
+def test_a_session_interval_is_at_most_two_hours_and_refreshes_keep_few_timers() -> None:
+    """A trunk asking for 999,999,999 s gets MAX_SE; a refresh every 0.2 s for 20 minutes
+    (6,000 UPDATEs) leaves the timer heap a few entries a live item, not one a refresh."""
+    core = uas()
+    core.receive_datagram(timed_invite("999999999;refresher=uac"), TRUNK, 0.0)
+    (offer,) = events(core)
+    assert isinstance(offer, CallOffered)
+    sent(core)
+    core.answer(offer.call, b"v=0\r\n", 0.0)
+    ((ok, _),) = sent(core)
+    assert isinstance(ok, SipResponse) and ok.get("session-expires") == f"{MAX_SE};refresher=uac"
+    core.receive_datagram(ack(offer.call), TRUNK, 0.1)
+    events(core)
+    most = 0
+    for i in range(6000):
+        now = 1.0 + i * 0.2
+        refresh = request("UPDATE", branch=f"z9hG4bKr{i}", cseq=2 + i, to_tag=offer.call,
+                          extra=(("Session-Expires", "999999999;refresher=uac"),))  # fmt: skip
+        core.receive_datagram(refresh, TRUNK, now)
+        events(core)
+        core.answer(offer.call, b"", now)
+        sent(core)
+        if (at := core.get_timer()) is not None and at <= now:
+            core.handle_timer(now)
+        most = max(most, core.transactions + core.calls)
+        assert len(core._heap) <= HEAP_SLACK * most + 64 + 1  # (7,602 before)
+    assert core.calls == 1
