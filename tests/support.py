@@ -1022,3 +1022,17 @@ def peak_hz(channel: Any, rate: int) -> float:
 
     spectrum = np.abs(np.fft.rfft(channel))
     return float(np.fft.rfftfreq(len(channel), 1 / rate)[np.argmax(spectrum)])
+
+
+def drain_limited(
+    batch: list[Any], again: Callable[[], list[Any]], more: Callable[[], bool], limit: int
+) -> list[Any]:
+    """All a reader fed with a frame limit gives: `batch`, then `again()` while `more()`,
+    asserting no call gave more than `limit`."""
+    out: list[Any] = []
+    while True:
+        assert len(batch) <= limit
+        out += batch
+        if not more():
+            return out
+        batch = again()

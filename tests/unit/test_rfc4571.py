@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from firsthop.shared.wire import rfc4571
 from firsthop.shared.wire.rfc4571 import Deframer, OversizeFrame, frame
+from tests.support import drain_limited
 
 
 def test_frame_layout() -> None:
@@ -57,13 +58,7 @@ def test_bound_must_fit_the_length_field() -> None:
 def test_any_split_gives_the_frames_back(payloads: list[bytes], cuts: list[int]) -> None:
     stream = b"".join(frame(p) for p in payloads)
     d = Deframer(max_frame=300)
-    out: list[bytes] = []
-    pos = i = 0
-    while pos < len(stream):
-        step = cuts[i % len(cuts)]
-        out += d.feed(stream[pos : pos + step])
-        pos += step
-        i += 1
+    out = [f for piece in pieces(stream, cuts) for f in d.feed(piece)]
     assert out == payloads
     assert d.buffered == 0
 
@@ -91,18 +86,10 @@ def test_a_limited_feed_reads_at_most_its_limit_and_loses_nothing(
     stream = b"".join(frame(p) for p in payloads)
     d = Deframer(max_frame=300)
     out: list[bytes] = []
-    pos = i = 0
-    while pos < len(stream):
-        step = cuts[i % len(cuts)]
-        batch = d.feed(stream[pos : pos + step], limit)
-        while True:
-            assert len(batch) <= limit
-            out += batch
-            if not d.more:
-                break
-            batch = d.feed(b"", limit)
-        pos += step
-        i += 1
+    for piece in pieces(stream, cuts):
+        out += drain_limited(
+            d.feed(piece, limit), lambda: d.feed(b"", limit), lambda: d.more, limit
+        )
     assert out == payloads
     assert d.buffered == 0 and not d.more
 
@@ -115,3 +102,14 @@ def test_more_is_false_once_what_is_left_is_a_part_frame() -> None:
     assert d.feed(b"bc", 2) == [b"abc"] and not d.more
     with pytest.raises(ValueError):
         d.feed(b"", 0)
+
+
+def pieces(stream: bytes, cuts: list[int]) -> list[bytes]:
+    """`stream` cut into pieces of the sizes in `cuts`, cycled (as TCP may hand it over)."""
+    out, pos, i = [], 0, 0
+    while pos < len(stream):
+        step = cuts[i % len(cuts)]
+        out.append(stream[pos : pos + step])
+        pos += step
+        i += 1
+    return out

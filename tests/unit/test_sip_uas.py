@@ -463,6 +463,21 @@ def timed_invite(expires: str, supported: bool = True) -> bytes:
     return request("INVITE", body=SDP, extra=tuple(extra))
 
 
+def timed_call(core: SipUas, expires: str) -> tuple[CallOffered, SipResponse]:
+    """A call offered with `Session-Expires: expires`, answered and acknowledged: the offer
+    and our 2xx."""
+    core.receive_datagram(timed_invite(expires), TRUNK, 0.0)
+    (offer,) = events(core)
+    assert isinstance(offer, CallOffered)
+    sent(core)
+    core.answer(offer.call, b"v=0\r\n", 0.0)
+    ((ok, _),) = sent(core)
+    assert isinstance(ok, SipResponse)
+    core.receive_datagram(ack(offer.call), TRUNK, 0.1)
+    events(core)
+    return offer, ok
+
+
 def test_session_timers_too_short_are_422() -> None:
     core = uas()
     core.receive_datagram(timed_invite("30"), TRUNK, 0.0)
@@ -476,16 +491,9 @@ def test_a_session_the_trunk_does_not_refresh_ends_with_a_bye() -> None:
     require the extension it supports; no refresh before interval - min(32, interval/3):
     the call is over."""
     core = uas()
-    core.receive_datagram(timed_invite("120;refresher=uac"), TRUNK, 0.0)
-    (offer,) = events(core)
-    assert isinstance(offer, CallOffered)
-    sent(core)
-    core.answer(offer.call, b"v=0\r\n", 0.0)
-    ((ok, _),) = sent(core)
-    assert isinstance(ok, SipResponse) and ok.get("session-expires") == "120;refresher=uac"
+    offer, ok = timed_call(core, "120;refresher=uac")
+    assert ok.get("session-expires") == "120;refresher=uac"
     assert ok.get("require") == "timer"
-    core.receive_datagram(ack(offer.call), TRUNK, 0.1)
-    events(core)
     # a refresh at 60 s (an UPDATE with no offer) moves the expiry to 60 + 88
     refresh = request("UPDATE", branch="z9hG4bKr1", cseq=2, to_tag=offer.call,
                       extra=(("Session-Expires", "120;refresher=uac"),))  # fmt: skip
@@ -556,15 +564,8 @@ def test_a_session_interval_is_at_most_two_hours_and_refreshes_keep_few_timers()
     """A trunk asking for 999,999,999 s gets MAX_SE; a refresh every 0.2 s for 20 minutes
     (6,000 UPDATEs) leaves the timer heap a few entries a live item, not one a refresh."""
     core = uas()
-    core.receive_datagram(timed_invite("999999999;refresher=uac"), TRUNK, 0.0)
-    (offer,) = events(core)
-    assert isinstance(offer, CallOffered)
-    sent(core)
-    core.answer(offer.call, b"v=0\r\n", 0.0)
-    ((ok, _),) = sent(core)
-    assert isinstance(ok, SipResponse) and ok.get("session-expires") == f"{MAX_SE};refresher=uac"
-    core.receive_datagram(ack(offer.call), TRUNK, 0.1)
-    events(core)
+    offer, ok = timed_call(core, "999999999;refresher=uac")
+    assert ok.get("session-expires") == f"{MAX_SE};refresher=uac"
     most = 0
     for i in range(6000):
         now = 1.0 + i * 0.2

@@ -29,6 +29,7 @@ from firsthop.shared.wire.websocket import (
     mask,
     split_handshake,
 )
+from tests.support import drain_limited
 
 messages = st.one_of(st.binary(max_size=70000), st.text(max_size=300))
 
@@ -235,12 +236,7 @@ def test_a_limited_feed_reads_at_most_its_limit_and_loses_nothing(
     got: list[wsw.Event] = []
     for chunk in chunked(wire, cuts):
         batch = reader.feed(chunk, limit)
-        while True:
-            assert len(batch) <= limit
-            got += batch
-            if not reader.more:
-                break
-            batch = reader.feed(b"", limit)
+        got += drain_limited(batch, lambda: reader.feed(b"", limit), lambda: reader.more, limit)
     assert got == expected
     assert not reader.more
 
