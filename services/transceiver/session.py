@@ -60,6 +60,7 @@ from firsthop.services.transceiver.rtc import (
     call_asyncio,
 )
 from firsthop.shared.address import Address
+from firsthop.shared.ratelimit import TokenBucket
 from firsthop.shared.session_config import UNSET, noise_reduction
 from firsthop.shared.telemetry import traceparent_of
 
@@ -76,6 +77,9 @@ STAGES = ("setup", "agent_connect", "agent", "media", "events", "close")
 MAX_SIDEBANDS = 4  # sideband sockets per session
 SIDEBAND_QUEUE = 256  # events waiting for one sideband socket
 AHEAD_FRAMES = 1500  # 30 s of a backend's answer sent ahead, queued to play
+# A caller's data-channel events a second (burst): past them, dropped unparsed and unanswered
+# (`client_events_rate_limited`). Tiny events at the session's datagram budget cost a core.
+CLIENT_EVENT_RATE, CLIENT_EVENT_BURST = 100.0, 200.0
 # The media core's counters set on the call's span at its end (`firsthop.media.<name>`).
 SPAN_STATS = (
     "rtp_packets_in", "rtp_packets_out", "rtp_bytes_in", "rtp_bytes_out", "rtp_lost",
@@ -116,6 +120,7 @@ class Session:
         self._link: AgentLink | None = None
         self._agent: AgentProtocol | None = None
         self._held = HeldEvents()
+        self._client_events = TokenBucket(CLIENT_EVENT_RATE, CLIENT_EVENT_BURST, time.monotonic())
         self._hold = False
         self._call_state_events = True
         self.failure: str | None = None  # the stage that raised, if one did
@@ -240,7 +245,10 @@ class Session:
             self.rtc.send_event(json.dumps({"type": "call.state", "state": state}))
 
     def _message_in(self, message: str | bytes) -> None:
-        """The caller's data channel: the agent protocol decides."""
+        """The caller's data channel: the agent protocol decides, within the event budget."""
+        if not self._client_events.take(time.monotonic()):
+            self.counters["client_events_rate_limited"] += 1
+            return
         self.client_message(message)
 
     def client_message(

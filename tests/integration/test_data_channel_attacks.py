@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,13 @@ import pytest
 from aiortc.rtcsctptransport import SCTP_DATA_FIRST_FRAG, SCTP_DATA_LAST_FRAG, DataChunk
 
 from firsthop.services.call.caller import Caller
-from firsthop.services.transceiver.rtc.sctp_hooks import MAX_MISORDERED, MAX_STREAMS
+from firsthop.services.transceiver.rtc.sctp_hooks import (
+    CHUNK_BURST,
+    CHUNK_RATE,
+    MAX_MISORDERED,
+    MAX_STREAMS,
+)
+from firsthop.services.transceiver.session import CLIENT_EVENT_BURST, CLIENT_EVENT_RATE
 from tests.integration.test_transceiver import caller_events, event_count, signal_via
 from tests.support import AgentProcess, TransceiverProcess, eventually, wait_until
 
@@ -79,4 +86,81 @@ def test_chunks_past_a_gap_and_on_many_streams_are_dropped(tx: TransceiverProces
     # everything past the rooms: the one too far ahead, the gaps beyond MAX_MISORDERED, the
     # streams beyond MAX_STREAMS
     assert dropped >= 1 + gaps + streams - MAX_MISORDERED - MAX_STREAMS
+    assert tx.proc is not None and tx.proc.poll() is None
+
+
+async def open_channel(tx: TransceiverProcess) -> Caller:
+    c = Caller(data_channel=True)
+    await c.start(signal_via(tx, [f"{tx.media[0]}:{tx.media[1]}"]))
+    await asyncio.wait_for(c.wait_connected(), 10)
+    channel = c.channel
+    assert channel is not None
+    await eventually(lambda: channel.readyState == "open", 5)
+    return c
+
+
+def echoed(c: Caller, kind: str) -> int:
+    return sum(1 for e in caller_events(c) if e["type"] == "echo" and e["event"]["type"] == kind)
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_of_tiny_events_is_held_to_the_sessions_event_budget(
+    tx: TransceiverProcess,
+) -> None:
+    """1,500 tiny events at once: the agent gets the burst and the rate, the rest are
+    counted drops, unparsed and unanswered; once the budget refills the channel works."""
+    before = event_count(tx, "client_events_rate_limited")
+    sent = 1500
+
+    async def main() -> tuple[int, float]:
+        c = await open_channel(tx)
+        channel = c.channel
+        assert channel is not None
+        start = time.monotonic()
+        for i in range(sent):
+            channel.send(json.dumps({"type": "x", "n": i}))
+        await asyncio.to_thread(
+            wait_until,
+            lambda: event_count(tx, "client_events_rate_limited") - before + echoed(c, "x") >= sent,
+            60,
+        )
+        elapsed = time.monotonic() - start
+        for _ in range(40):  # the budget refills: a later event reaches the agent
+            channel.send(json.dumps({"type": "hello"}))
+            await asyncio.sleep(0.25)
+            if echoed(c, "hello"):
+                break
+        flood = echoed(c, "x")
+        await c.close()
+        return flood, elapsed
+
+    flood, elapsed = asyncio.run(main())
+    assert flood <= CLIENT_EVENT_BURST + CLIENT_EVENT_RATE * elapsed + 1
+    assert event_count(tx, "client_events_rate_limited") - before >= sent - flood
+    assert tx.proc is not None and tx.proc.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_new_chunks_past_the_associations_rate_are_dropped(tx: TransceiverProcess) -> None:
+    """A caller's own SCTP sending DATA chunks in order, faster than CHUNK_RATE (burst
+    CHUNK_BURST): the rest are dropped before aiortc handles them, counted."""
+    before = event_count(tx, "sctp_chunk_rate_limited")
+    sent = int(CHUNK_BURST) * 3
+
+    async def main() -> None:
+        c = await open_channel(tx)
+        sctp = c.pc.sctp
+        assert sctp is not None
+        first = sctp._local_tsn
+        for i in range(sent):  # (stream 1: none of them the open channel's messages)
+            await sctp._send_chunk(chunk((first + i) % 2**32, stream_id=1))
+        await asyncio.to_thread(
+            wait_until, lambda: event_count(tx, "sctp_chunk_rate_limited") > before, 30
+        )
+        await c.close()
+
+    asyncio.run(main())
+    assert (
+        event_count(tx, "sctp_chunk_rate_limited") - before >= sent - CHUNK_BURST - 2 * CHUNK_RATE
+    )
     assert tx.proc is not None and tx.proc.poll() is None

@@ -24,7 +24,7 @@ from firsthop.services.transceiver.agents.events import (
     ToCaller,
     ToSender,
 )
-from firsthop.services.transceiver.agents.realtime import RealtimeProtocol
+from firsthop.services.transceiver.agents.realtime import MAX_DELTA, RealtimeProtocol
 from firsthop.shared.wire.g711 import ulaw_decode
 
 SESSION = {"type": "realtime", "model": "gpt-realtime", "instructions": "be brief"}
@@ -294,3 +294,31 @@ def test_a_session_update_nested_as_deep_as_json_goes_is_an_error_not_a_crash() 
             continue
         for e in c.caller_message(text):
             assert isinstance(e, (ToAgent, ToCaller, ToSender, Malformed))
+
+
+def test_a_backends_huge_ids_oversize_deltas_and_half_samples_are_refused() -> None:
+    """Ids ride with every queued frame (1,500 of a megabyte each held 1.5 GiB), one delta is
+    decoded and queued in one callback (a megabyte of G.711 took 172 ms, every call waiting),
+    and an odd byte of PCM16 shifted every sample after it."""
+    c = codec()
+    pcm = tone(440, 24000, 0.02)
+    assert c.on_message(delta(pcm, rid="r" * 129)) == [Malformed("realtime_bad_audio")]
+    assert c.on_message(delta(pcm, item="i" * 129)) == [Malformed("realtime_bad_audio")]
+    assert frames(c.on_message(delta(tone(440, 24000, 0.1), rid="r" * 128)))  # (the longest)
+    big = bytes(MAX_DELTA // 4 * 3 + 3)  # (its base64 one quartet past MAX_DELTA)
+    assert c.on_message(delta(big, rid="r" * 128)) == [Malformed("realtime_audio_oversize")]
+    assert Malformed("realtime_bad_audio") in c.on_message(delta(pcm[:-1], rid="r" * 128))
+
+
+def test_a_lost_link_drops_the_old_responses_g711_still_to_be_framed() -> None:
+    """A phone call's G.711 straight through: what was not yet a whole frame when the
+    backend went away is not the start of the next response's first frame."""
+    ids = itertools.count(1)
+    c = RealtimeProtocol(
+        CallInfo("s1", "c1", None, SESSION, codec="pcmu"), new_id=lambda: f"e{next(ids)}"
+    )
+    c.out_format = "pcmu"
+    assert frames(c.on_message(delta(b"\x01" * 100))) == []  # (not a whole frame: held)
+    c.link_lost()
+    (frame,) = frames(c.on_message(delta(b"\x02" * 160, rid="resp_2")))
+    assert frame.coded and frame.pcm == b"\x02" * 160  # none of the old 100 bytes lead it

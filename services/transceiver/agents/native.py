@@ -65,9 +65,10 @@ class NativeProtocol:
             return [Malformed("event_dropped_oversize")]
         try:
             data = json.loads(message)
+            # (one level deeper than it came: a nesting that parsed may not encode)
+            return [ToAgent(json.dumps({"type": "client.event", "data": data}))]
         except (ValueError, RecursionError):
             return [Malformed("event_dropped_not_json")]
-        return [ToAgent(json.dumps({"type": "client.event", "data": data}))]
 
     def takes_coded(self, codec: str) -> bool:
         return False  # (the native protocol is 48 kHz PCM)
@@ -87,7 +88,11 @@ class NativeProtocol:
 
     def on_message(self, message: Message) -> list[AgentEvent]:
         if isinstance(message, bytes):
+            if len(message) % 2:  # PCM16: half a sample would shift every one after it
+                return [Malformed("agent_bad_audio")]
             return [PlayAudio(message)]
+        if len(message) > MAX_EVENT_BYTES + 1024:  # (no message of ours is longer: unparsed)
+            return [Malformed("event_dropped_oversize")]
         try:
             msg = json.loads(message)
         except (ValueError, RecursionError):

@@ -68,6 +68,13 @@ from firsthop.shared.session_config import UNSET, SessionConfigError, merge_upda
 from firsthop.shared.wire.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 MAX_ITEMS = 32  # items whose audio length is remembered (for truncates)
+# A backend's ids are kept with every queued frame (its tag) and in the playout's maps: an id
+# past MAX_ID characters is refused (`realtime_bad_audio`), so 1,500 queued frames cannot
+# hold 1,500 ids of a megabyte each. An audio delta past MAX_DELTA characters of base64
+# (192 KiB decoded: 4 s at 24 kHz, 24 s of G.711) is refused too (`realtime_audio_oversize`):
+# one callback decodes and queues a whole delta, every call's media clock waiting.
+MAX_ID = 128
+MAX_DELTA = 256 * 1024
 CODED_FRAME = 160  # bytes of 20 ms of G.711 at 8 kHz (a phone call's, straight through)
 
 _ENCODE: dict[str, Callable[[bytes], bytes]] = {"pcmu": ulaw_encode, "pcma": alaw_encode}
@@ -228,6 +235,7 @@ class RealtimeProtocol:
     def link_lost(self) -> list[AgentEvent]:
         self._up.reset()
         self._out.clear()
+        self._coded.clear()  # (a phone call's G.711 straight through: the old response's)
         self._out_tag = None
         gone = error_event(
             self.new_id(),
@@ -256,6 +264,10 @@ class RealtimeProtocol:
         rid, item, delta = msg.get("response_id"), msg.get("item_id"), msg.get("delta")
         if not (isinstance(rid, str) and isinstance(item, str) and isinstance(delta, str)):
             return [Malformed("realtime_bad_audio")]
+        if len(rid) > MAX_ID or len(item) > MAX_ID:
+            return [Malformed("realtime_bad_audio")]
+        if len(delta) > MAX_DELTA:
+            return [Malformed("realtime_audio_oversize")]
         if not self.playout.wanted(rid):
             return [Malformed("realtime_audio_after_clear")]
         try:
@@ -270,6 +282,8 @@ class RealtimeProtocol:
         straight = self.call.codec == self.out_format  # a phone call's own G.711
         decode = _DECODE.get(self.out_format)
         pcm = decode(wire) if decode is not None and not straight else wire
+        if not straight and len(pcm) % 2:  # (PCM16: half a sample would shift all after it)
+            return out + [Malformed("realtime_bad_audio")]
         samples = len(wire) if straight else len(pcm) // 2
         self._sent_samples[item] = self._sent_samples.get(item, 0) + samples
         self._sent_samples.move_to_end(item)
