@@ -16,6 +16,11 @@ let one connection cost a service without bound.
 * An early answer: a request answered (with ``Connection: close``) before its body had
   arrived kept its connection open for as long as the client kept sending, because the
   close ran in a task Quart-Trio had just cancelled.
+* A WebSocket upgrade with one more byte in the same write (stop 41, found by a helper):
+  hypercorn answered 400 while the app's answer was on its way; h11's error state raised
+  `LocalProtocolError` out of the connection's task group, which ended `serve` and the
+  process. Any path, no credential, every service (signaling, the transceiver's API, the
+  agents', the relay's metrics).
 
 Strategy: the services speak HTTP/1.1 and WebSocket (TLS, and HTTP/2 with it, end at the
 ingress), so `Http11Only` never switches a connection to HTTP/2, and closes a connection for
@@ -26,25 +31,34 @@ buffered. A WebSocket connection then holds at most one message
 (`websocket_max_message_size`), one socket read (64 KiB) and the queues between hypercorn
 and the app (`max_app_queue_size` messages, and Quart's own 10).
 
+And whatever else one connection makes raise, it ends that connection alone: `guarded_run`
+wraps hypercorn's per-connection `TCPServer.run`, logs what escaped it and closes the socket
+(cancellation still goes through).
+
 `install()` puts the two classes where hypercorn's protocol code looks them up (module
-globals: hypercorn has no setting for either); `shared.http.hypercorn_config` calls it, so
-every service gets them. It checks that hypercorn still has the shape they were written for.
+globals: hypercorn has no setting for either), and the guard on `TCPServer`;
+`shared.http.hypercorn_config` calls it, so every service gets them. It checks that
+hypercorn still has the shape they were written for.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import h11
 import hypercorn.protocol
 import hypercorn.protocol.h11
+import hypercorn.trio.tcp_server
 import trio
 from hypercorn.events import Closed
 from hypercorn.events import Event as HypercornEvent
 from hypercorn.protocol.events import Event, Request, StreamClosed
 from hypercorn.protocol.ws_stream import FrameTooLargeError, WebsocketBuffer, WSStream
 from wsproto.events import Message
+
+log = logging.getLogger("firsthop.http")
 
 EXTENSIONS_HEADER = b"sec-websocket-extensions"
 CLOSE_GRACE = 1.0  # seconds a connection's close may take, whatever cancels its task
@@ -103,8 +117,28 @@ class Http11Only(hypercorn.protocol.h11.H11Protocol):
         an upgrade request is served as HTTP/1.1, and ``PRI * HTTP/2.0`` gets an error."""
 
 
+_unguarded_run = hypercorn.trio.tcp_server.TCPServer.run
+
+
+async def guarded_run(self: hypercorn.trio.tcp_server.TCPServer) -> None:
+    """One connection's whole life; what it raises ends it alone, never `serve`."""
+    try:
+        await _unguarded_run(self)
+    except* Exception as group:
+        log.warning(
+            "a connection ended on an error in the HTTP server: %s",
+            "; ".join(f"{type(e).__name__}: {e}"[:200] for e in group.exceptions),
+        )
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_GRACE):
+            try:
+                await self.stream.aclose()
+            except Exception:  # (already gone)
+                pass
+
+
 def install() -> None:
     """Make every hypercorn server in this process use the classes above (idempotent)."""
+    hypercorn.trio.tcp_server.TCPServer.run = guarded_run  # type: ignore[method-assign]
     h11_module = hypercorn.protocol.h11
     for module, name in ((h11_module, "WSStream"), (hypercorn.protocol, "H11Protocol")):
         if not isinstance(getattr(module, name, None), type):

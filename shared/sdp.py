@@ -105,7 +105,10 @@ def parse_offer(sdp: str) -> Offer:
         key, value = line[0], line[2:].strip()
         if key == "m":
             parts = value.split()
-            if len(parts) < 4 or not parts[1].isdigit():
+            # (ASCII digits, at most 5: '²'.isdigit() is True and int() refuses it, and
+            # int() of 4,300 digits raises: both were a 500)
+            port = parts[1] if len(parts) >= 4 else ""
+            if not (port.isascii() and port.isdigit() and len(port) <= 5 and int(port) < 65536):
                 raise SdpError(f"malformed m-line {value[:40]!r}")
             current = MediaSection(kind=parts[0], port=int(parts[1]), proto=parts[2])
             media.append(current)

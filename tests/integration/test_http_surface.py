@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,3 +118,38 @@ async def test_dev_refuses_a_websocket_upgrade_from_another_host(
         # a loopback name upgrades (and then wants auth first)
         first = await upgrade(dev_signaling, f"localhost:{dev_signaling.port}")
         assert first["code"] == 401
+
+
+UPGRADE_AND_A_BYTE = (
+    b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\nx"
+)
+
+
+def upgrade_with_a_byte_behind(addr: tuple[str, int], path: bytes) -> None:
+    """A WebSocket upgrade and one more byte in the same write, before any answer."""
+    with socket.create_connection(addr, timeout=5) as sock:
+        sock.sendall(UPGRADE_AND_A_BYTE % path)
+        with contextlib.suppress(OSError):
+            while sock.recv(65536):
+                pass
+
+
+def test_an_upgrade_with_a_byte_behind_it_ends_that_connection_not_the_service() -> None:
+    """hypercorn answered 400 while the app's answer was on its way, and h11's error ended
+    `serve` and the process: one request, any path, no credential (stop 41). Signaling and
+    the transceiver's API, the same bytes on several paths; each still answers after."""
+    sig, tx = SignalingProcess(), TransceiverProcess(tx_id="tx-upgrade")
+    start_all(sig, tx)
+    try:
+        for base, paths in ((sig.url, (b"/v1/ws", b"/no-such-path")), (tx.api, (b"/healthz",))):
+            host, port = base.removeprefix("http://").rsplit(":", 1)
+            for path in paths:
+                for _ in range(3):
+                    upgrade_with_a_byte_behind((host, int(port)), path)
+            assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        for proc in (sig, tx):
+            assert proc.proc is not None and proc.proc.poll() is None
+    finally:
+        sig.kill()
+        tx.kill()

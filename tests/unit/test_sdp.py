@@ -59,6 +59,9 @@ def test_strip_and_mark() -> None:
         (lambda s: s.replace("t=0 0\r\n", "t=0 0\r\na=ice-lite\r\n"), "ICE-lite"),
         (lambda s: s + "garbage\r\n", "malformed"),
         (lambda s: s.replace("m=audio 9 UDP", "m=audio x UDP"), "m-line"),
+        (lambda s: s.replace("m=audio 9 UDP", "m=audio \u00b2 UDP"), "m-line"),  # (was a 500)
+        (lambda s: s.replace("m=audio 9 UDP", "m=audio " + "9" * 5000 + " UDP"), "m-line"),
+        (lambda s: s.replace("m=audio 9 UDP", "m=audio 65536 UDP"), "m-line"),
         (lambda s: s + "x" * 70000, "larger"),
     ],
 )
