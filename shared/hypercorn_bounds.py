@@ -56,12 +56,15 @@ from hypercorn.events import Closed
 from hypercorn.events import Event as HypercornEvent
 from hypercorn.protocol.events import Event, Request, StreamClosed
 from hypercorn.protocol.ws_stream import FrameTooLargeError, WebsocketBuffer, WSStream
-from wsproto.events import Message
+from wsproto.connection import ConnectionState
+from wsproto.events import CloseConnection, Message, Ping
+from wsproto.frame_protocol import CloseReason
 
 log = logging.getLogger("firsthop.http")
 
 EXTENSIONS_HEADER = b"sec-websocket-extensions"
 CLOSE_GRACE = 1.0  # seconds a connection's close may take, whatever cancels its task
+EVENTS_PER_PASS = 64  # WebSocket events of one read handled between passes of the loop
 
 
 class BoundedBuffer(WebsocketBuffer):
@@ -89,9 +92,38 @@ class BoundedWSStream(WSStream):
         await super().handle(event)
 
     async def _handle_events(self) -> None:
-        await super()._handle_events()  # on a too-big message: sends the 1009 close
-        if self.bounded.overflowed and not self.closed:
-            await self.send(StreamClosed(stream_id=self.stream_id))  # ... and closes TCP
+        """hypercorn's, but a read's Pings get one Pong, the latest's (RFC 6455 §5.5.3; it
+        wrote one each: 64 KiB of empty Pings, unauthenticated, cost about a second of CPU),
+        and the loop gets a pass every EVENTS_PER_PASS events."""
+        pong: Ping | None = None
+        for n, event in enumerate(self.connection.events(), 1):
+            if isinstance(event, Message):
+                try:
+                    self.buffer.extend(event)
+                except FrameTooLargeError:
+                    await self._send_wsproto_event(
+                        CloseConnection(code=CloseReason.MESSAGE_TOO_BIG)
+                    )
+                    break
+                if event.message_finished:
+                    assert self.app_put is not None  # (an accepted stream's: it has an app)
+                    await self.app_put(self.buffer.to_message())
+                    self.buffer.clear()
+            elif isinstance(event, Ping):
+                pong = event
+            elif isinstance(event, CloseConnection):
+                if pong is not None:
+                    await self._send_wsproto_event(pong.response())
+                    pong = None
+                if self.connection.state == ConnectionState.REMOTE_CLOSING:
+                    await self._send_wsproto_event(event.response())
+                await self.send(StreamClosed(stream_id=self.stream_id))
+            if n % EVENTS_PER_PASS == 0:
+                await trio.lowlevel.checkpoint()
+        if pong is not None:
+            await self._send_wsproto_event(pong.response())
+        if self.bounded.overflowed and not self.closed:  # after the 1009 close: closes TCP
+            await self.send(StreamClosed(stream_id=self.stream_id))
 
 
 class Http11Only(hypercorn.protocol.h11.H11Protocol):

@@ -292,3 +292,27 @@ async def test_slow_bodies_time_out_and_uploads_are_capped(capped: SignalingProc
         body = json.loads(replies[0].split(b"\r\n\r\n", 1)[1])
         assert words in body["error"], body
         assert all(b"connection: close" in r.lower() for r in replies)
+
+
+async def test_a_flood_of_pings_costs_a_pong_a_read_not_one_each(
+    signaling_stack: tuple[SignalingProcess, TransceiverProcess],
+) -> None:
+    """hypercorn answered every Ping with its own Pong: 64 KiB of empty ones, unauthenticated,
+    cost about a second of signaling's CPU and came back as 10,922 frames (stop 41)."""
+    sig, _ = signaling_stack
+    port = int(sig.url.rsplit(":", 1)[1])
+    pings = bytes([0x89, 0x80]) + bytes(4)  # an empty masked Ping (a zero key)
+    count = 64 * 1024 // len(pings)
+    with trio.fail_after(DEADLINE):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(upgrade_request(port))
+            head = await read_head(stream)
+            assert head.startswith(b"HTTP/1.1 101")
+            await stream.send_all(pings * count)
+            got = head.split(b"\r\n\r\n", 1)[1]
+            with trio.move_on_after(1.0):  # (what comes back within a second)
+                while chunk := await stream.receive_some(65536):
+                    got += chunk
+    pongs = got.count(bytes([0x8A, 0x00]))
+    assert 1 <= pongs <= 16, pongs
+    assert httpx.get(f"{sig.url}/healthz", timeout=5).status_code == 200
