@@ -41,7 +41,7 @@ from firsthop.services.signaling.stores import (
     RedisLink,
     SecretLedger,
 )
-from firsthop.services.signaling.transceivers import TransceiverClient
+from firsthop.services.signaling.transceivers import RECORDING_DOWNLOADS, TransceiverClient
 from firsthop.services.signaling.ws import MAX_MESSAGE
 from firsthop.services.sip.uas import Trunk
 from firsthop.shared.address import Address, format_hostport
@@ -72,7 +72,11 @@ def secret_key_for(config: SignalingConfig) -> bytes:
 
 
 def build_context(
-    config: SignalingConfig, http: httpx.AsyncClient, link: RedisLink | None, stats: Stats
+    config: SignalingConfig,
+    http: httpx.AsyncClient,
+    link: RedisLink | None,
+    stats: Stats,
+    downloads: httpx.AsyncClient | None = None,
 ) -> Context:
     calls = Calls(
         own_region=config.region,
@@ -84,7 +88,7 @@ def build_context(
         store=CallStore(link),
         recordings=RecordingIndex(link),
         ledger=SecretLedger(link),
-        client=TransceiverClient(http, config.internal_token),
+        client=TransceiverClient(http, config.internal_token, downloads),
         stats=stats,
     )
     auth = Authenticator(
@@ -157,8 +161,12 @@ async def serve_signaling(
     link = RedisLink(config.redis, stats.counters) if config.redis else None
     try:
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
-        async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
-            context = build_context(config, http, link, stats)
+        streams = httpx.Limits(max_connections=RECORDING_DOWNLOADS, max_keepalive_connections=4)
+        async with (
+            httpx.AsyncClient(limits=limits, trust_env=False) as http,
+            httpx.AsyncClient(limits=streams, trust_env=False) as downloads,
+        ):
+            context = build_context(config, http, link, stats, downloads)
             app = create_app(context)
             hc = hypercorn_config(config.listen)
             hc.websocket_max_message_size = MAX_MESSAGE + 1024  # /v1/ws and the sideband

@@ -31,6 +31,7 @@ SMALL_TIMEOUT = 3.0
 RECORDING_TIMEOUT = 30.0  # between two chunks of a recording (it is streamed)
 RECORDING_TYPES = ("audio/ogg", "audio/wav")  # Ogg/Opus; a G.711 phone call's WAVE
 RECORDING_CHUNK = 1 << 16
+RECORDING_DOWNLOADS = 32  # recordings streamed at once (their own pool; past it, they wait)
 
 
 class TransceiverError(Exception):
@@ -91,8 +92,16 @@ def _reason(resp: httpx.Response) -> str:
 
 
 class TransceiverClient:
-    def __init__(self, http: httpx.AsyncClient, internal_token: str | None) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        internal_token: str | None,
+        downloads: httpx.AsyncClient | None = None,
+    ) -> None:
         self.http = http
+        # Recordings stream for as long as their reader reads: on a pool of their own
+        # (`downloads`), so slow downloads never hold the connections placement needs.
+        self.downloads = downloads or http
         self._auth = {"Authorization": f"Bearer {internal_token}"} if internal_token else {}
 
     async def _request(
@@ -185,14 +194,14 @@ class TransceiverClient:
     async def recording(self, api_url: str, call_id: str) -> tuple[int, RecordingBody | None]:
         """(status, body) of a call's recording on its transceiver: the body streamed (a long
         call's file is big; nothing of it is held whole), None unless 200."""
-        request = self.http.build_request(
+        request = self.downloads.build_request(
             "GET",
             f"{api_url}/internal/v1/recordings/{quote(call_id, safe='')}",
             headers=self._auth,
             timeout=httpx.Timeout(RECORDING_TIMEOUT, connect=CONNECT_TIMEOUT),
         )
         try:
-            resp = await self.http.send(request, stream=True)
+            resp = await self.downloads.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise TransceiverDown(None, f"{type(exc).__name__}: {exc}") from exc
         if resp.status_code != 200:

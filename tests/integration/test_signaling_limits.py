@@ -315,4 +315,5 @@ async def test_a_flood_of_pings_costs_a_pong_a_read_not_one_each(
                     got += chunk
     pongs = got.count(bytes([0x8A, 0x00]))
     assert 1 <= pongs <= 16, pongs
-    assert httpx.get(f"{sig.url}/healthz", timeout=5).status_code == 200
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"{sig.url}/healthz", timeout=5)).status_code == 200
