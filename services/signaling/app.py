@@ -274,11 +274,12 @@ def create_app(ctx: Context) -> QuartTrio:
         call_id_ok(call_id)
         principal = ctx.auth.authenticate(request.headers.get("Authorization"), allow_expired=True)
         require_type(SDPFRAG)
+        body = await body_bytes()
+        record = await ctx.calls.find(call_id, principal)  # (its own call's, before any parse)
         try:
-            frag = parse_fragment((await body_bytes()).decode("utf-8"))
+            frag = parse_fragment(body.decode("utf-8"))
         except UnicodeDecodeError:
             raise Problem(400, "sdpfrag is not UTF-8") from None
-        record = await ctx.calls.find(call_id, principal)
         answer = await ctx.calls.trickle(record, frag)
         if answer is None:
             return Response("", status=204)

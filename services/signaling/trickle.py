@@ -59,6 +59,8 @@ def parse_fragment(frag: str) -> Fragment:
         raise Problem(400, "an ICE restart needs both a=ice-ufrag and a=ice-pwd")
     elif not ICE_UFRAG.match(ufrag) or not ICE_PWD.match(pwd):
         raise Problem(400, "malformed a=ice-ufrag or a=ice-pwd (RFC 8839 §5.4)")
+    if len(candidates) > MAX_CANDIDATES:  # (more than a call may ever trickle: not classified)
+        raise Problem(429, f"more than {MAX_CANDIDATES} candidates in one sdpfrag")
     for candidate in candidates:
         check_candidate(candidate)
     return Fragment(ufrag, pwd, tuple(candidates))

@@ -6,7 +6,12 @@ import pytest
 
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.ratelimit import RateLimit
-from firsthop.services.signaling.trickle import Fragment, TricklePolicy, parse_fragment
+from firsthop.services.signaling.trickle import (
+    MAX_CANDIDATES,
+    Fragment,
+    TricklePolicy,
+    parse_fragment,
+)
 
 CAND = "candidate:1 1 udp 2130706431 198.51.100.7 5000 typ host"
 
@@ -35,6 +40,14 @@ def test_bad_fragments_are_400_with_a_reason(body: str, reason: str) -> None:
     with pytest.raises(Problem) as refused:
         parse_fragment(body)
     assert refused.value.status == 400 and reason in refused.value.reason
+
+
+def test_more_candidates_than_a_call_may_trickle_are_refused_before_any_is_read() -> None:
+    """1,300 of them in one 64 KiB sdpfrag cost 64 ms of signaling's loop to classify."""
+    parse_fragment(f"a={CAND}\r\n" * MAX_CANDIDATES)
+    with pytest.raises(Problem) as refused:
+        parse_fragment("a=candidate:x\r\n" * (MAX_CANDIDATES + 1))  # (none even well formed)
+    assert refused.value.status == 429
 
 
 def test_policy_limits_messages_restarts_and_candidates_per_call() -> None:
