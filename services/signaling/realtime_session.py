@@ -95,9 +95,13 @@ def check_session(value: object, where: str = "session") -> dict[str, Any]:
     return value
 
 
+def refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # (Python's json takes NaN and Infinity)
+
+
 def parse_json_object(raw: bytes, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw.decode("utf-8"))
+    try:  # (NaN and Infinity refused: they would be echoed back as invalid JSON)
+        value = json.loads(raw.decode("utf-8"), parse_constant=refuse_constant)
     except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError) "[[[..."
         raise Problem(400, f"{what} is not valid JSON") from None
     if not isinstance(value, dict):

@@ -189,6 +189,9 @@ def test_secret_request_defaults_and_bounds() -> None:
     for item in bad:
         assert status_of(secret_request, json.dumps(item).encode())[0] == 400, item
     assert status_of(secret_request, b"{nope")[0] == 400
+    for constant in (b"NaN", b"Infinity", b"-Infinity"):  # (Python's json takes them)
+        body_ = b'{"session": {"temperature": ' + constant + b"}}"
+        assert status_of(secret_request, body_)[0] == 400, constant
     big = {"session": {"instructions": "x" * 17_000}}
     assert status_of(secret_request, json.dumps(big).encode())[0] == 413
     deep: Any = {}
