@@ -144,7 +144,7 @@ def create_app(ctx: Context) -> QuartTrio:
             raise
 
     def call_id_ok(call_id: str) -> None:
-        if not CALL_ID.match(call_id):
+        if not CALL_ID.fullmatch(call_id):  # (`$` alone lets a trailing newline through)
             raise Problem(404, "no such call")
 
     def dev_host_only(host: str | None) -> None:

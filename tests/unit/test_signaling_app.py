@@ -187,6 +187,7 @@ async def test_patch_and_delete_unknown_calls(http: httpx.AsyncClient) -> None:
     assert (await client.patch("/v1/calls/nope", data=b"", headers=frag)).status_code == 404
     assert (await client.delete("/v1/calls/nope", headers=KEY)).status_code == 404
     assert (await client.delete("/v1/calls/bad!id", headers=KEY)).status_code == 404
+    assert (await client.delete("/v1/calls/nope%0A", headers=KEY)).status_code == 404
     assert (await client.delete("/v1/calls/nope")).status_code == 401
     resp = await client.patch("/v1/calls/nope", data=b"a=ice-ufrag:\xff\r\n", headers=frag)
     assert resp.status_code == 404  # the call is looked up before its body is parsed (stop 41)
