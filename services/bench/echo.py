@@ -263,6 +263,18 @@ def burst_of(matched: list[tuple[int, float]], at: int, period_s: float) -> floa
     return best[1]
 
 
+def residences(
+    matched: list[tuple[int, float]], onsets: list[int], period_s: float
+) -> list[float | None]:
+    """Each burst's residence, in the caller's order. When the tap saw as many bursts as the
+    caller sent, the n-th is the n-th (no clock between them to trust: the tap stamps in
+    CLOCK_REALTIME, which a time step mid-call moves); else each onset's nearest
+    (`burst_of`)."""
+    if matched and len(matched) == len(onsets):
+        return [r for _, r in sorted(matched)]
+    return [burst_of(matched, at, period_s) for at in onsets]
+
+
 def _pct(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile."""
     if not values:
@@ -333,10 +345,7 @@ def run(*, bursts: int, rounds: int, period_s: float, burst_s: float) -> dict[st
                     # leaves out the 0-20 ms wait for the server's next output tick.
                     matched = row.pop("matched")
                     row["tap_bursts"] = len(matched)
-                    res = [
-                        burst_of(matched, at, period_s)
-                        for at in (round(o * 1e9) + clock for o in onsets)
-                    ]
+                    res = residences(matched, [round(o * 1e9) + clock for o in onsets], period_s)
                     row["burst_residence_ms"] = res
                     row["outside_ms"] = [
                         round(m - r, 2) if m is not None and r is not None else None
