@@ -237,8 +237,7 @@ class SipUas:
         except sip.SipError as exc:
             self.counters[exc.reason] += 1
             if trunk is not None and message.method != "ACK":
-                if not isinstance(exc, sip.TooManyValues):  # (its answer would copy them all)
-                    self._reply(message, source, 400, str(exc)[:100])
+                self._reply(message, source, 400, str(exc)[:100])  # (not to too many Vias)
             return
         if trunk is None:
             self._refuse_stranger(message, source, now, len(data))

@@ -47,8 +47,8 @@ CHUNK_RATE, CHUNK_BURST = 500.0, 1000.0
 def room_for(sctp: Any, chunk: Any) -> bool:
     """Whether `sctp` may take the DATA `chunk` (a duplicate always: aiortc just notes it)."""
     tsn, last = chunk.tsn, sctp._last_received_tsn
-    if not uint32_gt(tsn, last) or tsn in sctp._sack_misordered:
-        return True
+    if last is None or not is_new(sctp, chunk):
+        return True  # (no association yet: aiortc refuses it itself)
     if uint32_gt(tsn, (last + MAX_TSN_AHEAD) & 0xFFFFFFFF):
         return False
     if tsn != tsn_plus_one(last) and len(sctp._sack_misordered) >= MAX_MISORDERED:
