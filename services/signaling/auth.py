@@ -100,6 +100,7 @@ def bearer_token(header: str | None) -> str:
 class ApiKeys:
     def __init__(self, keys: Iterable[str]) -> None:
         self._keys = [(k.encode(), fingerprint(k)) for k in dict.fromkeys(keys) if k]
+        self._tenants = frozenset(fp for _, fp in self._keys)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -112,6 +113,10 @@ class ApiKeys:
             if hmac.compare_digest(key, given):
                 found = fp
         return found
+
+    def issued(self, tenant: str) -> bool:
+        """Whether `tenant` (a fingerprint) is one of these keys'."""
+        return tenant in self._tenants
 
 
 def derive_secret_key(api_keys: Iterable[str]) -> bytes | None:
@@ -218,12 +223,23 @@ def _tenant_from_issuer(issuer: bytes) -> str:
 
 
 class Authenticator:
-    """Bearer token → Principal, for each route's rules."""
+    """Bearer token → Principal, for each route's rules. A client secret or ephemeral key
+    holds only while what issued it does: an API key still among `keys`, or (`dev`) the
+    keyless dev route. Secrets are self-contained, so without this check those of a key
+    taken out of the list would pass until they expired wherever `--secret-key` outlives
+    the key (the derived key changes with the list)."""
 
-    def __init__(self, keys: ApiKeys, secrets: ClientSecrets) -> None:
+    def __init__(self, keys: ApiKeys, secrets: ClientSecrets, *, dev: bool = False) -> None:
         self.keys = keys
         self.secrets = secrets
         self.ephemeral = secrets.ephemeral_keys()
+        self.dev = dev
+
+    def _issued(self, principal: Principal, what: str) -> Principal:
+        tenant = principal.tenant
+        if self.keys.issued(tenant) or (tenant == DEV_ISSUER and self.dev):
+            return principal
+        raise Problem(401, f"the API key that issued this {what} is no longer valid")
 
     def authenticate(self, header: str | None, *, allow_expired: bool = False) -> Principal:
         """The native routes: an API key or a client secret (an ephemeral key: 403)."""
@@ -232,7 +248,8 @@ class Authenticator:
             self.ephemeral.verify(token, allow_expired=True)  # forged/malformed: 401 first
             raise Problem(403, "an ephemeral key (ek_) is accepted only on /v1/realtime calls")
         if token.startswith(SECRET_PREFIX):
-            return self.secrets.verify(token, allow_expired=allow_expired)
+            principal = self.secrets.verify(token, allow_expired=allow_expired)
+            return self._issued(principal, "client secret")
         return self._key(token)
 
     def any_credential(self, header: str | None) -> Principal:
@@ -253,7 +270,7 @@ class Authenticator:
             principal = self.ephemeral.verify(token, allow_expired=allow_expired)
             if not allow_ek:
                 raise Problem(403, "an ephemeral key cannot be used here: use an API key")
-            return principal
+            return self._issued(principal, "ephemeral key")
         if token.startswith(SECRET_PREFIX):
             self.secrets.verify(token, allow_expired=True)  # forged/malformed: 401 first
             raise Problem(

@@ -92,7 +92,9 @@ def build_context(
         stats=stats,
     )
     auth = Authenticator(
-        ApiKeys(config.api_keys), ClientSecrets(secret_key_for(config), config.secret_ttl)
+        ApiKeys(config.api_keys),
+        ClientSecrets(secret_key_for(config), config.secret_ttl),
+        dev=config.dev,
     )
     return Context(
         config=config,

@@ -160,3 +160,35 @@ def test_rate_limit_off_and_bounded_memory() -> None:
     for i in range(500):
         limiter.check(f"flood{i}")
     assert len(limiter) <= 101
+
+
+def test_a_secret_dies_with_the_key_that_issued_it() -> None:
+    """Secrets are self-contained: with a `--secret-key` that outlives a revoked API key,
+    only this check stops that key's secrets and ephemeral keys before they expire."""
+    secrets = ClientSecrets(KEY, ttl=60)
+    before = Authenticator(ApiKeys(["k1", "k2"]), secrets)
+    secret = secrets.mint(fingerprint("k2"))[0]
+    ek = before.ephemeral.mint(fingerprint("k2"))[0]
+    assert before.authenticate(f"Bearer {secret}").tenant == fingerprint("k2")
+    assert before.realtime(f"Bearer {ek}", allow_ek=True).tenant == fingerprint("k2")
+    after = Authenticator(ApiKeys(["k1"]), secrets)  # k2 revoked, the same --secret-key
+    gone = "the API key that issued this"
+    revoked = (401, f"{gone} client secret is no longer valid")
+    assert status_of(after.authenticate, f"Bearer {secret}") == revoked
+    assert status_of(after.any_credential, f"Bearer {secret}") == revoked  # hang-ups too
+    revoked = (401, f"{gone} ephemeral key is no longer valid")
+    assert status_of(after.realtime, f"Bearer {ek}", allow_ek=True) == revoked
+    assert status_of(after.any_credential, f"Bearer {ek}") == revoked
+    assert after.authenticate(f"Bearer {secrets.mint(fingerprint('k1'))[0]}").kind == "secret"
+
+
+def test_a_dev_secret_holds_only_where_dev_is_on() -> None:
+    secrets = ClientSecrets(KEY, ttl=60)
+    secret = secrets.mint("dev")[0]
+    ek = secrets.ephemeral_keys().mint("dev")[0]
+    on = Authenticator(ApiKeys([]), secrets, dev=True)
+    assert on.authenticate(f"Bearer {secret}").tenant == "dev"
+    assert on.realtime(f"Bearer {ek}", allow_ek=True).tenant == "dev"
+    off = Authenticator(ApiKeys(["k1"]), secrets)
+    assert status_of(off.authenticate, f"Bearer {secret}")[0] == 401
+    assert status_of(off.realtime, f"Bearer {ek}", allow_ek=True)[0] == 401
