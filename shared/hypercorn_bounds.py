@@ -16,6 +16,9 @@ let one connection cost a service without bound.
 * An early answer: a request answered (with ``Connection: close``) before its body had
   arrived kept its connection open for as long as the client kept sending, because the
   close ran in a task Quart-Trio had just cancelled.
+* A request with both Content-Length and Transfer-Encoding (stop 42): h11 frames it by the
+  chunked coding and keeps the connection, so a proxy in front that goes by Content-Length
+  would read what we take for its body as a request of its own (smuggling).
 * A WebSocket upgrade with one more byte in the same write (stop 41, found by a helper):
   hypercorn answered 400 while the app's answer was on its way; h11's error state raised
   `LocalProtocolError` out of the connection's task group, which ended `serve` and the
@@ -24,7 +27,8 @@ let one connection cost a service without bound.
 
 Strategy: the services speak HTTP/1.1 and WebSocket (TLS, and HTTP/2 with it, end at the
 ingress), so `Http11Only` never switches a connection to HTTP/2, and closes a connection for
-sure once it has said it would. `BoundedWSStream` negotiates no extension, checks a message's
+sure once it has said it would, and refuses a request framed two ways (400, then closed).
+`BoundedWSStream` negotiates no extension, checks a message's
 size before it appends to it, and on a too-big message sends the 1009 close and closes the
 connection at once (RFC 6455 §7.1.7, *Fail the WebSocket Connection*), dropping what it had
 buffered. A WebSocket connection then holds at most one message
@@ -148,6 +152,18 @@ class Http11Only(hypercorn.protocol.h11.H11Protocol):
         """Hypercorn switches to HTTP/2 here (h2c upgrade, or prior knowledge); we never do:
         an upgrade request is served as HTTP/1.1, and ``PRI * HTTP/2.0`` gets an error."""
 
+    async def _create_stream(self, request: h11.Request) -> None:
+        """A request framed two ways (Content-Length and Transfer-Encoding) is refused, 400,
+        and its connection closed: a proxy in front that frames it by the other header
+        would read our next request where we read this one's body (request smuggling;
+        RFC 9112 §6.1 lets a server refuse it, and requires the close in any case)."""
+        names = {name for name, _ in request.headers}  # (h11 gives them lowercased)
+        if b"content-length" in names and b"transfer-encoding" in names:
+            await self._send_error_response(400)
+            await self.send(Closed())
+            return
+        await super()._create_stream(request)
+
 
 _unguarded_run = hypercorn.trio.tcp_server.TCPServer.run
 
@@ -175,7 +191,8 @@ def install() -> None:
     for module, name in ((h11_module, "WSStream"), (hypercorn.protocol, "H11Protocol")):
         if not isinstance(getattr(module, name, None), type):
             raise RuntimeError(f"hypercorn changed: {module.__name__}.{name} is gone")
-    if not hasattr(h11_module.H11Protocol, "_check_protocol") or not hasattr(
+    hooks = ("_check_protocol", "_create_stream", "_send_error_response")
+    if not all(hasattr(h11_module.H11Protocol, hook) for hook in hooks) or not hasattr(
         WSStream, "_handle_events"
     ):
         raise RuntimeError("hypercorn changed: the hooks shared.hypercorn_bounds uses are gone")

@@ -135,21 +135,74 @@ def upgrade_with_a_byte_behind(addr: tuple[str, int], path: bytes) -> None:
                 pass
 
 
-def test_an_upgrade_with_a_byte_behind_it_ends_that_connection_not_the_service() -> None:
+@pytest.fixture(scope="module")
+def services() -> Iterator[tuple[SignalingProcess, TransceiverProcess]]:
+    sig, tx = SignalingProcess(), TransceiverProcess(tx_id="tx-surface")
+    start_all(sig, tx)
+    yield sig, tx
+    sig.kill()
+    tx.kill()
+
+
+def address(base: str) -> tuple[str, int]:
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def test_an_upgrade_with_a_byte_behind_it_ends_that_connection_not_the_service(
+    services: tuple[SignalingProcess, TransceiverProcess],
+) -> None:
     """hypercorn answered 400 while the app's answer was on its way, and h11's error ended
     `serve` and the process: one request, any path, no credential (stop 41). Signaling and
     the transceiver's API, the same bytes on several paths; each still answers after."""
-    sig, tx = SignalingProcess(), TransceiverProcess(tx_id="tx-upgrade")
-    start_all(sig, tx)
-    try:
-        for base, paths in ((sig.url, (b"/v1/ws", b"/no-such-path")), (tx.api, (b"/healthz",))):
-            host, port = base.removeprefix("http://").rsplit(":", 1)
-            for path in paths:
-                for _ in range(3):
-                    upgrade_with_a_byte_behind((host, int(port)), path)
-            assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
-        for proc in (sig, tx):
-            assert proc.proc is not None and proc.proc.poll() is None
-    finally:
-        sig.kill()
-        tx.kill()
+    sig, tx = services
+    for base, paths in ((sig.url, (b"/v1/ws", b"/no-such-path")), (tx.api, (b"/healthz",))):
+        for path in paths:
+            for _ in range(3):
+                upgrade_with_a_byte_behind(address(base), path)
+        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+    for proc in (sig, tx):
+        assert proc.proc is not None and proc.proc.poll() is None
+
+
+def everything_answered(addr: tuple[str, int], data: bytes) -> tuple[bytes, bool]:
+    """Send `data` in one write: what the server answers in 3 s, and whether it closed."""
+    with socket.create_connection(addr, timeout=3) as sock:
+        sock.sendall(data)
+        answers = b""
+        try:
+            while chunk := sock.recv(65536):
+                answers += chunk
+        except TimeoutError:
+            return answers, False
+        return answers, True
+
+
+# A POST whose chunked body ends at once, and a GET where a proxy framing by Content-Length
+# would see the POST's body: one request to such a proxy, two to a server going by the chunks.
+SMUGGLED = (
+    b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 27\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+)
+
+
+def test_a_request_framed_two_ways_is_refused_and_its_connection_closed(
+    services: tuple[SignalingProcess, TransceiverProcess],
+) -> None:
+    """RFC 9112 §6.1: Content-Length and Transfer-Encoding together is what request
+    smuggling rides on. Each service answers one 400 and closes; no second answer (before:
+    the POST's answer and the GET's 200 on the same connection)."""
+    sig, tx = services
+    for base, path in (
+        (sig.url, b"/v1/calls"),
+        (sig.url, b"/nowhere"),
+        (tx.api, b"/internal/v1/sessions"),
+    ):
+        answers, closed = everything_answered(address(base), SMUGGLED % path)
+        assert answers.count(b"HTTP/1.1 ") == 1, answers
+        assert answers.startswith(b"HTTP/1.1 400 "), answers[:200]
+        assert closed and b"connection: close" in answers.lower()
+    honest = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    for base in (sig.url, tx.api):
+        answers, closed = everything_answered(address(base), honest)
+        assert answers.startswith(b"HTTP/1.1 200 ") and closed
