@@ -116,6 +116,9 @@ def create_app(ctx: Context) -> QuartTrio:
     def client_ip() -> str:  # the peer, or who a trusted proxy forwarded for
         return ctx.clients.of(request.remote_addr, request.headers.getlist("X-Forwarded-For"))
 
+    def region_header() -> str | None:  # X-Client-Region, where its sender is believed
+        return ctx.clients.region_of(request.remote_addr, request.headers.get("X-Client-Region"))
+
     def limit_ip() -> None:
         retry = ctx.ip_limiter.check(client_ip())
         if retry:
@@ -241,7 +244,7 @@ def create_app(ctx: Context) -> QuartTrio:
                 offer=offer,
                 agent=request.args.get("agent"),
                 principal=principal,
-                region_header=request.headers.get("X-Client-Region"),
+                region_header=region_header(),
                 client_ip=client_ip(),
                 traceparent=request.headers.get("traceparent"),
                 session=(
@@ -318,6 +321,7 @@ def create_app(ctx: Context) -> QuartTrio:
             limit_key=limit_key,
             body_bytes=body_bytes,
             client_ip=client_ip,
+            region_header=region_header,
             call_id_ok=call_id_ok,
         ),
     )

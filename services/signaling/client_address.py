@@ -1,6 +1,7 @@
 """Who the client is, for per-address budgets and placement: the TCP peer, or, when that peer
 is a proxy we trust (``--trusted-proxy CIDR``, an ingress controller), the address it says it
-forwarded for.
+forwarded for; and which region a request may name (``X-Client-Region``: from such a proxy
+only, once any is trusted).
 
 Behind a Kubernetes Ingress every request comes from the controller's address, so per-IP
 budgets were one budget for every client (a client past it had everyone refused). A trusted
@@ -62,3 +63,13 @@ class ClientAddresses:
             if not self._is_trusted(addr):
                 break
         return str(hop)
+
+    def region_of(self, peer: str | None, header: str | None) -> str | None:
+        """The region a request from `peer` names in `X-Client-Region` (a CDN's or an edge's
+        word), or None. Where proxies are trusted, only theirs is believed: a client that
+        reaches us around them names no region. With none trusted nothing tells an edge
+        from a client, and any peer's is."""
+        if header is None or not self.trusted:
+            return header
+        hop = _address(peer or "")
+        return header if hop is not None and self._is_trusted(hop) else None

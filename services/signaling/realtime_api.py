@@ -86,6 +86,7 @@ class Tools:
     limit_key: Callable[[str], None]
     body_bytes: Callable[[], Awaitable[bytes]]
     client_ip: Callable[[], str]
+    region_header: Callable[[], str | None]
     call_id_ok: Callable[[str], None]
 
 
@@ -128,7 +129,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
     async def bound_session(principal: Principal) -> dict[str, Any]:
         if principal.kind != "ek" or principal.secret_id is None:
             return {}
-        stored = await ctx.ek_sessions.get(principal.secret_id)
+        stored = await ctx.ek_sessions.get(principal.tenant, principal.secret_id)
         if stored is None:
             raise Problem(401, "ephemeral key unknown here (its session config is gone)")
         return dict(json.loads(stored))
@@ -175,7 +176,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
                 offer=offer,
                 agent=agent,
                 principal=principal,
-                region_header=request.headers.get("X-Client-Region"),
+                region_header=tools.region_header(),
                 client_ip=tools.client_ip(),
                 traceparent=request.headers.get("traceparent"),
                 session=session,
@@ -240,7 +241,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
                     offer=OfferBody(phone.offer, ""),
                     agent=agent,
                     principal=principal,
-                    region_header=request.headers.get("X-Client-Region"),
+                    region_header=tools.region_header(),
                     client_ip=phone.source,
                     traceparent=request.headers.get("traceparent"),
                     session=session,

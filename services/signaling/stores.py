@@ -19,7 +19,7 @@ Keys:
 * ``firsthop:ek:{id}`` — the session config (JSON) an ephemeral key is bound to, TTL its
   expiry; ``firsthop:ek-live:{tenant}`` (a sorted set of a tenant's live keys by expiry) and
   ``firsthop:ek-bytes:{tenant}`` (their sessions' bytes): what bounds them (`EkSessions`).
-  Without Redis: per replica, at most `EK_MEMORY_MAX_ENTRIES`.
+  Without Redis: per replica, the same bounds, and at most `EK_MEMORY_MAX_ENTRIES` in all.
 """
 
 from __future__ import annotations
@@ -457,7 +457,10 @@ class EkSessions:
     Redis, written by one script: ``firsthop:ek:{id}`` (the session, TTL its expiry),
     ``firsthop:ek-live:{tenant}`` (a sorted set of ``id:bytes`` by expiry) and
     ``firsthop:ek-bytes:{tenant}`` (their total), both until the last expires. Without
-    Redis (or while it is down) the same bounds hold per replica.
+    Redis (or while it is down) the same bounds hold per replica, each tenant's sessions in a
+    table of its own, and `EK_MEMORY_MAX_ENTRIES` in all: past it minting is refused (503),
+    never another tenant's live key forgotten (one shared table, evicting the soonest to
+    expire, had let a tenant's mints drop other tenants' keys: 401 on their next use).
     """
 
     def __init__(
@@ -472,9 +475,12 @@ class EkSessions:
         self.link = link
         self._clock = clock
         self.max_live, self.max_bytes, self.max_live_dev = max_live, max_bytes, max_live_dev
-        self._memory = _Expiring(clock, EK_MEMORY_MAX_ENTRIES)
-        self._live: dict[str, list[tuple[float, int]]] = {}  # tenant -> (expiry, bytes) heap
+        # Without Redis: tenant -> a heap of its live keys (expiry, bytes, id), their bytes,
+        # and id -> (session, expiry); `_held` keys in all.
+        self._live: dict[str, list[tuple[float, int, str]]] = {}
         self._bytes: Counter[str] = Counter()
+        self._memory: dict[str, dict[str, tuple[str, float]]] = {}
+        self._held = 0
 
     def bounds(self, tenant: str) -> tuple[int, int]:
         """(keys, bytes) a tenant may hold live."""
@@ -502,16 +508,39 @@ class EkSessions:
                 if oldest is not None:
                     raise _too_many(max_keys, max_bytes, float(oldest) - now)
                 return
-        live = self._live.setdefault(tenant, [])
-        while live and live[0][0] <= now:
-            self._bytes[tenant] -= heapq.heappop(live)[1]
+        live = self._expire(tenant, now)
         if len(live) >= max_keys or (live and self._bytes[tenant] + size > max_bytes):
             raise _too_many(max_keys, max_bytes, live[0][0] - now)
-        heapq.heappush(live, (expires_at, size))
+        if self._held >= EK_MEMORY_MAX_ENTRIES:
+            for other in list(self._live):
+                self._expire(other, now)
+            if self._held >= EK_MEMORY_MAX_ENTRIES:
+                soonest = min(heap[0][0] for heap in self._live.values())
+                raise Problem(
+                    503, "no room for more ephemeral keys here", retry_after=soonest - now
+                )
+        heapq.heappush(self._live.setdefault(tenant, live), (expires_at, size, ek_id))
         self._bytes[tenant] += size
-        self._memory.set(ek_id, session_json, ttl)
+        self._memory.setdefault(tenant, {})[ek_id] = (session_json, expires_at)
+        self._held += 1
 
-    async def get(self, ek_id: str) -> str | None:
+    def _expire(self, tenant: str, now: float) -> list[tuple[float, int, str]]:
+        """Forget `tenant`'s expired keys (without Redis); its live ones, soonest first."""
+        live = self._live.get(tenant, [])
+        sessions = self._memory.get(tenant, {})
+        while live and live[0][0] <= now:
+            _, size, ek_id = heapq.heappop(live)
+            self._bytes[tenant] -= size
+            sessions.pop(ek_id, None)
+            self._held -= 1
+        if not live:  # (a tenant that holds nothing holds no entry either)
+            self._live.pop(tenant, None)
+            self._memory.pop(tenant, None)
+            self._bytes.pop(tenant, None)
+        return live
+
+    async def get(self, tenant: str, ek_id: str) -> str | None:
+        """The session `tenant`'s key `ek_id` is bound to, or None (expired, or unknown)."""
         if self.link is not None:
             key = ek_key(ek_id)
             try:
@@ -521,8 +550,10 @@ class EkSessions:
             else:
                 if found is not None:
                     return str(found)
-        value: str | None = self._memory.get(ek_id)
-        return value
+        found_here = self._memory.get(tenant, {}).get(ek_id)
+        if found_here is None or found_here[1] <= self._clock():
+            return None
+        return found_here[0]
 
 
 def _too_many(keys: int, size: int, retry_after: float) -> Problem:

@@ -59,6 +59,9 @@ class WsSession:
         self.ctx = ctx
         self.ws = ws
         self.client_ip = ctx.clients.of(ws.remote_addr, ws.headers.getlist("X-Forwarded-For"))
+        self.region_header = ctx.clients.region_of(
+            ws.remote_addr, ws.headers.get("X-Client-Region")
+        )
         self.principal: Principal | None = None
         self.call: CallRecord | None = None
         self.bad_messages = 0
@@ -193,7 +196,7 @@ class WsSession:
                 offer=offer,
                 agent=agent,
                 principal=self.principal,
-                region_header=self.ws.headers.get("X-Client-Region"),
+                region_header=self.region_header,
                 client_ip=self.client_ip,
                 traceparent=self.ws.headers.get("traceparent"),
             )

@@ -60,6 +60,7 @@ def regions() -> Iterator[Regions]:
             *["--ingress", f"a={relay_a.listen[0]}:{relay_a.listen[1]}"],
             *["--ingress", f"b={relay_b.listen[0]}:{relay_b.listen[1]}"],
             *["--region-cidr", "127.0.0.2/32=b"],
+            *["--trusted-proxy", "127.0.0.1/32"],  # (an edge: its X-Client-Region is believed)
         )
         procs = [relay_a, relay_b, agent, tx_a, tx_b, sig]
         start_all(*procs)
@@ -180,7 +181,11 @@ def test_region_from_the_cidr_table_and_fallback_to_own(regions: Regions) -> Non
     b_port, a_port = regions.relay_b.listen[1], regions.relay_a.listen[1]
     assert place("127.0.0.2") == ({b_port}, "tx-b")  # 127.0.0.2/32 = b
     assert place("127.0.0.1") == ({a_port}, "tx-a")  # no match: own region
-    assert place("127.0.0.2", **{"X-Client-Region": "a"}) == ({a_port}, "tx-a")  # header first
+    behind_the_edge = {"X-Forwarded-For": "127.0.0.2"}
+    assert place("127.0.0.1", **behind_the_edge) == ({b_port}, "tx-b")  # the client's CIDR
+    # The trusted edge's header comes first; a client's own, past the edge, is not believed.
+    assert place("127.0.0.1", **behind_the_edge, **{"X-Client-Region": "a"}) == ({a_port}, "tx-a")
+    assert place("127.0.0.2", **{"X-Client-Region": "a"}) == ({b_port}, "tx-b")
     assert place("127.0.0.1", **{"X-Client-Region": "nowhere"}) == ({a_port}, "tx-a")
 
 

@@ -30,6 +30,15 @@ def test_a_trusted_proxy_names_the_client_and_prepended_entries_change_nothing()
     assert PROXIES.of("::ffff:10.1.2.3", ["203.0.113.9:5555"]) == "203.0.113.9"
 
 
+def test_a_region_is_believed_from_a_trusted_proxy_only_once_any_is_trusted() -> None:
+    assert PROXIES.region_of("10.1.2.3", "eu") == "eu"
+    assert PROXIES.region_of("[fd00::1]:443", "eu") == "eu"
+    for peer in ("198.51.100.7", "", None, "not an address"):
+        assert PROXIES.region_of(peer, "eu") is None
+    assert PROXIES.region_of("10.1.2.3", None) is None
+    assert ClientAddresses().region_of("198.51.100.7", "eu") == "eu"  # none trusted: anyone's
+
+
 def test_garbage_ends_the_walk_at_the_hop_before_it() -> None:
     assert PROXIES.of("10.1.2.3", ["203.0.113.9, not-an-address"]) == "10.1.2.3"
     assert PROXIES.of("10.1.2.3", ["not-an-address, 10.5.5.5"]) == "10.5.5.5"

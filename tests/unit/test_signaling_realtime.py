@@ -128,12 +128,25 @@ async def test_ek_sessions_expire_and_stay_bounded_in_memory() -> None:
     clock = Clock()
     store = EkSessions(None, clock, max_live=EK_MEMORY_MAX_ENTRIES * 2)
     await store.put("t", "a", '{"model":"m"}', clock.now + 10)
-    assert await store.get("a") == '{"model":"m"}'
+    assert await store.get("t", "a") == '{"model":"m"}'
+    assert await store.get("u", "a") is None  # another tenant's id is not its own
     clock.now += 12
-    assert await store.get("a") is None
-    for i in range(EK_MEMORY_MAX_ENTRIES + 5):
+    assert await store.get("t", "a") is None
+    await store.put("u", "mine", "{}", clock.now + 600)
+    for i in range(EK_MEMORY_MAX_ENTRIES - 1):
         await store.put("t", str(i), "{}", clock.now + 60)
-    assert len(store._memory._items) <= EK_MEMORY_MAX_ENTRIES
+    # The table is full: minting is refused, for anyone, until keys expire; no live key of
+    # another tenant is dropped to make room (one shared table had evicted them).
+    for tenant in ("t", "u", "v"):
+        with pytest.raises(Problem) as full:
+            await store.put(tenant, "more", "{}", clock.now + 60)
+        assert full.value.status == 503 and full.value.headers["Retry-After"] == "60"
+    assert await store.get("u", "mine") == "{}"
+    assert store._held == EK_MEMORY_MAX_ENTRIES
+    clock.now += 61  # t's have expired: room again, and nothing of them is held
+    await store.put("v", "new", "{}", clock.now + 60)
+    assert store._held == 2 and set(store._memory) == {"u", "v"}
+    assert await store.get("u", "mine") == "{}" and await store.get("t", "0") is None
 
 
 async def test_live_ephemeral_keys_are_bounded_per_tenant_in_memory() -> None:
