@@ -111,8 +111,8 @@ KNEE_DEFAULTS: dict[str, Any] = {
 }
 KNEE_QUICK: dict[str, Any] = {
     "calls": "2",
-    "seconds": 3.0,
-    "warmup": 1.0,
+    "seconds": 2.0,
+    "warmup": 0.5,
     "max_calls": 4,
     "resolution": 2,
 }

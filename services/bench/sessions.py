@@ -70,7 +70,7 @@ TARGET_RATIOS = {"transceiver": 6.0, "transceiver+agent+relay": 4.0}
 FLOOR_TARGET = 2.5
 FLOOR_SECONDS = 1.5  # CPU time the codec floor is measured over, each time
 DEFAULTS: dict[str, Any] = {"calls": "10", "seconds": 10.0, "rounds": 2, "warmup": 2.0}
-QUICK: dict[str, Any] = {"calls": "3", "seconds": 3.0, "rounds": 1, "warmup": 1.0}
+QUICK: dict[str, Any] = {"calls": "3", "seconds": 2.0, "rounds": 1, "warmup": 0.5}
 TARGETS = ("firsthop", "stock", "stock-mono")
 REFERENCES = ("stock", "stock-mono")
 COSTS: dict[str, dict[str, tuple[str, ...]]] = {  # the server's cost, by target
@@ -604,7 +604,7 @@ def register(
         help="--knee: the transceiver, echo agent and relay together on the measured core",
     )
     p.add_argument(
-        "--quick", action="store_true", help="3 calls, 3 s, 1 round (--knee: 2 then 4 calls)"
+        "--quick", action="store_true", help="3 calls, 2 s, 1 round (--knee: 2 then 4 calls)"
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     return p

@@ -50,6 +50,7 @@ API_KEY = "dev-key-change-me"  # compose.yaml's dev default
 OURS = ("relay", "transceiver-1", "transceiver-2", "signaling", "agent-echo", "agent-parrot",
         "agent-assistant")  # fmt: skip
 TRACED = {"firsthop-signaling", "firsthop-relay", "firsthop-transceiver", "firsthop-agent-echo"}
+DRAIN_S = 4  # the transceivers' --drain-seconds here (compose's default: 10)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -139,6 +140,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "FIRSTHOP_BIND": "0.0.0.0",
             "FIRSTHOP_PUBLIC_HOST": ns.host,
             "FIRSTHOP_NET": net,
+            "FIRSTHOP_DRAIN_SECONDS": str(DRAIN_S),
             "FIRSTHOP_RELAY_PORT": str(ports["relay"]),
             "FIRSTHOP_RELAY_TCP_PORT": str(ports["relay_tcp"]),
             "FIRSTHOP_SIGNALING_PORT": str(ports["signaling"]),
@@ -327,7 +329,7 @@ def test_a_stopped_transceiver_drains_its_calls_and_new_ones_go_to_the_other(
 
         pending = {asyncio.create_task(bye_of(ws)) for _, ws, _ in calls}
         byes: list[Any] = []
-        deadline = time.monotonic() + 25  # the drain (10 s) and a margin
+        deadline = time.monotonic() + DRAIN_S + 15  # the drain and a margin
         while pending and len(byes) < on_tx1 and time.monotonic() < deadline:
             done, pending = await asyncio.wait(
                 pending, timeout=deadline - time.monotonic(), return_when=asyncio.FIRST_COMPLETED
