@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import trio
@@ -66,6 +67,7 @@ REALTIME_CORS_HEADERS = {
 }
 CORS_EXPOSE = "Location, Retry-After, ETag, Link, X-Firsthop-Transceiver, X-Firsthop-Region"
 BODY_DRAIN_TIMEOUT = 2.0
+DOWNLOAD_RETRY = 5.0  # seconds: Retry-After when a recording cannot be streamed now
 # The methods a route may have (RFC 9110 §9.3, RFC 5789); any other token is answered 501
 # after the per-IP budget is spent, its connection closed, and counted as "other": a metric
 # label takes its values from a closed set.
@@ -264,8 +266,31 @@ def create_app(ctx: Context) -> QuartTrio:
         limit_ip()
         call_id_ok(call_id)
         principal = ctx.auth.any_credential(request.headers.get("Authorization"))
-        found = await ctx.calls.recording(call_id, principal)
-        resp = Response(found.chunks, status=200, content_type=found.media_type)
+        tenant = principal.tenant
+        refused = ctx.downloads.take(tenant)
+        if refused is not None:
+            ctx.stats.counters[f"recording_downloads_refused_{refused}"] += 1
+            if refused == "key":
+                raise Problem(
+                    429,
+                    f"this key streams its most recordings at once ({ctx.downloads.per_key})",
+                    retry_after=DOWNLOAD_RETRY,
+                )
+            raise Problem(503, "too many recordings are being streamed", retry_after=DOWNLOAD_RETRY)
+        try:
+            found = await ctx.calls.recording(call_id, principal)
+        except BaseException:
+            ctx.downloads.give_back(tenant)
+            raise
+
+        async def chunks() -> AsyncIterator[bytes]:  # the slot is held while it streams
+            try:
+                async for chunk in found.chunks:
+                    yield chunk
+            finally:
+                ctx.downloads.give_back(tenant)
+
+        resp = Response(chunks(), status=200, content_type=found.media_type)
         if found.length is not None and found.length.isascii() and found.length.isdigit():
             resp.headers["Content-Length"] = found.length
         resp.headers["X-Content-Type-Options"] = "nosniff"  # (callers' bytes are in it)

@@ -10,9 +10,10 @@ from firsthop.services.signaling.bodies import Bodies
 from firsthop.services.signaling.calls import Calls, Stats
 from firsthop.services.signaling.client_address import ClientAddresses
 from firsthop.services.signaling.config import SignalingConfig
-from firsthop.services.signaling.ratelimit import RateLimiter
+from firsthop.services.signaling.ratelimit import RateLimiter, Slots
 from firsthop.services.signaling.sip_calls import SipCalls
 from firsthop.services.signaling.stores import EkSessions
+from firsthop.services.signaling.transceivers import DOWNLOADS_PER_KEY, RECORDING_DOWNLOADS
 
 
 @dataclass
@@ -27,3 +28,5 @@ class Context:
     ek_sessions: EkSessions = field(default_factory=lambda: EkSessions(None))
     clients: ClientAddresses = field(default_factory=ClientAddresses)
     phones: SipCalls = field(default_factory=lambda: SipCalls(None))  # ringing phone calls
+    # recordings being streamed, by API key (a tenant): the download pool's connections
+    downloads: Slots = field(default_factory=lambda: Slots(RECORDING_DOWNLOADS, DOWNLOADS_PER_KEY))

@@ -31,7 +31,8 @@ SMALL_TIMEOUT = 3.0
 RECORDING_TIMEOUT = 30.0  # between two chunks of a recording (it is streamed)
 RECORDING_TYPES = ("audio/ogg", "audio/wav")  # Ogg/Opus; a G.711 phone call's WAVE
 RECORDING_CHUNK = 1 << 16
-RECORDING_DOWNLOADS = 32  # recordings streamed at once (their own pool; past it, they wait)
+RECORDING_DOWNLOADS = 32  # recordings streamed at once (their own pool; past it, 503) ...
+DOWNLOADS_PER_KEY = 4  # ... and by one API key (its secrets and ephemeral keys with it; 429)
 
 
 class TransceiverError(Exception):
