@@ -344,8 +344,14 @@ class SipFront:
         done: trio.CancelScope,
     ) -> None:
         try:
-            async for data in receive:
-                await stream.send_all(data)
+            async for data in receive:  # all that is queued in one write: the reader queues
+                batch = [data]  # up to a batch of answers a pass of the loop
+                while True:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                await stream.send_all(b"".join(batch))
         except BROKEN:
             done.cancel()  # (the reader goes too)
 
