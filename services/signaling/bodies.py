@@ -27,9 +27,25 @@ from firsthop.shared.metrics import MetricFamily
 SLOT_RETRY_AFTER = 1.0
 
 
+DRAINS, DRAINS_PER_IP = 64, 4  # bodies an early answer skipped, read to keep the connection
+
+
 class Bodies:
-    def __init__(self, slots: Slots, timeout: float, counters: Counter[str]) -> None:
+    """Request bodies, read within `timeout`, each holding an upload slot (`slots`) while it
+    comes. What is left of a body an early answer skipped (401, 404, 429, ...) is drained in
+    slots of its own (`drains`): a request with no credential never holds one of the uploads'
+    (16 addresses of slow unauthenticated POSTs had held all 256, and every key's uploads
+    were refused); past them the connection just closes."""
+
+    def __init__(
+        self,
+        slots: Slots,
+        timeout: float,
+        counters: Counter[str],
+        drains: Slots | None = None,
+    ) -> None:
         self.slots = slots
+        self.drains = drains or Slots(DRAINS, DRAINS_PER_IP)
         self.timeout = timeout
         self._counters = counters
 
@@ -53,7 +69,7 @@ class Bodies:
     async def drain(self, request: Request, ip: str, deadline: float) -> bool:
         """Read and drop what is left of a body an early answer skipped; False when it could
         not be (no slot, too big, too slow): the connection must close."""
-        if self.slots.take(ip) is not None:
+        if self.drains.take(ip) is not None:
             return False
         try:
             with trio.move_on_at(deadline) as scope:
@@ -61,7 +77,7 @@ class Bodies:
         except HTTPException:  # 413 while reading
             return False
         finally:
-            self.slots.give_back(ip)
+            self.drains.give_back(ip)
         return not scope.cancelled_caught
 
     def _take(self, ip: str) -> None:

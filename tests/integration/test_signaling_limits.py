@@ -206,15 +206,17 @@ def capped() -> Iterator[SignalingProcess]:
     sig.kill()
 
 
-async def slow_post(port: int, source: str, done: list[tuple[str, float, bytes]]) -> None:
-    """An authenticated POST /v1/calls that announces a 1000-byte offer and sends one byte a
+async def slow_post(
+    port: int, source: str, done: list[tuple[str, float, bytes]], key: str = KEY
+) -> None:
+    """A POST /v1/calls (with `key`) that announces a 1000-byte offer and sends one byte a
     second; records (source, seconds until the server answered and closed, its reply)."""
     sock = trio.socket.socket()
     await sock.bind((source, 0))
     await sock.connect(("127.0.0.1", port))
     head = (
         "POST /v1/calls HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/sdp\r\n"
-        f"Authorization: Bearer {KEY}\r\nContent-Length: 1000\r\n\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Length: 1000\r\n\r\n"
     ).encode()
     started = trio.current_time()
     async with trio.SocketStream(sock) as stream:
@@ -292,6 +294,43 @@ async def test_slow_bodies_time_out_and_uploads_are_capped(capped: SignalingProc
         body = json.loads(replies[0].split(b"\r\n\r\n", 1)[1])
         assert words in body["error"], body
         assert all(b"connection: close" in r.lower() for r in replies)
+
+
+async def test_requests_without_a_credential_hold_no_upload_slot(capped: SignalingProcess) -> None:
+    """What an early answer (here 401) skipped of a body is drained to keep the connection,
+    and the drains had held upload slots: two addresses of slow POSTs with no valid key held
+    all 60 here (256 by default: 16 addresses), and a key's upload was refused (503). Drains
+    have slots of their own now (4 an address); past them the connection closes at once."""
+    sig = capped
+    done: list[tuple[str, float, bytes]] = []
+    sources = ("127.0.0.5", "127.0.0.6", "127.0.0.7")
+    with trio.fail_after(3 * MARGIN):
+        async with httpx.AsyncClient(timeout=MARGIN) as http:
+            answered = trio.Event()
+
+            async def unauthenticated(source: str) -> None:
+                await slow_post(sig.port, source, done, key="nope")
+                answered.set()
+
+            async with trio.open_nursery() as nursery:
+                for source in sources:
+                    for _ in range(MAX_UPLOADS_PER_IP):
+                        nursery.start_soon(unauthenticated, source)
+                await answered.wait()  # some answered, the rest draining (2 s at most)
+                before = len(done)
+                resp = await http.post(
+                    f"{sig.url}/v1/realtime/client_secrets",
+                    json={},
+                    headers={"Authorization": f"Bearer {KEY}"},
+                )
+                still_draining = len(done) < len(sources) * MAX_UPLOADS_PER_IP
+                assert resp.status_code == 200, resp.text
+                assert before < len(sources) * MAX_UPLOADS_PER_IP and still_draining
+            metrics = await scrape(http, sig)
+    assert {status_of(reply) for _, _, reply in done} <= {401, None}
+    events = "firsthop_signaling_events_total"
+    for refused in ("uploads_refused_total", "uploads_refused_ip"):
+        assert metrics.get((events, frozenset({("event", refused)})), 0) == 0
 
 
 async def test_a_flood_of_pings_costs_a_pong_a_read_not_one_each(
