@@ -74,6 +74,28 @@ def test_same_rate_and_empty_and_odd() -> None:
     assert Resampler(48000, 24000).push(b"\x01") == b""
 
 
+def test_tiny_streams_do_not_rebuild_the_filter_each_time() -> None:
+    """A filter costs 15-20 pushes' worth to build: one is built anew only after 100 ms of
+    audio, however often tiny streams end (flush) or are cleared (reset)."""
+    r = Resampler(24000, 48000)
+    frame = tone(440, 24000, 0.02)  # 20 ms
+    for i in range(500):  # 10 s of audio, in 500 streams of one frame each
+        r.push(frame)
+        if i % 2:
+            r.flush()
+        else:
+            r.reset()
+    assert 10 <= r.builds <= 500 * 0.02 / 0.1 + 1  # one per 100 ms at most (500 before)
+    tiny = Resampler(24000, 48000)
+    for _ in range(1000):
+        tiny.push(b"\x01\x02\x03\x04")
+        tiny.flush()
+    assert tiny.builds == 1
+    # A long stream still ends with its whole tail: one second in, one second out.
+    out = streamed(Resampler(24000, 48000), tone(1000, 24000, 1.0), 960)
+    assert abs(len(out) // 2 - 48000) <= 48000 // 100
+
+
 def test_g711_reference_codes() -> None:
     # G.711: silence and full scale.
     assert ulaw_encode(array.array("h", [0, 32767, -32768]).tobytes()) == b"\xff\x80\x00"
