@@ -40,6 +40,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <stdint.h>
@@ -89,7 +90,18 @@ typedef struct {
         off_stream;
     unsigned long long rx_errors;
     PyObject *errnos;       /* errno -> count, every error */
+    int ready;              /* __init__ completed: every method checks it first */
 } Forwarder;
+
+/* A Forwarder whose __init__ failed part-way (or never ran) has NULLs where the methods
+ * expect buffers and keys: refused, not used. */
+#define NEED_READY(self)                                                          \
+    do {                                                                          \
+        if (!(self)->ready) {                                                     \
+            PyErr_SetString(PyExc_RuntimeError, "Forwarder is not initialised");  \
+            return NULL;                                                          \
+        }                                                                         \
+    } while (0)
 
 static void count_errno(Forwarder *self, int err) {
     PyObject *key = PyLong_FromLong(err);
@@ -147,7 +159,9 @@ static int Forwarder_init(Forwarder *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "Forwarder is initialised once");
         return -1;
     }
-    if (count < 1 || count > 1024 || size < 1 || headroom < v6 || v4 > v6) {
+    /* (a header is at least 14 bytes: its family byte, at[13], is read) */
+    if (count < 1 || count > 1024 || size < 1 || v4 < 14 || headroom < v6 || v4 > v6 ||
+        max_datagram < 0) {
         PyErr_SetString(PyExc_ValueError, "bad Forwarder sizes");
         return -1;
     }
@@ -205,6 +219,7 @@ static int Forwarder_init(Forwarder *self, PyObject *args, PyObject *kwds) {
         self->tx[i].msg_hdr.msg_iov = &self->tx_iov[i];
         self->tx[i].msg_hdr.msg_iovlen = 1;
     }
+    self->ready = 1;
     return 0;
 }
 
@@ -299,6 +314,7 @@ static PyObject *source_of(Forwarder *self, const struct sockaddr_storage *ss) {
 
 static PyObject *Forwarder_receive(Forwarder *self, PyObject *args) {
     int fd, sources = 1;
+    NEED_READY(self);
     if (!PyArg_ParseTuple(args, "i|p", &fd, &sources)) return NULL;
     clear_sources(self);
     self->got = 0;
@@ -346,6 +362,7 @@ static int check_index(Forwarder *self, Py_ssize_t i) {
 }
 
 static PyObject *Forwarder_datagram(Forwarder *self, PyObject *arg) {
+    NEED_READY(self);
     Py_ssize_t i = PyLong_AsSsize_t(arg);
     if ((i == -1 && PyErr_Occurred()) || check_index(self, i) < 0) return NULL;
     return PyBytes_FromStringAndSize((char *)self->arena + i * self->stride + self->headroom,
@@ -353,6 +370,7 @@ static PyObject *Forwarder_datagram(Forwarder *self, PyObject *arg) {
 }
 
 static PyObject *Forwarder_source(Forwarder *self, PyObject *arg) {
+    NEED_READY(self);
     Py_ssize_t i = PyLong_AsSsize_t(arg);
     if ((i == -1 && PyErr_Occurred()) || check_index(self, i) < 0) return NULL;
     PyObject *addr = self->sources[i];
@@ -430,7 +448,12 @@ static PyObject *finish(Forwarder *self, unsigned int stop, unsigned int queued,
 static int upstream_fd(PyObject *upstream_fds, PyObject *dest) {
     PyObject *fd = PyDict_GetItemWithError(upstream_fds, dest);
     if (fd == NULL || !PyLong_CheckExact(fd)) return -1;
-    return (int)PyLong_AsLong(fd);
+    long value = PyLong_AsLong(fd);
+    if (value < 0 || value > INT_MAX) {
+        PyErr_Clear();
+        return -1;
+    }
+    return (int)value;
 }
 
 /* flow.last_seen = now (a datagram of it was taken) */
@@ -447,10 +470,11 @@ static inline void touch(Forwarder *self, PyObject *flow, PyObject *now) {
 static PyObject *Forwarder_forward_clients(Forwarder *self, PyObject *args) {
     Py_ssize_t start;
     PyObject *flows, *upstream_fds, *now;
+    NEED_READY(self);
     if (!PyArg_ParseTuple(args, "nO!O!O!", &start, &PyDict_Type, &flows, &PyDict_Type,
                           &upstream_fds, &PyFloat_Type, &now))
         return NULL;
-    unsigned int i = start < 0 ? 0 : (unsigned int)start;
+    unsigned int i = start < 0 ? 0 : start > (Py_ssize_t)self->got ? self->got : (unsigned int)start;
     unsigned long long bytes = 0;
     unsigned int fwd = 0;
     for (; i < self->got; i++) {
@@ -487,7 +511,7 @@ static PyObject *dest_name(Forwarder *self, PyObject *client, int *v6) {
     PyObject *hostobj = PyTuple_GET_ITEM(client, 0), *portobj = PyTuple_GET_ITEM(client, 1);
     if (!PyUnicode_Check(hostobj) || !PyLong_Check(portobj)) return NULL;
     const char *host = PyUnicode_AsUTF8(hostobj);
-    long port = PyLong_AsLong(portobj);
+    long port = host == NULL ? -1 : PyLong_AsLong(portobj);
     if (host == NULL || port < 0 || port > 65535 || strchr(host, '%')) {
         PyErr_Clear();
         return NULL;  /* a scoped address: the Python path */
@@ -545,11 +569,12 @@ static PyObject *Forwarder_forward_returns(Forwarder *self, PyObject *args) {
     Py_ssize_t start;
     PyObject *by_return, *peer, *now;
     int fd4, fd6, fd_peer;
+    NEED_READY(self);
     if (!PyArg_ParseTuple(args, "nO!OO!iii", &start, &PyDict_Type, &by_return, &peer,
                           &PyFloat_Type, &now, &fd4, &fd6, &fd_peer))
         return NULL;
     if (PyDict_Size(self->dest_names) >= MAX_DESTINATIONS) PyDict_Clear(self->dest_names);
-    unsigned int i = start < 0 ? 0 : (unsigned int)start;
+    unsigned int i = start < 0 ? 0 : start > (Py_ssize_t)self->got ? self->got : (unsigned int)start;
     unsigned long long bytes = 0;
     unsigned int out = 0;
     for (; i < self->got; i++) {
@@ -591,10 +616,11 @@ static PyObject *Forwarder_forward_returns(Forwarder *self, PyObject *args) {
 static PyObject *Forwarder_forward_peers(Forwarder *self, PyObject *args) {
     Py_ssize_t start;
     PyObject *hop_flows, *upstream_fds, *now;
+    NEED_READY(self);
     if (!PyArg_ParseTuple(args, "nO!O!O!", &start, &PyDict_Type, &hop_flows, &PyDict_Type,
                           &upstream_fds, &PyFloat_Type, &now))
         return NULL;
-    unsigned int i = start < 0 ? 0 : (unsigned int)start;
+    unsigned int i = start < 0 ? 0 : start > (Py_ssize_t)self->got ? self->got : (unsigned int)start;
     unsigned long long bytes = 0;
     unsigned int fwd = 0;
     for (; i < self->got; i++) {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import select
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -325,3 +326,49 @@ def test_a_first_hops_frames_go_on_as_they_are_from_that_relay_only(
         hop.header + b"\x80two",
     ]
     assert drain(transceiver) == []
+
+
+SIZES: dict[str, Any] = {
+    "count": 4,
+    "size": 1996,
+    "headroom": 52,
+    "flow_type": Flow,
+    "v4_header": 28,
+    "v6_header": 52,
+    "v6_family_min": 0x21,
+    "stun_last": 3,
+    "max_datagram": MAX_DATAGRAM,
+}
+
+
+def test_a_forwarder_whose_init_failed_refuses_every_call(socks: list[socket.socket]) -> None:
+    """A helper's read of the C (stop 42): an __init__ that failed after the buffers were
+    made (a header shorter than its family byte) left a Forwarder that a second __init__
+    refused and whose methods ran on NULL keys (a segfault). Now each method refuses it, and
+    the sizes are checked first. (Only a bad call reaches this: the relay passes constants.)"""
+    for bad in ({"v4_header": -1}, {"v4_header": 13}, {"max_datagram": -1}):
+        half = _fastpath.Forwarder.__new__(_fastpath.Forwarder)
+        with pytest.raises(ValueError, match="bad Forwarder sizes"):
+            half.__init__(**(SIZES | bad))  # type: ignore[misc]
+        a, b = new(socks), new(socks)
+        b.sendto(bytes(40), addr(a))
+        for method, args in (
+            ("receive", (a.fileno(), False)),
+            ("datagram", (0,)),
+            ("source", (0,)),
+            ("forward_clients", (0, {}, {}, 0.0)),
+            ("forward_returns", (0, {}, INGRESS, 0.0, -1, -1, -1)),
+            ("forward_peers", (0, {}, {}, 0.0)),
+        ):
+            with pytest.raises(RuntimeError, match="not initialised"):
+                getattr(half, method)(*args)
+
+
+def test_a_start_past_the_batch_forwards_nothing(socks: list[socket.socket]) -> None:
+    forwarder = _fastpath.Forwarder(**SIZES)
+    a, b = new(socks), new(socks)
+    b.sendto(bytes(40), addr(a))
+    select.select([a], [], [], 2)
+    assert forwarder.receive(a.fileno()) == 1
+    for start in (1, 2**32, 2**40):  # (a 32-bit wrap had started again at 0)
+        assert forwarder.forward_clients(start, {}, {}, 0.0) == (1, 0, 0, 0)
