@@ -31,7 +31,7 @@ from firsthop.services.signaling.config import SignalingConfig, config_from_args
 from firsthop.services.signaling.context import Context
 from firsthop.services.signaling.placement import RegionTable
 from firsthop.services.signaling.ratelimit import ClientLimiter, RateLimiter, Slots
-from firsthop.services.signaling.sip import SipConfig, SipFront
+from firsthop.services.signaling.sip import WEBHOOK_CONNECTIONS, SipConfig, SipFront
 from firsthop.services.signaling.sip_calls import SipCalls
 from firsthop.services.signaling.stores import (
     CallStore,
@@ -164,9 +164,11 @@ async def serve_signaling(
     try:
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
         streams = httpx.Limits(max_connections=RECORDING_DOWNLOADS, max_keepalive_connections=4)
+        hooks = httpx.Limits(max_connections=WEBHOOK_CONNECTIONS, max_keepalive_connections=8)
         async with (
             httpx.AsyncClient(limits=limits, trust_env=False) as http,
             httpx.AsyncClient(limits=streams, trust_env=False) as downloads,
+            httpx.AsyncClient(limits=hooks, trust_env=False) as webhooks,
         ):
             context = build_context(config, http, link, stats, downloads)
             app = create_app(context)
@@ -177,7 +179,7 @@ async def serve_signaling(
                 addr = bound_address(binds)
                 sip_addr = None
                 if config.sip_listen is not None:
-                    front = SipFront(context.calls, sip_config(config), context.phones, http)
+                    front = SipFront(context.calls, sip_config(config), context.phones, webhooks)
                     sip_addr = await nursery.start(front.serve)
                 log.info(
                     "signaling (region %s) on %s; transceivers from %s",

@@ -235,28 +235,34 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
         if not await ctx.phones.move(call_id, "ringing", state="accepted"):
             raise Problem(404, "no such call ringing")  # (a CANCEL, or another accept, won)
         agent = choose_agent(session.get("model"), None, config.agents, config.default_agent)
-        try:
-            record, answer = await ctx.calls.create(
-                CallRequest(
-                    offer=OfferBody(phone.offer, ""),
-                    agent=agent,
-                    principal=principal,
-                    region_header=tools.region_header(),
-                    client_ip=phone.source,
-                    traceparent=request.headers.get("traceparent"),
-                    session=session,
-                    media="rtp",
-                    call_id=call_id,
-                    record=recorded,
-                )
-            )
-        except Problem as problem:  # the trunk hears it (488 for an offer we cannot take)
-            status = 488 if problem.status == 400 else 503
-            await ctx.phones.move(call_id, "accepted", state="rejected", status=status)
-            raise
-        if not await ctx.phones.move(call_id, "accepted", state="answered", answer=answer):
-            await ctx.calls.end(record)  # (the caller hung up while it was being placed)
-            raise Problem(404, "the call ended before it was answered")
+        call = CallRequest(
+            offer=OfferBody(phone.offer, ""),
+            agent=agent,
+            principal=principal,
+            region_header=tools.region_header(),
+            client_ip=phone.source,
+            traceparent=request.headers.get("traceparent"),
+            session=session,
+            media="rtp",
+            call_id=call_id,
+            record=recorded,
+        )
+        # Shielded (placing is bounded by its own timeouts): an app that went away mid-accept
+        # had left the call "accepted" for good, its session placed and never ended, and
+        # the ringing call's task polling it without a pause until the record expired.
+        with trio.CancelScope(shield=True):
+            try:
+                record, answer = await ctx.calls.create(call)
+            except Problem as problem:  # the trunk hears it (488 for an offer we cannot take)
+                status = 488 if problem.status == 400 else 503
+                await ctx.phones.move(call_id, "accepted", state="rejected", status=status)
+                raise
+            except BaseException:
+                await ctx.phones.move(call_id, "accepted", state="rejected", status=503)
+                raise
+            if not await ctx.phones.move(call_id, "accepted", state="answered", answer=answer):
+                await ctx.calls.end(record)  # (the caller hung up while it was being placed)
+                raise Problem(404, "the call ended before it was answered")
         return json_response({})
 
     @app.post("/v1/realtime/calls/<call_id>/reject")

@@ -83,7 +83,9 @@ TCP_IDLE = 300.0  # s without a message (or a keep-alive) before a connection is
 TCP_QUEUE = 64  # messages waiting to be written to one connection; past that, dropped
 STREAM_BATCH = 16  # messages of one read handled between passes of Trio's scheduler
 WEBHOOK_ATTEMPTS = 3  # posts of one event (Standard Webhooks: retried on a failure)
-WEBHOOK_TIMEOUT = 5.0  # s, each
+WEBHOOK_TIMEOUT = 5.0  # s, each, in all (its answer's body is never read)
+ACCEPTING_MAX = 60.0  # s an ended call waits for an accept that is placing it
+WEBHOOK_CONNECTIONS = 64  # posts at once: a pool of their own (`main.serve_signaling`)
 # What of an INVITE its webhook carries (`data.sip_headers`), bounded: not the routing.
 HIDDEN_HEADERS = {"via", "route", "record-route", "max-forwards", "content-length"}
 MAX_WEBHOOK_HEADERS, MAX_WEBHOOK_VALUE = 32, 512
@@ -546,7 +548,7 @@ class SipFront:
             await self.phones.put(ringing)
             uas.ring(phone.call)
             await self._carry_out()
-            if not await self._tell_app(call_id, request):
+            if not await self._tell_app(call_id, request, phone.ended):
                 if await self.phones.move(call_id, "ringing", state="ended"):
                     uas.reject(phone.call, 480, "Temporarily Unavailable", trio.current_time())
                     await self._carry_out()
@@ -585,11 +587,19 @@ class SipFront:
     async def _decision(self, phone: PhoneCall, call_id: str) -> PhoneRecord | None:
         """The app's word (`answered` or `rejected`), or None: the call ended first (a
         CANCEL, the ring timeout), and no accept can take it any more."""
+        give_up_at = math.inf
         while True:
             with trio.move_on_after(DECISION_POLL):
                 await phone.ended.wait()
-            if phone.ended.is_set() and await self.phones.move(call_id, "ringing", state="ended"):
-                return None
+            if phone.ended.is_set():
+                if await self.phones.move(call_id, "ringing", state="ended"):
+                    return None
+                # an accept is placing it (on some replica): its word comes, or, past
+                # `ACCEPTING_MAX` (that replica gone?), the call is over anyway
+                give_up_at = min(give_up_at, trio.current_time() + ACCEPTING_MAX)
+                if trio.current_time() > give_up_at:
+                    return None
+                await trio.sleep(DECISION_POLL)  # (not a busy loop)
             decided = await self.phones.get(call_id)
             if decided is None or decided.state == "ended":
                 return None
@@ -597,9 +607,13 @@ class SipFront:
                 return decided
             # ringing, or accepted: the app's accept is placing it (on some replica)
 
-    async def _tell_app(self, call_id: str, request: sip.SipRequest) -> bool:
+    async def _tell_app(self, call_id: str, request: sip.SipRequest, ended: trio.Event) -> bool:
         """POST `realtime.call.incoming` to the webhook, signed (Standard Webhooks); a
-        failure is retried (a fresh signature each time), at most `WEBHOOK_ATTEMPTS`."""
+        failure is retried (a fresh signature each time), at most `WEBHOOK_ATTEMPTS`, and
+        not once the call has `ended`. Each post has `WEBHOOK_TIMEOUT` in all, and only its
+        status is read: a receiver that trickled its answer, or sent a huge one, had held a
+        connection of the pool placement uses for as long as it liked (512 ringing calls
+        held all of it) and up to its whole body in memory (300 MiB: +600 MB)."""
         assert self.config.webhook is not None and self.http is not None
         headers = [
             {"name": sip.canonical_name(name), "value": value[:MAX_WEBHOOK_VALUE]}
@@ -617,21 +631,30 @@ class SipFront:
             }
         )
         for attempt in range(WEBHOOK_ATTEMPTS):
+            if ended.is_set():
+                return False
             signed = sign_webhook(self.config.webhook_secret or "", event_id, body)
-            try:
-                resp = await self.http.post(
-                    self.config.webhook,
-                    content=body,
-                    headers={"Content-Type": "application/json", **signed},
-                    timeout=WEBHOOK_TIMEOUT,
-                )
-                if resp.status_code < 300:
-                    self.counters["sip_webhooks_delivered"] += 1
-                    return True
-            except httpx.HTTPError:
-                pass
+            status = 0
+            with trio.move_on_after(WEBHOOK_TIMEOUT):
+                try:
+                    post = self.http.build_request(
+                        "POST",
+                        self.config.webhook,
+                        content=body,
+                        headers={"Content-Type": "application/json", **signed},
+                        timeout=WEBHOOK_TIMEOUT,
+                    )
+                    resp = await self.http.send(post, stream=True)
+                    status = resp.status_code
+                    await resp.aclose()
+                except httpx.HTTPError:
+                    pass
+            if 200 <= status < 300:
+                self.counters["sip_webhooks_delivered"] += 1
+                return True
             self.counters["sip_webhook_failures"] += 1
-            await trio.sleep(0.5 * 2**attempt)
+            with trio.move_on_after(0.5 * 2**attempt):
+                await ended.wait()
         log.warning("call %s: the webhook %s did not take the event", call_id, self.config.webhook)
         return False
 
