@@ -80,6 +80,7 @@ STATUS_OF_PROBLEM = {400: (488, "Not Acceptable Here"), 503: (503, "Service Unav
 BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)  # a connection gone
 MAX_TCP, MAX_TCP_PER_SOURCE = 1024, 16  # SIP connections, in all and from one address
 TCP_IDLE = 300.0  # s without a message (or a keep-alive) before a connection is closed
+TLS_HANDSHAKE = 5.0  # s a TLS connection has to finish its handshake (since stop 42)
 TCP_QUEUE = 64  # messages waiting to be written to one connection; past that, dropped
 STREAM_BATCH = 16  # messages of one read handled between passes of Trio's scheduler
 WEBHOOK_ATTEMPTS = 3  # posts of one event (Standard Webhooks: retried on a failure)
@@ -293,6 +294,12 @@ class SipFront:
         self._per_source[peer[0]] += 1
         self.counters["sip_tcp_connections"] += 1
         try:
+            if isinstance(stream, trio.SSLStream):  # (a trickled handshake held it 300 s)
+                with trio.move_on_after(TLS_HANDSHAKE) as handshake:
+                    await stream.do_handshake()
+                if handshake.cancelled_caught:
+                    self.counters["sip_tls_handshake_timeouts"] += 1
+                    return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, stream, receive, nursery.cancel_scope)
                 await self._reader(stream, peer, send)

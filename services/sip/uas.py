@@ -383,10 +383,14 @@ class SipUas:
         sent_by = f"{via.host}:{via.port or 5060}"
         method = request.method
         if method == "ACK":
-            self._on_ack(request, via.branch, sent_by)
+            self._on_ack(request, via.branch, sent_by, trunk)
             return
         key = (via.branch, sent_by, method)
         tx = self._server.get(key)
+        if tx is not None and self.trunk_of(tx.source[0]) != trunk:
+            # another trunk's transaction: its answer (our SDP, an SDES key) is not this one's
+            self.counters["sip_not_dialog_peer"] += 1
+            return
         if tx is not None:  # a retransmission: the last answer again, nothing else (§17.2)
             self.counters["sip_retransmissions_absorbed"] += 1
             again = tx.final or tx.provisional
@@ -479,7 +483,7 @@ class SipUas:
 
     def _on_cancel(self, tx: _ServerTx, branch: str, sent_by: str, now: float) -> None:
         invite = self._server.get((branch, sent_by, "INVITE"))
-        if invite is None:
+        if invite is None or self.trunk_of(invite.source[0]) != self.trunk_of(tx.source[0]):
             self._complete(tx, 481, "Call/Transaction Does Not Exist", now)
             return
         self._complete(tx, 200, "OK", now)
@@ -489,9 +493,17 @@ class SipUas:
             self._end(call, "cancel")
 
     def _in_dialog(self, tx: _ServerTx, to_tag: str, now: float) -> None:
+        """A request of a dialog: its Call-ID, our tag and the peer's (§12: the three name
+        it), from the trunk of the call (another trunk, or a forged From tag: 481)."""
         request = tx.request
         call = self._dialogs.get((request.call_id, to_tag))
-        if call is None or call.state == "ended":
+        from_tag = sip.parse_name_addr(request.get("from") or "").tag
+        if (
+            call is None
+            or call.state == "ended"
+            or call.trunk != self.trunk_of(tx.source[0])
+            or from_tag != call.remote_tag
+        ):
             self._complete(tx, 481, "Call/Transaction Does Not Exist", now)
             return
         tx.call = call
@@ -516,14 +528,18 @@ class SipUas:
         else:
             self._complete(tx, 405, "Method Not Allowed", now, headers=[("Allow", ALLOW)])
 
-    def _on_ack(self, request: SipRequest, branch: str, sent_by: str) -> None:
+    def _on_ack(self, request: SipRequest, branch: str, sent_by: str, trunk: str) -> None:
         invite = self._server.get((branch, sent_by, "INVITE"))
+        if invite is not None and self.trunk_of(invite.source[0]) != trunk:
+            self.counters["sip_not_dialog_peer"] += 1  # (another trunk's call: not its ACK)
+            return
         if invite is not None and invite.failed:
             invite.acked = True  # the ACK of our non-2xx: same transaction (§17.2.1)
             return
         to_tag = sip.parse_name_addr(request.get("to") or "").tag
         call = self._dialogs.get((request.call_id, to_tag or ""))
-        if call is None:
+        from_tag = sip.parse_name_addr(request.get("from") or "").tag
+        if call is None or call.trunk != trunk or from_tag != call.remote_tag:
             self.counters["sip_ack_unmatched"] += 1
             return
         if call.state in ("answering", "closing") and request.cseq == call.invite.request.cseq:
@@ -828,13 +844,15 @@ class SipUas:
 
 def referable(target: str) -> bool:
     """A transfer target we put in a Refer-To: a sip:, sips: or tel: URI, nothing that could
-    break out of the header (no whitespace, quotes, angle brackets or line breaks)."""
+    break out of the header (no whitespace, quotes, angle brackets or line breaks), and no
+    URI headers (`?Replaces=...`, `?P-Asserted-Identity=...`: RFC 3261 §19.1.1 lets them
+    into the request the trunk then makes; since stop 42)."""
     scheme, _, rest = target.partition(":")
     return (
         scheme.lower() in ("sip", "sips", "tel")
         and 0 < len(rest) <= 256
         and target.isprintable()
-        and not any(c in target for c in ' \t<>"')
+        and not any(c in target for c in ' \t<>"?')
     )
 
 

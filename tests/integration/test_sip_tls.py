@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,16 @@ def test_options_and_a_call_over_tls(tmp_path: Path) -> None:
                 assert statuses[-1] == 200 and b"RTP/AVP" in message.body
             finally:
                 phone.close()
+        # a trunk's address that starts a handshake and never finishes it: closed after
+        # TLS_HANDSHAKE (5 s), not the 300 s a trickle of bytes had kept it
+        stalled = socket.create_connection(("127.0.0.1", port), timeout=15)
+        try:
+            stalled.sendall(b"\x16\x03\x01")  # (the start of a ClientHello's record)
+            started = time.monotonic()
+            assert stalled.recv(100) == b""
+            assert time.monotonic() - started < 10
+        finally:
+            stalled.close()
         stranger = socket.create_connection(
             ("127.0.0.1", port), timeout=5, source_address=("127.0.0.2", 0)
         )

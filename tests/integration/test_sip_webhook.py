@@ -257,8 +257,9 @@ def test_the_app_transfers_the_caller(app: App) -> None:
         assert isinstance(refer, sip.SipRequest) and refer.method == "REFER"
         assert refer.get("refer-to") == "<tel:+14155550123>"
         phone.sock.sendto(sip.response_to(refer, 202, "Accepted").encode(), app.stack.sip)
-        with pytest.raises(openai.BadRequestError):  # no header injection through a target
-            app.client.realtime.calls.refer(call_id, target_uri="sip:x@y>\r\nX-Evil: 1")
+        for evil in ("sip:x@y>\r\nX-Evil: 1", "sip:x@y?Replaces=abc%3Bto-tag%3D1"):
+            with pytest.raises(openai.BadRequestError):  # no header injection through a target
+                app.client.realtime.calls.refer(call_id, target_uri=evil)
         phone.send(phone.request("BYE"))  # the trunk ends our leg once it has transferred
         assert phone.responses_until_final()[-1].status == 200
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -173,6 +174,59 @@ def test_retransmitted_invites_get_the_last_answer_and_reach_the_application_onc
     core.receive_datagram(request("INVITE", body=SDP), TRUNK, 0.45)
     assert statuses(core) == [200] and events(core) == []
     assert core.counters["sip_retransmissions_absorbed"] == 2
+
+
+OTHER = ("198.18.0.5", 5060)  # a second trunk's address (`two_trunks`)
+
+
+def two_trunks() -> SipUas:
+    counter = itertools.count()
+    return SipUas(
+        trunks=[Trunk.of("pbx", ["192.0.2.0/28"]), Trunk.of("other", ["198.18.0.0/24"])],
+        contact="sip:firsthop@198.51.100.1:5060",
+        token=lambda: f"t{next(counter)}",
+        now=0.0,
+    )
+
+
+def answers(core: SipUas) -> list[tuple[int, tuple[str, int]]]:
+    return [(m.status, dest) for m, dest in sent(core) if isinstance(m, SipResponse)]
+
+
+def test_a_dialog_answers_only_its_own_trunk_and_peer_tag() -> None:
+    """A helper's read (stop 42): requests were matched on Call-ID and our tag, or on Via,
+    alone; another trunk (or anyone in a trunk's CIDR) knowing them could end a call, cancel
+    it while it rang, confirm it, or be sent its 200 OK (our answer, an SDES key in it) as a
+    retransmission. Now §12's dialog id (the peer's From tag too) and the call's trunk must
+    match; else 481, or nothing for what only the INVITE's peer may send."""
+    core = two_trunks()
+    call = answered(core)
+    forged = request("BYE", branch="z9hG4bKf1", cseq=2, to_tag=call).replace(
+        b"tag=them", b"tag=forged"
+    )
+    core.receive_datagram(forged, TRUNK, 1.0)  # the right trunk, another From tag
+    core.receive_datagram(request("BYE", branch="z9hG4bKf2", cseq=3, to_tag=call), OTHER, 1.0)
+    core.receive_datagram(request("INVITE", body=SDP), OTHER, 1.0)  # the INVITE's Via again
+    assert answers(core) == [(481, TRUNK), (481, OTHER)]
+    assert events(core) == [] and core.calls == 1
+    assert core.counters["sip_not_dialog_peer"] == 1
+    core.receive_datagram(request("BYE", branch="z9hG4bKb2", cseq=2, to_tag=call), TRUNK, 1.1)
+    assert statuses(core) == [200] and events(core) == [CallEnded(call, "bye")]
+    # A ringing call: a CANCEL (its INVITE's Via) and an ACK from the other trunk change nothing.
+    second = functools.partial(request, branch="z9hG4bKr2", call_id="call-2")  # another call
+    core.receive_datagram(second("INVITE", body=SDP), TRUNK, 2.0)
+    (offer,) = events(core)
+    assert isinstance(offer, CallOffered)
+    sent(core)
+    core.receive_datagram(second("CANCEL", cseq=1), OTHER, 2.0)
+    assert answers(core) == [(481, OTHER)] and events(core) == []
+    core.answer(offer.call, b"v=0\r\n", 2.1)
+    sent(core)
+    its_ack = second("ACK", to_tag=offer.call, cseq_method="ACK")
+    core.receive_datagram(its_ack, OTHER, 2.2)
+    assert events(core) == [] and core.counters["sip_not_dialog_peer"] == 2
+    core.receive_datagram(its_ack, TRUNK, 2.3)
+    assert events(core) == [CallConfirmed(offer.call)]
 
 
 def test_cancel_while_ringing() -> None:
