@@ -33,6 +33,7 @@ def mask_numpy(data: Buffer, key: bytes) -> bytes:
     """XOR `data` with the 4-byte `key` repeated; the same call unmasks."""
     if len(key) != 4:
         raise ValueError("a WebSocket mask key is 4 bytes")
+    data = memoryview(data).cast("B")  # (bytes, whatever the buffer's items, as C counts)
     n = len(data)
     if n == 0:
         return b""
@@ -44,6 +45,7 @@ def mask_numpy(data: Buffer, key: bytes) -> bytes:
 
 def peak_numpy(pcm: Buffer) -> int:
     """The largest |sample| of PCM16 little-endian (an odd last byte is ignored)."""
+    pcm = memoryview(pcm).cast("B")  # (bytes, whatever the buffer's items, as C counts)
     samples = np.frombuffer(pcm, dtype="<i2", count=len(pcm) // 2)
     if samples.size == 0:
         return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import array
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -50,3 +52,13 @@ def test_peak_of_the_extremes() -> None:
     assert speedups.peak((32767).to_bytes(2, "little", signed=True) + b"\x7f") == 32767
     assert speedups.peak((-65).to_bytes(2, "little", signed=True) * 3) == 65
     assert speedups.peak(b"") == speedups.peak(b"\xff") == 0
+
+
+def test_numpys_count_bytes_as_c_does_whatever_the_buffers_items() -> None:
+    """A helper's read (stop 42): numpy's stand-ins counted a buffer's items, not its bytes,
+    so an array of 16-bit samples had half its samples looked at (peak 2000 for 30000) and
+    a mask of one refused."""
+    samples = memoryview(array.array("h", [1000, -2000, 3000, -30000]))  # (4 items, 8 bytes)
+    assert peak_numpy(samples) == speedups.peak(samples) == 30000
+    odd = memoryview(array.array("h", [1, 2, 3]))
+    assert mask_numpy(odd, b"abcd") == speedups.mask(odd, b"abcd")
