@@ -10,9 +10,41 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from firsthop.shared.address import Address, parse_hostport
+
+# The dev secrets compose.yaml and k8s/overlays/dev publish: anyone has them. A service
+# refuses to start with one (`refuse_published`) unless FIRSTHOP_ALLOW_DEV_SECRETS=1, which
+# those two set for a local stack (a helper's read, stop 42: nothing had stopped them from
+# keying a reachable deployment, whose route key then let anyone steer the relay's UDP).
+DEV_API_KEY = "dev-key-change-me"
+DEV_INTERNAL_TOKEN = "dev-internal-token"
+DEV_ROUTE_KEY = b"firsthop-dev-only-route-key-0001"
+ALLOW_DEV_SECRETS = "FIRSTHOP_ALLOW_DEV_SECRETS"
+
+
+def refuse_published(
+    service: str,
+    *,
+    api_keys: Iterable[str] = (),
+    internal_token: str | None = None,
+    route_keys: Iterable[bytes] = (),
+) -> None:
+    """SystemExit when one of these is a published dev secret (unless allowed)."""
+    if os.environ.get(ALLOW_DEV_SECRETS) == "1":
+        return
+    found = [
+        *(["an API key"] if DEV_API_KEY in api_keys else []),
+        *(["the internal token"] if internal_token == DEV_INTERNAL_TOKEN else []),
+        *(["a route key"] if DEV_ROUTE_KEY in route_keys else []),
+    ]
+    if found:
+        raise SystemExit(
+            f"firsthop {service}: {' and '.join(found)} is the published dev one (compose.yaml, "
+            f"k8s/overlays/dev); set your own, or {ALLOW_DEV_SECRETS}=1 for a local stack"
+        )
 
 
 def env_name(flag: str) -> str:

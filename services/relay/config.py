@@ -17,7 +17,7 @@ from firsthop.shared.address import (
     normalize_host,
     parse_hostport,
 )
-from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
+from firsthop.shared.config import add_option, hostport_arg, parse_cidrs, refuse_published
 from firsthop.shared.wire.route_token import DEFAULT_MAX_AGE, parse_route_keys
 
 DEFAULT_ALLOW_DEST = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7,127.0.0.0/8,::1/128"
@@ -235,6 +235,7 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
         raise SystemExit("firsthop relay: --route-keys (or FIRSTHOP_ROUTE_KEYS) is required")
     try:
         keys = parse_route_keys(args.route_keys)
+        refuse_published("relay", route_keys=keys.values())
         peers: dict[int, Address] = {}
         for item in args.peer:
             cluster, sep, addr = item.partition("=")

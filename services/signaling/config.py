@@ -34,7 +34,7 @@ from firsthop.shared.address import (
     parse_hostport,
 )
 from firsthop.shared.agent_url import PREFIXES
-from firsthop.shared.config import add_option, hostport_arg
+from firsthop.shared.config import add_option, hostport_arg, refuse_published
 from firsthop.shared.redis_store import TransceiverInfo
 from firsthop.shared.session_config import MAX_SESSION_BYTES
 
@@ -395,6 +395,7 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         )
     except (ValueError, OSError, binascii.Error, argparse.ArgumentTypeError) as exc:
         raise SystemExit(f"firsthop signaling: {exc}") from exc
+    refuse_published("signaling", api_keys=config.api_keys, internal_token=config.internal_token)
     if config.dev and not is_loopback(config.listen[0]):
         raise SystemExit(
             "firsthop signaling: --dev hands out client secrets with no key; it is only "

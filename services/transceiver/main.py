@@ -16,7 +16,7 @@ from firsthop.services.transceiver.registry import FlowPins, heartbeat, trace_ha
 from firsthop.services.transceiver.rtc import check_pinned_versions, run_trio_guest
 from firsthop.services.transceiver.service import Transceiver, TransceiverConfig
 from firsthop.shared.address import format_hostport, is_loopback
-from firsthop.shared.config import add_option, hostport_arg, parse_cidrs
+from firsthop.shared.config import add_option, hostport_arg, parse_cidrs, refuse_published
 from firsthop.shared.http import bound_address, hypercorn_config
 from firsthop.shared.lifecycle import address_clash_is_one_line, announce, setup_logging
 from firsthop.shared.redis_store import TransceiverInfo
@@ -257,6 +257,9 @@ def config_from_args(args: argparse.Namespace) -> TransceiverConfig:
     if config.key_id not in config.keys:
         raise SystemExit(f"firsthop transceiver: --route-key-id {config.key_id} is not a key")
     _check_token(config.internal_token, dev=args.dev, api_host=config.api[0])
+    refuse_published(
+        "transceiver", internal_token=config.internal_token, route_keys=config.keys.values()
+    )
     if advertise is None and media[0] in ("0.0.0.0", "::"):
         raise SystemExit(
             "firsthop transceiver: --media binds a wildcard address; give --advertise-media "

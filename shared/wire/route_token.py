@@ -286,13 +286,16 @@ def parse_route_keys(text: str) -> dict[int, bytes]:
         if not item:
             continue
         kid, sep, b64 = item.partition("=")
+        # (a message names the key's place in the list, never its text: a key pasted
+        # without its ID, whose base64 padding then splits as ID=..., is still a secret)
+        place = f"route key #{len(keys) + 1}"
         if not sep:
-            raise ValueError(f"route key {item!r} is not ID=BASE64")
+            raise ValueError(f"{place} is not ID=BASE64")
         try:
             key_id = int(kid)
             key = binascii.a2b_base64(b64.strip(), strict_mode=True)
-        except (ValueError, binascii.Error) as exc:
-            raise ValueError(f"route key {kid!r}: {exc}") from exc
+        except (ValueError, binascii.Error):
+            raise ValueError(f"{place} is not ID=BASE64 (an integer ID, base64)") from None
         if not 0 <= key_id <= 255:
             raise ValueError(f"route key id {key_id} outside 0..255")
         if len(key) != KEY_LENGTH:

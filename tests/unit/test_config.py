@@ -5,7 +5,17 @@ import argparse
 import pytest
 
 from firsthop.shared.address import parse_hostport
-from firsthop.shared.config import add_option, env_name, parse_mapping
+from firsthop.shared.config import (
+    ALLOW_DEV_SECRETS,
+    DEV_API_KEY,
+    DEV_INTERNAL_TOKEN,
+    DEV_ROUTE_KEY,
+    add_option,
+    env_name,
+    parse_mapping,
+    refuse_published,
+)
+from firsthop.shared.wire.route_token import parse_route_keys
 
 
 def test_env_name() -> None:
@@ -64,3 +74,22 @@ def test_agent_url_schemes_have_one_owner() -> None:
         assert agent_kind(url).protocol is PROTOCOLS[kind]
         assert (prefix in TLS_SCHEMES) == (ws == "wss://")
     assert split_agent_url("http://agent.example") is None
+
+
+def test_the_published_dev_secrets_are_refused_unless_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ALLOW_DEV_SECRETS, raising=False)
+    # compose.yaml's route key, as it is written there: the one refused
+    compose = parse_route_keys("1=Zmlyc3Rob3AtZGV2LW9ubHktcm91dGUta2V5LTAwMDE=")
+    assert list(compose.values()) == [DEV_ROUTE_KEY]
+    for secrets_given in (
+        {"api_keys": ["mine", DEV_API_KEY]},
+        {"internal_token": DEV_INTERNAL_TOKEN},
+        {"route_keys": [bytes(32), *compose.values()]},
+    ):
+        with pytest.raises(SystemExit, match="published dev one"):
+            refuse_published("x", **secrets_given)
+    refuse_published("x", api_keys=["mine"], internal_token="t", route_keys=[bytes(32)])
+    monkeypatch.setenv(ALLOW_DEV_SECRETS, "1")
+    refuse_published("x", api_keys=[DEV_API_KEY], internal_token=DEV_INTERNAL_TOKEN)

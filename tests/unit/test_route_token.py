@@ -192,6 +192,16 @@ def test_parse_route_keys() -> None:
             rt.parse_route_keys(bad)
 
 
+def test_a_bad_route_key_is_named_by_its_place_never_its_text() -> None:
+    """A key pasted without its ID (`openssl rand -base64 32`) splits at its padding into
+    ID=...: the message had printed the key (a helper's read, stop 42)."""
+    bare = "q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq8w="
+    for text in (bare, f"1={'A' * 43}=,{bare}"):
+        with pytest.raises(ValueError) as refused:
+            rt.parse_route_keys(text)
+        assert bare[:20] not in str(refused.value) and "route key #" in str(refused.value)
+
+
 @given(
     cluster=st.integers(0, 0xFFFF),
     port=st.integers(0, 0xFFFF),

@@ -30,7 +30,8 @@ K8S = ROOT / "k8s"
 TARGETS = {"base": K8S / "base", "dev": K8S / "overlays" / "dev", "prod": K8S / "overlays/prod"}
 THIRD_PARTY_IMAGES = ("redis:", "jaegertracing/all-in-one:")
 SUBCOMMANDS = ("relay", "transceiver", "signaling", "agent")
-ALWAYS_READ_ENV = {"FIRSTHOP_LOG_LEVEL"}  # shared/lifecycle.py, not a flag
+# shared/lifecycle.py and shared/config.py's `refuse_published`, not flags
+ALWAYS_READ_ENV = {"FIRSTHOP_LOG_LEVEL", "FIRSTHOP_ALLOW_DEV_SECRETS"}
 # Stand-ins for Secret values the render does not hold (prod: the secret manager's), so the
 # non-secret configuration can still go through config_from_args.
 TEST_SECRETS = {"route-keys": "1=" + "A" * 43 + "=", "api-keys": "k", "internal-token": "t"}
