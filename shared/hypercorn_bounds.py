@@ -56,7 +56,7 @@ import hypercorn.protocol
 import hypercorn.protocol.h11
 import hypercorn.trio.tcp_server
 import trio
-from hypercorn.events import Closed
+from hypercorn.events import Closed, RawData
 from hypercorn.events import Event as HypercornEvent
 from hypercorn.protocol.events import Event, Request, StreamClosed
 from hypercorn.protocol.ws_stream import FrameTooLargeError, WebsocketBuffer, WSStream
@@ -69,6 +69,7 @@ log = logging.getLogger("firsthop.http")
 EXTENSIONS_HEADER = b"sec-websocket-extensions"
 CLOSE_GRACE = 1.0  # seconds a connection's close may take, whatever cancels its task
 EVENTS_PER_PASS = 64  # WebSocket events of one read handled between passes of the loop
+WRITE_TIMEOUT = 30.0  # seconds one write may wait for a peer to take anything (as READ_TIMEOUT)
 
 
 class BoundedBuffer(WebsocketBuffer):
@@ -184,9 +185,35 @@ async def guarded_run(self: hypercorn.trio.tcp_server.TCPServer) -> None:
                 pass
 
 
+_unbounded_send = hypercorn.trio.tcp_server.TCPServer.protocol_send
+
+
+async def bounded_protocol_send(self: hypercorn.trio.tcp_server.TCPServer, event: Any) -> None:
+    """hypercorn's, whose write is shielded (no partial frames) and so waited for ever on a
+    peer that reads nothing but keeps sending (a Pong every 29 s beats the read timeout): the
+    app's task, and what it holds, stayed. Now a write that gets no room for WRITE_TIMEOUT
+    closes the connection, as a broken one."""
+    if not isinstance(event, RawData):
+        return await _unbounded_send(self, event)
+    async with self.send_lock:
+        try:
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + WRITE_TIMEOUT
+                await self.stream.send_all(event.data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.protocol.handle(Closed())
+            return
+        if scope.cancelled_caught:
+            log.info("closing a connection whose peer took nothing for %.0f s", WRITE_TIMEOUT)
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_GRACE):
+                await self.stream.aclose()
+            await self.protocol.handle(Closed())
+
+
 def install() -> None:
     """Make every hypercorn server in this process use the classes above (idempotent)."""
     hypercorn.trio.tcp_server.TCPServer.run = guarded_run  # type: ignore[method-assign]
+    hypercorn.trio.tcp_server.TCPServer.protocol_send = bounded_protocol_send  # type: ignore[method-assign]
     h11_module = hypercorn.protocol.h11
     for module, name in ((h11_module, "WSStream"), (hypercorn.protocol, "H11Protocol")):
         if not isinstance(getattr(module, name, None), type):

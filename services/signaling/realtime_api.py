@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -70,9 +71,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("firsthop.signaling.realtime")
 
-MAX_SIDEBAND_MESSAGE = 256 * 1024  # from the transceiver
+# From the transceiver: as big as a backend's event may be (the agent link's 1 MiB; a
+# `conversation.item.retrieved` carries its audio), which had closed the app's socket (1009).
+MAX_SIDEBAND_MESSAGE = 1 << 20
 MAX_CLIENT_MESSAGE = 64 * 1024  # from the client (Hypercorn closes past a bit more: 1009)
 SIDEBAND_CONNECT_TIMEOUT = 3.0
+MAX_SIDEBANDS_PER_KEY = 64  # sideband sockets open at once, per API key (429 past it)
+MAX_SIDEBANDS = 1024  # ... in all (503 past it): each holds up to a message of 1 MiB
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_BIG = 1009
 CLOSE_UNSUPPORTED = 1003
@@ -288,6 +293,8 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
             raise Problem(404, "no such phone call up")
         return json_response({})
 
+    open_sidebands: Counter[str] = Counter()
+
     @app.websocket("/v1/realtime")
     async def sideband() -> Response | None:
         try:
@@ -301,9 +308,19 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
                 raise Problem(400, "a WebSocket to /v1/realtime needs ?call_id= (a call's id)")
             principal = ctx.auth.realtime(websocket.headers.get("Authorization"), allow_ek=False)
             record = await owned_call(call_id, principal)
+            if open_sidebands[principal.tenant] >= MAX_SIDEBANDS_PER_KEY:
+                raise Problem(429, "too many sideband sockets for this key", retry_after=1)
+            if open_sidebands.total() >= MAX_SIDEBANDS:
+                raise Problem(503, "too many sideband sockets", retry_after=1)
         except Problem as problem:
             return problem_response(problem)
-        return await Sideband(ctx, record).run()
+        open_sidebands[principal.tenant] += 1
+        try:
+            return await Sideband(ctx, record).run()
+        finally:
+            open_sidebands[principal.tenant] -= 1
+            if not open_sidebands[principal.tenant]:
+                del open_sidebands[principal.tenant]
 
 
 class Sideband:

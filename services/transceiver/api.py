@@ -42,6 +42,7 @@ MAX_PROBED = 1000  # session ids one /sessions/ended probe may ask about
 MAX_BODY = MAX_SDP_BYTES + MAX_SESSION_BYTES + 4096
 BODY_TIMEOUT = 10.0  # bodies come from signaling, whole: seconds is generous
 RECORDING_CHUNK = 1 << 16  # bytes of a recording read and sent at a time
+SIDEBAND_DRAIN = 2.0  # seconds a sideband may take for what was queued when its call ended
 
 
 def _error(status: int, reason: str) -> Response:
@@ -263,21 +264,33 @@ def create_app(tx: Transceiver) -> QuartTrio:
             tx.counters["sideband_refused"] += 1
             return _error(429, "too many sideband sockets for this session")
         send, receive = feed
+        accepted = False
         try:
             await websocket.accept()
+            accepted = True
             tx.counters["sideband_opened"] += 1
             async with trio.open_nursery() as nursery:
 
                 async def events_out() -> None:
                     async for text in receive:
+                        session.sideband_took(send, text)
                         await websocket.send(text)
                     nursery.cancel_scope.cancel()  # the session is over
 
+                async def call_over() -> None:
+                    await session.ended.wait()  # what is queued gets a moment, not forever
+                    nursery.cancel_scope.deadline = trio.current_time() + SIDEBAND_DRAIN
+
                 nursery.start_soon(events_out)
+                nursery.start_soon(call_over)
                 while True:
-                    session.client_message(await websocket.receive(), send)
+                    message = await websocket.receive()
+                    await session.sideband_turn()
+                    session.client_message(message, send)
         finally:
             session.close_sideband(send)
+            if accepted:  # (opened less closed: the sockets still held)
+                tx.counters["sideband_closed"] += 1
         return None
 
     @app.post("/internal/v1/drain")

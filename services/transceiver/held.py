@@ -15,6 +15,12 @@ HOLD_EVENTS = 64
 HOLD_BYTES = 256 * 1024
 
 
+def utf8_len(text: str) -> int:
+    """Bytes of `text` in UTF-8: what it costs on the wire, and at least what CPython holds
+    for its characters (1, 2 or 4 bytes each). O(1) for ASCII (`isascii` reads a flag)."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 class HeldEvents:
     def __init__(self, max_events: int = HOLD_EVENTS, max_bytes: int = HOLD_BYTES) -> None:
         self.max_events, self.max_bytes = max_events, max_bytes
@@ -26,13 +32,14 @@ class HeldEvents:
 
     def hold(self, text: str) -> bool:
         """Keep `text` for later; False if that would break a bound (it is not kept)."""
-        if len(self.events) >= self.max_events or self.size + len(text) > self.max_bytes:
+        size = utf8_len(text)
+        if len(self.events) >= self.max_events or self.size + size > self.max_bytes:
             return False
         self.events.append(text)
-        self.size += len(text)
+        self.size += size
         return True
 
     def flush(self, send: Callable[[str], bool]) -> None:
         """Send what is held, oldest first, until `send` says it cannot (False)."""
         while self.events and send(self.events[0]):
-            self.size -= len(self.events.popleft())
+            self.size -= utf8_len(self.events.popleft())

@@ -48,7 +48,7 @@ from firsthop.services.transceiver.agents.events import (
     ToCaller,
     ToSender,
 )
-from firsthop.services.transceiver.held import HeldEvents
+from firsthop.services.transceiver.held import HeldEvents, utf8_len
 from firsthop.services.transceiver.ice_lite import Credentials
 from firsthop.services.transceiver.rtc import (
     AgentLink,
@@ -76,6 +76,7 @@ HEALTHY_AFTER = 10.0
 STAGES = ("setup", "agent_connect", "agent", "media", "events", "close")
 MAX_SIDEBANDS = 4  # sideband sockets per session
 SIDEBAND_QUEUE = 256  # events waiting for one sideband socket
+SIDEBAND_QUEUE_BYTES = 1 << 20  # and their bytes (an event alone may pass it: an empty queue)
 AHEAD_FRAMES = 1500  # 30 s of a backend's answer sent ahead, queued to play
 # A caller's data-channel events a second (burst): past them, dropped unparsed and unanswered
 # (`client_events_rate_limited`). Tiny events at the session's datagram budget cost a core.
@@ -121,6 +122,9 @@ class Session:
         self._agent: AgentProtocol | None = None
         self._held = HeldEvents()
         self._client_events = TokenBucket(CLIENT_EVENT_RATE, CLIENT_EVENT_BURST, time.monotonic())
+        # the sidebands' client events, all of a session's sockets together (waited for)
+        self._sideband_events = TokenBucket(CLIENT_EVENT_RATE, CLIENT_EVENT_BURST, time.monotonic())
+        self._sideband_queued: dict[trio.MemorySendChannel[str], int] = {}
         self._hold = False
         self._call_state_events = True
         self.failure: str | None = None  # the stage that raised, if one did
@@ -272,10 +276,29 @@ class Session:
         self._to_channel(text)
 
     def _to_sideband(self, sideband: trio.MemorySendChannel[str], text: str) -> None:
+        queued, size = self._sideband_queued.get(sideband, 0), utf8_len(text)
+        if queued and queued + size > SIDEBAND_QUEUE_BYTES:
+            self.counters["events_dropped_sideband"] += 1
+            return
         try:
             sideband.send_nowait(text)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             self.counters["events_dropped_sideband"] += 1
+            return
+        if sideband in self._sideband_queued:
+            self._sideband_queued[sideband] = queued + size
+
+    def sideband_took(self, sideband: trio.MemorySendChannel[str], text: str) -> None:
+        """The socket's task took `text` off `sideband`'s queue."""
+        if sideband in self._sideband_queued:
+            self._sideband_queued[sideband] -= utf8_len(text)
+
+    async def sideband_turn(self) -> None:
+        """Wait for the session's sideband event budget (backpressure: the socket is not
+        read meanwhile, so its sender slows down; nothing is dropped)."""
+        while (wait := self._sideband_events.wait(time.monotonic())) > 0:
+            self.counters["sideband_events_paced"] += 1
+            await trio.sleep(wait)
 
     def _to_channel(self, text: str) -> None:
         """To the data channel (held until it opens if the protocol asks, bounded; dropped
@@ -297,11 +320,13 @@ class Session:
             return None
         send, receive = trio.open_memory_channel[str](SIDEBAND_QUEUE)
         self.sidebands.append(send)
+        self._sideband_queued[send] = 0
         return send, receive
 
     def close_sideband(self, send: trio.MemorySendChannel[str]) -> None:
         if send in self.sidebands:
             self.sidebands.remove(send)
+        self._sideband_queued.pop(send, None)
         send.close()
 
     def _to_agent(self, message: str | bytes) -> bool:

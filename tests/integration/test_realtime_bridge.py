@@ -304,6 +304,41 @@ def test_invalid_client_events_get_errors_and_the_call_goes_on(tx: TransceiverPr
     wait_until(lambda: event_count(tx, "realtime_client_event_unknown_type") == before + 1)
 
 
+def test_a_sideband_that_reads_nothing_holds_a_bounded_queue_and_is_paced(
+    tx: TransceiverProcess,
+) -> None:
+    """A helper's read (stop 42): a sideband socket that reads nothing queued 256 events of
+    any size (a backend's 250 KB events: 64 MiB a socket, and it outlived the call), and a
+    sideband's client events skipped the data channel's 100 a second (31,000 tiny ones a
+    second took most of a core). Now a socket's queue holds 1 MiB of events (more are
+    dropped and counted), its client events are paced (the socket is read no faster: its
+    sender slows), and once the call ends what is queued has 2 s to go."""
+
+    async def main(backend: Backend) -> None:
+        c, session_id = await call(tx, backend)
+        await eventually(lambda: "session.updated" in kinds(c))
+        url = f"ws://127.0.0.1:{tx.api_port}/internal/v1/sessions/{session_id}/events"
+        dropped, paced = (
+            event_count(tx, name) for name in ("events_dropped_sideband", "sideband_events_paced")
+        )
+        stalled = await connect(url, additional_headers=tx.auth, max_queue=1)  # never read
+        pad = "x" * 250_000
+        for n in range(60):  # 15 MB: past what the sockets' buffers take on loopback
+            await backend.send({"type": "rate_limits.updated", "event_id": f"e{n}", "pad": pad})
+        await eventually(lambda: event_count(tx, "events_dropped_sideband") > dropped + 10, 20)
+        for _ in range(400):  # tiny bad events, each answered on this socket
+            await stalled.send("{broken")
+        await eventually(lambda: event_count(tx, "sideband_events_paced") > paced, 10)
+        status, _ = await asyncio.to_thread(
+            tx.request, "DELETE", f"/internal/v1/sessions/{session_id}"
+        )
+        assert status == 204
+        await stalled.close()
+        await c.close()
+
+    run(main)
+
+
 def test_a_lost_backend_is_reported_and_reconnected_with_the_session(
     tx: TransceiverProcess,
 ) -> None:

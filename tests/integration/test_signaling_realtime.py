@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -26,8 +27,12 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as ws_connect
 
 from firsthop.services.call.caller import Caller, ToneTrack
+from firsthop.services.signaling.realtime_api import MAX_SIDEBANDS_PER_KEY
 from tests.integration.test_transceiver import hears
 from tests.support import (
     INTERNAL_TOKEN,
@@ -236,6 +241,7 @@ ANSWER = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n"
 class Standin:
     created: list[dict[str, Any]]
     open_sockets: int = 0
+    sidebands_per_session: int = MAX_STANDIN_SIDEBANDS
 
 
 def standin_transceiver(state: Standin) -> QuartTrio:
@@ -268,7 +274,7 @@ def standin_transceiver(state: Standin) -> QuartTrio:
             return Response("", status=401)
         if session_id not in sessions:
             return Response("", status=404)
-        if state.open_sockets >= MAX_STANDIN_SIDEBANDS:  # as a transceiver's bound (4) does
+        if state.open_sockets >= state.sidebands_per_session:  # as a transceiver's (4) does
             return Response("too many sideband sockets for this session", status=429)
         await websocket.accept()
         state.open_sockets += 1
@@ -306,6 +312,69 @@ async def test_sideband_pipes_events_both_ways_for_the_calls_owner_only() -> Non
         try:
             with trio.fail_after(60):
                 await trio.to_thread.run_sync(sideband_session, sig, state, port)
+        finally:
+            sig.kill()
+            nursery.cancel_scope.cancel()
+
+
+async def test_one_key_holds_at_most_its_share_of_sideband_sockets() -> None:
+    """A helper's read (stop 42): signaling bounded sidebands only per call (the
+    transceiver's 4), and each held about a megabyte while its client read nothing; a key
+    with many calls held as many as it liked. Now a key holds `MAX_SIDEBANDS_PER_KEY` at
+    once (429 past it, another key unaffected), and closing one gives its place back."""
+    state = Standin(created=[], sidebands_per_session=1000)
+    port = free_tcp_port()
+    config = HypercornConfig()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = config.errorlog = None
+    sig = SignalingProcess(
+        *["--transceiver", f"http://127.0.0.1:{port}", "--ingress", "127.0.0.1:3478"],
+        *["--ip-rate", "0", "--key-rate", "0"],
+        *["--agent-url", "echo=realtime+ws://127.0.0.1:9/v1/realtime"],
+        api_keys=f"{KEY},{OTHER_KEY}",
+    )
+
+    def sideband(key: str, call_id: str) -> ClientConnection:
+        return ws_connect(
+            f"ws://127.0.0.1:{sig.port}/v1/realtime?call_id={call_id}",
+            additional_headers={"Authorization": f"Bearer {key}"},
+            open_timeout=10,
+        )
+
+    def held_and_refused() -> None:
+        calls = {}
+        for key in (KEY, OTHER_KEY):
+            raw = sdk(sig, key).realtime.calls.with_raw_response.create(
+                sdp=OFFER, session={"type": "realtime", "model": "echo"}
+            )
+            calls[key] = call_id_of(raw.headers["location"])
+        with ExitStack() as sockets:
+
+            def opened(key: str) -> ClientConnection:
+                return sockets.enter_context(sideband(key, calls[key]))
+
+            held = [opened(KEY) for _ in range(MAX_SIDEBANDS_PER_KEY)]
+            with pytest.raises(InvalidStatus) as refused:
+                opened(KEY)
+            assert refused.value.response.status_code == 429
+            opened(OTHER_KEY).close()  # another key's budget is its own
+            held.pop().close()
+
+            def its_place_is_back() -> bool:
+                try:
+                    opened(KEY)
+                except InvalidStatus:  # (until signaling has seen that one close)
+                    return False
+                return True
+
+            wait_until(its_place_is_back, timeout=10)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve, standin_transceiver(state), config)
+        await trio.to_thread.run_sync(sig.start)
+        try:
+            with trio.fail_after(60):
+                await trio.to_thread.run_sync(held_and_refused)
         finally:
             sig.kill()
             nursery.cancel_scope.cancel()

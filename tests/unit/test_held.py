@@ -33,3 +33,14 @@ def test_bytes_are_bounded_too() -> None:
     assert held.hold("x" * 6)
     assert not held.hold("y" * 5)
     assert held.hold("z" * 4) and held.size == 10
+
+
+def test_bytes_are_counted_in_utf_8_not_characters() -> None:
+    """A helper's read (stop 42): sizes had been counted in characters, so 64 events of
+    four-byte characters passed a 256 KiB bound holding a megabyte."""
+    held = HeldEvents(max_events=64, max_bytes=16)
+    assert held.hold("\U0001f600" * 3) and held.size == 12  # 3 characters, 12 bytes
+    assert not held.hold("é" * 3)  # 6 more bytes: over
+    assert held.hold("é" * 2) and held.size == 16
+    held.flush(lambda _: True)
+    assert held.size == 0
