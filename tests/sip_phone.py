@@ -185,6 +185,17 @@ class Phone:
                     return got
         raise AssertionError(f"no final response, got {[r.status for r in got]}")
 
+    def cancel(self, invite: SipRequest, timeout: float = 10.0) -> None:
+        """CANCEL `invite` (its branch and CSeq, §9.1) and wait for the INVITE's 487."""
+        branch = sip.parse_via(invite.vias()[0]).branch
+        self.send(self.request("CANCEL", branch=branch, cseq=invite.cseq, cseq_method="CANCEL"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = self.receive(deadline - time.monotonic())
+            if isinstance(message, SipResponse) and message.status == 487:
+                return
+        raise AssertionError("no 487 for the cancelled INVITE")
+
     def invite(
         self, user: str = "echo", codecs: str = "0 8 101"
     ) -> tuple[SipRequest, list[SipResponse]]:

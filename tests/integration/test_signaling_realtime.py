@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, cast
@@ -295,8 +295,11 @@ def standin_transceiver(state: Standin) -> QuartTrio:
     return app
 
 
-async def test_sideband_pipes_events_both_ways_for_the_calls_owner_only() -> None:
-    state = Standin(created=[])
+async def with_standin(
+    state: Standin, run: Callable[[SignalingProcess, int], None], *flags: str
+) -> None:
+    """A real signaling (keys `KEY` and `OTHER_KEY`, with `flags`) whose one transceiver is
+    the stand-in; `run(signaling, the stand-in's port)` in a thread, within 60 s."""
     port = free_tcp_port()
     config = HypercornConfig()
     config.bind = [f"127.0.0.1:{port}"]
@@ -304,6 +307,7 @@ async def test_sideband_pipes_events_both_ways_for_the_calls_owner_only() -> Non
     sig = SignalingProcess(
         *["--transceiver", f"http://127.0.0.1:{port}", "--ingress", "127.0.0.1:3478"],
         *["--ip-rate", "0", "--agent-url", "echo=realtime+ws://127.0.0.1:9/v1/realtime"],
+        *flags,
         api_keys=f"{KEY},{OTHER_KEY}",
     )
     async with trio.open_nursery() as nursery:
@@ -311,10 +315,15 @@ async def test_sideband_pipes_events_both_ways_for_the_calls_owner_only() -> Non
         await trio.to_thread.run_sync(sig.start)
         try:
             with trio.fail_after(60):
-                await trio.to_thread.run_sync(sideband_session, sig, state, port)
+                await trio.to_thread.run_sync(run, sig, port)
         finally:
             sig.kill()
             nursery.cancel_scope.cancel()
+
+
+async def test_sideband_pipes_events_both_ways_for_the_calls_owner_only() -> None:
+    state = Standin(created=[])
+    await with_standin(state, lambda sig, port: sideband_session(sig, state, port))
 
 
 async def test_one_key_holds_at_most_its_share_of_sideband_sockets() -> None:
@@ -323,25 +332,15 @@ async def test_one_key_holds_at_most_its_share_of_sideband_sockets() -> None:
     with many calls held as many as it liked. Now a key holds `MAX_SIDEBANDS_PER_KEY` at
     once (429 past it, another key unaffected), and closing one gives its place back."""
     state = Standin(created=[], sidebands_per_session=1000)
-    port = free_tcp_port()
-    config = HypercornConfig()
-    config.bind = [f"127.0.0.1:{port}"]
-    config.accesslog = config.errorlog = None
-    sig = SignalingProcess(
-        *["--transceiver", f"http://127.0.0.1:{port}", "--ingress", "127.0.0.1:3478"],
-        *["--ip-rate", "0", "--key-rate", "0"],
-        *["--agent-url", "echo=realtime+ws://127.0.0.1:9/v1/realtime"],
-        api_keys=f"{KEY},{OTHER_KEY}",
-    )
 
-    def sideband(key: str, call_id: str) -> ClientConnection:
+    def sideband(sig: SignalingProcess, key: str, call_id: str) -> ClientConnection:
         return ws_connect(
             f"ws://127.0.0.1:{sig.port}/v1/realtime?call_id={call_id}",
             additional_headers={"Authorization": f"Bearer {key}"},
             open_timeout=10,
         )
 
-    def held_and_refused() -> None:
+    def held_and_refused(sig: SignalingProcess, _: int) -> None:
         calls = {}
         for key in (KEY, OTHER_KEY):
             raw = sdk(sig, key).realtime.calls.with_raw_response.create(
@@ -351,7 +350,7 @@ async def test_one_key_holds_at_most_its_share_of_sideband_sockets() -> None:
         with ExitStack() as sockets:
 
             def opened(key: str) -> ClientConnection:
-                return sockets.enter_context(sideband(key, calls[key]))
+                return sockets.enter_context(sideband(sig, key, calls[key]))
 
             held = [opened(KEY) for _ in range(MAX_SIDEBANDS_PER_KEY)]
             with pytest.raises(InvalidStatus) as refused:
@@ -369,15 +368,7 @@ async def test_one_key_holds_at_most_its_share_of_sideband_sockets() -> None:
 
             wait_until(its_place_is_back, timeout=10)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(serve, standin_transceiver(state), config)
-        await trio.to_thread.run_sync(sig.start)
-        try:
-            with trio.fail_after(60):
-                await trio.to_thread.run_sync(held_and_refused)
-        finally:
-            sig.kill()
-            nursery.cancel_scope.cancel()
+    await with_standin(state, held_and_refused, "--key-rate", "0")
 
 
 def sideband_session(sig: SignalingProcess, state: Standin, standin_port: int) -> None:

@@ -20,7 +20,6 @@ import pytest
 import redis as redis_lib
 
 from firsthop.shared.metrics import parse_text
-from firsthop.shared.wire import sip
 from tests.sip_phone import Phone, PhoneStack
 from tests.support import SignalingProcess, free_sip_port, wait_until
 
@@ -133,13 +132,7 @@ def test_no_post_is_retried_for_a_call_that_has_ended() -> None:
         invite = phone.request("INVITE", body=phone.offer())
         phone.send(invite)
         wait_until(lambda: receiver.posts == 1, timeout=10)
-        branch = sip.parse_via(invite.vias()[0]).branch
-        phone.send(phone.request("CANCEL", branch=branch, cseq=invite.cseq, cseq_method="CANCEL"))
-        statuses: set[int] = set()
-        while 487 not in statuses:
-            message = phone.receive()
-            if isinstance(message, sip.SipResponse):
-                statuses.add(message.status)
+        phone.cancel(invite)
         time.sleep(2.0)  # (longer than the 0.5 s and 1 s back-offs: a post would have come)
         assert receiver.posts == 1
 
@@ -173,15 +166,7 @@ def test_an_accept_whose_app_went_away_still_ends_cleanly() -> None:
                         headers={"Authorization": f"Bearer {SignalingProcess.API_KEY}"},
                         timeout=0.5,
                     )
-                branch = sip.parse_via(invite.vias()[0]).branch
-                cancel = phone.request(
-                    "CANCEL", branch=branch, cseq=invite.cseq, cseq_method="CANCEL"
-                )
-                phone.send(cancel)
-                while True:
-                    message = phone.receive()
-                    if isinstance(message, sip.SipResponse) and message.status == 487:
-                        break
+                phone.cancel(invite)
                 before, t0 = cpu_seconds(stack.sig.pid), time.monotonic()
                 time.sleep(1.0)  # (a window to measure signaling's CPU in)
                 busy = (cpu_seconds(stack.sig.pid) - before) / (time.monotonic() - t0)
