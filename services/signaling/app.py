@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import trio
@@ -34,6 +33,7 @@ from werkzeug.exceptions import HTTPException
 
 from firsthop.services.signaling import realtime_api
 from firsthop.services.signaling.auth import DEV_ISSUER
+from firsthop.services.signaling.bodies import take_slot
 from firsthop.services.signaling.calls import CallRequest, parse_offer_body, record_flag
 from firsthop.services.signaling.context import Context
 from firsthop.services.signaling.errors import Problem
@@ -267,30 +267,24 @@ def create_app(ctx: Context) -> QuartTrio:
         call_id_ok(call_id)
         principal = ctx.auth.any_credential(request.headers.get("Authorization"))
         tenant = principal.tenant
-        refused = ctx.downloads.take(tenant)
-        if refused is not None:
-            ctx.stats.counters[f"recording_downloads_refused_{refused}"] += 1
-            if refused == "key":
-                raise Problem(
-                    429,
-                    f"this key streams its most recordings at once ({ctx.downloads.per_key})",
-                    retry_after=DOWNLOAD_RETRY,
-                )
-            raise Problem(503, "too many recordings are being streamed", retry_after=DOWNLOAD_RETRY)
+        take_slot(
+            ctx.downloads,
+            tenant,
+            ctx.stats.counters,
+            ("recording_downloads_refused_key", "recording_downloads_refused_total"),
+            (
+                f"this key streams its most recordings at once ({ctx.downloads.per_key})",
+                "too many recordings are being streamed",
+            ),
+            DOWNLOAD_RETRY,
+        )
         try:
             found = await ctx.calls.recording(call_id, principal)
         except BaseException:
             ctx.downloads.give_back(tenant)
             raise
-
-        async def chunks() -> AsyncIterator[bytes]:  # the slot is held while it streams
-            try:
-                async for chunk in found.chunks:
-                    yield chunk
-            finally:
-                ctx.downloads.give_back(tenant)
-
-        resp = Response(chunks(), status=200, content_type=found.media_type)
+        chunks = ctx.downloads.held_while(tenant, found.chunks)  # (the slot: while it streams)
+        resp = Response(chunks, status=200, content_type=found.media_type)
         if found.length is not None and found.length.isascii() and found.length.isdigit():
             resp.headers["Content-Length"] = found.length
         resp.headers["X-Content-Type-Options"] = "nosniff"  # (callers' bytes are in it)

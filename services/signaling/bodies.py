@@ -81,25 +81,38 @@ class Bodies:
         return not scope.cancelled_caught
 
     def _take(self, ip: str) -> None:
-        refused = self.slots.take(ip)
-        if refused == "key":
-            self._counters["uploads_refused_ip"] += 1
-            raise Problem(
-                429,
-                f"too many requests from this address are still sending their body "
+        take_slot(
+            self.slots,
+            ip,
+            self._counters,
+            ("uploads_refused_ip", "uploads_refused_total"),
+            (
+                "too many requests from this address are still sending their body "
                 f"(at most {self.slots.per_key})",
-                retry_after=SLOT_RETRY_AFTER,
-            )
-        if refused == "total":
-            self._counters["uploads_refused_total"] += 1
-            raise Problem(
-                503,
                 "too many requests are still sending their body; try again",
-                retry_after=SLOT_RETRY_AFTER,
-            )
+            ),
+            SLOT_RETRY_AFTER,
+        )
 
     def metric(self) -> MetricFamily:
         gauge = MetricFamily(
             "firsthop_signaling_uploads", "gauge", "Requests still sending their body"
         )
         return gauge.add(self.slots.in_use)
+
+
+def take_slot(
+    slots: Slots,
+    key: str,
+    counters: Counter[str],
+    events: tuple[str, str],
+    reasons: tuple[str, str],
+    retry_after: float,
+) -> None:
+    """A slot of `slots` for `key`, or Problem: 429 when the key holds its most, 503 when
+    all are held (counted as `events`' first or second, answered with `reasons`')."""
+    refused = slots.take(key)
+    if refused is not None:
+        which = 0 if refused == "key" else 1
+        counters[events[which]] += 1
+        raise Problem((429, 503)[which], reasons[which], retry_after=retry_after)

@@ -13,8 +13,11 @@ the caller passes; `ClientLimiter`, the per-IP one, keys a client address by its
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
+
+import trio
 
 from firsthop.shared.address import source_key
 from firsthop.shared.ratelimit import KeyedLimiter
@@ -62,6 +65,9 @@ class ClientLimiter(RateLimiter):
         return super().check(source_key(key), cost)
 
 
+CLOSE_GRACE = 1.0  # s a streamed body's source may take to close (`Slots.held_while`)
+
+
 class Slots:
     """At most `total` holders at once, and at most `per_key` with the same key (a client IP).
 
@@ -91,3 +97,32 @@ class Slots:
         if held > 0:
             self._held[key] = held
         self.in_use -= 1
+
+    def held_while(self, key: str, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+        """`chunks`, with the slot `key` took given back exactly once: when they end, fail or
+        are closed, and also when the iterator is dropped before its first step (a client
+        gone between the answer's start and its body: an async generator never started
+        runs no `finally`, and the slot had been held for good)."""
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.give_back(key)
+
+        async def body() -> AsyncGenerator[bytes, None]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                release()
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:  # (closed with it: its own `finally` runs now)
+                    with trio.move_on_after(CLOSE_GRACE) as closing:
+                        closing.shield = True
+                        await aclose()
+
+        held = body()
+        weakref.finalize(held, release)
+        return held
