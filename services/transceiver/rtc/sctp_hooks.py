@@ -45,9 +45,10 @@ CHUNK_RATE, CHUNK_BURST = 500.0, 1000.0
 
 
 def room_for(sctp: Any, chunk: Any) -> bool:
-    """Whether `sctp` may take the DATA `chunk` (a duplicate always: aiortc just notes it)."""
+    """Whether `sctp` has room for the new DATA `chunk` (`is_new`: a duplicate needs none,
+    aiortc just notes it)."""
     tsn, last = chunk.tsn, sctp._last_received_tsn
-    if last is None or not is_new(sctp, chunk):
+    if last is None:
         return True  # (no association yet: aiortc refuses it itself)
     if uint32_gt(tsn, (last + MAX_TSN_AHEAD) & 0xFFFFFFFF):
         return False
@@ -72,12 +73,13 @@ def bound_sctp(sctp: RTCSctpTransport, count: Callable[[str], None]) -> None:
     budget = TokenBucket(CHUNK_RATE, CHUNK_BURST, time.monotonic())
 
     async def bounded(chunk: Any) -> None:
-        if not room_for(sctp, chunk):
-            count("sctp_chunk_dropped")
-            return
-        if is_new(sctp, chunk) and not budget.take(time.monotonic()):
-            count("sctp_chunk_rate_limited")
-            return
+        if is_new(sctp, chunk):
+            if not room_for(sctp, chunk):
+                count("sctp_chunk_dropped")
+                return
+            if not budget.take(time.monotonic()):
+                count("sctp_chunk_rate_limited")
+                return
         await receive(chunk)
 
     sctp._receive_data_chunk = bounded  # type: ignore[method-assign]
