@@ -272,8 +272,8 @@ def create_app(tx: Transceiver) -> QuartTrio:
             async with trio.open_nursery() as nursery:
 
                 async def events_out() -> None:
-                    async for text in receive:
-                        session.sideband_took(send, text)
+                    async for text, size in receive:
+                        session.sideband_took(send, size)
                         await websocket.send(text)
                     nursery.cancel_scope.cancel()  # the session is over
 

@@ -77,6 +77,7 @@ STAGES = ("setup", "agent_connect", "agent", "media", "events", "close")
 MAX_SIDEBANDS = 4  # sideband sockets per session
 SIDEBAND_QUEUE = 256  # events waiting for one sideband socket
 SIDEBAND_QUEUE_BYTES = 1 << 20  # and their bytes (an event alone may pass it: an empty queue)
+Feed = trio.MemorySendChannel[tuple[str, int]]  # a sideband socket's events: (text, bytes)
 AHEAD_FRAMES = 1500  # 30 s of a backend's answer sent ahead, queued to play
 # A caller's data-channel events a second (burst): past them, dropped unparsed and unanswered
 # (`client_events_rate_limited`). Tiny events at the session's datagram budget cost a core.
@@ -124,11 +125,11 @@ class Session:
         self._client_events = TokenBucket(CLIENT_EVENT_RATE, CLIENT_EVENT_BURST, time.monotonic())
         # the sidebands' client events, all of a session's sockets together (waited for)
         self._sideband_events = TokenBucket(CLIENT_EVENT_RATE, CLIENT_EVENT_BURST, time.monotonic())
-        self._sideband_queued: dict[trio.MemorySendChannel[str], int] = {}
         self._hold = False
         self._call_state_events = True
         self.failure: str | None = None  # the stage that raised, if one did
-        self.sidebands: list[trio.MemorySendChannel[str]] = []
+        # each sideband socket's feed of events (text, its UTF-8 size) -> the bytes queued
+        self.sidebands: dict[Feed, int] = {}
         callbacks = SessionCallbacks(
             audio=self._guard("media", self._audio_in),
             state=self._guard("events", self._state_in),
@@ -255,9 +256,7 @@ class Session:
             return
         self.client_message(message)
 
-    def client_message(
-        self, message: str | bytes, sideband: trio.MemorySendChannel[str] | None = None
-    ) -> None:
+    def client_message(self, message: str | bytes, sideband: Feed | None = None) -> None:
         """A client event from the data channel, or from the `sideband` socket whose feed
         this is: handled alike; a reply to it (an error) goes back to where it came from."""
         agent = self._agent
@@ -271,27 +270,30 @@ class Session:
 
     def _to_caller(self, text: str) -> None:
         """A server event: to every sideband socket, and to the data channel."""
+        size = utf8_len(text)
         for sideband in self.sidebands:
-            self._to_sideband(sideband, text)
+            self._to_sideband(sideband, text, size)
         self._to_channel(text)
 
-    def _to_sideband(self, sideband: trio.MemorySendChannel[str], text: str) -> None:
-        queued, size = self._sideband_queued.get(sideband, 0), utf8_len(text)
+    def _to_sideband(self, sideband: Feed, text: str, size: int | None = None) -> None:
+        """Queued for one socket, within its bytes (an event alone may pass them)."""
+        size = utf8_len(text) if size is None else size
+        queued = self.sidebands.get(sideband, 0)
         if queued and queued + size > SIDEBAND_QUEUE_BYTES:
             self.counters["events_dropped_sideband"] += 1
             return
         try:
-            sideband.send_nowait(text)
+            sideband.send_nowait((text, size))
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             self.counters["events_dropped_sideband"] += 1
             return
-        if sideband in self._sideband_queued:
-            self._sideband_queued[sideband] = queued + size
+        if sideband in self.sidebands:
+            self.sidebands[sideband] = queued + size
 
-    def sideband_took(self, sideband: trio.MemorySendChannel[str], text: str) -> None:
-        """The socket's task took `text` off `sideband`'s queue."""
-        if sideband in self._sideband_queued:
-            self._sideband_queued[sideband] -= utf8_len(text)
+    def sideband_took(self, sideband: Feed, size: int) -> None:
+        """The socket's task took an event of `size` bytes off `sideband`'s queue."""
+        if sideband in self.sidebands:
+            self.sidebands[sideband] -= size
 
     async def sideband_turn(self) -> None:
         """Wait for the session's sideband event budget (backpressure: the socket is not
@@ -312,21 +314,16 @@ class Session:
         elif not self._held.hold(text):
             self.counters["events_dropped_held"] += 1
 
-    def open_sideband(
-        self,
-    ) -> tuple[trio.MemorySendChannel[str], trio.MemoryReceiveChannel[str]] | None:
+    def open_sideband(self) -> tuple[Feed, trio.MemoryReceiveChannel[tuple[str, int]]] | None:
         """A new sideband socket's feed of server events (None: the session has enough)."""
         if len(self.sidebands) >= MAX_SIDEBANDS or self.ended.is_set():
             return None
-        send, receive = trio.open_memory_channel[str](SIDEBAND_QUEUE)
-        self.sidebands.append(send)
-        self._sideband_queued[send] = 0
+        send, receive = trio.open_memory_channel[tuple[str, int]](SIDEBAND_QUEUE)
+        self.sidebands[send] = 0
         return send, receive
 
-    def close_sideband(self, send: trio.MemorySendChannel[str]) -> None:
-        if send in self.sidebands:
-            self.sidebands.remove(send)
-        self._sideband_queued.pop(send, None)
+    def close_sideband(self, send: Feed) -> None:
+        self.sidebands.pop(send, None)
         send.close()
 
     def _to_agent(self, message: str | bytes) -> bool:
@@ -538,7 +535,7 @@ class Session:
         self,
         agent: AgentProtocol,
         events: list[AgentEvent],
-        sideband: trio.MemorySendChannel[str] | None = None,
+        sideband: Feed | None = None,
     ) -> None:
         """Carry out what the agent protocol asks of the call (`sideband`: the socket whose
         client event this answers, if it was not the data channel's)."""
