@@ -29,8 +29,16 @@ typecheck: $(STAMP)
 	$(BIN)/mypy -p firsthop
 	$(BIN)/mypy tests examples
 
+# Most tests wait on real time (audio, timers, other processes), so two run at once, a test
+# file per process (its module fixtures start once); those marked `serial` measure CPU or
+# timing side by side and run alone after them. Both parts run; either failing fails.
+# `.venv/bin/pytest` alone still runs everything, one test at a time.
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP) system-deps
-	$(BIN)/pytest
+	status=0; \
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
+	$(BIN)/pytest -p no:xdist -m serial || status=$$?; \
+	exit $$status
 
 test: lint typecheck pytest
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
+import random
+import re
 import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -821,18 +825,29 @@ def _veth(near: str | None, far: str, ifname: str, near_addr: str, far_addr: str
 
 
 @contextmanager
+def _free_subnet(second: int) -> Iterator[int]:
+    """A third octet X such that no address of this host is in 10.{second}.X.0/24, held
+    against every other test process (the test workers run at once) until the block ends:
+    by then the caller has put its host side's address there."""
+    with open(Path(tempfile.gettempdir()) / "firsthop-test-subnets.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes)
+        taken = set(re.findall(rf"inet 10\.{second}\.(\d+)\.", _ip("-4", "-o", "addr").stdout))
+        yield random.choice([n for n in range(1, 255) if str(n) not in taken])
+
+
+@contextmanager
 def network_namespace() -> Iterator[Namespace]:
-    """A fresh namespace with a veth pair to this host (unique names, removed on exit).
-    Fails — does not skip — with what is missing where namespaces cannot be created: the
-    tests need root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and nftables."""
+    """A fresh namespace with a veth pair to this host (unique names and subnet, removed on
+    exit). Fails — does not skip — with what is missing where namespaces cannot be created:
+    the tests need root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and nftables."""
     _require("ip", "nft")
     tag = os.urandom(3).hex()
     name, ifname = f"fh-{tag}", f"fh{tag}"
-    subnet = f"10.199.{int(tag[:2], 16)}"  # (compose.yaml uses 10.77.0.0/24)
-    ns = Namespace(name, f"{subnet}.1", f"{subnet}.2")
     _add_namespace(name)
     try:
-        _veth(None, name, ifname, ns.host, ns.inside)
+        with _free_subnet(199) as third:  # (compose.yaml uses 10.77.0.0/24)
+            ns = Namespace(name, f"10.199.{third}.1", f"10.199.{third}.2")
+            _veth(None, name, ifname, ns.host, ns.inside)
         yield ns
     finally:
         _ip("netns", "del", name, check=False)  # takes the veth pair with it
@@ -884,22 +899,23 @@ def nat_network(ports: tuple[int, int] = (41000, 41999)) -> Iterator[NatNetwork]
     namespaces cannot be created (root, iproute2, nftables, conntrack)."""
     _require("ip", "nft", "conntrack", "sysctl")
     tag = os.urandom(3).hex()
-    third = int(tag[:2], 16)
-    public, home, cluster = (f"10.{second}.{third}" for second in (196, 197, 198))
-    net = NatNetwork(
-        router=Namespace(f"fh-{tag}-nat", f"{public}.1", f"{public}.2"),
-        caller=Namespace(f"fh-{tag}-home", f"{home}.1", f"{home}.2"),
-        cluster=Namespace(f"fh-{tag}-k8s", f"{cluster}.1", f"{cluster}.2"),
-        public_if=f"fh{tag}pb",
-    )
     made: list[str] = []
     try:
-        for ns in (net.router, net.caller, net.cluster):
-            _add_namespace(ns.name)
-            made.append(ns.name)
-        _veth(None, net.router.name, f"fh{tag}p", net.router.host, net.router.inside)
+        # (10.197.X is the router's and the caller's alone; this host has the other two)
+        with _free_subnet(196) as third:
+            public, home, cluster = (f"10.{second}.{third}" for second in (196, 197, 198))
+            net = NatNetwork(
+                router=Namespace(f"fh-{tag}-nat", f"{public}.1", f"{public}.2"),
+                caller=Namespace(f"fh-{tag}-home", f"{home}.1", f"{home}.2"),
+                cluster=Namespace(f"fh-{tag}-k8s", f"{cluster}.1", f"{cluster}.2"),
+                public_if=f"fh{tag}pb",
+            )
+            for ns in (net.router, net.caller, net.cluster):
+                _add_namespace(ns.name)
+                made.append(ns.name)
+            _veth(None, net.router.name, f"fh{tag}p", net.router.host, net.router.inside)
+            _veth(None, net.cluster.name, f"fh{tag}k", net.cluster.host, net.cluster.inside)
         _veth(net.router.name, net.caller.name, f"fh{tag}h", net.caller.host, net.caller.inside)
-        _veth(None, net.cluster.name, f"fh{tag}k", net.cluster.host, net.cluster.inside)
         net.caller.run("ip", "route", "add", "default", "via", net.caller.host)
         net.router.run("sysctl", "-qw", "net.ipv4.ip_forward=1")
         net.masquerade(ports)

@@ -10,10 +10,14 @@ delay has even run out, so the warm standby took over.
 
 from __future__ import annotations
 
+import pytest
+
 from firsthop.services.bench.faults import audio_gap
 from firsthop.services.bench.impair import ImpairedPath
 from firsthop.services.relay.supervisor import RESTART_DELAY
 from tests.support import Endpoint, run_bench
+
+pytestmark = pytest.mark.serial  # (it measures CPU: alone, after the rest)
 
 
 def test_quick_bench_breaks_each_part_and_the_call_recovers() -> None:

@@ -7,7 +7,11 @@ noisy); the targets belong to the bench's own report.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support import run_bench
+
+pytestmark = pytest.mark.serial  # (it measures CPU: alone, after the rest)
 
 
 def test_quick_bench_measures_c_reference_python_floor_and_relay() -> None:

@@ -19,6 +19,8 @@ import pytest
 
 from tests.support import run_bench
 
+pytestmark = pytest.mark.serial  # (each measures CPU or timing: alone, after the rest)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

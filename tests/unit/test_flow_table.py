@@ -110,6 +110,7 @@ def test_unknown_client_non_stun_is_dropped_without_recovery() -> None:
         (mint(*TX1, cluster=9, issued_at=T0), "unknown_cluster"),
         (b"evtj", "token_malformed"),  # RFC 5769's foreign ufrag
     ],
+    ids=lambda value: value if isinstance(value, str) else "token",  # (tokens are random)
 )
 def test_bad_tokens_are_counted_drops(token: bytes, reason: str) -> None:
     t = table()
