@@ -89,3 +89,45 @@ def test_network_policies_fence_the_transceivers(target: str) -> None:
             for peer in rule.get("from", []):
                 if set(peer) == {"podSelector"}:
                     assert selected(objects, peer["podSelector"]), policy["metadata"]["name"]
+
+
+KUBE_DNS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+}
+
+
+def egress_rules(objects: list[Obj], workload: str) -> list[Obj] | None:
+    """The egress rules that hold for a workload's pods; None: no policy limits its egress."""
+    labels = pod_labels(find(objects, workload_kind(objects, workload), workload))
+    rules: list[Obj] | None = None
+    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
+        spec = policy["spec"]
+        if "Egress" in spec["policyTypes"] and selects(spec["podSelector"], labels):
+            rules = (rules or []) + spec.get("egress", [])
+    return rules
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_agents_reach_only_jaeger_and_dns(target: str) -> None:
+    objects = objs(target)
+    agents = [w["metadata"]["name"] for w in workloads(objects)]
+    agents = [name for name in agents if name.startswith("agent-")]
+    assert len(agents) == 3, agents
+    for agent in agents:
+        rules = egress_rules(objects, agent)
+        assert rules is not None, f"{target}: {agent}'s egress is open"
+        reached: dict[str, set[tuple[str, int]]] = {}
+        for rule in rules:
+            assert rule.get("to") and rule.get("ports"), f"{agent}: a rule open to all: {rule}"
+            ports = {(p["protocol"], p["port"]) for p in rule["ports"]}
+            for peer in rule["to"]:
+                if peer == KUBE_DNS_PEER:
+                    reached.setdefault("dns", set()).update(ports)
+                else:
+                    for name in pod_peer_targets(objects, [peer]):
+                        reached.setdefault(name, set()).update(ports)
+        assert reached == {
+            "jaeger": {("TCP", 4318), ("TCP", 4317)},
+            "dns": {("UDP", 53), ("TCP", 53)},
+        }, f"{target}: {agent}"

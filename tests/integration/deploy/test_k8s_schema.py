@@ -87,6 +87,17 @@ def test_pods_meet_the_restricted_pod_security_standard(target: str) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_every_scratch_volume_is_bounded(target: str) -> None:
+    """An emptyDir without a sizeLimit may fill its node's disk: with one, the kubelet evicts
+    the pod that wrote too much, and its neighbours go on."""
+    for workload in workloads(objs(target)):
+        for volume in workload["spec"]["template"]["spec"].get("volumes", []):
+            limit = volume["emptyDir"].get("sizeLimit") if "emptyDir" in volume else None
+            where = f"{target}: {workload['metadata']['name']}/{volume['name']}"
+            assert limit is not None and limit.endswith("Mi") and int(limit[:-2]) <= 256, where
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_images_are_the_firsthop_image_or_known_third_party(target: str) -> None:
     objects = objs(target)
     ours = {c["image"] for _, c in firsthop_containers(objects)}
