@@ -210,10 +210,22 @@ async def bounded_protocol_send(self: hypercorn.trio.tcp_server.TCPServer, event
             await self.protocol.handle(Closed())
 
 
+def _uses(function: Any, *names: str) -> bool:
+    """`function`'s code names all of `names` (attributes it reads or sets, globals)."""
+    return set(names) <= set(function.__code__.co_names)
+
+
 def install() -> None:
-    """Make every hypercorn server in this process use the classes above (idempotent)."""
-    hypercorn.trio.tcp_server.TCPServer.run = guarded_run  # type: ignore[method-assign]
-    hypercorn.trio.tcp_server.TCPServer.protocol_send = bounded_protocol_send  # type: ignore[method-assign]
+    """Make every hypercorn server in this process use the classes above (idempotent). It
+    first checks that what they replace is still the shape they were written for, and
+    refuses to start otherwise (nothing is installed then)."""
+    tcp = hypercorn.trio.tcp_server.TCPServer
+    if not _uses(tcp.__init__, "send_lock", "stream") or not _uses(
+        _unbounded_send, "RawData", "send_lock", "shield", "send_all", "protocol", "Closed"
+    ):
+        raise RuntimeError(
+            "hypercorn changed: TCPServer's write is not the one bounded_protocol_send replaces"
+        )
     h11_module = hypercorn.protocol.h11
     for module, name in ((h11_module, "WSStream"), (hypercorn.protocol, "H11Protocol")):
         if not isinstance(getattr(module, name, None), type):
@@ -223,5 +235,7 @@ def install() -> None:
         WSStream, "_handle_events"
     ):
         raise RuntimeError("hypercorn changed: the hooks shared.hypercorn_bounds uses are gone")
+    tcp.run = guarded_run  # type: ignore[method-assign]
+    tcp.protocol_send = bounded_protocol_send  # type: ignore[method-assign]
     h11_module.WSStream = BoundedWSStream  # type: ignore[attr-defined]
     hypercorn.protocol.H11Protocol = Http11Only  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ import socket
 from collections.abc import AsyncIterator
 from functools import partial
 
+import hypercorn.trio.tcp_server
 import pytest
 import trio
 from hypercorn.trio import serve
@@ -62,3 +63,21 @@ async def test_a_peer_that_takes_nothing_is_closed_after_the_write_timeout(
                     closed = not chunk
         nursery.cancel_scope.cancel()
     assert got > 0
+
+
+def test_install_refuses_a_hypercorn_whose_write_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bounded_protocol_send` replaces hypercorn's `TCPServer.protocol_send` and uses what it
+    used (its lock, its stream, its protocol): a hypercorn whose write is another shape is
+    refused at start, with nothing installed, rather than replaced by a write that breaks
+    on the first answer."""
+    hypercorn_bounds.install()  # this hypercorn: the shape holds (and install is idempotent)
+
+    async def other_send(self: object, event: object) -> None:  # (a write of another shape)
+        await trio.lowlevel.checkpoint()
+
+    tcp = hypercorn.trio.tcp_server.TCPServer
+    monkeypatch.setattr(hypercorn_bounds, "_unbounded_send", other_send)
+    monkeypatch.setattr(tcp, "protocol_send", other_send)
+    with pytest.raises(RuntimeError, match="TCPServer's write"):
+        hypercorn_bounds.install()
+    assert tcp.protocol_send is other_send  # nothing was installed
