@@ -1,6 +1,7 @@
 """Starting firsthop's own processes: the one launcher for `firsthop up`, benches and tests.
 
-* `free_port(kind)`: a loopback port nobody holds right now (bind to 0, read it back, close).
+* `free_port(kind)`: a loopback port nobody holds right now (bind to 0, read it back, close;
+  or the next free one of `FIRSTHOP_PORT_RANGE`, when set).
 * the command builders (`relay_command`, `transceiver_command`, `agent_command`,
   `signaling_command`): the argv of a `firsthop` service on loopback, so every caller spells
   a service's flags the same way;
@@ -36,10 +37,44 @@ HOST = "127.0.0.1"
 FIRSTHOP = (sys.executable, "-m", "firsthop.services.cli")
 
 
+PORT_RANGE_ENV = "FIRSTHOP_PORT_RANGE"  # LOW-HIGH: where `free_port` picks (else: the kernel)
+_turn: int | None = None  # this process's next offset into the range
+
+
 def free_port(kind: int = socket.SOCK_DGRAM, host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port of `kind` nobody holds on `host` right now, for a service started next to bind.
+
+    The kernel's choice (bind to port 0), unless `FIRSTHOP_PORT_RANGE=LOW-HIGH` is set: then
+    the range's ports in turn, from a random start, the first that binds. A range outside the
+    kernel's ephemeral one (`net.ipv4.ip_local_port_range`) closes the window between the
+    pick and the service's bind: no connection's or bind-to-0's port can land there, and
+    processes given ranges of their own never pick each other's (the test processes each
+    have one: tests/conftest.py)."""
+    span = os.environ.get(PORT_RANGE_ENV)
+    if not span:
+        with socket.socket(socket.AF_INET, kind) as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    global _turn
+    try:
+        low, high = (int(end) for end in span.split("-"))
+    except ValueError:
+        raise ValueError(f"{PORT_RANGE_ENV} must be LOW-HIGH, got {span!r}") from None
+    if not 0 < low <= high < 65536:
+        raise ValueError(f"{PORT_RANGE_ENV} must be LOW-HIGH within 1-65535, got {span!r}")
+    size = high - low + 1
+    if _turn is None:
+        _turn = int.from_bytes(os.urandom(4), "big") % size
+    for _ in range(size):
+        port = low + _turn % size
+        _turn += 1
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # held (or a TCP port's connections still linger)
+            return port
+    raise OSError(f"no free port in {PORT_RANGE_ENV}={span}")
 
 
 def _flag(name: str, value: object | None) -> list[str]:

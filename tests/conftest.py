@@ -17,6 +17,7 @@ fails on its own, with a traceback, long before this.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 
@@ -26,6 +27,16 @@ import pytest_timeout
 from tests.support import FakeTransceiver, SignalingProcess, TransceiverProcess, start_all
 
 TRIO_TIMER = pytest.StashKey[threading.Timer]()
+
+# **Ports of its own per test process.** `make test` runs two at once (pytest-xdist: gw0,
+# gw1): each picks the ports its services will bind (`launch.free_port`) in a range of its
+# own below the kernel's ephemeral range (32768-60999 here), so neither the other process's
+# picks nor anyone's outgoing connections can take a port between its pick and its bind (a
+# compose stack's ports wait out its image build). A run of one process picks as before.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit() and int(_WORKER[2:]) < 4:
+    _LOW = 16384 + 4096 * int(_WORKER[2:])
+    os.environ.setdefault("FIRSTHOP_PORT_RANGE", f"{_LOW}-{_LOW + 4095}")
 
 
 @pytest.hookimpl(tryfirst=True)

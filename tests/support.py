@@ -600,11 +600,17 @@ class UpStack:
         argv += ["--relay-metrics-port", str(self.metrics)]
         self.sip_port = free_sip_port()
         argv += ["--sip-port", str(self.sip_port)]
+        # its own (the default is one per machine, locked by each transceiver: a second `up`
+        # at once, another test's or a developer's, could not start)
+        self.record_dir = tempfile.mkdtemp(prefix="firsthop-up-recordings-")
+        argv += ["--record-dir", self.record_dir]
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            # (FIRSTHOP_PORT_RANGE goes too: `up` picks its services' other ports with the
+            # kernel, never one of this process's range it was just given)
             env={k: v for k, v in os.environ.items() if not k.startswith("FIRSTHOP_")},
             start_new_session=True,
         )
@@ -651,6 +657,7 @@ class UpStack:
             self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        shutil.rmtree(self.record_dir, ignore_errors=True)
 
 
 def spoken(text: str, *, words_per_minute: int = 140, pad_ms: int = 300) -> bytes:

@@ -23,6 +23,9 @@ from tests.support import (
     wait_until,
 )
 
+# serial: Chromium takes both cores, and frames are counted in real time (alone, after the rest)
+pytestmark = pytest.mark.serial
+
 Stack = tuple[TransceiverProcess, SignalingProcess, ImpairedPath]
 
 

@@ -35,6 +35,10 @@ from tests.support import (
     start_all,
 )
 
+# serial: headless Firefox keeps both cores busy, and its concealment bound is tight (alone,
+# after the rest)
+pytestmark = pytest.mark.serial
+
 PAGES = Path(__file__).parent / "pages"
 # What a headless Firefox needs here: its fake microphone without a prompt, host candidates
 # unobfuscated (no mDNS), and nothing phoning home at start.

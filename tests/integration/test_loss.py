@@ -17,6 +17,10 @@ from firsthop.services.bench.loss import SlotCaller, silent_slots
 from tests.integration.test_transceiver import event_count
 from tests.support import AgentProcess, RelayProcess, TransceiverProcess, wait_until
 
+# serial: its gap bound is a few 20 ms slots, and a stall from another test's load would count
+# (alone, after the rest)
+pytestmark = pytest.mark.serial
+
 LINK = Impairment(loss=0.05, delay=0.010, jitter=0.030)
 CALL_SECONDS = 10.0
 

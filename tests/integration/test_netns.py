@@ -45,6 +45,9 @@ from tests.support import (
     wait_until,
 )
 
+# serial: its consent wait has 0.5 s of margin over aiortc's interval (alone, after the rest)
+pytestmark = pytest.mark.serial
+
 CALLER = Path(__file__).resolve().parent.parent / "netns_caller.py"
 PORTS = (41000, 41999)  # the NAT's source ports for its callers' flows, then after the rebinding:
 REBOUND = (42000, 42999)

@@ -30,7 +30,8 @@ from tests.support import (
     wait_until,
 )
 
-pytestmark = pytest.mark.slow
+# (serial: its echo's lag is bounded at 0.25 s, about 50 ms alone: not beside another test's load)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 KEY, OTHER = "recording-key", "someone-else"
 SECONDS = 3.0
