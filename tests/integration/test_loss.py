@@ -94,5 +94,8 @@ def test_losses_are_repaired_toward_the_agent_and_the_echo_loses_only_the_downli
         f"lost up {up_lost:.3f} down {down_lost:.3f}; caller silent {len(silent)} of "
         f"{slots}, {len(edge_gaps)} not lost on the downlink: {edge_gaps}"
     )
-    assert len(silent) / slots <= down_lost + 0.02, (silent, down_lost)
-    assert len(edge_gaps) <= 0.01 * slots, edge_gaps
+    # The bounds: 2.5 % of the slots (about 10). Run alone on one VM (2026-12-05), the edge's
+    # own gaps were 0, 0, 5 and 5 in four runs (5 had been past the 1 % bound then); the
+    # uplink's 5 % unrepaired would be twice the bound.
+    assert len(silent) / slots <= down_lost + 0.025, (silent, down_lost)
+    assert len(edge_gaps) <= 0.025 * slots, edge_gaps
