@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +42,7 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 
 from firsthop.services.signaling.auth import DEV_ISSUER, Principal
+from firsthop.services.signaling.bodies import take_slot
 from firsthop.services.signaling.calls import (
     CallRequest,
     OfferBody,
@@ -50,6 +50,7 @@ from firsthop.services.signaling.calls import (
     record_flag,
 )
 from firsthop.services.signaling.errors import Problem
+from firsthop.services.signaling.ratelimit import Slots
 from firsthop.services.signaling.realtime_session import (
     check_session,
     choose_agent,
@@ -293,7 +294,7 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
             raise Problem(404, "no such phone call up")
         return json_response({})
 
-    open_sidebands: Counter[str] = Counter()
+    sidebands = Slots(MAX_SIDEBANDS, MAX_SIDEBANDS_PER_KEY)  # held while a socket is open
 
     @app.websocket("/v1/realtime")
     async def sideband() -> Response | None:
@@ -308,19 +309,20 @@ def register(app: QuartTrio, ctx: Context, tools: Tools) -> None:
                 raise Problem(400, "a WebSocket to /v1/realtime needs ?call_id= (a call's id)")
             principal = ctx.auth.realtime(websocket.headers.get("Authorization"), allow_ek=False)
             record = await owned_call(call_id, principal)
-            if open_sidebands[principal.tenant] >= MAX_SIDEBANDS_PER_KEY:
-                raise Problem(429, "too many sideband sockets for this key", retry_after=1)
-            if open_sidebands.total() >= MAX_SIDEBANDS:
-                raise Problem(503, "too many sideband sockets", retry_after=1)
+            take_slot(
+                sidebands,
+                principal.tenant,
+                ctx.stats.counters,
+                ("sideband_refused_key", "sideband_refused_total"),
+                ("too many sideband sockets for this key", "too many sideband sockets"),
+                1,
+            )
         except Problem as problem:
             return problem_response(problem)
-        open_sidebands[principal.tenant] += 1
         try:
             return await Sideband(ctx, record).run()
         finally:
-            open_sidebands[principal.tenant] -= 1
-            if not open_sidebands[principal.tenant]:
-                del open_sidebands[principal.tenant]
+            sidebands.give_back(principal.tenant)
 
 
 class Sideband:

@@ -356,6 +356,8 @@ async def test_one_key_holds_at_most_its_share_of_sideband_sockets() -> None:
             with pytest.raises(InvalidStatus) as refused:
                 opened(KEY)
             assert refused.value.response.status_code == 429
+            refusals = httpx.get(f"{sig.url}/metrics", timeout=5).text
+            assert 'firsthop_signaling_events_total{event="sideband_refused_key"} 1' in refusals
             opened(OTHER_KEY).close()  # another key's budget is its own
             held.pop().close()
 
