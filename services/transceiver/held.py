@@ -24,22 +24,23 @@ def utf8_len(text: str) -> int:
 class HeldEvents:
     def __init__(self, max_events: int = HOLD_EVENTS, max_bytes: int = HOLD_BYTES) -> None:
         self.max_events, self.max_bytes = max_events, max_bytes
-        self.events: deque[str] = deque()
+        self.events: deque[tuple[str, int]] = deque()  # (text, its UTF-8 bytes)
         self.size = 0
 
     def __bool__(self) -> bool:
         return bool(self.events)
 
-    def hold(self, text: str) -> bool:
-        """Keep `text` for later; False if that would break a bound (it is not kept)."""
-        size = utf8_len(text)
+    def hold(self, text: str, size: int | None = None) -> bool:
+        """Keep `text` (of `size` bytes in UTF-8, if the caller knows) for later; False if
+        that would break a bound (it is not kept)."""
+        size = utf8_len(text) if size is None else size
         if len(self.events) >= self.max_events or self.size + size > self.max_bytes:
             return False
-        self.events.append(text)
+        self.events.append((text, size))
         self.size += size
         return True
 
     def flush(self, send: Callable[[str], bool]) -> None:
         """Send what is held, oldest first, until `send` says it cannot (False)."""
-        while self.events and send(self.events[0]):
-            self.size -= utf8_len(self.events.popleft())
+        while self.events and send(self.events[0][0]):
+            self.size -= self.events.popleft()[1]

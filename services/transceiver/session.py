@@ -273,7 +273,7 @@ class Session:
         size = utf8_len(text)
         for sideband in self.sidebands:
             self._to_sideband(sideband, text, size)
-        self._to_channel(text)
+        self._to_channel(text, size)
 
     def _to_sideband(self, sideband: Feed, text: str, size: int | None = None) -> None:
         """Queued for one socket, within its bytes (an event alone may pass them)."""
@@ -302,16 +302,16 @@ class Session:
             self.counters["sideband_events_paced"] += 1
             await trio.sleep(wait)
 
-    def _to_channel(self, text: str) -> None:
+    def _to_channel(self, text: str, size: int | None = None) -> None:
         """To the data channel (held until it opens if the protocol asks, bounded; dropped
-        and counted otherwise)."""
+        and counted otherwise). `size`: its UTF-8 bytes, if known."""
         if self._held:
             self._held.flush(self.rtc.send_event)
         if not self._held and self.rtc.send_event(text):
             return
         if not self._hold:
             self.counters["event_dropped_no_channel"] += 1
-        elif not self._held.hold(text):
+        elif not self._held.hold(text, size):
             self.counters["events_dropped_held"] += 1
 
     def open_sideband(self) -> tuple[Feed, trio.MemoryReceiveChannel[tuple[str, int]]] | None:
