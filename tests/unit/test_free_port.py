@@ -13,8 +13,9 @@ from firsthop.services import launch
 
 @pytest.fixture
 def span(monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
-    """Four ports in a row, none held now (found by trying), as the range."""
-    for low in range(45000, 46000, 7):
+    """Four ports in a row, none held now (found by trying), as the range: where neither
+    the kernel nor another test process picks (tests/conftest.py)."""
+    for low in range(30000, 32700, 7):  # (under the kernel's range, over 2 workers')
         try:
             held = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(4)]
             for n, s in enumerate(held):
