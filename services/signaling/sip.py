@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
@@ -87,6 +88,7 @@ WEBHOOK_ATTEMPTS = 3  # posts of one event (Standard Webhooks: retried on a fail
 WEBHOOK_TIMEOUT = 5.0  # s, each, in all (its answer's body is never read)
 ACCEPTING_MAX = 60.0  # s an ended call waits for an accept that is placing it
 WEBHOOK_CONNECTIONS = 64  # posts at once: a pool of their own (`main.serve_signaling`)
+PORT_TRIES = 16  # port 0: UDP ports the kernel picks until one is free for TCP as well
 # What of an INVITE its webhook carries (`data.sip_headers`), bounded: not the routing.
 HIDDEN_HEADERS = {"via", "route", "record-route", "max-forwards", "content-length"}
 MAX_WEBHOOK_HEADERS, MAX_WEBHOOK_VALUE = 32, 512
@@ -117,6 +119,27 @@ class PhoneCall:
     offered: tuple[str, int] | None = None  # the trunk's media address, as first offered
 
 
+async def bind_udp_and_tcp(
+    listen: Address,
+) -> tuple[trio.socket.SocketType, list[trio.SocketListener]]:
+    """A UDP socket and TCP listeners on one host and port (SIP takes both). Port 0: the
+    kernel picks the UDP port, whose number a TCP connection may hold (its local port);
+    then another is picked, `PORT_TRIES` times at most. A port given is bound or refused."""
+    host, port = listen
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for attempt in range(PORT_TRIES):
+        sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            await sock.bind(listen)
+            bound = sock.getsockname()[:2]
+            return sock, await trio.open_tcp_listeners(bound[1], host=bound[0])
+        except OSError as exc:
+            sock.close()
+            if port != 0 or exc.errno != errno.EADDRINUSE or attempt == PORT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 class SipFront:
     def __init__(
         self,
@@ -142,11 +165,8 @@ class SipFront:
     async def serve(
         self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        host, port = self.config.listen
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+        sock, tcp = await bind_udp_and_tcp(self.config.listen)
         with sock:
-            await sock.bind(self.config.listen)
             bound: Address = sock.getsockname()[:2]
             public = self.config.public or bound
             self.uas = SipUas(
@@ -158,8 +178,7 @@ class SipFront:
                 counters=self.counters,  # (signaling's events_total: every `sip_*` name)
             )
             self._sock = sock
-            listeners: list[trio.abc.Listener[Any]] = []
-            listeners += await trio.open_tcp_listeners(bound[1], host=bound[0])
+            listeners: list[trio.abc.Listener[Any]] = list(tcp)
             if self.config.tls_listen is not None and self.config.tls is not None:
                 host, port = self.config.tls_listen
                 listeners += await trio.open_ssl_over_tcp_listeners(
