@@ -275,9 +275,11 @@ def baresip_call(
     workdir: str,
     transport: str = "udp",
     mediaenc: str | None = None,
+    auth: tuple[str, str] | None = None,
 ) -> tuple[bytes, str]:
     """baresip (Debian's) calls sip:USER@edge, plays `pcm` (8 kHz) as its microphone for
-    `seconds` and hangs up; what it decoded from us (8 kHz PCM) and its log."""
+    `seconds` and hangs up; what it decoded from us (8 kHz PCM) and its log. `auth`: the
+    user name and password it answers a Digest challenge with."""
     import glob
     import os
     import subprocess
@@ -306,6 +308,8 @@ def baresip_call(
         f.write(config)
     with open(os.path.join(workdir, "accounts"), "w") as f:
         enc = f";mediaenc={mediaenc}" if mediaenc else ""
+        if auth is not None:
+            enc += f";auth_user={auth[0]};auth_pass={auth[1]}"
         f.write(f"<sip:caller@127.0.0.1>;regint=0{enc}\n")
     open(os.path.join(workdir, "contacts"), "w").close()
     run = subprocess.run(
@@ -371,6 +375,29 @@ def sipp_invite(user: str, codecs: str = "8 101") -> str:
       Content-Length: 0
   ]]></send>
 """
+
+
+def sipp_invite_answering_a_challenge(user: str, username: str, password: str) -> str:
+    """`sipp_invite`, first challenged (401, RFC 3261 §22.2): acknowledged, then sent again
+    with sipp's own Digest answer (CSeq 2). The BYE after it takes CSeq 3."""
+    first, _, _ = sipp_invite(user).partition('  <recv response="100"')
+    ack = sipp_invite(user).split("  <send><![CDATA[", 1)[1].split("]]></send>", 1)[0]
+    again = (
+        sipp_invite(user)
+        .replace(
+            "CSeq: 1 INVITE",
+            f"CSeq: 2 INVITE\n      [authentication username={username} password={password}]",
+        )
+        .replace("CSeq: 1 ACK", "CSeq: 2 ACK")
+    )
+    return (
+        first
+        + '  <recv response="100" optional="true"/>\n  <recv response="401" auth="true"/>\n'
+        + "  <send><![CDATA["
+        + ack
+        + "]]></send>\n"
+        + again
+    )
 
 
 SIPP_BYE = """

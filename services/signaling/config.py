@@ -26,6 +26,7 @@ from firsthop.services.signaling.client_address import ClientAddresses
 from firsthop.services.signaling.placement import REGION_NAME, RegionTable
 from firsthop.services.signaling.ratelimit import RateLimit
 from firsthop.services.signaling.stores import EK_MAX_BYTES, EK_MAX_LIVE, EK_MAX_LIVE_DEV
+from firsthop.services.sip.trunk_auth import ALGORITHMS, OFFERED, TrunkAuth, TrunkSecret
 from firsthop.shared.address import (
     Address,
     format_hostport,
@@ -75,6 +76,8 @@ class SignalingConfig:
     sip_public: Address | None = None  # our Contact's host:port (default: the bound one)
     sip_trunks: dict[str, list[str]] = field(default_factory=dict)  # name -> CIDRs
     sip_record: frozenset[str] = frozenset()  # trunks whose every call is recorded
+    sip_trunk_auth: dict[str, TrunkSecret] = field(default_factory=dict)  # Digest, by trunk
+    sip_auth_algorithms: tuple[str, ...] = OFFERED  # the challenges, preferred first
     sip_tls_listen: Address | None = None  # SIP over TLS, with the two below
     sip_tls_cert: str | None = None  # PEM certificate chain
     sip_tls_key: str | None = None  # PEM private key
@@ -231,6 +234,25 @@ def register_flags(p: argparse.ArgumentParser) -> None:
     )
     add_option(
         p,
+        "--sip-trunk-auth",
+        action="append",
+        help="a trunk's user name and password (a --sip-trunk name): each INVITE of its "
+        "must answer a Digest challenge (RFC 3261 §22, SHA-256 or MD5) as well as come from "
+        "its CIDRs; give it from the environment (FIRSTHOP_SIP_TRUNK_AUTH, comma-separated), "
+        "not on a command line others can read",
+        metavar="NAME=USER:PASSWORD",
+    )
+    add_option(
+        p,
+        "--sip-auth-algorithms",
+        default=",".join(OFFERED),
+        help="the Digest challenges a --sip-trunk-auth trunk gets, preferred first (of "
+        f"{', '.join(ALGORITHMS)}; RFC 8760): SHA-256 only where every such trunk knows it (a "
+        "user agent that knows only MD5 may fail the call on a SHA-256 challenge)",
+        metavar="ALG[,ALG]",
+    )
+    add_option(
+        p,
         "--sip-record",
         action="append",
         help="record every call from this trunk (a --sip-trunk name; repeat for more): the "
@@ -351,6 +373,16 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         for name, cidr in _pairs(args.sip_trunk, "--sip-trunk"):
             ipaddress.ip_network(cidr, strict=False)  # validates
             trunks.setdefault(name, []).append(cidr)
+        trunk_auth: dict[str, TrunkSecret] = {}
+        for name, credentials in _pairs(args.sip_trunk_auth or [], "--sip-trunk-auth"):
+            username, colon, password = credentials.partition(":")
+            if not colon or not username or not password:
+                raise ValueError(f"--sip-trunk-auth {name}=...: not USER:PASSWORD")
+            if name not in trunks:
+                raise ValueError(f"--sip-trunk-auth names no --sip-trunk: {name}")
+            trunk_auth[name] = TrunkSecret(username, password)
+        algorithms = tuple(a.strip().upper() for a in args.sip_auth_algorithms.split(","))
+        TrunkAuth(trunk_auth, algorithms=algorithms)  # validates (names; realms are tokens)
         recorded = frozenset(args.sip_record or ())
         if recorded - trunks.keys():
             unknown = sorted(recorded - trunks.keys())
@@ -387,6 +419,8 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             sip_public=hostport_arg(args.sip_public) if args.sip_public else None,
             sip_trunks=trunks,
             sip_record=recorded,
+            sip_trunk_auth=trunk_auth,
+            sip_auth_algorithms=algorithms,
             sip_tls_listen=hostport_arg(args.sip_tls_listen) if args.sip_tls_listen else None,
             sip_tls_cert=args.sip_tls_cert or None,
             sip_tls_key=args.sip_tls_key or None,

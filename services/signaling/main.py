@@ -124,7 +124,10 @@ def sip_config(config: SignalingConfig) -> SipConfig:
     return SipConfig(
         listen=config.sip_listen,
         public=config.sip_public,
-        trunks=[Trunk.of(name, cidrs) for name, cidrs in config.sip_trunks.items()],
+        trunks=[
+            Trunk.of(name, cidrs, config.sip_trunk_auth.get(name))
+            for name, cidrs in config.sip_trunks.items()
+        ],
         record=config.sip_record,
         poll_interval=config.call_poll_interval,
         lost_after=config.call_lost_after,
@@ -132,6 +135,7 @@ def sip_config(config: SignalingConfig) -> SipConfig:
         tls=sip_tls(config),
         webhook=config.sip_webhook,
         webhook_secret=config.sip_webhook_secret,
+        auth_algorithms=config.sip_auth_algorithms,
     )
 
 

@@ -57,6 +57,7 @@ from firsthop.services.signaling.calls import CallRequest, Calls, OfferBody
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.session_watch import SessionWatch
 from firsthop.services.signaling.sip_calls import DECISION_POLL, PhoneRecord, SipCalls
+from firsthop.services.sip.trunk_auth import OFFERED
 from firsthop.services.sip.uas import (
     CallConfirmed,
     CallEnded,
@@ -107,6 +108,7 @@ class SipConfig:
     tls: ssl.SSLContext | None = None  # our certificate and key
     webhook: str | None = None  # OpenAI's SIP flow: where `realtime.call.incoming` goes
     webhook_secret: str | None = None  # its signing key (`whsec_` + base64, or raw)
+    auth_algorithms: tuple[str, ...] = OFFERED  # Digest challenges (`Trunk.secret`'s trunks)
 
 
 @dataclass(eq=False)
@@ -176,6 +178,8 @@ class SipFront:
                 now=trio.current_time(),
                 limits=self.config.limits,
                 counters=self.counters,  # (signaling's events_total: every `sip_*` name)
+                wall_offset=time.time() - trio.current_time(),
+                auth_algorithms=self.config.auth_algorithms,
             )
             self._sock = sock
             listeners: list[trio.abc.Listener[Any]] = list(tcp)

@@ -10,7 +10,10 @@ What it owns:
 
 * **admission**: a request is looked at only if its source address is in a trunk's
   allow-list (CIDRs); any other source gets 403, at most `FORBIDDEN_RATE` a second in all
-  (past that, a counted drop: a spoofed flood must not turn us into a reflector);
+  (past that, a counted drop: a spoofed flood must not turn us into a reflector). A trunk
+  with a password (`Trunk.secret`) must also answer a Digest challenge on each INVITE that
+  starts a call (`trunk_auth.py`): the challenge, and any refusal of the answer, are
+  stateless, at most `AUTH_RATE` a second in all, and no bigger than the request;
 * **server transactions** (§17.2): a retransmitted request is answered with the last
   response again and never reaches the application; an INVITE's non-2xx final response is
   retransmitted (Timer G) until its ACK or Timer H; a non-INVITE's is kept for Timer J;
@@ -40,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from firsthop.services.sip.trunk_auth import OFFERED, TrunkAuth, TrunkSecret, Verdict
 from firsthop.shared.ratelimit import TokenBucket
 from firsthop.shared.wire import sip
 from firsthop.shared.wire.sip import SipRequest, SipResponse
@@ -50,6 +54,7 @@ if TYPE_CHECKING:  # (shared.address imports socket, for its resolver)
 T1, T2, T4 = 0.5, 4.0, 5.0  # §17.1.1.1
 TIMEOUT = 64 * T1  # Timers B, F, H and J (UDP), and the 2xx's retransmission (§13.3.1.4)
 FORBIDDEN_RATE, FORBIDDEN_BURST = 20.0, 40.0  # 403s a second to sources of no trunk
+AUTH_RATE, AUTH_BURST = 50.0, 100.0  # stateless answers a second to INVITEs not authenticated
 EVENTS = 4096  # events waiting for the application; past that the oldest are dropped
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
 KNOWN = {"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRACK", "INFO"}
@@ -64,10 +69,11 @@ RELIABLE = {"TCP", "TLS", "SCTP", "WS", "WSS"}  # transports that retransmit for
 class Trunk:
     name: str
     networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    secret: TrunkSecret | None = None  # its INVITEs must answer a Digest challenge
 
     @classmethod
-    def of(cls, name: str, cidrs: Sequence[str]) -> Trunk:
-        return cls(name, tuple(ipaddress.ip_network(c, strict=False) for c in cidrs))
+    def of(cls, name: str, cidrs: Sequence[str], secret: TrunkSecret | None = None) -> Trunk:
+        return cls(name, tuple(ipaddress.ip_network(c, strict=False) for c in cidrs), secret)
 
 
 @dataclass(frozen=True)
@@ -194,8 +200,17 @@ class SipUas:
         now: float,
         limits: Limits = Limits(),
         counters: Counter[str] | None = None,
+        wall_offset: float = 0.0,
+        auth_algorithms: Sequence[str] = OFFERED,
     ) -> None:
         self.trunks = list(trunks)
+        self.auth = TrunkAuth(
+            {t.name: t.secret for t in self.trunks if t.secret is not None},
+            capacity=limits.transactions,
+            algorithms=auth_algorithms,
+        )
+        self.wall_offset = wall_offset  # the wall clock minus `now` (for Digest nonces)
+        self._auth_replies = TokenBucket(AUTH_RATE, AUTH_BURST, now)
         self.contact = contact  # our Contact URI, e.g. sip:firsthop@203.0.113.5:5060
         self.token = token  # random tags and branches (injected)
         self.limits = limits
@@ -242,7 +257,7 @@ class SipUas:
         if trunk is None:
             self._refuse_stranger(message, source, now, len(data))
             return
-        self._on_request(message, source, trunk, now)
+        self._on_request(message, source, trunk, now, len(data))
 
     def datagrams_to_send(self) -> list[tuple[bytes, Address]]:
         out, self._out = self._out, []
@@ -378,7 +393,9 @@ class SipUas:
 
     # -- requests -----------------------------------------------------------------------------
 
-    def _on_request(self, request: SipRequest, source: Address, trunk: str, now: float) -> None:
+    def _on_request(
+        self, request: SipRequest, source: Address, trunk: str, now: float, size: int
+    ) -> None:
         via = sip.parse_via(request.vias()[0])
         sent_by = f"{via.host}:{via.port or 5060}"
         method = request.method
@@ -408,11 +425,18 @@ class SipUas:
         if forwards is not None and int(forwards) == 0:
             self._reply(request, source, 483, "Too Many Hops")
             return
+        to_tag = sip.parse_name_addr(request.get("to") or "").tag
+        if (
+            method == "INVITE"
+            and to_tag is None
+            and self.auth.protects(trunk)
+            and not self._authenticated(request, source, trunk, now, size)
+        ):
+            return
         tx = _ServerTx(key, request, source, reliable=via.transport in RELIABLE)
         self._server[key] = tx
         self._per_source[source[0]] += 1
         self.counters[f"sip_requests_{method.lower() if method in ALLOW else 'other'}"] += 1
-        to_tag = sip.parse_name_addr(request.get("to") or "").tag
         if method == "CANCEL":
             self._on_cancel(tx, via.branch, sent_by, now)
         elif to_tag is not None:
@@ -480,6 +504,47 @@ class SipUas:
         self._arm(call, call.ring_until)
         self._provisional(tx, 100, "Trying")
         self._emit(CallOffered(tag, trunk, request, tx.source))
+
+    def _authenticated(
+        self, request: SipRequest, source: Address, trunk: str, now: float, size: int
+    ) -> bool:
+        """Whether the INVITE answers the trunk's challenge; if not, a stateless 401 (a new
+        challenge), 403, 400 or 503, paced and no bigger than the request (a forged source
+        must not make us a reflector toward the trunk)."""
+        wall = now + self.wall_offset
+        verdict = self.auth.check(
+            trunk, request.method, request.get("authorization"), source[0], wall
+        )
+        self.counters[f"sip_auth_{verdict.value}"] += 1
+        if verdict is Verdict.OK:
+            return True
+        if not self._auth_replies.take(now):
+            self.counters["sip_auth_unanswered"] += 1
+            return False
+        if verdict is Verdict.FAILED:
+            sent = self._reply(request, source, 403, "Forbidden", most=size)
+        elif verdict is Verdict.MALFORMED:
+            sent = self._reply(request, source, 400, "Bad Authorization", most=size)
+        elif verdict is Verdict.FULL:
+            sent = self._reply(request, source, 503, "Service Unavailable", most=size)
+        else:
+            stale = verdict is Verdict.STALE
+            headers = [
+                ("WWW-Authenticate", value)
+                for value in self.auth.challenges(trunk, source[0], wall, stale=stale)
+            ]
+            sent = self._reply(  # (the preferred challenges, as many as fit)
+                request,
+                source,
+                401,
+                "Unauthorized",
+                most=size,
+                headers=headers,
+                optional=len(headers) - 1,
+            )
+        if not sent:
+            self.counters["sip_auth_unanswered"] += 1
+        return False
 
     def _on_cancel(self, tx: _ServerTx, branch: str, sent_by: str, now: float) -> None:
         invite = self._server.get((branch, sent_by, "INVITE"))
@@ -792,25 +857,35 @@ class SipUas:
         status: int,
         reason: str,
         most: int | None = None,
+        headers: list[tuple[str, str]] | None = None,
+        optional: int = 0,
     ) -> bool:
         """A stateless answer (no transaction kept): to a request we will not process. Not
         sent (False, counted) to a request with more Via values than a path has, or when it
-        would be more than `most` bytes; a request it cannot be built for is a counted drop."""
+        would be more than `most` bytes even without the last `optional` of `headers` (left
+        out from the last to fit); a request it cannot be built for is a counted drop."""
         if len(request.vias()) > sip.MAX_HOPS:
             self.counters["sip_reply_not_sent"] += 1
             return False
-        try:
-            response = sip.response_to(
-                request, status, reason, to_tag=self.token(), via_received=source
-            ).encode()
-        except sip.SipError:
-            self.counters["sip_reply_not_sent"] += 1
-            return False
-        if most is not None and len(response) > most:
-            self.counters["sip_reply_not_sent"] += 1
-            return False
-        self._send(response, source)
-        return True
+        headers = headers or []
+        tag = self.token()
+        for leave_out in range(optional + 1):
+            try:
+                response = sip.response_to(
+                    request,
+                    status,
+                    reason,
+                    to_tag=tag,
+                    headers=headers[: len(headers) - leave_out],
+                    via_received=source,
+                ).encode()
+            except sip.SipError:
+                break
+            if most is None or len(response) <= most:
+                self._send(response, source)
+                return True
+        self.counters["sip_reply_not_sent"] += 1
+        return False
 
     def _refuse_stranger(self, request: SipRequest, source: Address, now: float, size: int) -> None:
         """A 403, no bigger than the request (a spoofed source must not be a reflector),

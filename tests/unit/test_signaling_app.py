@@ -239,6 +239,25 @@ def parse(*argv: str) -> SignalingConfig:
     return config_from_args(parser.parse_args(argv))
 
 
+def test_sip_trunk_auth_names_a_trunk_a_user_and_a_password() -> None:
+    base = ("--listen", "127.0.0.1:0", "--sip-trunk", "carrier=192.0.2.0/24")
+    config = parse(*base, "--sip-trunk-auth", "carrier=pbx:pa:ss")
+    assert config.sip_trunk_auth["carrier"].username == "pbx"
+    assert config.sip_trunk_auth["carrier"].password == "pa:ss"
+    assert config.sip_auth_algorithms == ("MD5",)
+    both = parse(*base, "--sip-trunk-auth", "carrier=pbx:x", "--sip-auth-algorithms", "sha-256,MD5")
+    assert both.sip_auth_algorithms == ("SHA-256", "MD5")
+    for bad, says in [
+        (("--sip-trunk-auth", "other=pbx:x"), "names no --sip-trunk: other"),
+        (("--sip-trunk-auth", "carrier=pbx"), "not USER:PASSWORD"),
+        (("--sip-trunk-auth", "carrier=:x"), "not USER:PASSWORD"),
+        (("--sip-auth-algorithms", "SHA-512"), "Digest algorithms"),
+    ]:
+        with pytest.raises(SystemExit, match=says):
+            parse(*base, *bad)
+    assert "pa:ss" not in repr(config)
+
+
 def test_sip_record_names_trunks_only() -> None:
     base = ("--listen", "127.0.0.1:0", "--sip-trunk", "carrier=192.0.2.0/24")
     assert parse(*base).sip_record == frozenset()

@@ -34,7 +34,12 @@ SUBCOMMANDS = ("relay", "transceiver", "signaling", "agent")
 ALWAYS_READ_ENV = {"FIRSTHOP_LOG_LEVEL", "FIRSTHOP_ALLOW_DEV_SECRETS"}
 # Stand-ins for Secret values the render does not hold (prod: the secret manager's), so the
 # non-secret configuration can still go through config_from_args.
-TEST_SECRETS = {"route-keys": "1=" + "A" * 43 + "=", "api-keys": "k", "internal-token": "t"}
+TEST_SECRETS = {
+    "route-keys": "1=" + "A" * 43 + "=",
+    "api-keys": "k",
+    "internal-token": "t",
+    "sip-trunk-auth": "",  # (the base names no trunk: none has a password)
+}
 
 Obj = dict[str, Any]
 

@@ -1,0 +1,96 @@
+"""A trunk with a password (`--sip-trunk-auth`): real user agents (baresip, sipp) answer the
+edge's Digest challenge and their calls go through; a wrong password, and an INVITE from the
+trunk's address with no answer (what a host forging that address can send), ring nothing."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..sip_phone import (
+    SIPP_BYE,
+    Phone,
+    PhoneStack,
+    baresip_call,
+    power_at,
+    run_sipp,
+    sipp_invite_answering_a_challenge,
+    tone,
+)
+from ..support import wait_until
+from .test_sip_calls import signaling_event
+
+pytestmark = pytest.mark.slow
+
+USER, PASSWORD = "pbx-user", "s3cret-Pa55"
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[PhoneStack]:
+    with PhoneStack.running("--sip-trunk-auth", f"local={USER}:{PASSWORD}") as running:
+        yield running
+
+
+def test_baresip_answers_the_challenge_and_hears_its_own_voice(
+    stack: PhoneStack, tmp_path: Path
+) -> None:
+    challenged = signaling_event(stack, "sip_auth_challenged")
+    heard, log = baresip_call(
+        stack.sip, "echo", tone(600.0, 6.0, level=12000), 5, str(tmp_path), auth=(USER, PASSWORD)
+    )
+    assert "Call established" in log, log[-2000:]
+    assert len(heard) >= 2 * 8000 * 2, log[-2000:]
+    assert power_at(heard[-2 * 8000 :], 600.0) > 0.5  # its own tone, not silence
+    assert signaling_event(stack, "sip_auth_challenged") > challenged
+    assert signaling_event(stack, "sip_auth_ok") >= 1
+    wait_until(lambda: not stack.live_sessions(), 10)
+
+
+def test_baresip_with_a_wrong_password_is_refused(stack: PhoneStack, tmp_path: Path) -> None:
+    failed = signaling_event(stack, "sip_auth_failed")
+    heard, log = baresip_call(
+        stack.sip, "echo", tone(600.0, 2.0), 2, str(tmp_path), auth=(USER, "guess")
+    )
+    assert "403 Forbidden" in log and "Call established" not in log, log[-2000:]
+    assert heard == b"" and not stack.live_sessions()
+    assert signaling_event(stack, "sip_auth_failed") == failed + 1
+
+
+def test_sipp_answers_the_challenge(stack: PhoneStack, tmp_path: Path) -> None:
+    scenario = sipp_invite_answering_a_challenge("echo", USER, PASSWORD)
+    scenario += '  <pause milliseconds="1000"/>\n' + SIPP_BYE.replace("CSeq: 2 BYE", "CSeq: 3 BYE")
+    status, said = run_sipp(stack.sip, scenario, str(tmp_path))
+    assert status == 0, said
+    wait_until(lambda: not stack.live_sessions(), 10)
+
+
+def test_an_invite_without_the_answer_rings_nothing(stack: PhoneStack) -> None:
+    """What a host that forges the trunk's address can send: no answer to a challenge it never
+    saw (the 401 goes to the trunk), or someone else's answer: each gets a 401 and no call."""
+    phone = Phone(stack.sip)
+    try:
+        invite, responses = phone.invite("echo")
+        assert [r.status for r in responses] == [401]
+        (challenge,) = [v for n, v in responses[0].headers if n == "www-authenticate"]
+        assert re.match(
+            r'Digest realm="local", nonce="[0-9a-f]+\.[0-9a-f]{16}", algorithm=MD5', challenge
+        )
+        assert len(responses[0].encode()) <= len(invite.encode())
+        assert not stack.live_sessions()
+        # a guess at the answer, with the nonce the trunk's address was sent
+        phone.remote_tag = None
+        forged = phone.request("INVITE", body=phone.offer())
+        nonce = re.search(r'nonce="([^"]+)"', challenge).group(1)  # type: ignore[union-attr]
+        forged = type(forged)(
+            (*forged.headers, ("authorization", f'Digest username="{USER}", realm="local", '
+             f'nonce="{nonce}", uri="{forged.uri}", response="{"0" * 32}"')),
+            forged.body, forged.method, forged.uri,
+        )  # fmt: skip
+        phone.send(forged)
+        assert [r.status for r in phone.responses_until_final()] == [403]
+        assert not stack.live_sessions()
+    finally:
+        phone.close()
