@@ -37,10 +37,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/firsthop
 WORKDIR /src
-# Dependencies first, read from pyproject.toml alone, so a code change reuses this layer.
-COPY pyproject.toml README.md ./
+# Dependencies first, read from pyproject.toml alone, so a code change reuses this layer; each
+# at the version in constraints.txt, the one the tests ran (`make lock` writes it), so two
+# builds of one commit install the same packages whatever PyPI holds that day.
+COPY pyproject.toml README.md constraints.txt ./
 RUN python -c 'import os, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; extras = os.environ["FIRSTHOP_EXTRAS"].split(",") if os.environ["FIRSTHOP_EXTRAS"] else []; print("\n".join(p["dependencies"] + [r for e in extras for r in p["optional-dependencies"][e]]))' > /tmp/requirements.txt \
- && /opt/firsthop/bin/pip install --only-binary=:all: -r /tmp/requirements.txt
+ && /opt/firsthop/bin/pip install --only-binary=:all: -c constraints.txt -r /tmp/requirements.txt
 
 FROM deps AS builder
 ARG FIRSTHOP_EXTRAS

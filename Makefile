@@ -5,14 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test up lint typecheck pytest system-deps clean
+.PHONY: test up lint typecheck pytest system-deps clean lock
 
-$(STAMP): pyproject.toml setup.py services/relay/_fastpath.c shared/_speedups.c $(wildcard services/transceiver/media/rnnoise/*.c services/transceiver/media/rnnoise/src/*.[ch] services/transceiver/media/rnnoise/src/x86/*.[ch])
+$(STAMP): pyproject.toml constraints.txt setup.py services/relay/_fastpath.c shared/_speedups.c $(wildcard services/transceiver/media/rnnoise/*.c services/transceiver/media/rnnoise/src/*.[ch] services/transceiver/media/rnnoise/src/x86/*.[ch])
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "firsthop needs Python >= 3.11 (found %s)" % sys.version.split()[0])'
 	@PYTHON=$(PYTHON) ./scripts/ensure-system-deps gcc python-headers  # the C parts (setup.py)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,assistant,noise]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,assistant,noise]'
 	@touch $(STAMP)
 
 # Tools the tests run for real: redis-server, gcc, chromium, espeak-ng (the assistant's voice
@@ -21,9 +21,14 @@ $(STAMP): pyproject.toml setup.py services/relay/_fastpath.c shared/_speedups.c 
 system-deps:
 	@./scripts/ensure-system-deps
 
+# constraints.txt again from the venv (after a dependency in pyproject.toml changed): every
+# package the image installs, at the version the tests ran (scripts/lock_dependencies.py).
+lock: $(STAMP)
+	$(BIN)/python scripts/lock_dependencies.py
+
 lint: $(STAMP)
-	$(BIN)/ruff check shared services tests examples
-	$(BIN)/ruff format --check shared services tests examples
+	$(BIN)/ruff check shared services tests examples scripts
+	$(BIN)/ruff format --check shared services tests examples scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy -p firsthop
