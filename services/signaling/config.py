@@ -19,6 +19,7 @@ import argparse
 import base64
 import binascii
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -305,6 +306,27 @@ def _pairs(items: list[str], what: str) -> list[tuple[str, str]]:
     return out
 
 
+def _trunk_auth(items: list[str], trunks: Iterable[str]) -> dict[str, TrunkSecret]:
+    """`--sip-trunk-auth NAME=USER:PASSWORD` items; an error never quotes one (it holds a
+    password, or part of one: from the environment, a comma in a password splits it)."""
+    out: dict[str, TrunkSecret] = {}
+    for item in items:
+        name, _, credentials = item.partition("=")
+        username, _, password = credentials.partition(":")
+        name = name.strip()
+        if not name or not username or not password:
+            raise ValueError(
+                "--sip-trunk-auth: an item is not NAME=USER:PASSWORD (from the environment, "
+                "items are split at commas: a password may not hold one)"
+            )
+        if name not in trunks:
+            raise ValueError(f"--sip-trunk-auth names no --sip-trunk: {name[:64]!r}")
+        if name in out:
+            raise ValueError(f"--sip-trunk-auth names trunk {name!r} twice")
+        out[name] = TrunkSecret(username, password)
+    return out
+
+
 def _region(name: str) -> str:
     if not REGION_NAME.match(name):
         raise ValueError(f"bad region name {name!r}")
@@ -373,14 +395,7 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         for name, cidr in _pairs(args.sip_trunk, "--sip-trunk"):
             ipaddress.ip_network(cidr, strict=False)  # validates
             trunks.setdefault(name, []).append(cidr)
-        trunk_auth: dict[str, TrunkSecret] = {}
-        for name, credentials in _pairs(args.sip_trunk_auth or [], "--sip-trunk-auth"):
-            username, colon, password = credentials.partition(":")
-            if not colon or not username or not password:
-                raise ValueError(f"--sip-trunk-auth {name}=...: not USER:PASSWORD")
-            if name not in trunks:
-                raise ValueError(f"--sip-trunk-auth names no --sip-trunk: {name}")
-            trunk_auth[name] = TrunkSecret(username, password)
+        trunk_auth = _trunk_auth(args.sip_trunk_auth or [], trunks.keys())
         algorithms = tuple(a.strip().upper() for a in args.sip_auth_algorithms.split(","))
         TrunkAuth(trunk_auth, algorithms=algorithms)  # validates (names; realms are tokens)
         recorded = frozenset(args.sip_record or ())

@@ -90,8 +90,12 @@ WEBHOOK_TIMEOUT = 5.0  # s, each, in all (its answer's body is never read)
 ACCEPTING_MAX = 60.0  # s an ended call waits for an accept that is placing it
 WEBHOOK_CONNECTIONS = 64  # posts at once: a pool of their own (`main.serve_signaling`)
 PORT_TRIES = 16  # port 0: UDP ports the kernel picks until one is free for TCP as well
-# What of an INVITE its webhook carries (`data.sip_headers`), bounded: not the routing.
-HIDDEN_HEADERS = {"via", "route", "record-route", "max-forwards", "content-length"}
+# What of an INVITE its webhook carries (`data.sip_headers`), bounded: not the routing, and
+# not a trunk's Digest answer (an offline guess at its password could start from it).
+HIDDEN_HEADERS = {
+    "via", "route", "record-route", "max-forwards", "content-length", "authorization",
+    "proxy-authorization",
+}  # fmt: skip
 MAX_WEBHOOK_HEADERS, MAX_WEBHOOK_VALUE = 32, 512
 
 
@@ -119,6 +123,16 @@ class PhoneCall:
     answer: str | None = None  # our SDP answer, once placed
     version: int = 1
     offered: tuple[str, int] | None = None  # the trunk's media address, as first offered
+
+
+def webhook_headers(request: sip.SipRequest) -> list[dict[str, str]]:
+    """What of an INVITE `realtime.call.incoming` carries (`data.sip_headers`): its fields
+    but `HIDDEN_HEADERS`, at most `MAX_WEBHOOK_HEADERS`, each value cut to its bound."""
+    return [
+        {"name": sip.canonical_name(name), "value": value[:MAX_WEBHOOK_VALUE]}
+        for name, value in request.headers
+        if name not in HIDDEN_HEADERS
+    ][:MAX_WEBHOOK_HEADERS]
 
 
 async def bind_udp_and_tcp(
@@ -645,11 +659,7 @@ class SipFront:
         connection of the pool placement uses for as long as it liked (512 ringing calls
         held all of it) and up to its whole body in memory (300 MiB: +600 MB)."""
         assert self.config.webhook is not None and self.http is not None
-        headers = [
-            {"name": sip.canonical_name(name), "value": value[:MAX_WEBHOOK_VALUE]}
-            for name, value in request.headers
-            if name not in HIDDEN_HEADERS
-        ][:MAX_WEBHOOK_HEADERS]
+        headers = webhook_headers(request)
         event_id = "evt_" + secrets.token_hex(12)
         body = json.dumps(
             {

@@ -7,9 +7,10 @@ again with the right answer rings.
 
 Strategy:
 
-* **Stateless nonces.** A nonce is ``<ms since the epoch, hex>.<MAC>``: an HMAC over that
-  time and the address it was sent to (64 bits of it: a forged nonce would only skip the
-  challenge, not the password), keyed by a key derived from the trunk's password. A
+* **Stateless nonces.** A nonce is ``<ms since the epoch, hex>.<4 random bytes, hex>.<MAC>``:
+  an HMAC over the rest and the address it was sent to (64 bits of it: a forged nonce would
+  only skip the challenge, not the password), keyed by a key derived from the trunk's
+  password. A
   challenge costs no state (a forged flood of INVITEs leaves nothing behind), and any
   signaling replica with the same password checks any replica's nonce. A nonce is good for
   `NONCE_TTL` seconds, from the address it was sent to only.
@@ -37,19 +38,20 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import os
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from firsthop.shared.wire import sip_digest
+from firsthop.shared.wire import sip, sip_digest
 from firsthop.shared.wire.sip_digest import DigestError
 
 NONCE_TTL = 30.0  # s: a nonce's life (a UAC answers its challenge at once)
 NONCE_SKEW = 5.0  # s: how far ahead of ours another replica's clock may be
 ALGORITHMS = tuple(sip_digest.ALGORITHMS)  # what may be offered: SHA-256, MD5
 OFFERED = ("MD5",)  # by default: what every user agent answers (below)
-_NONCE = re.compile(r"^([0-9a-f]{1,16})\.([0-9a-f]{16})$")
+_NONCE = re.compile(r"^([0-9a-f]{1,16})\.([0-9a-f]{8})\.[0-9a-f]{16}$")
 _REALM = re.compile(r"^[A-Za-z0-9\-.!%*_+`'~]+$")  # a token: quoted as it is
 
 
@@ -68,17 +70,14 @@ class TrunkSecret:
     """A trunk's user name and password (`--sip-trunk-auth NAME=USER:PASSWORD`)."""
 
     username: str
-    password: str = ""
-
-    def __repr__(self) -> str:  # (never in a log)
-        return f"TrunkSecret({self.username!r}, ...)"
+    password: str = field(default="", repr=False)  # (never in a log)
 
 
 @dataclass(frozen=True)
 class _Keys:
     username: str
-    ha1: dict[str, str]  # algorithm -> H(username:realm:password)
-    nonce_key: bytes
+    ha1: dict[str, str] = field(repr=False)  # algorithm -> H(username:realm:password)
+    nonce_key: bytes = field(repr=False)
 
 
 class TrunkAuth:
@@ -87,7 +86,9 @@ class TrunkAuth:
         secrets: Mapping[str, TrunkSecret],
         capacity: int = 20_000,
         algorithms: Sequence[str] = OFFERED,
+        random: Callable[[int], bytes] = os.urandom,
     ) -> None:
+        self._random = random
         unknown = [a for a in algorithms if a not in ALGORITHMS]
         if unknown or not algorithms or len(set(algorithms)) < len(algorithms):
             raise ValueError(f"Digest algorithms: some of {', '.join(ALGORITHMS)}, once each")
@@ -117,21 +118,24 @@ class TrunkAuth:
     def challenges(self, trunk: str, host: str, wall: float, *, stale: bool = False) -> list[str]:
         """The ``WWW-Authenticate`` values of a 401 to `host` (one per algorithm offered)."""
         keys = self._keys[trunk]
-        nonce = _nonce(keys.nonce_key, int(wall * 1000), host)
+        nonce = _nonce(keys.nonce_key, int(wall * 1000), self._random(4).hex(), host)
         return [sip_digest.challenge(trunk, nonce, a, stale=stale) for a in self.algorithms]
 
     def check(
         self,
         trunk: str,
         method: str,
+        uri: str,
         authorization: str | None,
         host: str,
         wall: float,
     ) -> Verdict:
-        """Whether a request of `method` from `host` carries the trunk's answer. The answer's
-        own ``uri`` is what its response covers; it need not be the Request-URI (RFC 7616
-        §3.4.6's SHOULD): user agents differ (sipp answers for ``sip:host:port``), and an
-        answer is bound to its nonce, which is single-use and good only from where it went."""
+        """Whether a request of `method` to `uri` from `host` carries the trunk's answer. The
+        answer's own ``uri`` is what its response covers. It need not be the Request-URI
+        (RFC 7616 §3.4.6's SHOULD: sipp answers for ``sip:host:port``, which names no user;
+        the answer is bound to its nonce, single-use and good only from where it went), but
+        if it names a user, that is the Request-URI's (the agent called): an answer seen on
+        the path cannot ring another agent."""
         keys = self._keys[trunk]
         if authorization is None:
             return Verdict.CHALLENGE
@@ -145,17 +149,16 @@ class TrunkAuth:
         if match is None:
             return Verdict.CHALLENGE
         issued = int(match.group(1), 16)
-        if not hmac.compare_digest(credentials.nonce, _nonce(keys.nonce_key, issued, host)):
+        ours = _nonce(keys.nonce_key, issued, match.group(2), host)
+        if not hmac.compare_digest(credentials.nonce, ours):
             return Verdict.CHALLENGE  # not ours, or not sent to this address
         if not -NONCE_SKEW <= wall - issued / 1000 <= NONCE_TTL:
             return Verdict.STALE
         ha1 = keys.ha1[credentials.algorithm]
         expected = sip_digest.expected_response(ha1, method, credentials)
-        if not (
-            hmac.compare_digest(credentials.username.encode(), keys.username.encode())
-            and hmac.compare_digest(credentials.response.encode(), expected.encode())
-        ):
-            return Verdict.FAILED
+        right = hmac.compare_digest(
+            credentials.username.encode(), keys.username.encode()
+        ) & hmac.compare_digest(credentials.response.encode(), expected.encode())
         used = self._used
         while used and next(iter(used.values())) < wall:
             used.popitem(last=False)
@@ -163,11 +166,22 @@ class TrunkAuth:
             return Verdict.REPLAYED
         if len(used) >= self.capacity:
             return Verdict.FULL
+        # Used up, right or wrong: one guess at the password a challenge (only our own nonces
+        # get here, and each is remembered only while it could pass).
         used[credentials.nonce] = wall + NONCE_TTL + NONCE_SKEW
+        if not right:
+            return Verdict.FAILED
+        if not _same_user(credentials.uri, uri):
+            return Verdict.FAILED  # an answer for another number than this INVITE's
         return Verdict.OK
 
 
-def _nonce(key: bytes, issued_ms: int, host: str) -> str:
-    stamp = f"{issued_ms:x}"
+def _same_user(answered: str, requested: str) -> bool:
+    user = sip.uri_user(answered)
+    return user is None or user == sip.uri_user(requested)
+
+
+def _nonce(key: bytes, issued_ms: int, salt: str, host: str) -> str:
+    stamp = f"{issued_ms:x}.{salt}"
     mac = hmac.new(key, f"{stamp}:{host}".encode(), hashlib.sha256).hexdigest()[:16]
     return f"{stamp}.{mac}"

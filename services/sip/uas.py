@@ -13,7 +13,7 @@ What it owns:
   (past that, a counted drop: a spoofed flood must not turn us into a reflector). A trunk
   with a password (`Trunk.secret`) must also answer a Digest challenge on each INVITE that
   starts a call (`trunk_auth.py`): the challenge, and any refusal of the answer, are
-  stateless, at most `AUTH_RATE` a second in all, and no bigger than the request;
+  stateless, at most `AUTH_RATE` a second a trunk, and no bigger than the request;
 * **server transactions** (§17.2): a retransmitted request is answered with the last
   response again and never reaches the application; an INVITE's non-2xx final response is
   retransmitted (Timer G) until its ACK or Timer H; a non-INVITE's is kept for Timer J;
@@ -54,7 +54,9 @@ if TYPE_CHECKING:  # (shared.address imports socket, for its resolver)
 T1, T2, T4 = 0.5, 4.0, 5.0  # §17.1.1.1
 TIMEOUT = 64 * T1  # Timers B, F, H and J (UDP), and the 2xx's retransmission (§13.3.1.4)
 FORBIDDEN_RATE, FORBIDDEN_BURST = 20.0, 40.0  # 403s a second to sources of no trunk
-AUTH_RATE, AUTH_BURST = 50.0, 100.0  # stateless answers a second to INVITEs not authenticated
+AUTH_RATE, AUTH_BURST = 50.0, 100.0  # a trunk's stateless answers a second to INVITEs not
+# authenticated (each no bigger than its INVITE; a trunk's own bucket, so a forger spending
+# one trunk's cannot silence another's challenges)
 EVENTS = 4096  # events waiting for the application; past that the oldest are dropped
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
 KNOWN = {"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRACK", "INFO"}
@@ -210,7 +212,9 @@ class SipUas:
             algorithms=auth_algorithms,
         )
         self.wall_offset = wall_offset  # the wall clock minus `now` (for Digest nonces)
-        self._auth_replies = TokenBucket(AUTH_RATE, AUTH_BURST, now)
+        self._auth_replies = {
+            t.name: TokenBucket(AUTH_RATE, AUTH_BURST, now) for t in self.trunks if t.secret
+        }
         self.contact = contact  # our Contact URI, e.g. sip:firsthop@203.0.113.5:5060
         self.token = token  # random tags and branches (injected)
         self.limits = limits
@@ -513,12 +517,12 @@ class SipUas:
         must not make us a reflector toward the trunk)."""
         wall = now + self.wall_offset
         verdict = self.auth.check(
-            trunk, request.method, request.get("authorization"), source[0], wall
+            trunk, request.method, request.uri, request.get("authorization"), source[0], wall
         )
         self.counters[f"sip_auth_{verdict.value}"] += 1
         if verdict is Verdict.OK:
             return True
-        if not self._auth_replies.take(now):
+        if not self._auth_replies[trunk].take(now):
             self.counters["sip_auth_unanswered"] += 1
             return False
         if verdict is Verdict.FAILED:

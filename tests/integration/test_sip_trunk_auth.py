@@ -76,7 +76,8 @@ def test_an_invite_without_the_answer_rings_nothing(stack: PhoneStack) -> None:
         assert [r.status for r in responses] == [401]
         (challenge,) = [v for n, v in responses[0].headers if n == "www-authenticate"]
         assert re.match(
-            r'Digest realm="local", nonce="[0-9a-f]+\.[0-9a-f]{16}", algorithm=MD5', challenge
+            r'Digest realm="local", nonce="[0-9a-f]+\.[0-9a-f]{8}\.[0-9a-f]{16}", algorithm=MD5',
+            challenge,
         )
         assert len(responses[0].encode()) <= len(invite.encode())
         assert not stack.live_sessions()

@@ -248,14 +248,19 @@ def test_sip_trunk_auth_names_a_trunk_a_user_and_a_password() -> None:
     both = parse(*base, "--sip-trunk-auth", "carrier=pbx:x", "--sip-auth-algorithms", "sha-256,MD5")
     assert both.sip_auth_algorithms == ("SHA-256", "MD5")
     for bad, says in [
-        (("--sip-trunk-auth", "other=pbx:x"), "names no --sip-trunk: other"),
-        (("--sip-trunk-auth", "carrier=pbx"), "not USER:PASSWORD"),
-        (("--sip-trunk-auth", "carrier=:x"), "not USER:PASSWORD"),
+        (("--sip-trunk-auth", "other=pbx:x"), "names no --sip-trunk: 'other'"),
+        (("--sip-trunk-auth", "carrier=pbx"), "not NAME=USER:PASSWORD"),
+        (("--sip-trunk-auth", "carrier=:x"), "not NAME=USER:PASSWORD"),
+        (("--sip-trunk-auth", "carrier=a:b", "--sip-trunk-auth", "carrier=c:d"), "twice"),
         (("--sip-auth-algorithms", "SHA-512"), "Digest algorithms"),
     ]:
         with pytest.raises(SystemExit, match=says):
             parse(*base, *bad)
     assert "pa:ss" not in repr(config)
+    # a password with a comma, from the environment, is split: the error shows no part of it
+    with pytest.raises(SystemExit) as refused:
+        parse(*base, "--sip-trunk-auth", "carrier=pbx:Secr3t", "--sip-trunk-auth", "Pass")
+    assert "Secr3t" not in str(refused.value) and "Pass" not in str(refused.value)
 
 
 def test_sip_record_names_trunks_only() -> None:

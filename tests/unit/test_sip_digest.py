@@ -108,9 +108,9 @@ TRUNK, HOST, URI = "pbx", "192.0.2.7", "sip:echo@198.51.100.1"
 WALL = 1_800_000_000.0
 
 
-def auth() -> TrunkAuth:
+def auth(capacity: int = 4) -> TrunkAuth:
     secrets = {TRUNK: TrunkSecret("pbx-user", "s3cret")}
-    return TrunkAuth(secrets, capacity=4, algorithms=("SHA-256", "MD5"))
+    return TrunkAuth(secrets, capacity=capacity, algorithms=("SHA-256", "MD5"))
 
 
 def answer(
@@ -147,50 +147,57 @@ def test_challenges_offer_sha256_then_md5_with_one_nonce() -> None:
 def test_the_right_answer_passes_once(which: int) -> None:
     core = auth()
     value = answer(core.challenges(TRUNK, HOST, WALL)[which])
-    assert core.check(TRUNK, "INVITE", value, HOST, WALL + 1) is Verdict.OK
-    assert core.check(TRUNK, "INVITE", value, HOST, WALL + 2) is Verdict.REPLAYED
+    assert core.check(TRUNK, "INVITE", URI, value, HOST, WALL + 1) is Verdict.OK
+    assert core.check(TRUNK, "INVITE", URI, value, HOST, WALL + 2) is Verdict.REPLAYED
 
 
 def test_wrong_answers() -> None:
-    core = auth()
-    challenge = core.challenges(TRUNK, HOST, WALL)[0]
+    core = auth(capacity=100)
 
     def check(value: str | None, host: str = HOST, wall: float = WALL + 1) -> Verdict:
-        return core.check(TRUNK, "INVITE", value, host, wall)
+        return core.check(TRUNK, "INVITE", URI, value, host, wall)
+
+    def fresh() -> str:
+        return core.challenges(TRUNK, HOST, WALL)[0]
 
     assert check(None) is Verdict.CHALLENGE
-    assert check(answer(challenge, password="guess")) is Verdict.FAILED
-    assert check(answer(challenge, username="someone")) is Verdict.FAILED
-    assert check(answer(challenge, method="BYE")) is Verdict.FAILED
-    tampered = answer(challenge).replace(f'uri="{URI}"', 'uri="sip:other@198.51.100.1"')
-    assert check(tampered) is Verdict.FAILED  # (the response covers its uri)
     assert check("Digest nonsense") is Verdict.MALFORMED
     # a nonce sent to another address, made up, or from another trunk's key: not ours
-    assert check(answer(challenge), host="192.0.2.8") is Verdict.CHALLENGE
-    forged = re.sub(r'nonce="[0-9a-f]+\.', 'nonce="1.', answer(challenge))
+    assert check(answer(fresh()), host="192.0.2.8") is Verdict.CHALLENGE
+    forged = re.sub(r'nonce="[0-9a-f]+\.', 'nonce="1.', answer(fresh()))
     assert check(forged) is Verdict.CHALLENGE
     other = TrunkAuth({TRUNK: TrunkSecret("pbx-user", "other")}, algorithms=("SHA-256",))
     assert check(answer(other.challenges(TRUNK, HOST, WALL)[0])) is Verdict.CHALLENGE
-    assert check(answer(challenge.replace('realm="pbx"', 'realm="x"'))) is Verdict.CHALLENGE
+    assert check(answer(fresh().replace('realm="pbx"', 'realm="x"'))) is Verdict.CHALLENGE
     # expired, and from too far ahead
-    assert check(answer(challenge), wall=WALL + NONCE_TTL + 0.01) is Verdict.STALE
-    assert check(answer(challenge), wall=WALL - 6) is Verdict.STALE
-    # an answer for another uri than the Request-URI's (sipp answers for sip:host:port)
-    assert check(answer(challenge, uri="sip:198.51.100.1:5060")) is Verdict.OK
-    assert check(answer(challenge)) is Verdict.REPLAYED  # (none of the above had used it)
+    assert check(answer(fresh()), wall=WALL + NONCE_TTL + 0.01) is Verdict.STALE
+    assert check(answer(fresh()), wall=WALL - 6) is Verdict.STALE
+    # none of the above used the nonce up; each wrong answer does (one guess a challenge)
+    challenge = fresh()
+    assert check(answer(challenge, password="guess")) is Verdict.FAILED
+    assert check(answer(challenge)) is Verdict.REPLAYED
+    for wrong in (
+        answer(fresh(), username="someone"),
+        answer(fresh(), method="BYE"),
+        answer(fresh()).replace(f'uri="{URI}"', 'uri="sip:other@198.51.100.1"'),  # (covered)
+        answer(fresh(), uri="sip:assistant@198.51.100.1"),  # another agent than the INVITE's
+    ):
+        assert check(wrong) is Verdict.FAILED
+    # an answer for a uri without a user (sipp answers for sip:host:port)
+    assert check(answer(fresh(), uri="sip:198.51.100.1:5060")) is Verdict.OK
 
 
 def test_remembered_nonces_are_bounded_and_forgotten_once_expired() -> None:
     core = auth()  # capacity 4
     for i in range(4):
         value = answer(core.challenges(TRUNK, HOST, WALL + i)[1])
-        assert core.check(TRUNK, "INVITE", value, HOST, WALL + i) is Verdict.OK
+        assert core.check(TRUNK, "INVITE", URI, value, HOST, WALL + i) is Verdict.OK
     late = answer(core.challenges(TRUNK, HOST, WALL + 4)[1])
-    assert core.check(TRUNK, "INVITE", late, HOST, WALL + 4) is Verdict.FULL
+    assert core.check(TRUNK, "INVITE", URI, late, HOST, WALL + 4) is Verdict.FULL
     # the first ones can no longer pass, so they are gone and there is room again
     later = WALL + 4 + NONCE_TTL + 5.1
     fresh = answer(core.challenges(TRUNK, HOST, later)[1])
-    assert core.check(TRUNK, "INVITE", fresh, HOST, later) is Verdict.OK
+    assert core.check(TRUNK, "INVITE", URI, fresh, HOST, later) is Verdict.OK
     assert len(core._used) <= 4
 
 
@@ -205,4 +212,6 @@ def test_configuration_is_checked_and_the_password_not_kept() -> None:
     (default,) = TrunkAuth({"pbx": TrunkSecret("u", "p")}).challenges("pbx", HOST, WALL)
     assert "algorithm=MD5," in default  # (MD5 alone unless asked: user agents that know only it)
     core = auth()
-    assert "s3cret" not in repr(vars(core)) and "s3cret" not in repr(TrunkSecret("u", "s3cret"))
+    ha1 = sip_digest.hash_a1("MD5", "pbx-user", TRUNK, "s3cret")
+    for text in (repr(vars(core)), repr(TrunkSecret("u", "s3cret"))):
+        assert "s3cret" not in text and ha1 not in text

@@ -110,7 +110,8 @@ def test_a_forged_flood_gets_bounded_answers_no_bigger_than_itself_and_leaves_no
     forged = [  # no answer, one that cannot be read, one with a nonce of its own making
         None,
         "Digest x",
-        'Digest username="u", realm="pbx", nonce="1.0123456789abcdef", uri="sip:a", response="0"',
+        'Digest username="u", realm="pbx", nonce="1.01234567.0123456789abcdef", uri="sip:a", '
+        'response="0"',
     ]
     for i in range(500):
         data = invite(f"z9hG4bK{i}", authorization=forged[i % 3])
@@ -157,3 +158,31 @@ def test_no_authorization_header_raises(value: str) -> None:
     core.receive_datagram(invite("z9hG4bKh", authorization=value or None), TRUNK, 0.0)
     core.datagrams_to_send()
     assert core.calls == 0
+
+
+def test_the_webhook_is_not_given_a_trunks_digest_answer() -> None:
+    from firsthop.services.signaling.sip import webhook_headers
+
+    request = sip.parse_sip(invite("z9hG4bKw", authorization='Digest username="u", response="x"'))
+    assert isinstance(request, sip.SipRequest)
+    names = {h["name"].lower() for h in webhook_headers(request)}
+    assert "authorization" not in names and {"from", "to", "call-id"} <= names
+
+
+def test_a_forger_spending_one_trunks_challenges_does_not_silence_anothers() -> None:
+    core = SipUas(
+        trunks=[
+            Trunk.of("pbx", ["192.0.2.0/28"], TrunkSecret("pbx-user", "s3cret")),
+            Trunk.of("other", ["198.51.100.0/28"], TrunkSecret("other-user", "pa55")),
+        ],
+        contact="sip:firsthop@198.51.100.1:5060",
+        token=lambda: "t",
+        now=0.0,
+        wall_offset=WALL,
+    )
+    for i in range(300):
+        core.receive_datagram(invite(f"z9hG4bK{i}"), TRUNK, 0.0)
+    assert len(core.datagrams_to_send()) == AUTH_BURST
+    core.receive_datagram(invite("z9hG4bKo"), ("198.51.100.3", 5060), 0.0)
+    ((response, _),) = sent(core)
+    assert isinstance(response, SipResponse) and response.status == 401
