@@ -235,12 +235,12 @@ class SipFront:
             self._feed(data, (source[0], source[1]))
             await self._carry_out()
 
-    def _feed(self, data: bytes, source: Address) -> None:
-        """One message to the core: what it raises (a bug no test found) costs that message
-        only, never the SIP front (`sip_errors`)."""
+    def _feed(self, data: bytes, source: Address, reliable: bool = False) -> None:
+        """One message to the core (`reliable`: from a TCP or TLS connection): what it raises
+        (a bug no test found) costs that message only, never the SIP front (`sip_errors`)."""
         assert self.uas is not None
         try:
-            self.uas.receive_datagram(data, source, trio.current_time())
+            self.uas.receive_datagram(data, source, trio.current_time(), reliable)
         except Exception:
             self.counters["sip_errors"] += 1
             log.exception("the SIP core raised on a message from %s", format_hostport(source))
@@ -377,7 +377,7 @@ class SipFront:
                     send.send_nowait(b"\r\n")
             framer.pings = 0
             for i, message in enumerate(messages, 1):
-                self._feed(message, peer)
+                self._feed(message, peer, reliable=True)
                 if i % STREAM_BATCH == 0:  # a read of thousands of tiny messages: others run
                     await self._carry_out()
                     await trio.lowlevel.checkpoint()

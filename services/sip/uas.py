@@ -35,7 +35,9 @@ not `rport` was asked), never to the Via's sent-by. Nothing here does I/O or rea
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import hmac
 import ipaddress
 import itertools
 from collections import Counter, deque
@@ -54,6 +56,7 @@ if TYPE_CHECKING:  # (shared.address imports socket, for its resolver)
 T1, T2, T4 = 0.5, 4.0, 5.0  # §17.1.1.1
 TIMEOUT = 64 * T1  # Timers B, F, H and J (UDP), and the 2xx's retransmission (§13.3.1.4)
 FORBIDDEN_RATE, FORBIDDEN_BURST = 20.0, 40.0  # 403s a second to sources of no trunk
+STATELESS_RATE, STATELESS_BURST = 50.0, 100.0  # a trunk's other stateless answers over UDP
 AUTH_RATE, AUTH_BURST = 50.0, 100.0  # a trunk's stateless answers a second to INVITEs not
 # authenticated (each no bigger than its INVITE; a trunk's own bucket, so a forger spending
 # one trunk's cannot silence another's challenges)
@@ -63,6 +66,12 @@ KNOWN = {"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRAC
 ENDED = {"bye", "cancel", "no_ack", "rejected", "hangup", "ring_timeout", "session_expired"}
 MIN_SE = 90  # s: the shortest session interval we take (RFC 4028 §4: at least 90)
 MAX_SE = 7200  # s: the longest; a longer one is answered with this (RFC 4028 §9 lets a UAS)
+# The short reason phrases (§21) a stateless answer falls back to when it must shrink to fit
+PHRASES = {
+    200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+    405: "Not Allowed", 481: "No Such Call", 483: "Too Many Hops", 501: "Not Implemented",
+    503: "Unavailable", 513: "Too Large",
+}  # fmt: skip
 HEAP_SLACK = 4  # timer entries kept per live transaction or call before stale ones go
 RELIABLE = {"TCP", "TLS", "SCTP", "WS", "WSS"}  # transports that retransmit for us (§17)
 
@@ -212,11 +221,14 @@ class SipUas:
             algorithms=auth_algorithms,
         )
         self.wall_offset = wall_offset  # the wall clock minus `now` (for Digest nonces)
+        self._quiet = {t.name: TokenBucket(STATELESS_RATE, STATELESS_BURST, now) for t in trunks}
+        self._size: int | None = None  # the UDP message being handled's (None: a connection's)
         self._auth_replies = {
             t.name: TokenBucket(AUTH_RATE, AUTH_BURST, now) for t in self.trunks if t.secret
         }
         self.contact = contact  # our Contact URI, e.g. sip:firsthop@203.0.113.5:5060
         self.token = token  # random tags and branches (injected)
+        self._tag_key = self.token().encode()  # (the To tags of stateless answers)
         self.limits = limits
         self.counters: Counter[str] = Counter() if counters is None else counters  # `sip_*`
         self._forbidden = TokenBucket(FORBIDDEN_RATE, FORBIDDEN_BURST, now)
@@ -233,17 +245,23 @@ class SipUas:
 
     # -- the I/O side's interface --------------------------------------------------------------
 
-    def receive_datagram(self, data: bytes, source: Address, now: float) -> None:
+    def receive_datagram(
+        self, data: bytes, source: Address, now: float, reliable: bool = False
+    ) -> None:
+        """One message from `source`; `reliable`: it came on a TCP or TLS connection (whose
+        handshake proved the address: its stateless answers are neither paced nor bound to
+        its size)."""
         self._now = now
+        self._size = None if reliable else len(data)
         trunk = self.trunk_of(source[0])
         try:
             message = sip.parse_sip(data)
         except sip.SipError as exc:
             self.counters[exc.reason] += 1
             salvaged = sip.salvage_request(data) if trunk is not None else None
-            if salvaged is not None and salvaged.method != "ACK":
+            if trunk is not None and salvaged is not None and salvaged.method != "ACK":
                 status = 513 if isinstance(exc, sip.SipTooLarge) else 400
-                self._reply(salvaged, source, status, str(exc)[:100])
+                self._stateless(salvaged, source, trunk, status, str(exc)[:100])
             return
         if isinstance(message, SipResponse):
             if trunk is not None:
@@ -255,13 +273,13 @@ class SipUas:
             message.check()
         except sip.SipError as exc:
             self.counters[exc.reason] += 1
-            if trunk is not None and message.method != "ACK":
-                self._reply(message, source, 400, str(exc)[:100])  # (not to too many Vias)
+            if trunk is not None and message.method != "ACK":  # (not to too many Vias)
+                self._stateless(message, source, trunk, 400, str(exc)[:100])
             return
         if trunk is None:
             self._refuse_stranger(message, source, now, len(data))
             return
-        self._on_request(message, source, trunk, now, len(data))
+        self._on_request(message, source, trunk, now)
 
     def datagrams_to_send(self) -> list[tuple[bytes, Address]]:
         out, self._out = self._out, []
@@ -397,9 +415,7 @@ class SipUas:
 
     # -- requests -----------------------------------------------------------------------------
 
-    def _on_request(
-        self, request: SipRequest, source: Address, trunk: str, now: float, size: int
-    ) -> None:
+    def _on_request(self, request: SipRequest, source: Address, trunk: str, now: float) -> None:
         via = sip.parse_via(request.vias()[0])
         sent_by = f"{via.host}:{via.port or 5060}"
         method = request.method
@@ -418,45 +434,81 @@ class SipUas:
             if again is not None:
                 self._send(again, source)
             return
+        self.counters[f"sip_requests_{method.lower() if method in ALLOW else 'other'}"] += 1
+        forwards = request.get("max-forwards")
+        if forwards is not None and int(forwards) == 0:
+            self._stateless(request, source, trunk, 483, "Too Many Hops")
+            return
+        # Only what can change a call gets a transaction: a new INVITE (its answer, when the
+        # trunk has a password), a CANCEL of one of our INVITE transactions, a request of a
+        # live dialog. Anything else is answered statelessly (§8.2.7), paced and no bigger
+        # than itself over UDP: a host forging a trunk's address leaves no state behind.
+        to_tag = sip.parse_name_addr(request.get("to") or "").tag
+        invite: _ServerTx | None = None
+        call: _Call | None = None
+        if method == "INVITE" and to_tag is None:
+            if self.auth.protects(trunk) and not self._authenticated(request, source, trunk, now):
+                return
+        elif method == "CANCEL":
+            invite = self._server.get((via.branch, sent_by, "INVITE"))
+            if invite is None or self.trunk_of(invite.source[0]) != trunk:
+                self._stateless(request, source, trunk, 481, "Call/Transaction Does Not Exist")
+                return
+        elif to_tag is not None:
+            call = self._dialog_of(request, to_tag, trunk)
+            if call is None:
+                self._stateless(request, source, trunk, 481, "Call/Transaction Does Not Exist")
+                return
+        else:
+            self._out_of_dialog(request, source, trunk)
+            return
         if len(self._server) >= self.limits.transactions or (
             self._per_source[source[0]] >= self.limits.per_source
         ):
             self.counters["sip_dropped_over_limit"] += 1
             if method == "INVITE":  # (stateless: a trunk tries another edge, or later)
-                self._reply(request, source, 503, "Service Unavailable")
-            return
-        forwards = request.get("max-forwards")
-        if forwards is not None and int(forwards) == 0:
-            self._reply(request, source, 483, "Too Many Hops")
-            return
-        to_tag = sip.parse_name_addr(request.get("to") or "").tag
-        if (
-            method == "INVITE"
-            and to_tag is None
-            and self.auth.protects(trunk)
-            and not self._authenticated(request, source, trunk, now, size)
-        ):
+                self._stateless(request, source, trunk, 503, "Service Unavailable")
             return
         tx = _ServerTx(key, request, source, reliable=via.transport in RELIABLE)
         self._server[key] = tx
         self._per_source[source[0]] += 1
-        self.counters[f"sip_requests_{method.lower() if method in ALLOW else 'other'}"] += 1
-        if method == "CANCEL":
-            self._on_cancel(tx, via.branch, sent_by, now)
-        elif to_tag is not None:
-            self._in_dialog(tx, to_tag, now)
-        elif method == "INVITE":
-            self._on_invite(tx, trunk, now)
-        elif method == "OPTIONS":
-            self._complete(
-                tx, 200, "OK", now, headers=[("Allow", ALLOW), ("Accept", "application/sdp")]
-            )
-        elif method in ("BYE", "UPDATE", "INFO"):
-            self._complete(tx, 481, "Call/Transaction Does Not Exist", now)
-        elif method in KNOWN:
-            self._complete(tx, 405, "Method Not Allowed", now, headers=[("Allow", ALLOW)])
+        if invite is not None:
+            self._on_cancel(tx, invite, now)
+        elif call is not None:
+            self._in_dialog(tx, call, now)
         else:
-            self._complete(tx, 501, "Not Implemented", now, headers=[("Allow", ALLOW)])
+            self._on_invite(tx, trunk, now)
+
+    def _out_of_dialog(self, request: SipRequest, source: Address, trunk: str) -> None:
+        """A request that names no dialog and starts none: answered, statelessly."""
+        method = request.method
+        allow = [("Allow", ALLOW)]
+        if method == "OPTIONS":  # (its optional fields go first if the answer must shrink)
+            allow.append(("Accept", "application/sdp"))
+            self._stateless(request, source, trunk, 200, "OK", allow, optional=2)
+        elif method in ("BYE", "UPDATE", "INFO"):
+            self._stateless(request, source, trunk, 481, "Call/Transaction Does Not Exist")
+        elif method in KNOWN:
+            self._stateless(request, source, trunk, 405, "Method Not Allowed", allow, optional=1)
+        else:
+            self._stateless(request, source, trunk, 501, "Not Implemented", allow, optional=1)
+
+    def _stateless(
+        self,
+        request: SipRequest,
+        source: Address,
+        trunk: str,
+        status: int,
+        reason: str,
+        headers: list[tuple[str, str]] | None = None,
+        optional: int = 0,
+    ) -> None:
+        """A stateless answer to a trunk's request: over UDP at most `STATELESS_RATE` a
+        second a trunk (past that, `sip_replies_paced`) and no bigger than the request."""
+        if self._size is not None and not self._quiet[trunk].take(self._now):
+            self.counters["sip_replies_paced"] += 1
+            return
+        self._reply(request, source, status, reason, self._size, headers, optional)
 
     def _on_invite(self, tx: _ServerTx, trunk: str, now: float) -> None:
         request = tx.request
@@ -509,9 +561,7 @@ class SipUas:
         self._provisional(tx, 100, "Trying")
         self._emit(CallOffered(tag, trunk, request, tx.source))
 
-    def _authenticated(
-        self, request: SipRequest, source: Address, trunk: str, now: float, size: int
-    ) -> bool:
+    def _authenticated(self, request: SipRequest, source: Address, trunk: str, now: float) -> bool:
         """Whether the INVITE answers the trunk's challenge; if not, a stateless 401 (a new
         challenge), 403, 400 or 503, paced and no bigger than the request (a forged source
         must not make us a reflector toward the trunk)."""
@@ -526,11 +576,11 @@ class SipUas:
             self.counters["sip_auth_unanswered"] += 1
             return False
         if verdict is Verdict.FAILED:
-            sent = self._reply(request, source, 403, "Forbidden", most=size)
+            sent = self._reply(request, source, 403, "Forbidden", most=self._size)
         elif verdict is Verdict.MALFORMED:
-            sent = self._reply(request, source, 400, "Bad Authorization", most=size)
+            sent = self._reply(request, source, 400, "Bad Authorization", most=self._size)
         elif verdict is Verdict.FULL:
-            sent = self._reply(request, source, 503, "Service Unavailable", most=size)
+            sent = self._reply(request, source, 503, "Service Unavailable", most=self._size)
         else:
             stale = verdict is Verdict.STALE
             headers = [
@@ -542,7 +592,7 @@ class SipUas:
                 source,
                 401,
                 "Unauthorized",
-                most=size,
+                most=self._size,
                 headers=headers,
                 optional=len(headers) - 1,
             )
@@ -550,31 +600,32 @@ class SipUas:
             self.counters["sip_auth_unanswered"] += 1
         return False
 
-    def _on_cancel(self, tx: _ServerTx, branch: str, sent_by: str, now: float) -> None:
-        invite = self._server.get((branch, sent_by, "INVITE"))
-        if invite is None or self.trunk_of(invite.source[0]) != self.trunk_of(tx.source[0]):
-            self._complete(tx, 481, "Call/Transaction Does Not Exist", now)
-            return
+    def _on_cancel(self, tx: _ServerTx, invite: _ServerTx, now: float) -> None:
+        """A CANCEL of `invite` (its branch and sent-by, from its trunk)."""
         self._complete(tx, 200, "OK", now)
         call = invite.call
         if call is not None and call.state == "ringing" and call.invite is invite:
             self._fail_invite(invite, 487, "Request Terminated", now)
             self._end(call, "cancel")
 
-    def _in_dialog(self, tx: _ServerTx, to_tag: str, now: float) -> None:
-        """A request of a dialog: its Call-ID, our tag and the peer's (§12: the three name
-        it), from the trunk of the call (another trunk, or a forged From tag: 481)."""
-        request = tx.request
+    def _dialog_of(self, request: SipRequest, to_tag: str, trunk: str) -> _Call | None:
+        """The live call a request names: its Call-ID, our tag and the peer's (§12: the
+        three name a dialog), from the call's trunk (another trunk, or a forged From tag:
+        None, and a 481)."""
         call = self._dialogs.get((request.call_id, to_tag))
         from_tag = sip.parse_name_addr(request.get("from") or "").tag
         if (
             call is None
             or call.state == "ended"
-            or call.trunk != self.trunk_of(tx.source[0])
+            or call.trunk != trunk
             or from_tag != call.remote_tag
         ):
-            self._complete(tx, 481, "Call/Transaction Does Not Exist", now)
-            return
+            return None
+        return call
+
+    def _in_dialog(self, tx: _ServerTx, call: _Call, now: float) -> None:
+        """A request of the dialog of `call` (`_dialog_of`)."""
+        request = tx.request
         tx.call = call
         if request.cseq <= call.remote_cseq:  # §12.2.2
             self._complete(tx, 500, "CSeq Out of Order", now)
@@ -867,18 +918,28 @@ class SipUas:
         """A stateless answer (no transaction kept): to a request we will not process. Not
         sent (False, counted) to a request with more Via values than a path has, or when it
         would be more than `most` bytes even without the last `optional` of `headers` (left
-        out from the last to fit); a request it cannot be built for is a counted drop."""
+        out from the last to fit) and with the status's short reason phrase instead of
+        `reason` (`PHRASES`); a request it cannot be built for is a counted drop."""
         if len(request.vias()) > sip.MAX_HOPS:
             self.counters["sip_reply_not_sent"] += 1
             return False
         headers = headers or []
-        tag = self.token()
-        for leave_out in range(optional + 1):
+        # §8.2.7: a stateless UAS gives a request the same To tag each time it comes again
+        vias = request.vias()
+        what = "\n".join(
+            [vias[0] if vias else "", request.get("call-id") or "", request.get("cseq") or ""]
+        )
+        tag = hmac.new(self._tag_key, what.encode(), hashlib.sha256).hexdigest()[:16]
+        tries = [(reason, n) for n in range(optional + 1)]
+        short = PHRASES.get(status)
+        if short is not None and short != reason:
+            tries.append((short, optional))
+        for phrase, leave_out in tries:
             try:
                 response = sip.response_to(
                     request,
                     status,
-                    reason,
+                    phrase,
                     to_tag=tag,
                     headers=headers[: len(headers) - leave_out],
                     via_received=source,

@@ -8,6 +8,7 @@ transceiver, echo agent, signaling with `--sip-listen`); the calls come from rea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -146,7 +147,17 @@ def test_dtmf_from_sipp_reaches_the_agent(stack: PhoneStack, tmp_path: Path) -> 
 def test_options_pings_and_methods_nobody_serves(stack: PhoneStack) -> None:
     phone = Phone(stack.sip)
     try:
-        phone.send(phone.request("OPTIONS"))
+        ping = phone.request("OPTIONS")  # as carriers send it (a short one's 200 may leave
+        ping = dataclasses.replace(  # its Allow out: an answer is no bigger than a question)
+            ping,
+            headers=(
+                *ping.headers,
+                ("user-agent", "Carrier SBC 4.2"),
+                ("accept", "application/sdp"),
+                ("supported", "replaces, timer"),
+            ),
+        )
+        phone.send(ping)
         ok = phone.responses_until_final()[-1]
         assert ok.status == 200 and "INVITE" in (ok.get("allow") or "")
         phone.send(phone.request("REGISTER"))
@@ -178,23 +189,26 @@ def test_the_edge_hangs_up_with_a_bye(stack: PhoneStack) -> None:
 def test_torture_messages_and_an_invite_flood_leave_calls_working(
     stack: PhoneStack, tmp_path: Path
 ) -> None:
-    """RFC 4475's kinds of malformed messages and garbage get a 400 or a counted drop; a
-    flood of INVITEs from a stranger gets a bounded number of 403s; a call works all along."""
+    """RFC 4475's kinds of malformed messages and garbage get a 400 (when it is no bigger
+    than the message) or a counted drop; a flood of INVITEs from a stranger gets a bounded
+    number of 403s; a call works all along."""
     vectors = Path(__file__).parent.parent / "vectors" / "sip"
     raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         raw.bind(("127.0.0.1", 0))
         raw.settimeout(5.0)
-        answerable = 0  # what is answered: a request that parsed, or whose header salvages
+        sizes = {}  # what may be answered, by Call-ID: a request that parsed, or salvages
         for path in sorted(vectors.glob("invalid_*.sip")):
             data = path.read_bytes()
             raw.sendto(data, stack.sip)
+            message: sip.SipRequest | sip.SipResponse | None
             try:
-                sip.parse_sip(data)
-                answerable += 1  # (its check fails: 400)
+                message = sip.parse_sip(data)  # (its check fails: 400)
             except sip.SipError:
-                answerable += sip.salvage_request(data) is not None
+                message = sip.salvage_request(data)
+            if message is not None:
+                sizes[message.get("call-id")] = len(data)
         for junk in (
             b"",
             b"\x00" * 100,
@@ -203,12 +217,17 @@ def test_torture_messages_and_an_invite_flood_leave_calls_working(
             b"SIP/2.0 200 OK\r\n\r\n",
         ):
             raw.sendto(junk, stack.sip)
-        assert answerable >= 8
-        answers = [sip.parse_sip(raw.recv(65536)) for _ in range(answerable)]  # (5 s each)
-        assert all(isinstance(a, sip.SipResponse) and a.status == 400 for a in answers)
-        raw.settimeout(0.5)
-        with pytest.raises(TimeoutError):  # and nothing for the garbage
-            raw.recv(65536)
+        assert len(sizes) >= 8
+        answered = 0
+        with contextlib.suppress(TimeoutError):  # (the first may take a while)
+            while True:
+                data = raw.recv(65536)
+                answer = sip.parse_sip(data)
+                assert isinstance(answer, sip.SipResponse) and answer.status == 400
+                assert len(data) <= sizes[answer.get("call-id")]  # never a reflector
+                answered += 1
+                raw.settimeout(0.5)
+        assert answered >= 4  # (and nothing for the garbage)
         stranger.bind(("127.0.0.3", 0))
         flood = Phone(stack.sip, host="127.0.0.3")
         for _ in range(300):

@@ -186,3 +186,54 @@ def test_a_forger_spending_one_trunks_challenges_does_not_silence_anothers() -> 
     core.receive_datagram(invite("z9hG4bKo"), ("198.51.100.3", 5060), 0.0)
     ((response, _),) = sent(core)
     assert isinstance(response, SipResponse) and response.status == 401
+
+
+def test_a_forger_of_the_trunks_address_leaves_no_state_and_no_bigger_answers() -> None:
+    """Whatever it sends (pings, requests of dialogs that do not exist, out-of-dialog
+    requests, methods nobody serves, requests that cannot be served), a host forging a
+    protected trunk's address over UDP gets no transaction, no call, answers no bigger than
+    what it sent and at most a trunk's budget of them; the trunk's own calls still work."""
+    core = uas()
+    short = [
+        request("OPTIONS", branch="z9hG4bKx"),
+        request("INVITE", branch="z9hG4bKx", to_tag="nodialog", body=SDP),
+        request("BYE", branch="z9hG4bKx"),
+        request("BYE", branch="z9hG4bKx", to_tag="nodialog"),
+        request("CANCEL", branch="z9hG4bKx"),
+        request("MESSAGE", branch="z9hG4bKx"),
+        request("FOO", branch="z9hG4bKx"),
+        request("OPTIONS", branch="z9hG4bKx").replace(b"Max-Forwards: 70", b"Max-Forwards: 0"),
+        request("OPTIONS", branch="z9hG4bKx").replace(b"CSeq: 1 OPTIONS", b"CSeq: 1 INVITE"),
+    ]
+    answers = 0
+    for i in range(2000):
+        data = short[i % len(short)].replace(b"z9hG4bKx", f"z9hG4bK{i}".encode())
+        core.receive_datagram(data, TRUNK, i * 0.0005)  # 2,000 in one second
+        for out, _ in core.datagrams_to_send():
+            answers += 1
+            assert len(out) <= len(data), (data, out)
+    assert core.transactions == 0 and core.calls == 0 and events(core) == []
+    assert answers <= 100 + 50 * 1.0 + 1 and core.counters["sip_replies_paced"] >= 1800
+    # the trunk itself, meanwhile: challenged (its own budget), and its call rings
+    _, md5 = challenged(core, 1.0, "z9hG4bKreal")
+    core.receive_datagram(invite("z9hG4bKreal2", 2, answer(md5)), TRUNK, 1.01)
+    assert isinstance(events(core)[0], CallOffered)
+
+
+def test_over_a_connection_stateless_answers_are_neither_paced_nor_bound_to_size() -> None:
+    core = uas()
+    for i in range(300):
+        core.receive_datagram(request("OPTIONS", branch=f"z9hG4bK{i}"), TRUNK, 0.0, reliable=True)
+    out = sent(core)
+    assert len(out) == 300 and all(m.status == 200 for m, _ in out)  # type: ignore[union-attr]
+    assert all(m.get("accept") == "application/sdp" for m, _ in out)
+    assert core.transactions == 0
+
+
+def test_a_request_answered_statelessly_gets_the_same_to_tag_each_time() -> None:
+    core = uas()
+    for _ in range(2):
+        core.receive_datagram(invite("z9hG4bKsame"), TRUNK, 0.0)
+        core.receive_datagram(request("OPTIONS", branch="z9hG4bKping"), TRUNK, 0.0)
+    tags = [sip.parse_name_addr(m.get("to") or "").tag for m, _ in sent(core)]
+    assert len(tags) == 4 and tags[0] == tags[2] and tags[1] == tags[3] and tags[0] != tags[1]

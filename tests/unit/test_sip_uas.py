@@ -412,9 +412,14 @@ def test_bounds_on_calls_and_on_one_source() -> None:
             request("INVITE", branch=f"z9hG4bK{i}", call_id=f"c{i}", body=SDP), TRUNK, 0
         )
     assert core.calls == 2 and statuses(core) == [100, 100, 503]
-    for i in range(10):
+    for i in range(10):  # (answered statelessly: no transaction)
         core.receive_datagram(request("OPTIONS", branch=f"z9hG4bKo{i}"), TRUNK, 0)
-    assert len(sent(core)) == 2  # 5 live transactions from one source, then drops
+    assert statuses(core) == [200] * 10 and core.transactions == 3
+    for i in range(3, 13):  # 5 live transactions from one source, then a stateless 503
+        core.receive_datagram(
+            request("INVITE", branch=f"z9hG4bK{i}", call_id=f"c{i}", body=SDP), TRUNK, 0
+        )
+    assert statuses(core) == [503] * 10 and core.transactions == 5
     assert core.counters["sip_dropped_over_limit"] == 8
     run_until(core, 100.0)  # the transactions end; the two calls ring out
     assert core.transactions == 0 and core.calls == 0
