@@ -424,8 +424,10 @@ class SipUas:
             return
         key = (via.branch, sent_by, method)
         tx = self._server.get(key)
-        if tx is not None and self.trunk_of(tx.source[0]) != trunk:
-            # another trunk's transaction: its answer (our SDP, an SDES key) is not this one's
+        if tx is not None and tx.source != source:
+            # another address's transaction (another trunk's, or another host of this one's):
+            # its answer (our SDP, an SDES key) is not this one's, its retransmissions come
+            # from where it did
             self.counters["sip_not_dialog_peer"] += 1
             return
         if tx is not None:  # a retransmission: the last answer again, nothing else (§17.2)
@@ -451,7 +453,7 @@ class SipUas:
                 return
         elif method == "CANCEL":
             invite = self._server.get((via.branch, sent_by, "INVITE"))
-            if invite is None or self.trunk_of(invite.source[0]) != trunk:
+            if invite is None or invite.source[0] != source[0]:  # (§9.1: where it came from)
                 self._stateless(request, source, trunk, 481, "Call/Transaction Does Not Exist")
                 return
         elif to_tag is not None:

@@ -229,6 +229,23 @@ def test_a_dialog_answers_only_its_own_trunk_and_peer_tag() -> None:
     assert events(core) == [CallConfirmed(offer.call)]
 
 
+def test_a_transaction_answers_only_the_address_it_came_from() -> None:
+    """An attacker read (stop 44): another host of the same trunk's range that sent a ringing
+    call's INVITE Via again was sent our 100 (later our 200: an SDES key in it), and its
+    CANCEL ended the call. Retransmissions and CANCELs come from where their INVITE did."""
+    core = uas()
+    offered(core)
+    sent(core)
+    neighbour = ("192.0.2.8", 5062)  # (in the trunk's 192.0.2.0/28)
+    core.receive_datagram(request("INVITE", body=SDP), neighbour, 0.1)
+    assert sent(core) == [] and core.counters["sip_not_dialog_peer"] == 1
+    core.receive_datagram(request("CANCEL", cseq=1), neighbour, 0.2)
+    assert [(m.status, dest) for m, dest in sent(core)] == [(481, neighbour)]  # type: ignore[union-attr]
+    assert events(core) == [] and core.calls == 1
+    core.receive_datagram(request("INVITE", body=SDP), TRUNK, 0.3)  # its own retransmission
+    assert statuses(core) == [100]
+
+
 def test_cancel_while_ringing() -> None:
     core = uas()
     call = offered(core)
