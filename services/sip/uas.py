@@ -13,7 +13,7 @@ What it owns:
   (past that, a counted drop: a spoofed flood must not turn us into a reflector). A trunk
   with a password (`Trunk.secret`) must also answer a Digest challenge on each INVITE that
   starts a call (`trunk_auth.py`): the challenge, and any refusal of the answer, are
-  stateless, at most `AUTH_RATE` a second a trunk, and no bigger than the request;
+  stateless, at most `AUTH_RATE` a second a source, and no bigger than the request;
 * **server transactions** (§17.2): a retransmitted request is answered with the last
   response again and never reaches the application; an INVITE's non-2xx final response is
   retransmitted (Timer G) until its ACK or Timer H; a non-INVITE's is kept for Timer J;
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from firsthop.services.sip.trunk_auth import OFFERED, TrunkAuth, TrunkSecret, Verdict
-from firsthop.shared.ratelimit import TokenBucket
+from firsthop.shared.ratelimit import KeyedLimiter, TokenBucket
 from firsthop.shared.wire import sip
 from firsthop.shared.wire.sip import SipRequest, SipResponse
 
@@ -56,10 +56,11 @@ if TYPE_CHECKING:  # (shared.address imports socket, for its resolver)
 T1, T2, T4 = 0.5, 4.0, 5.0  # §17.1.1.1
 TIMEOUT = 64 * T1  # Timers B, F, H and J (UDP), and the 2xx's retransmission (§13.3.1.4)
 FORBIDDEN_RATE, FORBIDDEN_BURST = 20.0, 40.0  # 403s a second to sources of no trunk
-STATELESS_RATE, STATELESS_BURST = 50.0, 100.0  # a trunk's other stateless answers over UDP
-AUTH_RATE, AUTH_BURST = 50.0, 100.0  # a trunk's stateless answers a second to INVITEs not
-# authenticated (each no bigger than its INVITE; a trunk's own bucket, so a forger spending
-# one trunk's cannot silence another's challenges)
+STATELESS_RATE, STATELESS_BURST = 50.0, 100.0  # other stateless answers, a source, over UDP
+SOURCES = 4096  # source addresses whose answers are paced (the least recently heard go)
+AUTH_RATE, AUTH_BURST = 50.0, 100.0  # answers a second to INVITEs not authenticated, a source
+# (each no bigger than its INVITE; a budget of its own, which other stateless answers of the
+# same address cannot spend)
 EVENTS = 4096  # events waiting for the application; past that the oldest are dropped
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
 KNOWN = {"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "PRACK", "INFO"}
@@ -221,11 +222,15 @@ class SipUas:
             algorithms=auth_algorithms,
         )
         self.wall_offset = wall_offset  # the wall clock minus `now` (for Digest nonces)
-        self._quiet = {t.name: TokenBucket(STATELESS_RATE, STATELESS_BURST, now) for t in trunks}
+        # stateless answers over UDP, per source address (a forger spending one address's
+        # budget cannot silence another address of the trunk)
+        self._quiet = KeyedLimiter(
+            STATELESS_RATE, STATELESS_BURST, max_keys=SOURCES, when_full="evict"
+        )
         self._size: int | None = None  # the UDP message being handled's (None: a connection's)
-        self._auth_replies = {
-            t.name: TokenBucket(AUTH_RATE, AUTH_BURST, now) for t in self.trunks if t.secret
-        }
+        self._auth_replies = KeyedLimiter(  # (challenges, per source address too)
+            AUTH_RATE, AUTH_BURST, max_keys=SOURCES, when_full="evict"
+        )
         self.contact = contact  # our Contact URI, e.g. sip:firsthop@203.0.113.5:5060
         self.token = token  # random tags and branches (injected)
         self._tag_key = self.token().encode()  # (the To tags of stateless answers)
@@ -420,7 +425,7 @@ class SipUas:
         sent_by = f"{via.host}:{via.port or 5060}"
         method = request.method
         if method == "ACK":
-            self._on_ack(request, via.branch, sent_by, trunk)
+            self._on_ack(request, via.branch, sent_by, trunk, source)
             return
         key = (via.branch, sent_by, method)
         tx = self._server.get(key)
@@ -471,7 +476,8 @@ class SipUas:
             if method == "INVITE":  # (stateless: a trunk tries another edge, or later)
                 self._stateless(request, source, trunk, 503, "Service Unavailable")
             return
-        tx = _ServerTx(key, request, source, reliable=via.transport in RELIABLE)
+        # (Timer G: what it came on, not what its Via claims)
+        tx = _ServerTx(key, request, source, reliable=self._size is None)
         self._server[key] = tx
         self._per_source[source[0]] += 1
         if invite is not None:
@@ -490,10 +496,10 @@ class SipUas:
             self._stateless(request, source, trunk, 200, "OK", allow, optional=2)
         elif method in ("BYE", "UPDATE", "INFO"):
             self._stateless(request, source, trunk, 481, "Call/Transaction Does Not Exist")
-        elif method in KNOWN:
-            self._stateless(request, source, trunk, 405, "Method Not Allowed", allow, optional=1)
+        elif method in KNOWN:  # (§21.4.6: a 405 carries Allow)
+            self._stateless(request, source, trunk, 405, "Method Not Allowed", allow)
         else:
-            self._stateless(request, source, trunk, 501, "Not Implemented", allow, optional=1)
+            self._stateless(request, source, trunk, 501, "Not Implemented", allow)
 
     def _stateless(
         self,
@@ -507,7 +513,7 @@ class SipUas:
     ) -> None:
         """A stateless answer to a trunk's request: over UDP at most `STATELESS_RATE` a
         second a trunk (past that, `sip_replies_paced`) and no bigger than the request."""
-        if self._size is not None and not self._quiet[trunk].take(self._now):
+        if self._size is not None and not self._quiet.take(source[0], self._now):
             self.counters["sip_replies_paced"] += 1
             return
         self._reply(request, source, status, reason, self._size, headers, optional)
@@ -574,7 +580,7 @@ class SipUas:
         self.counters[f"sip_auth_{verdict.value}"] += 1
         if verdict is Verdict.OK:
             return True
-        if not self._auth_replies[trunk].take(now):
+        if not self._auth_replies.take(source[0], now):
             self.counters["sip_auth_unanswered"] += 1
             return False
         if verdict is Verdict.FAILED:
@@ -650,13 +656,18 @@ class SipUas:
         else:
             self._complete(tx, 405, "Method Not Allowed", now, headers=[("Allow", ALLOW)])
 
-    def _on_ack(self, request: SipRequest, branch: str, sent_by: str, trunk: str) -> None:
+    def _on_ack(
+        self, request: SipRequest, branch: str, sent_by: str, trunk: str, source: Address
+    ) -> None:
         invite = self._server.get((branch, sent_by, "INVITE"))
+        if invite is not None and invite.failed:
+            if invite.source[0] != source[0]:  # (its INVITE's transaction: from where it came)
+                self.counters["sip_not_dialog_peer"] += 1
+                return
+            invite.acked = True  # the ACK of our non-2xx: same transaction (§17.2.1)
+            return
         if invite is not None and self.trunk_of(invite.source[0]) != trunk:
             self.counters["sip_not_dialog_peer"] += 1  # (another trunk's call: not its ACK)
-            return
-        if invite is not None and invite.failed:
-            invite.acked = True  # the ACK of our non-2xx: same transaction (§17.2.1)
             return
         to_tag = sip.parse_name_addr(request.get("to") or "").tag
         call = self._dialogs.get((request.call_id, to_tag or ""))
@@ -920,8 +931,8 @@ class SipUas:
         """A stateless answer (no transaction kept): to a request we will not process. Not
         sent (False, counted) to a request with more Via values than a path has, or when it
         would be more than `most` bytes even without the last `optional` of `headers` (left
-        out from the last to fit) and with the status's short reason phrase instead of
-        `reason` (`PHRASES`); a request it cannot be built for is a counted drop."""
+        out from the last to fit), with the status's short reason phrase instead of `reason`
+        (`PHRASES`) and in compact form; a request it cannot be built for is a counted drop."""
         if len(request.vias()) > sip.MAX_HOPS:
             self.counters["sip_reply_not_sent"] += 1
             return False
@@ -932,11 +943,12 @@ class SipUas:
             [vias[0] if vias else "", request.get("call-id") or "", request.get("cseq") or ""]
         )
         tag = hmac.new(self._tag_key, what.encode(), hashlib.sha256).hexdigest()[:16]
-        tries = [(reason, n) for n in range(optional + 1)]
-        short = PHRASES.get(status)
-        if short is not None and short != reason:
-            tries.append((short, optional))
-        for phrase, leave_out in tries:
+        # to fit: the short reason phrase, then optional fields left out (the last first),
+        # then the fields' compact names (§7.3.3)
+        short = PHRASES.get(status, reason)
+        tries = [(reason, 0, False), (short, 0, False)]
+        tries += [(short, n, False) for n in range(1, optional + 1)] + [(short, optional, True)]
+        for phrase, leave_out, compact in tries:
             try:
                 response = sip.response_to(
                     request,
@@ -945,7 +957,7 @@ class SipUas:
                     to_tag=tag,
                     headers=headers[: len(headers) - leave_out],
                     via_received=source,
-                ).encode()
+                ).encode(compact)
             except sip.SipError:
                 break
             if most is None or len(response) <= most:

@@ -58,6 +58,7 @@ COMPACT = {
     "x": "session-expires", "a": "accept-contact", "j": "reject-contact",
     "d": "request-disposition", "y": "identity",
 }  # fmt: skip
+SHORT = {full: short for short, full in COMPACT.items()}  # call-id -> i, ...
 # How names are written when we build a message (the rest: each word capitalised).
 CANONICAL = {"call-id": "Call-ID", "cseq": "CSeq", "www-authenticate": "WWW-Authenticate"}
 
@@ -123,12 +124,15 @@ class SipMessage:
     def vias(self) -> list[str]:
         return self.get_all("via")
 
-    def _encode(self, start: str) -> bytes:
+    def _encode(self, start: str, compact: bool = False) -> bytes:
+        """`compact`: the compact forms of the names that have one (§7.3.3, which every
+        implementation must read), as a stateless answer uses to stay within its bound."""
         lines = [start]
         for name, value in self.headers:
             if name != "content-length":
-                lines.append(f"{canonical_name(name)}: {value}")
-        lines.append(f"Content-Length: {len(self.body)}")
+                short = SHORT.get(name) if compact else None
+                lines.append(f"{short or canonical_name(name)}: {value}")
+        lines.append(f"{'l' if compact else 'Content-Length'}: {len(self.body)}")
         return (CRLF.join(lines) + CRLF + CRLF).encode() + self.body
 
 
@@ -176,8 +180,8 @@ class SipResponse(SipMessage):
     status: int = 0
     reason_phrase: str = ""
 
-    def encode(self) -> bytes:
-        return self._encode(f"{SIP_VERSION} {self.status} {self.reason_phrase}")
+    def encode(self, compact: bool = False) -> bytes:
+        return self._encode(f"{SIP_VERSION} {self.status} {self.reason_phrase}", compact)
 
 
 # -- parsing ------------------------------------------------------------------------------

@@ -169,7 +169,10 @@ def test_the_webhook_is_not_given_a_trunks_digest_answer() -> None:
     assert "authorization" not in names and {"from", "to", "call-id"} <= names
 
 
-def test_a_forger_spending_one_trunks_challenges_does_not_silence_anothers() -> None:
+def test_a_forger_spending_one_addresss_challenges_does_not_silence_anothers() -> None:
+    """Challenges are paced per source address: another address of the same trunk's range,
+    or of another trunk's, is still challenged (what forges the trunk's own address can only
+    spend that address's budget)."""
     core = SipUas(
         trunks=[
             Trunk.of("pbx", ["192.0.2.0/28"], TrunkSecret("pbx-user", "s3cret")),
@@ -183,9 +186,10 @@ def test_a_forger_spending_one_trunks_challenges_does_not_silence_anothers() -> 
     for i in range(300):
         core.receive_datagram(invite(f"z9hG4bK{i}"), TRUNK, 0.0)
     assert len(core.datagrams_to_send()) == AUTH_BURST
-    core.receive_datagram(invite("z9hG4bKo"), ("198.51.100.3", 5060), 0.0)
-    ((response, _),) = sent(core)
-    assert isinstance(response, SipResponse) and response.status == 401
+    for other in (("192.0.2.9", 5060), ("198.51.100.3", 5060)):
+        core.receive_datagram(invite("z9hG4bKo"), other, 0.0)
+        ((response, _),) = sent(core)
+        assert isinstance(response, SipResponse) and response.status == 401
 
 
 def test_a_forger_of_the_trunks_address_leaves_no_state_and_no_bigger_answers() -> None:

@@ -512,15 +512,23 @@ def test_over_tcp_the_transport_retransmits_and_our_requests_say_tcp() -> None:
     transport does not lose them; the 2xx is still sent again until its ACK (§13.3.1.4)."""
     core = uas()
     tcp = request("INVITE", body=SDP).replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
-    core.receive_datagram(tcp, TRUNK, 0.0)
+    core.receive_datagram(tcp, TRUNK, 0.0, reliable=True)
     (offer,) = events(core)
     assert isinstance(offer, CallOffered)
     sent(core)
     core.reject(offer.call, 486, "Busy Here", 0.0)
     assert statuses(core) == [486]
     assert run_until(core, TIMEOUT - 1) == []  # no Timer G
+    # Timer G follows what a request came on, not what its Via claims: UDP claiming TCP
+    udp = uas()
+    udp.receive_datagram(tcp, TRUNK, 0.0)
+    (claimed,) = events(udp)
+    assert isinstance(claimed, CallOffered)
+    udp.reject(claimed.call, 486, "Busy Here", 0.0)
+    assert statuses(udp) == [100, 486]
+    assert [m.status for _, m in run_until(udp, 2.0)][:2] == [486, 486]  # type: ignore[union-attr]
     second = uas()
-    second.receive_datagram(tcp, TRUNK, 0.0)
+    second.receive_datagram(tcp, TRUNK, 0.0, reliable=True)
     (offer,) = events(second)
     assert isinstance(offer, CallOffered)
     second.answer(offer.call, b"v=0\r\n", 0.0)
@@ -657,3 +665,57 @@ def test_a_session_interval_is_at_most_two_hours_and_refreshes_keep_few_timers()
         most = max(most, core.transactions + core.calls)
         assert len(core._heap) <= HEAP_SLACK * most + 64 + 1  # (7,602 before)
     assert core.calls == 1
+
+
+NEIGHBOUR = ("192.0.2.9", 40000)  # another address of the trunk's 192.0.2.0/28
+
+# A keepalive with no User-Agent nor Contact (221 bytes): its 200 fits only in compact form
+SMALL_PING = (
+    b"OPTIONS sip:198.51.100.1 SIP/2.0\r\n"
+    b"Via: SIP/2.0/UDP 192.0.2.7:5062;branch=z9hG4bKa1;rport\r\n"
+    b"From: <sip:ping@192.0.2.7>;tag=1\r\nTo: <sip:198.51.100.1>\r\n"
+    b"Call-ID: abc123\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+)
+
+
+def test_stateless_answers_shrink_to_fit_and_a_405_keeps_its_allow() -> None:
+    """A helper's review (stop 44): the size bound had left a short keepalive unanswered
+    and a 405 without the Allow §21.4.6 requires. An answer that must shrink takes the
+    short reason phrase, then leaves optional fields out, then uses compact names."""
+    core = uas()
+    core.receive_datagram(SMALL_PING, TRUNK, 0.0)
+    ((data, _),) = core.datagrams_to_send()
+    assert data.startswith(b"SIP/2.0 200 OK\r\nv: ") and len(data) <= len(SMALL_PING)
+    assert isinstance(ok := sip.parse_sip(data), SipResponse) and ok.get("call-id") == "abc123"
+    register = request("REGISTER", branch="z9hG4bKreg")
+    core.receive_datagram(register, TRUNK, 0.0)
+    ((data, _),) = core.datagrams_to_send()
+    answer = sip.parse_sip(data)
+    assert isinstance(answer, SipResponse) and answer.status == 405 and answer.get("allow")
+    assert len(data) <= len(register)
+
+
+def test_a_forger_elsewhere_in_the_range_does_not_silence_the_trunks_answers() -> None:
+    """Stateless answers are paced per source address: 6,000 forged OPTIONS in 12 s from
+    another address of the trunk's range leave its real host's keepalives answered."""
+    core = uas()
+    answered = []
+    for i in range(500 * 12):
+        now = i / 500
+        core.receive_datagram(request("OPTIONS", branch=f"z9hG4bKf{i}"), NEIGHBOUR, now)
+        core.datagrams_to_send()
+        if i % 1000 == 500:
+            core.receive_datagram(request("OPTIONS", branch=f"z9hG4bKl{i}"), TRUNK, now)
+            answered.append(any(dest == TRUNK for _, dest in core.datagrams_to_send()))
+    assert answered == [True] * 6 and core.counters["sip_replies_paced"] > 5000
+
+
+def test_only_the_invites_address_acknowledges_its_non_2xx() -> None:
+    core = uas()
+    call = offered(core)
+    sent(core)
+    core.reject(call, 486, "Busy Here", 0.1)
+    sent(core)
+    core.receive_datagram(ack(call, branch="z9hG4bKb1"), ("192.0.2.8", 5060), 0.2)
+    assert [m.status for _, m in run_until(core, 1.0)] == [486]  # type: ignore[union-attr]
+    assert core.counters["sip_not_dialog_peer"] == 1
