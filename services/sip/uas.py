@@ -650,6 +650,7 @@ class SipUas:
             call.reoffer = tx
             if method == "INVITE":
                 self._provisional(tx, 100, "Trying")
+            self._arm(tx, now + TIMEOUT)  # (unanswered by then, it is refused: `_server_timer`)
             self._emit(CallReoffered(call.tag, request))
         elif method in ("OPTIONS", "INFO", "NOTIFY"):  # (NOTIFY: a REFER's progress, RFC 3515)
             self._complete(tx, 200, "OK", now)
@@ -707,6 +708,13 @@ class SipUas:
     # -- timers -------------------------------------------------------------------------------
 
     def _server_timer(self, tx: _ServerTx, now: float) -> None:
+        call = tx.call
+        if call is not None and call.reoffer is tx and tx.final is None:
+            # A re-offer the application never answered: the trunk has given up on it by
+            # now (Timer B); refused, so its transaction ends too (the call goes on).
+            self.counters["sip_reoffers_unanswered"] += 1
+            self.reject(call.tag, 500, "Server Internal Error", now)
+            return
         if now >= tx.done_at:
             self._drop_server(tx)
             return

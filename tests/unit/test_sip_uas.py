@@ -719,3 +719,19 @@ def test_only_the_invites_address_acknowledges_its_non_2xx() -> None:
     core.receive_datagram(ack(call, branch="z9hG4bKb1"), ("192.0.2.8", 5060), 0.2)
     assert [m.status for _, m in run_until(core, 1.0)] == [486]  # type: ignore[union-attr]
     assert core.counters["sip_not_dialog_peer"] == 1
+
+
+def test_a_reoffer_the_application_never_answers_is_refused_and_the_call_goes_on() -> None:
+    """Found by the consistency property (stop 44): an unanswered re-INVITE's transaction
+    had stayed for the whole call. By the trunk's Timer B it gets 500 and is forgotten."""
+    core = uas()
+    call = answered(core)
+    core.receive_datagram(
+        request("INVITE", branch="z9hG4bKre", cseq=2, to_tag=call, body=SDP), TRUNK, 1.0
+    )
+    assert isinstance(events(core)[0], CallReoffered) and statuses(core) == [100]
+    out = run_until(core, 1.0 + TIMEOUT + 0.01)
+    assert [m.status for _, m in out][:1] == [500]  # type: ignore[union-attr]
+    assert core.counters["sip_reoffers_unanswered"] == 1
+    run_until(core, 200.0)
+    assert core.transactions == 0 and core.calls == 1 and not core.answer(call, b"v=0\r\n", 200.0)
