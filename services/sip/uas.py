@@ -609,12 +609,16 @@ class SipUas:
         return False
 
     def _on_cancel(self, tx: _ServerTx, invite: _ServerTx, now: float) -> None:
-        """A CANCEL of `invite` (its branch and sent-by, from its trunk)."""
+        """A CANCEL of `invite` (its branch and sent-by, from its address): a ringing call
+        ends; a re-INVITE still waiting for the application's answer gets its 487 (§9.2) and
+        the call goes on as it was."""
         self._complete(tx, 200, "OK", now)
         call = invite.call
         if call is not None and call.state == "ringing" and call.invite is invite:
             self._fail_invite(invite, 487, "Request Terminated", now)
             self._end(call, "cancel")
+        elif call is not None and call.reoffer is invite and invite.final is None:
+            self.reject(call.tag, 487, "Request Terminated", now)
 
     def _dialog_of(self, request: SipRequest, to_tag: str, trunk: str) -> _Call | None:
         """The live call a request names: its Call-ID, our tag and the peer's (§12: the
@@ -766,6 +770,10 @@ class SipUas:
 
     def _end(self, call: _Call, reason: str) -> None:
         if call.state == "ended":
+            return
+        if call.state == "closing":  # (hung up before the ACK: its end was told then)
+            call.state = "ended"
+            self._forget_call(call)
             return
         if call.invite.final is None:  # §15.1.2: a BYE in the early dialog; its INVITE gets 487
             self._fail_invite(call.invite, 487, "Request Terminated", self._now)

@@ -735,3 +735,31 @@ def test_a_reoffer_the_application_never_answers_is_refused_and_the_call_goes_on
     assert core.counters["sip_reoffers_unanswered"] == 1
     run_until(core, 200.0)
     assert core.transactions == 0 and core.calls == 1 and not core.answer(call, b"v=0\r\n", 200.0)
+
+
+def test_a_bye_after_we_hung_up_before_the_ack_ends_it_once() -> None:
+    """A review (stop 44): the trunk's BYE on a call we had hung up before its ACK told the
+    application a second CallEnded and counted a second end."""
+    core = uas()
+    call = offered(core)
+    core.answer(call, b"v=0\r\n", 0.0)
+    sent(core)
+    core.hangup(call, 0.1)
+    assert events(core) == [CallEnded(call, "hangup")]
+    core.receive_datagram(request("BYE", branch="z9hG4bKbye", cseq=2, to_tag=call), TRUNK, 0.2)
+    assert statuses(core) == [200] and events(core) == []
+    assert core.counters["sip_calls_ended_bye"] == 0 and core.calls == 0
+    run_until(core, 100.0)
+    assert sent(core) == [] and core.transactions == 0
+
+
+def test_a_cancelled_reinvite_gets_its_487_and_the_call_goes_on() -> None:
+    core = uas()
+    call = answered(core)
+    reinvite = request("INVITE", branch="z9hG4bKre", cseq=2, to_tag=call, body=SDP)
+    core.receive_datagram(reinvite, TRUNK, 1.0)
+    assert isinstance(events(core)[0], CallReoffered) and statuses(core) == [100]
+    cancel = request("CANCEL", branch="z9hG4bKre", cseq=2, to_tag=call)
+    core.receive_datagram(cancel, TRUNK, 1.1)
+    assert sorted(statuses(core)) == [200, 487] and core.calls == 1 and events(core) == []
+    assert not core.answer(call, b"v=0\r\n", 1.2)  # (too late: it was cancelled)
