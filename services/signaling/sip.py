@@ -89,6 +89,7 @@ WEBHOOK_ATTEMPTS = 3  # posts of one event (Standard Webhooks: retried on a fail
 WEBHOOK_TIMEOUT = 5.0  # s, each, in all (its answer's body is never read)
 ACCEPTING_MAX = 60.0  # s an ended call waits for an accept that is placing it
 WEBHOOK_CONNECTIONS = 64  # posts at once: a pool of their own (`main.serve_signaling`)
+SEND_WITHIN = 1.0  # s: what the core has to send goes out, even from a cancelled task
 PORT_TRIES = 16  # port 0: UDP ports the kernel picks until one is free for TCP as well
 # What of an INVITE its webhook carries (`data.sip_headers`), bounded: not the routing, and
 # not a trunk's Digest answer (an offline guess at its password could start from it).
@@ -182,45 +183,56 @@ class SipFront:
         self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
     ) -> None:
         sock, tcp = await bind_udp_and_tcp(self.config.listen)
-        with sock:
-            bound: Address = sock.getsockname()[:2]
-            public = self.config.public or bound
-            self.uas = SipUas(
-                trunks=self.config.trunks,
-                contact=f"sip:firsthop@{format_hostport(public)}",
-                token=lambda: secrets.token_hex(8),
-                now=trio.current_time(),
-                limits=self.config.limits,
-                counters=self.counters,  # (signaling's events_total: every `sip_*` name)
-                wall_offset=time.time() - trio.current_time(),
-                auth_algorithms=self.config.auth_algorithms,
+        listeners: list[trio.abc.Listener[Any]] = list(tcp)
+        try:
+            with sock:
+                await self._serve(sock, listeners, task_status)
+        finally:  # (trio.serve_listeners does not close them)
+            with trio.CancelScope(shield=True):
+                for listener in listeners:
+                    await listener.aclose()
+
+    async def _serve(
+        self,
+        sock: trio.socket.SocketType,
+        listeners: list[trio.abc.Listener[Any]],
+        task_status: trio.TaskStatus[Address],
+    ) -> None:
+        bound: Address = sock.getsockname()[:2]
+        public = self.config.public or bound
+        self.uas = SipUas(
+            trunks=self.config.trunks,
+            contact=f"sip:firsthop@{format_hostport(public)}",
+            token=lambda: secrets.token_hex(8),
+            now=trio.current_time(),
+            limits=self.config.limits,
+            counters=self.counters,  # (signaling's events_total: every `sip_*` name)
+            wall_offset=time.time() - trio.current_time(),
+            auth_algorithms=self.config.auth_algorithms,
+        )
+        self._sock = sock
+        if self.config.tls_listen is not None and self.config.tls is not None:
+            host, port = self.config.tls_listen
+            listeners += await trio.open_ssl_over_tcp_listeners(port, self.config.tls, host=host)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.watch = SessionWatch(
+                self.calls.client,
+                self.calls.directory,
+                nursery,
+                interval=self.config.poll_interval,
+                lost_after=self.config.lost_after,
             )
-            self._sock = sock
-            listeners: list[trio.abc.Listener[Any]] = list(tcp)
-            if self.config.tls_listen is not None and self.config.tls is not None:
-                host, port = self.config.tls_listen
-                listeners += await trio.open_ssl_over_tcp_listeners(
-                    port, self.config.tls, host=host
-                )
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                self.watch = SessionWatch(
-                    self.calls.client,
-                    self.calls.directory,
-                    nursery,
-                    interval=self.config.poll_interval,
-                    lost_after=self.config.lost_after,
-                )
-                nursery.start_soon(self._timers)
-                nursery.start_soon(trio.serve_listeners, self._connection, listeners)
-                log.info(
-                    "SIP on udp and tcp %s (contact %s), trunks: %s",
-                    format_hostport(bound),
-                    self.uas.contact,
-                    ", ".join(t.name for t in self.config.trunks) or "none (every INVITE: 403)",
-                )
-                task_status.started(bound)
-                await self._receive(sock)
+            nursery.start_soon(self._timers)
+            nursery.start_soon(trio.serve_listeners, self._connection, listeners)
+            log.info(
+                "SIP on udp and tcp %s (contact %s), trunks: %s",
+                format_hostport(bound),
+                self.uas.contact,
+                ", ".join(t.name for t in self.config.trunks) or "none (every INVITE: 403)",
+            )
+            task_status.started(bound)
+            await self._receive(sock)
 
     # -- the socket and the core's clock --------------------------------------------------------
 
@@ -280,7 +292,18 @@ class SipFront:
                     self._reanswer(call, request)
                 case CallConfirmed(call):
                     self.counters["sip_calls_confirmed"] += 1
-        for data, dest in uas.datagrams_to_send():
+        # Taken from the core, they go out even if the task carrying them out is cancelled (a
+        # connection's reader as its peer goes: the rest were other calls' answers), within
+        # a second (a UDP send waits only for room in the socket's buffer).
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_WITHIN):
+            await self._send_all(sock, uas.datagrams_to_send())
+        self._timer_moved.set()
+
+    async def _send_all(
+        self, sock: trio.socket.SocketType, datagrams: list[tuple[bytes, Address]]
+    ) -> None:
+        """What the core sends: on the connection it came from, else on the UDP socket."""
+        for data, dest in datagrams:
             stream = self._streams.get(dest)
             if stream is not None:  # it came on a connection: it goes back on it
                 try:
@@ -292,7 +315,6 @@ class SipFront:
                 await sock.sendto(data, dest)
             except OSError:
                 self.counters["sip_send_error"] += 1
-        self._timer_moved.set()
 
     async def _connection(
         self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]

@@ -469,8 +469,9 @@ class SipUas:
         else:
             self._out_of_dialog(request, source, trunk)
             return
-        if len(self._server) >= self.limits.transactions or (
-            self._per_source[source[0]] >= self.limits.per_source
+        if invite is None and (  # (a CANCEL is bound by its INVITE's transaction: let in)
+            len(self._server) >= self.limits.transactions
+            or self._per_source[source[0]] >= self.limits.per_source
         ):
             self.counters["sip_dropped_over_limit"] += 1
             if method == "INVITE":  # (stateless: a trunk tries another edge, or later)

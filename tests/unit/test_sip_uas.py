@@ -763,3 +763,13 @@ def test_a_cancelled_reinvite_gets_its_487_and_the_call_goes_on() -> None:
     core.receive_datagram(cancel, TRUNK, 1.1)
     assert sorted(statuses(core)) == [200, 487] and core.calls == 1 and events(core) == []
     assert not core.answer(call, b"v=0\r\n", 1.2)  # (too late: it was cancelled)
+
+
+def test_a_cancel_of_a_ringing_call_is_taken_past_the_transaction_bounds() -> None:
+    """A review (stop 44): at its source's transaction bound a CANCEL of a ringing call was
+    dropped, and the call rang on. A CANCEL is bound by its INVITE's transaction."""
+    core = uas(Limits(per_source=1))
+    call = offered(core)
+    sent(core)
+    core.receive_datagram(request("CANCEL", cseq=1), TRUNK, 0.1)
+    assert sorted(statuses(core)) == [200, 487] and events(core) == [CallEnded(call, "cancel")]
