@@ -299,13 +299,18 @@ def test_hangup_sends_a_bye_in_the_dialog_retransmitted_until_answered() -> None
     assert core.transactions == 0
 
 
-def test_hangup_before_the_ack_waits_for_it() -> None:
-    core = uas()
+def hung_up_before_the_ack(core: SipUas) -> str:
     call = offered(core)
     core.answer(call, b"v=0\r\n", 0.0)
     sent(core)
     core.hangup(call, 0.1)
     assert events(core) == [CallEnded(call, "hangup")]
+    return call
+
+
+def test_hangup_before_the_ack_waits_for_it() -> None:
+    core = uas()
+    call = hung_up_before_the_ack(core)
     assert sent(core) == []  # §15: no BYE before the ACK
     core.receive_datagram(ack(call), TRUNK, 0.2)
     ((bye, _),) = sent(core)
@@ -741,11 +746,7 @@ def test_a_bye_after_we_hung_up_before_the_ack_ends_it_once() -> None:
     """A review (stop 44): the trunk's BYE on a call we had hung up before its ACK told the
     application a second CallEnded and counted a second end."""
     core = uas()
-    call = offered(core)
-    core.answer(call, b"v=0\r\n", 0.0)
-    sent(core)
-    core.hangup(call, 0.1)
-    assert events(core) == [CallEnded(call, "hangup")]
+    call = hung_up_before_the_ack(core)
     core.receive_datagram(request("BYE", branch="z9hG4bKbye", cseq=2, to_tag=call), TRUNK, 0.2)
     assert statuses(core) == [200] and events(core) == []
     assert core.counters["sip_calls_ended_bye"] == 0 and core.calls == 0
