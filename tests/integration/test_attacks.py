@@ -37,6 +37,25 @@ SAMPLES_PER_SECOND = 48000  # PCM16 mono, as the caller records it
 Stack = tuple[RelayProcess, TransceiverProcess]
 
 
+@pytest.fixture(autouse=True)
+def one_host_address_a_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The honest callers here gather on the first address of each family only (eth0's).
+    aioice gathers on every interface's (never loopback's), and an address another test
+    process adds meanwhile (a namespace's veth) gave a caller a second pair, whose
+    nomination moved its own media path: these tests count moves (`path_moved`) to see
+    that an attacker's cannot, and a stop-44 CI run failed on the caller's own."""
+    import aioice.ice
+
+    every = aioice.ice.get_host_addresses
+
+    def first_of_each(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        v4 = every(use_ipv4, False)[:1]
+        v6 = every(False, use_ipv6)[:1]
+        return v4 + v6
+
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", first_of_each)
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     relay = RelayProcess()
