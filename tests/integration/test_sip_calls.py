@@ -130,9 +130,12 @@ def test_dtmf_from_sipp_reaches_the_agent(stack: PhoneStack, tmp_path: Path) -> 
     before = {
         d: stack.agent.metric("firsthop_agent_dtmf_total", kind="echo", digit=d) for d in "1#"
     }
-    scenario = sipp_invite("echo")
+    scenario = sipp_invite("echo") + '  <pause milliseconds="500"/>\n'  # (the call settles)
     scenario += play_pcap("/usr/share/sip-tester/dtmf_2833_1.pcap")
-    scenario += play_pcap("/usr/share/sip-tester/dtmf_2833_pound.pcap") + SIPP_BYE
+    scenario += play_pcap("/usr/share/sip-tester/dtmf_2833_pound.pcap")
+    # (the pound's last packets a moment to arrive before the BYE ends the call: on a loaded
+    # machine a CI run once had the call end first, and that key never reached the agent)
+    scenario += '  <pause milliseconds="1500"/>\n' + SIPP_BYE
     status, said = run_sipp(stack.sip, scenario, str(tmp_path))
     assert status == 0, said
 
