@@ -25,9 +25,13 @@ What it owns:
 * **our requests**: BYE as a client transaction (§17.1.2: Timer E retransmits, Timer F gives
   up), always to the address the trunk's requests come from (symmetric, like responses:
   never to a host a message names);
+* **no state for what cannot change a call**: only a new INVITE (authenticated, when its
+  trunk has a password), a CANCEL of one of our INVITE transactions and a request of a live
+  dialog get a transaction; anything else is answered statelessly (§8.2.7), over UDP at
+  most `STATELESS_RATE` a second a source address and no bigger than the request;
 * **bounds**: at most `Limits.transactions` live transactions, `Limits.per_source` from one
-  source, `Limits.calls` calls; past them a new INVITE gets 503 and anything else is a
-  counted drop. A call rings at most `Limits.ring_timeout` before it is given up (480).
+  source, `Limits.calls` calls; past them a new INVITE gets 503 and a request of a dialog is
+  a counted drop. A call rings at most `Limits.ring_timeout` before it is given up (480).
 
 Responses go to the source of the request (RFC 3581 symmetric response routing, whether or
 not `rport` was asked), never to the Via's sent-by. Nothing here does I/O or reads a clock.
@@ -73,6 +77,11 @@ PHRASES = {
     405: "Not Allowed", 481: "No Such Call", 483: "Too Many Hops", 501: "Not Implemented",
     503: "Unavailable", 513: "Too Large",
 }  # fmt: skip
+REFUSALS = {  # a Digest answer that is no new challenge's business
+    Verdict.FAILED: (403, "Forbidden"),
+    Verdict.MALFORMED: (400, "Bad Authorization"),
+    Verdict.FULL: (503, "Service Unavailable"),
+}
 HEAP_SLACK = 4  # timer entries kept per live transaction or call before stale ones go
 RELIABLE = {"TCP", "TLS", "SCTP", "WS", "WSS"}  # transports that retransmit for us (§17)
 
@@ -513,7 +522,8 @@ class SipUas:
         optional: int = 0,
     ) -> None:
         """A stateless answer to a trunk's request: over UDP at most `STATELESS_RATE` a
-        second a trunk (past that, `sip_replies_paced`) and no bigger than the request."""
+        second a source address (past that, `sip_replies_paced`) and no bigger than the
+        request."""
         if self._size is not None and not self._quiet.take(source[0], self._now):
             self.counters["sip_replies_paced"] += 1
             return
@@ -584,13 +594,10 @@ class SipUas:
         if not self._auth_replies.take(source[0], now):
             self.counters["sip_auth_unanswered"] += 1
             return False
-        if verdict is Verdict.FAILED:
-            sent = self._reply(request, source, 403, "Forbidden", most=self._size)
-        elif verdict is Verdict.MALFORMED:
-            sent = self._reply(request, source, 400, "Bad Authorization", most=self._size)
-        elif verdict is Verdict.FULL:
-            sent = self._reply(request, source, 503, "Service Unavailable", most=self._size)
-        else:
+        refusal = REFUSALS.get(verdict)
+        if refusal is not None:
+            sent = self._reply(request, source, *refusal, most=self._size)
+        else:  # (no answer, or a stale or spent nonce: a new challenge)
             stale = verdict is Verdict.STALE
             headers = [
                 ("WWW-Authenticate", value)
