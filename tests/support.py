@@ -530,6 +530,24 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0, every: fl
         time.sleep(every)
 
 
+def events_until(socket: Any, last: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Read a Realtime event socket (`websockets.sync`) until an event of type `last` has
+    come (it included), or `timeout` seconds have passed: what came, in order. A slow answer
+    (a loaded machine's Whisper and Piper) may pause the events for seconds; waiting for a
+    quiet moment instead had read too little."""
+    deadline = time.monotonic() + timeout
+    seen: list[dict[str, Any]] = []
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            event = json.loads(socket.recv(timeout=left))
+        except TimeoutError:
+            break
+        seen.append(event)
+        if event.get("type") == last:
+            break
+    return seen
+
+
 async def eventually(
     predicate: Callable[[], object],
     timeout: float = 10.0,  # noqa: ASYNC109 - the same call as wait_until(predicate, timeout)

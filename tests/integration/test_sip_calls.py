@@ -38,6 +38,7 @@ from ..sip_phone import (
 from ..support import (
     AgentProcess,
     SignalingProcess,
+    events_until,
     peak_hz,
     probe_recording,
     spoken,
@@ -279,13 +280,10 @@ def test_the_assistant_answers_a_spoken_question_on_the_phone(tmp_path: Path) ->
                 wait_until(lambda: stack.live_sessions(), 5)
                 (session,) = stack.live_sessions()
                 url = f"ws://127.0.0.1:{stack.tx.api_port}/internal/v1/sessions/{session}/events"
-                events: list[dict[str, object]] = []
                 with connect(url, additional_headers=stack.tx.auth) as sideband:
                     question = resample(spoken("what time is it"), 24000, 8000)
                     heard = phone.talk(question + bytes(16000 * 4))  # and 4 s to answer
-                    with contextlib.suppress(TimeoutError):
-                        while True:
-                            events.append(json.loads(sideband.recv(timeout=0.5)))
+                    events = events_until(sideband, "response.output_audio_transcript.done")
                 types = [e.get("type") for e in events]
                 assert "conversation.item.input_audio_transcription.completed" in types, types
                 done = [

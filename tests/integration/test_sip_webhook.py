@@ -318,7 +318,7 @@ def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_pa
     from firsthop.services.transceiver.resample import resample
 
     from ..sip_phone import PhoneStack as Stack
-    from ..support import AgentProcess, spoken
+    from ..support import AgentProcess, events_until, spoken
 
     assistant = AgentProcess("assistant")
     assistant.start(timeout=60)
@@ -353,13 +353,10 @@ def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_pa
                 phone.send(phone.request("ACK", cseq=1, cseq_method="ACK"))
                 url = f"ws://127.0.0.1:{stack.sig.port}/v1/realtime?call_id={call_id}"
                 auth = {"Authorization": f"Bearer {SignalingProcess.API_KEY}"}
-                seen: list[dict[str, Any]] = []
                 with connect(url, additional_headers=auth) as sideband:
                     question = resample(spoken("what time is it"), 24000, 8000)
                     heard = phone.talk(question + bytes(16000 * 4))
-                    with contextlib.suppress(TimeoutError):
-                        while True:
-                            seen.append(json.loads(sideband.recv(timeout=0.5)))
+                    seen = events_until(sideband, "response.output_audio_transcript.done")
                 done = [e for e in seen if e.get("type") == "response.output_audio_transcript.done"]
                 # the question was heard and answered (what Whisper makes of espeak-ng's voice
                 # through G.711 is `test_assistant.py`'s and the hearing bench's business)
