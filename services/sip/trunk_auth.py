@@ -10,10 +10,12 @@ Strategy:
 * **Stateless nonces.** A nonce is ``<ms since the epoch, hex>.<4 random bytes, hex>.<MAC>``:
   an HMAC over the rest and the address it was sent to (64 bits of it: a forged nonce would
   only skip the challenge, not the password), keyed by a key derived from the trunk's
-  password. A
-  challenge costs no state (a forged flood of INVITEs leaves nothing behind), and any
-  signaling replica with the same password checks any replica's nonce. A nonce is good for
-  `NONCE_TTL` seconds, from the address it was sent to only.
+  password and 16 random bytes of this process's. A challenge costs no state (a forged
+  flood of INVITEs leaves nothing behind). A nonce is good for `NONCE_TTL` seconds, from the
+  address it was sent to only, and only at the process that sent it: the used nonces below
+  are that process's memory, so an answer captured on the path replays at no other replica
+  and not after a restart (another process's nonce is a stranger's: 401, a fresh challenge;
+  the SIP Service's client IP affinity keeps a trunk on one replica, as its dialogs need).
 * **One INVITE a nonce.** A nonce that authenticated an INVITE is remembered until it would
   have expired (a retransmission of that INVITE is its transaction's, and never gets here);
   the same nonce on another INVITE is a replay: challenged again. At most `capacity` are
@@ -48,7 +50,7 @@ from firsthop.shared.wire import sip, sip_digest
 from firsthop.shared.wire.sip_digest import DigestError
 
 NONCE_TTL = 30.0  # s: a nonce's life (a UAC answers its challenge at once)
-NONCE_SKEW = 5.0  # s: how far ahead of ours another replica's clock may be
+NONCE_SKEW = 5.0  # s: how far ahead a nonce's time may be (a clock stepped back since)
 ALGORITHMS = tuple(sip_digest.ALGORITHMS)  # what may be offered: SHA-256, MD5
 OFFERED = ("MD5",)  # by default: what every user agent answers (below)
 _NONCE = re.compile(r"^([0-9a-f]{1,16})\.([0-9a-f]{8})\.[0-9a-f]{16}$")
@@ -89,6 +91,7 @@ class TrunkAuth:
         random: Callable[[int], bytes] = os.urandom,
     ) -> None:
         self._random = random
+        salt = random(16)  # this process's: its nonces pass here only
         unknown = [a for a in algorithms if a not in ALGORITHMS]
         if unknown or not algorithms or len(set(algorithms)) < len(algorithms):
             raise ValueError(f"Digest algorithms: some of {', '.join(ALGORITHMS)}, once each")
@@ -106,7 +109,9 @@ class TrunkAuth:
                     for a in self.algorithms
                 },
                 hmac.new(
-                    secret.password.encode(), b"firsthop sip nonce " + trunk.encode(), "sha256"
+                    secret.password.encode(),
+                    b"firsthop sip nonce " + salt + trunk.encode(),
+                    "sha256",
                 ).digest(),
             )
         self.capacity = capacity

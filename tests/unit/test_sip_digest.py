@@ -187,6 +187,18 @@ def test_wrong_answers() -> None:
     assert check(answer(fresh(), uri="sip:198.51.100.1:5060")) is Verdict.OK
 
 
+def test_a_nonce_passes_only_at_the_process_that_sent_it() -> None:
+    """Another replica with the same password, or this one after a restart, holds none of
+    the used nonces: an answer captured on the path must not pass there. A fresh challenge
+    of its own does."""
+    here, there = auth(), auth()
+    value = answer(here.challenges(TRUNK, HOST, WALL)[0])
+    assert here.check(TRUNK, "INVITE", URI, value, HOST, WALL + 1) is Verdict.OK
+    assert there.check(TRUNK, "INVITE", URI, value, HOST, WALL + 1) is Verdict.CHALLENGE
+    own = answer(there.challenges(TRUNK, HOST, WALL)[0])
+    assert there.check(TRUNK, "INVITE", URI, own, HOST, WALL + 1) is Verdict.OK
+
+
 def test_remembered_nonces_are_bounded_and_forgotten_once_expired() -> None:
     core = auth()  # capacity 4
     for i in range(4):
