@@ -211,3 +211,27 @@ def test_the_c_calls_give_what_ctypes_gives_and_fail_as_it_does(
     with pytest.raises(ValueError):
         speedups.native.opus_bind(0, 0)  # (no address: refused, the binding kept)
     assert opus.OpusEncoder(OPUS_BITRATE).encode(frames[0]) == packets[0]
+
+
+def test_a_codec_that_failed_to_be_made_leaves_nothing_to_free() -> None:
+    """A constructor that raised before its state was made (a wrong argument, a libopus
+    refusal) leaves an object whose `__del__` must not raise in turn (Python would print
+    "Exception ignored" for each)."""
+    import gc
+    import sys
+
+    from firsthop.services.transceiver.media.opus import OpusEncoder
+
+    raised: list[BaseException | None] = []
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: raised.append(u.exc_value)
+    try:
+        with pytest.raises(TypeError):
+            OpusEncoder()  # type: ignore[call-arg]
+        with pytest.raises(TypeError):
+            OpusDecoder(1)  # type: ignore[call-arg]
+        with pytest.raises(OpusError, match="opus_encoder_create"):
+            OpusEncoder(32000, application=12345)
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert raised == []

@@ -125,11 +125,14 @@ def _library() -> ctypes.CDLL:
 class OpusDecoder:
     """One stream's decoder state (48 kHz mono out). Not thread-safe: one caller."""
 
+    _state: int | None = None  # (until made: what __init__ raised before it leaves no state)
+
     def __init__(self) -> None:
         self._lib = _library()
         error = ctypes.c_int(0)
         self._state = self._lib.opus_decoder_create(SAMPLE_RATE, 1, ctypes.byref(error))
         if not self._state or error.value != 0:
+            self.close()
             raise OpusError(f"opus_decoder_create failed ({error.value})")
         self._pcm: ctypes.Array[ctypes.c_char] | None = None  # (ctypes' decode only: 11.5 KB)
         self.last_samples = FRAME_SAMPLES  # the length of the last frame, what a loss lasts
@@ -185,6 +188,8 @@ class OpusEncoder:
     """One stream's encoder: 48 kHz mono, `bitrate` bits/s, restricted low delay (CELT) unless
     another libopus `application` is asked for, at `complexity` (0-10)."""
 
+    _state: int | None = None  # (as the decoder's)
+
     def __init__(
         self,
         bitrate: int,
@@ -197,6 +202,7 @@ class OpusEncoder:
             SAMPLE_RATE, 1, application, ctypes.byref(error)
         )
         if not self._state or error.value != 0:
+            self.close()
             raise OpusError(f"opus_encoder_create failed ({error.value})")
         for request, value, name in (
             (SET_BITRATE, bitrate, "OPUS_SET_BITRATE"),
