@@ -74,7 +74,6 @@ from firsthop.services.bench.knee_caller import (
     judge,
 )
 from firsthop.services.bench.knee_report import (
-    MAX_LOSS_PCT,
     MAX_RESIDENCE_P99_MS,
     render,
     step_line,
@@ -90,6 +89,7 @@ from firsthop.services.bench.measure import (
 )
 from firsthop.services.bench.procs import Stack
 from firsthop.services.bench.sessions import (
+    MAX_LOSS_PCT,
     codec_floor,
     connect_all,
     emit,

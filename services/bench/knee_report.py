@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from firsthop.services.bench.sessions import FLOOR_TARGET
+from firsthop.services.bench.sessions import FLOOR_TARGET, MAX_LOSS_PCT
 
-MAX_LOSS_PCT = 0.5
 MAX_RESIDENCE_P99_MS = 40.0
 
 

@@ -68,6 +68,12 @@ SETUP_CONCURRENCY = 8  # offers in flight per worker (the relay limits pending f
 # and the whole path; and the transceiver's CPU per call at most this many times the floor.
 TARGET_RATIOS = {"transceiver": 6.0, "transceiver+agent+relay": 4.0}
 FLOOR_TARGET = 2.5
+MAX_LOSS_PCT = 0.5  # of a call's frames: past it a step of the knee fails (knee.py)
+# A reference whose calls lost more than the knee's bound, or whose CPU filled its core, did
+# not keep up: its sessions a core (calls over the CPU it could get) overstates what it holds,
+# so a ratio over it is a lower bound, and the target's verdict is no verdict.
+SATURATED_LOSS_PCT = MAX_LOSS_PCT  # (the knee's bound)
+SATURATED_CPU_PCT = 95.0
 FLOOR_SECONDS = 1.5  # CPU time the codec floor is measured over, each time
 DEFAULTS: dict[str, Any] = {"calls": "10", "seconds": 10.0, "rounds": 2, "warmup": 2.0}
 QUICK: dict[str, Any] = {"calls": "3", "seconds": 2.0, "rounds": 1, "warmup": 0.5}
@@ -463,6 +469,15 @@ def summarize(
         loss = {t: max(r["loss_pct_max"] or 0.0 for r in mine if r["target"] == t) for t in TARGETS}
         heard = {t: all(r["all_heard_own"] for r in mine if r["target"] == t) for t in TARGETS}
         clean = loss["firsthop"] == 0 and heard["firsthop"]
+        saturated = {
+            ref: loss[ref] > SATURATED_LOSS_PCT
+            or any(
+                sum(r["cpu_pct_of_core"].values()) >= SATURATED_CPU_PCT
+                for r in mine
+                if r["target"] == ref
+            )
+            for ref in REFERENCES
+        }
         per_call = [
             r["costs"]["transceiver"]["cpu_pct_per_session"]
             for r in mine
@@ -475,6 +490,7 @@ def summarize(
             "ratio_to": ratios,
             "loss_pct_max": loss,
             "all_heard_own": heard,
+            "saturated": saturated,
             "target": {
                 "ratio": TARGET_RATIOS,
                 "reference": "stock",
@@ -548,6 +564,14 @@ def render(result: dict[str, Any]) -> str:
                 f"{_fmt(s.get('over_floor'), '.2f')}x it (target <= {FLOOR_TARGET}x: "
                 f"{'met' if s['target'].get('floor_met') else 'MISSED'})"
             )
+        for ref, full in s.get("saturated", {}).items():
+            if full:
+                lines.append(
+                    f"    {ref} SATURATED (loss over {SATURATED_LOSS_PCT} % or its core "
+                    f"{SATURATED_CPU_PCT:.0f} % busy): its sessions/core overstates it, so "
+                    f"x {'mono' if ref == 'stock-mono' else 'stock'} is a lower bound; "
+                    "measure with fewer calls"
+                )
         met = s["target"]["met"]
         lines.append(
             "    target, x stock with no loss: "

@@ -66,6 +66,7 @@ def test_quick_sessions_bench_measures_firsthop_and_stock() -> None:
     assert 0 < result["floor"] < 5  # % of a core per call: decode + encode alone
     assert summary["over_floor"] > 1  # the transceiver does more than transcode
     assert set(summary["target"]["met"]) == {"transceiver", "transceiver+agent+relay"}
+    assert set(summary["saturated"]) == {"stock", "stock-mono"}  # (flagged when it lost frames)
 
 
 def test_quick_knee_sweep_steps_up_and_its_loss_check_sees_a_stalled_agent() -> None:
