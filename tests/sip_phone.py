@@ -56,6 +56,26 @@ class PhoneStack:
             client.close()
         return [str(r["session_id"]) for r in records if r.get("owner") == "sip:local"]
 
+    def signaling_event(self, event: str) -> float:
+        """One of signaling's counted events (`firsthop_signaling_events_total`)."""
+        import urllib.request
+
+        from firsthop.shared.metrics import parse_text
+
+        with urllib.request.urlopen(f"{self.sig.url}/metrics", timeout=5) as resp:
+            metrics = parse_text(resp.read().decode())
+        return metrics.get(("firsthop_signaling_events_total", frozenset({("event", event)})), 0.0)
+
+    def call_record(self, call_id: str) -> dict[str, str]:
+        """Signaling's record of a call (`firsthop:call:{call_id}`; empty once it is over)."""
+        import redis as redis_client
+
+        client = redis_client.Redis.from_url(self.redis.url, decode_responses=True)
+        try:
+            return {str(k): str(v) for k, v in client.hgetall(f"firsthop:call:{call_id}").items()}
+        finally:
+            client.close()
+
     @classmethod
     @contextmanager
     def running(

@@ -18,6 +18,7 @@ Every failure is a `Problem` (400, 413) whose reason says what was wrong.
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -99,9 +100,23 @@ def refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # (Python's json takes NaN and Infinity)
 
 
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: Infinity all the same
+        raise ValueError(f"{text[:32]} is out of range")
+    return value
+
+
+def loads_strict(text: str) -> Any:
+    """JSON as RFC 8259 has it: no NaN or Infinity, not even as a number too big for a
+    double (`1e999`), since each would be written back (an echo, a body sent on) as
+    `Infinity`, which is not JSON. A ValueError (or RecursionError) for anything else."""
+    return json.loads(text, parse_constant=refuse_constant, parse_float=finite_float)
+
+
 def parse_json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:  # (NaN and Infinity refused: they would be echoed back as invalid JSON)
-        value = json.loads(raw.decode("utf-8"), parse_constant=refuse_constant)
+        value = loads_strict(raw.decode("utf-8"))
     except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError) "[[[..."
         raise Problem(400, f"{what} is not valid JSON") from None
     if not isinstance(value, dict):

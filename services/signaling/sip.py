@@ -57,6 +57,7 @@ from firsthop.services.signaling.calls import CallRequest, Calls, OfferBody
 from firsthop.services.signaling.errors import Problem
 from firsthop.services.signaling.session_watch import SessionWatch
 from firsthop.services.signaling.sip_calls import DECISION_POLL, PhoneRecord, SipCalls
+from firsthop.services.signaling.stores import StoreUnavailable
 from firsthop.services.sip.trunk_auth import OFFERED
 from firsthop.services.sip.uas import (
     CallConfirmed,
@@ -610,15 +611,14 @@ class SipFront:
             uri=request.uri,
         )
         record: CallRecord | None = None
+        answered = False
         try:
             await self.phones.put(ringing)
             uas.ring(phone.call)
             await self._carry_out()
             if not await self._tell_app(call_id, request, phone.ended):
                 if await self.phones.move(call_id, "ringing", state="ended"):
-                    uas.reject(phone.call, 480, "Temporarily Unavailable", trio.current_time())
-                    await self._carry_out()
-                    return
+                    return  # (the finally tells the trunk: 480)
             decided = await self._decision(phone, call_id)
             if decided is None:
                 return
@@ -628,10 +628,13 @@ class SipFront:
                 return
             record = await self.calls.store.get(call_id)
             if phone.ended.is_set() or record is None:
-                return  # (ended while the app's accept placed it: the finally ends it)
+                # ended while the app's accept placed it (the finally ends the session), or
+                # the app hung up as it accepted (the finally tells the trunk)
+                return
             phone.answer = decided.answer
             phone.offered = _media_address(request.body)
             uas.answer(phone.call, decided.answer.encode(), trio.current_time())
+            answered = True
             await self._carry_out()
             self.counters["sip_calls_answered"] += 1
             log.info("call %s: SIP call %s accepted by its app", call_id, phone.call)
@@ -640,6 +643,13 @@ class SipFront:
         finally:
             self._live.pop(phone.call, None)
             with trio.CancelScope(shield=True), trio.move_on_after(5):
+                if not answered and not phone.ended.is_set():
+                    # Still ringing, with no answer to come (the webhook failed, the app hung
+                    # up as it accepted, or this task is cancelled): the trunk hears 480 now,
+                    # not at its ring timeout (a call already rejected is not again).
+                    if uas.hangup(phone.call, trio.current_time()):
+                        self.counters["sip_calls_given_up"] += 1
+                    await self._carry_out()
                 await self.phones.move(call_id, "ringing", state="ended")  # (if it still rings)
                 # its record goes with the call: a trunk's INVITEs and CANCELs leave nothing
                 # behind (an accept still placing it then fails its move and ends it)
@@ -666,7 +676,11 @@ class SipFront:
                 if trio.current_time() > give_up_at:
                     return None
                 await trio.sleep(DECISION_POLL)  # (not a busy loop)
-            decided = await self.phones.get(call_id)
+            try:
+                decided = await self.phones.get(call_id, strict=True)
+            except StoreUnavailable:  # (a blip is not a verdict: look again; the ring is
+                self.counters["sip_decision_unreadable"] += 1  # bounded by its timeout)
+                continue
             if decided is None or decided.state == "ended":
                 return None
             if decided.state in ("answered", "rejected"):

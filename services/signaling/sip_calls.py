@@ -19,9 +19,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from firsthop.services.signaling.stores import HashStore, StoreUnavailable
-from firsthop.shared.redis_store import PREFIX
+from firsthop.shared.redis_store import CALL_TTL, PREFIX
 
-SIPCALL_TTL = 3600  # s: the record outlives any ring (60 s) and most calls; refreshed on use
+# s: a record that rings (or was rejected, or ended) outlives any ring (60 s) and an accept
+# placing it (60 s more at most), and no more: one its ringing replica could not delete (Redis
+# down as the call ended) must not be accepted much later, for a session nobody would end
+RING_TTL = 300
+# an answered call's lives as long as the longest session could (a transfer asked of a call
+# up for hours must find it), renewed by each move from then on
+ANSWERED_TTL = CALL_TTL
 DECISION_POLL = 0.1  # s: how often a ringing call looks for its app's decision
 STATES = ("ringing", "accepted", "answered", "rejected", "ended")
 
@@ -74,10 +80,12 @@ class PhoneRecord:
 class SipCalls(HashStore):
     async def put(self, record: PhoneRecord) -> None:
         key = sipcall_key(record.call_id)
-        await self._write(key, record.fields(), SIPCALL_TTL, record.call_id, record)
+        await self._write(key, record.fields(), _ttl(record.state), record.call_id, record)
 
-    async def get(self, call_id: str) -> PhoneRecord | None:
-        fields = await self._read(sipcall_key(call_id))
+    async def get(self, call_id: str, *, strict: bool = False) -> PhoneRecord | None:
+        """The call's record, or None: unknown, expired, or (unless `strict`: then
+        StoreUnavailable) Redis could not be asked."""
+        fields = await self._read(sipcall_key(call_id), strict=strict)
         if fields is not None:
             return PhoneRecord.from_fields(call_id, fields)
         found: PhoneRecord | None = self._memory.get(call_id)
@@ -85,12 +93,14 @@ class SipCalls(HashStore):
 
     async def move(self, call_id: str, frm: str, **fields: str | int) -> bool:
         """`call_id` from state `frm` to what `fields` say (a `state` among them), at once
-        and only if it is still in `frm`: False if it is not (or is unknown)."""
+        and only if it is still in `frm`: False if it is not (or is unknown). Its TTL is
+        the new state's, from now."""
+        ttl = _ttl(str(fields.get("state", frm)))
         if self.link is not None:
             flat = [str(v) for pair in fields.items() for v in pair]
             key = sipcall_key(call_id)
             try:
-                moved = await self.link.run(lambda c: c.eval(MOVE, 1, key, frm, SIPCALL_TTL, *flat))
+                moved = await self.link.run(lambda c: c.eval(MOVE, 1, key, frm, ttl, *flat))
                 return bool(moved)
             except StoreUnavailable:
                 pass
@@ -99,7 +109,12 @@ class SipCalls(HashStore):
             return False
         for name, value in fields.items():
             setattr(record, name, value)
+        self._memory.set(call_id, record, ttl)
         return True
 
     async def delete(self, call_id: str) -> None:
         await self._delete(sipcall_key(call_id), call_id)
+
+
+def _ttl(state: str) -> int:
+    return ANSWERED_TTL if state == "answered" else RING_TTL

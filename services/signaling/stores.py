@@ -304,13 +304,16 @@ class HashStore:
                 pass
         self._memory.set(memory_key, value, ttl)
 
-    async def _read(self, key: str) -> dict[str, str] | None:
-        """The hash at `key` in Redis (None: none there, or Redis cannot be asked)."""
+    async def _read(self, key: str, strict: bool = False) -> dict[str, str] | None:
+        """The hash at `key` in Redis (None: none there, or Redis cannot be asked; `strict`:
+        StoreUnavailable then, for a reader to whom "not there" would mean "over")."""
         if self.link is None:
             return None
         try:
             fields = await self.link.run(lambda c: c.hgetall(key))
         except StoreUnavailable:
+            if strict:
+                raise
             return None
         return {str(k): str(v) for k, v in fields.items()} if fields else None
 

@@ -32,7 +32,7 @@ from quart.wrappers.websocket import Websocket
 from firsthop.services.signaling.auth import Principal
 from firsthop.services.signaling.calls import CallRequest, parse_offer_body
 from firsthop.services.signaling.errors import Problem
-from firsthop.services.signaling.realtime_session import refuse_constant
+from firsthop.services.signaling.realtime_session import loads_strict
 from firsthop.services.signaling.transceivers import TransceiverDown
 from firsthop.services.signaling.trickle import Fragment, check_candidate
 from firsthop.shared.redis_store import CallRecord
@@ -147,7 +147,7 @@ class WsSession:
         if isinstance(data, bytes):
             return await self._bad(Problem(400, "binary messages are not supported"))
         try:
-            msg = json.loads(data, parse_constant=refuse_constant)  # (no NaN, Infinity)
+            msg = loads_strict(data)  # (no NaN, no Infinity, not even as 1e999)
         except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
             return await self._bad(Problem(400, "message is not valid JSON"))
         if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):

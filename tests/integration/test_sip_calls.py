@@ -48,17 +48,6 @@ from ..support import (
 pytestmark = pytest.mark.slow
 
 
-def signaling_event(stack: PhoneStack, event: str) -> float:
-    """One of signaling's counted events (`firsthop_signaling_events_total`)."""
-    import urllib.request
-
-    from firsthop.shared.metrics import parse_text
-
-    with urllib.request.urlopen(f"{stack.sig.url}/metrics", timeout=5) as resp:
-        metrics = parse_text(resp.read().decode())
-    return metrics.get(("firsthop_signaling_events_total", frozenset({("event", event)})), 0.0)
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[PhoneStack]:
     with PhoneStack.running() as running:
@@ -391,11 +380,11 @@ def test_a_trunk_cannot_claim_another_calls_media_address(stack: PhoneStack) -> 
 
 def test_baresip_over_tcp(stack: PhoneStack, tmp_path: Path) -> None:
     """SIP over TCP (its media still RTP over UDP through the relay)."""
-    before = signaling_event(stack, "sip_tcp_connections")
+    before = stack.signaling_event("sip_tcp_connections")
     heard, log = baresip_call(
         stack.sip, "echo", tone(450.0, 5.0, level=12000), 4, str(tmp_path), "tcp"
     )
-    assert signaling_event(stack, "sip_tcp_connections") == before + 1, log[-2000:]
+    assert stack.signaling_event("sip_tcp_connections") == before + 1, log[-2000:]
     assert len(heard) >= 2 * 8000 * 2, log[-2000:]
     assert power_at(heard[-2 * 8000 :], 450.0) > 0.5
 

@@ -21,7 +21,6 @@ from ..sip_phone import (
     tone,
 )
 from ..support import wait_until
-from .test_sip_calls import signaling_event
 
 pytestmark = pytest.mark.slow
 
@@ -37,26 +36,26 @@ def stack() -> Iterator[PhoneStack]:
 def test_baresip_answers_the_challenge_and_hears_its_own_voice(
     stack: PhoneStack, tmp_path: Path
 ) -> None:
-    challenged = signaling_event(stack, "sip_auth_challenged")
+    challenged = stack.signaling_event("sip_auth_challenged")
     heard, log = baresip_call(
         stack.sip, "echo", tone(600.0, 6.0, level=12000), 5, str(tmp_path), auth=(USER, PASSWORD)
     )
     assert "Call established" in log, log[-2000:]
     assert len(heard) >= 2 * 8000 * 2, log[-2000:]
     assert power_at(heard[-2 * 8000 :], 600.0) > 0.5  # its own tone, not silence
-    assert signaling_event(stack, "sip_auth_challenged") > challenged
-    assert signaling_event(stack, "sip_auth_ok") >= 1
+    assert stack.signaling_event("sip_auth_challenged") > challenged
+    assert stack.signaling_event("sip_auth_ok") >= 1
     wait_until(lambda: not stack.live_sessions(), 10)
 
 
 def test_baresip_with_a_wrong_password_is_refused(stack: PhoneStack, tmp_path: Path) -> None:
-    failed = signaling_event(stack, "sip_auth_failed")
+    failed = stack.signaling_event("sip_auth_failed")
     heard, log = baresip_call(
         stack.sip, "echo", tone(600.0, 2.0), 2, str(tmp_path), auth=(USER, "guess")
     )
     assert "403 Forbidden" in log and "Call established" not in log, log[-2000:]
     assert heard == b"" and not stack.live_sessions()
-    assert signaling_event(stack, "sip_auth_failed") == failed + 1
+    assert stack.signaling_event("sip_auth_failed") == failed + 1
 
 
 def test_sipp_answers_the_challenge(stack: PhoneStack, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import httpx
 import openai
 import pytest
 
+from firsthop.services.signaling.sip_calls import RING_TTL
 from firsthop.shared.wire import sip
 
 from ..sip_phone import Phone, PhoneStack, power_at, tone
@@ -110,7 +112,8 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
         # a second trunk, whose every call the operator records (`--sip-record`)
         flags += ["--sip-trunk", f"recorded={RECORDED_TRUNK}/32", "--sip-record", "recorded"]
         with PhoneStack.running(*flags, transceiver=("--record-dir", str(records))) as stack:
-            yield App(stack, events, client_for(stack), records)
+            with client_for(stack) as client:  # (its pooled connections closed with it)
+                yield App(stack, events, client, records)
 
 
 def answered(app: App, phone: Phone, **accept: Any) -> str:
@@ -287,6 +290,77 @@ def test_a_cancel_while_the_app_decides_ends_it_and_a_late_accept_finds_nothing(
         phone.close()
 
 
+def final_or_bye(phone: Phone, timeout: float) -> tuple[str, sip.SipResponse | None]:
+    """What the phone hears next that ends its ring: a final status (and the response), or
+    a BYE (answered 200)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            got = phone.receive(max(0.01, left))
+        except TimeoutError:
+            break
+        if isinstance(got, sip.SipResponse) and got.status >= 200:
+            return str(got.status), got
+        if isinstance(got, sip.SipRequest) and got.method == "BYE":
+            phone.sock.sendto(sip.response_to(got, 200, "OK").encode(), phone.edge)
+            return "BYE", None
+    return "still ringing", None
+
+
+def ended(stack: PhoneStack, call_id: str) -> bool:
+    """Its session is over: signaling's record of the call is gone."""
+    return not stack.call_record(call_id)
+
+
+def test_an_app_that_hangs_up_as_it_accepts_ends_the_ring_at_once(app: App) -> None:
+    """accept, then hangup at once: the ringing replica found the call answered but its
+    session gone, and had said nothing to the trunk, which rang on to its ring timeout."""
+    for _ in range(3):  # (the hangup lands before the ringing task's next look, or after)
+        phone = Phone(app.stack.sip)
+        try:
+            phone.send(phone.request("INVITE", body=phone.offer()))
+            call_id = str(app.incoming().data.call_id)
+            app.client.realtime.calls.accept(call_id, type="realtime", model="echo")
+            app.client.realtime.calls.hangup(call_id)
+            heard, final = final_or_bye(phone, 5.0)
+            assert heard in ("480", "200"), heard
+            if final is not None and heard == "200":  # (answered before the hangup)
+                phone.remote_tag = sip.parse_name_addr(final.get("to") or "").tag
+                phone.send(phone.request("ACK", cseq=1, cseq_method="ACK"))
+                assert final_or_bye(phone, 5.0)[0] == "BYE"
+            wait_until(partial(ended, app.stack, call_id), 5)
+        finally:
+            phone.close()
+
+
+def test_redis_paused_while_a_call_rings_loses_nothing(app: App) -> None:
+    """Redis unanswering for 2 s while the app decides: a look that could not read the
+    call's record had been taken for "the call is gone", and the ringing task ended without
+    a word to the trunk, while the record (its delete failed too) took a later accept: a
+    session placed for a phone that never got its 200 OK. Now the ring waits for Redis."""
+    import redis as redis_lib
+
+    phone = Phone(app.stack.sip)
+    client = redis_lib.Redis.from_url(app.stack.redis.url)
+    try:
+        phone.send(phone.request("INVITE", body=phone.offer()))
+        call_id = str(app.incoming().data.call_id)
+        client.execute_command("CLIENT", "PAUSE", "2000")  # type: ignore[no-untyped-call]
+        time.sleep(2.5)
+        app.client.realtime.calls.accept(call_id, type="realtime", model="echo")
+        final = phone.responses_until_final()[-1]
+        assert final.status == 200
+        phone.remote_tag = sip.parse_name_addr(final.get("to") or "").tag
+        phone.send(phone.request("ACK", cseq=1, cseq_method="ACK"))
+        assert client.ttl(f"firsthop:sipcall:{call_id}") > RING_TTL  # (answered: hours)
+        hung_up(app, phone, call_id)
+        wait_until(partial(ended, app.stack, call_id), 5)
+        assert app.stack.signaling_event("sip_decision_unreadable") > 0
+    finally:
+        client.close()
+        phone.close()
+
+
 def test_a_forged_or_stale_webhook_does_not_verify(app: App) -> None:
     """What the app's SDK checks, shown failing: the edge's signature is the only one that
     passes (a body changed after signing, a wrong secret)."""
@@ -375,5 +449,6 @@ def test_an_app_accepts_for_a_realtime_backend_with_g711_straight_through(tmp_pa
                 client.realtime.calls.hangup(call_id)
             finally:
                 phone.close()
+                client.close()  # (a pooled connection left to the collector fails another test)
     finally:
         assistant.kill()

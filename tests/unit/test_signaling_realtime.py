@@ -202,7 +202,9 @@ def test_secret_request_defaults_and_bounds() -> None:
     for item in bad:
         assert status_of(secret_request, json.dumps(item).encode())[0] == 400, item
     assert status_of(secret_request, b"{nope")[0] == 400
-    for constant in (b"NaN", b"Infinity", b"-Infinity"):  # (Python's json takes them)
+    # (Python's json takes the constants, and reads a number too big for a double as inf:
+    # each would be written back as Infinity, which is not JSON)
+    for constant in (b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1e999", b"1E400"):
         body_ = b'{"session": {"temperature": ' + constant + b"}}"
         assert status_of(secret_request, body_)[0] == 400, constant
     big = {"session": {"instructions": "x" * 17_000}}
@@ -439,3 +441,16 @@ def test_webhooks_are_signed_as_openais_sdk_checks_them() -> None:
         raise AssertionError("a stale signature verified")
     except openai.InvalidWebhookSignatureError:
         pass
+
+
+def test_json_read_strictly_takes_no_number_json_cannot_write_back() -> None:
+    """The one reader of clients' JSON (the HTTP bodies and /v1/ws messages): NaN, Infinity
+    and numbers past a double's range are errors; big integers and ordinary floats pass."""
+    from firsthop.services.signaling import ws
+    from firsthop.services.signaling.realtime_session import loads_strict
+
+    assert vars(ws)["loads_strict"] is loads_strict  # (what /v1/ws reads messages with)
+    for text in ("NaN", "[Infinity]", '{"t": -Infinity}', "1e999", '{"t": [1E400]}', "-1e309"):
+        with pytest.raises(ValueError):
+            loads_strict(text)
+    assert loads_strict('{"t": 1.5e308, "n": 1' + "0" * 400 + "}")["t"] == 1.5e308
