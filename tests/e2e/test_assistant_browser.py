@@ -14,6 +14,7 @@ browser loops the file). Two clients:
 from __future__ import annotations
 
 import array
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,7 +32,10 @@ from tests.support import UpStack
 pytestmark = pytest.mark.slow
 
 QUESTION = "what time is it"
-SILENCE_AFTER = 6.0  # seconds: the answer is heard before the browser loops the question
+SILENCE_AFTER = 10.0  # seconds: the answer is heard before the browser loops the question
+# The answer to it, or its first sentence (a slow machine's answer can still be cut by the
+# question said again: the transcript is then of what was said): "It is 4 57. In the ..."
+TIME_ANSWER = re.compile(r"\bit is \d{1,2} (?:o'clock|oh \d|\d\d)\b", re.IGNORECASE)
 
 
 def speech_wav(directory: Path) -> Path:
@@ -170,7 +174,7 @@ def test_openai_browser_flow_hears_a_spoken_answer(up: UpStack, page: Page) -> N
         timeout=30_000,
     )
     said = str(_events(page, "response.output_audio_transcript.done")[0]["transcript"])
-    assert "time" in said.lower() or ":" in said, said
+    assert TIME_ANSWER.search(said), said
     # the answer was played to the browser, as WebRTC audio, and reported as played
     page.wait_for_function(
         "window.events.some((e) => e.type === 'output_audio_buffer.started')", timeout=15_000
