@@ -64,6 +64,7 @@ from firsthop.services.sip.uas import (
     CallEnded,
     CallOffered,
     CallReoffered,
+    CallTransferred,
     Limits,
     SipUas,
     Trunk,
@@ -293,6 +294,9 @@ class SipFront:
                     self._reanswer(call, request)
                 case CallConfirmed(call):
                     self.counters["sip_calls_confirmed"] += 1
+                case CallTransferred(call, status):
+                    outcome = "completed" if status < 300 else "failed, the call goes on"
+                    log.info("SIP call %s: transfer %s (%d)", call, outcome, status)
         # Taken from the core, they go out even if the task carrying them out is cancelled (a
         # connection's reader as its peer goes: the rest were other calls' answers), within
         # a second (a UDP send waits only for room in the socket's buffer).
@@ -549,7 +553,7 @@ class SipFront:
         if await self.phones.move(call_id, "answered", refer=""):  # (sent once)
             assert self.uas is not None
             if self.uas.refer(phone.call, current.refer, trio.current_time()):
-                log.info("call %s: transferred to %s (REFER)", call_id, current.refer)
+                log.info("call %s: transfer to %s asked (REFER)", call_id, current.refer)
             await self._carry_out()
 
     async def _place(self, phone: PhoneCall, offered: CallOffered) -> CallRecord | None:

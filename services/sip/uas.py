@@ -143,7 +143,19 @@ class CallEnded:
     reason: str  # one of ENDED
 
 
-SipEvent = CallOffered | CallConfirmed | CallReoffered | CallEnded
+@dataclass(frozen=True)
+class CallTransferred:
+    """What became of the transfer we last asked for in the call (`refer`): `status` is the
+    final status the trunk reported, its NOTIFY's (RFC 3515 §2.4.5: the target's answer, as
+    a `message/sipfrag`), or the REFER's own when it refused it, or 408 when it never
+    answered. A 2xx: the caller reached the target (the trunk's BYE ends our leg next);
+    anything else: the transfer failed and the call goes on."""
+
+    call: str
+    status: int
+
+
+SipEvent = CallOffered | CallConfirmed | CallReoffered | CallEnded | CallTransferred
 
 
 # -- state --------------------------------------------------------------------------------
@@ -173,11 +185,13 @@ class _ServerTx(_Timed):
 
 @dataclass(eq=False)
 class _ClientTx(_Timed):
-    """§17.1.2: a request of ours (BYE), retransmitted until answered."""
+    """§17.1.2: a request of ours (BYE, REFER, UPDATE), retransmitted until answered."""
 
     branch: str
     data: bytes
     dest: Address
+    method: str
+    call: str  # the tag of the call it is in
     interval: float = T1
     give_up_at: float = 0.0
     reliable: bool = False  # over TCP or TLS: no Timer E, only Timer F (§17.1.2.2)
@@ -209,6 +223,7 @@ class _Call(_Timed):
     interval: int = 0  # RFC 4028 session interval, s (0: no session timer)
     refresher: str = "uac"  # who refreshes: "uac" (the trunk) or "uas" (we do, by UPDATE)
     timer_supported: bool = False  # the trunk said `Supported: timer` (our 2xx then requires it)
+    transferring: bool = False  # a REFER of ours whose outcome is not known yet
 
 
 class SipUas:
@@ -666,6 +681,10 @@ class SipUas:
             self._emit(CallReoffered(call.tag, request))
         elif method in ("OPTIONS", "INFO", "NOTIFY"):  # (NOTIFY: a REFER's progress, RFC 3515)
             self._complete(tx, 200, "OK", now)
+            if method == "NOTIFY" and call.transferring:
+                status = sip.refer_notify_status(request)
+                if status is not None and status >= 200:
+                    self._transferred(call.tag, status)
         else:
             self._complete(tx, 405, "Method Not Allowed", now, headers=[("Allow", ALLOW)])
 
@@ -716,6 +735,11 @@ class SipUas:
         if response.status >= 200:
             tx.deadline = None
             del self._client[branch]
+            if tx.method == "REFER" and response.status < 300:
+                self.counters["sip_refers_accepted"] += 1  # (under way: its NOTIFYs tell)
+            elif tx.method == "REFER":  # (a challenge too: we answer none, §6a)
+                self.counters["sip_refers_refused"] += 1
+                self._transferred(tx.call, response.status)
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -741,6 +765,8 @@ class SipUas:
         if now >= tx.give_up_at:  # Timer F
             del self._client[tx.branch]
             self.counters["sip_requests_unanswered"] += 1
+            if tx.method == "REFER":
+                self._transferred(tx.call, 408)
             return
         self._send(tx.data, tx.dest)  # Timer E
         tx.interval = min(2 * tx.interval, T2)
@@ -814,8 +840,18 @@ class SipUas:
         self._request(
             c, "REFER", now, [("Refer-To", f"<{target}>"), ("Referred-By", f"<{self.contact}>")]
         )
+        c.transferring = True  # (a REFER sent while another's is not known: this one's told)
         self.counters["sip_refers_sent"] += 1
         return True
+
+    def _transferred(self, call: str, status: int) -> None:
+        """The outcome of `call`'s transfer, told once (a late NOTIFY or response: nothing)."""
+        c = self._calls.get(call)
+        if c is None or not c.transferring:
+            return
+        c.transferring = False
+        self.counters["sip_transfers_completed" if status < 300 else "sip_transfers_failed"] += 1
+        self._emit(CallTransferred(call, status))
 
     def _bye(self, call: _Call, now: float) -> None:
         self._request(call, "BYE", now)
@@ -840,7 +876,9 @@ class SipUas:
         ]
         data = sip.request(method, call.remote_target, headers).encode()
         reliable = call.transport in RELIABLE
-        tx = _ClientTx(branch, data, call.source, give_up_at=now + TIMEOUT, reliable=reliable)
+        tx = _ClientTx(
+            branch, data, call.source, method, call.tag, give_up_at=now + TIMEOUT, reliable=reliable
+        )
         if len(self._client) < self.limits.transactions:
             self._client[branch] = tx
             self._arm(tx, tx.give_up_at if reliable else now + T1)

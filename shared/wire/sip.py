@@ -477,6 +477,19 @@ def uri_user(uri: str) -> str | None:
     return rest.split("@", 1)[0].split(";", 1)[0] or None
 
 
+def refer_notify_status(notify: SipMessage) -> int | None:
+    """The status a REFER's NOTIFY reports (RFC 3515 §2.4.5: `Event: refer`, a
+    `message/sipfrag` body whose first line is a status line, the target's answer so far);
+    None if `notify` is no such NOTIFY."""
+    event = (notify.get("event") or "").partition(";")[0].strip().lower()
+    kind = (notify.get("content-type") or "").partition(";")[0].strip().lower()
+    if event != "refer" or kind != "message/sipfrag":
+        return None
+    first = notify.body[:256].split(b"\n", 1)[0].rstrip(b"\r").decode("latin-1")
+    match = _STATUS.match(first) or _STATUS.match(first + " ")  # (a reason may be empty)
+    return int(match.group(1)) if match else None
+
+
 # -- building -----------------------------------------------------------------------------
 
 

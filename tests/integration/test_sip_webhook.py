@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,14 @@ def test_the_app_transfers_the_caller(app: App) -> None:
         for evil in ("sip:x@y>\r\nX-Evil: 1", "sip:x@y?Replaces=abc%3Bto-tag%3D1"):
             with pytest.raises(openai.BadRequestError):  # no header injection through a target
                 app.client.realtime.calls.refer(call_id, target_uri=evil)
+        # the trunk tells how the transfer went (RFC 3515 §2.4.4): the target answered
+        for frag in (b"SIP/2.0 100 Trying\r\n", b"SIP/2.0 200 OK\r\n"):
+            notify = phone.request("NOTIFY")
+            extra = (("event", "refer"), ("content-type", "message/sipfrag;version=2.0"))
+            phone.send(replace(notify, headers=notify.headers + extra, body=frag))
+            assert phone.responses_until_final()[-1].status == 200
+        assert app.stack.signaling_event("sip_transfers_completed") == 1
+        assert app.stack.signaling_event("sip_refers_accepted") == 1
         phone.send(phone.request("BYE"))  # the trunk ends our leg once it has transferred
         assert phone.responses_until_final()[-1].status == 200
     finally:

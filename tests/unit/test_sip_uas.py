@@ -19,6 +19,7 @@ from firsthop.services.sip.uas import (
     CallEnded,
     CallOffered,
     CallReoffered,
+    CallTransferred,
     Limits,
     SipUas,
     Trunk,
@@ -510,6 +511,83 @@ def test_refer_in_the_dialog_and_what_a_target_may_be() -> None:
     notify = request("NOTIFY", branch="z9hG4bKn", cseq=2, to_tag=call)
     core.receive_datagram(notify, TRUNK, 1.5)
     assert statuses(core) == [200]
+
+
+def notify(call: str, cseq: int, frag: bytes, event: str = "refer") -> bytes:
+    """The trunk's NOTIFY of a transfer's progress (RFC 3515 §2.4.4) in `call`'s dialog."""
+    fields = [
+        ("Via", f"SIP/2.0/UDP 192.0.2.7:5062;branch=z9hG4bKn{cseq};rport"),
+        ("From", "<sip:+15550001@192.0.2.7>;tag=them"),
+        ("To", f"<sip:echo@198.51.100.1>;tag={call}"),
+        ("Call-ID", "call-1"),
+        ("CSeq", f"{cseq} NOTIFY"),
+        ("Event", event),
+        ("Subscription-State", "active;expires=60"),
+        ("Content-Type", "message/sipfrag;version=2.0"),
+    ]
+    return sip.request("NOTIFY", "sip:firsthop@198.51.100.1", fields, frag).encode()
+
+
+def referred(core: SipUas) -> tuple[str, SipRequest]:
+    """An answered call we asked to transfer: its tag and our REFER."""
+    call = answered(core)
+    assert core.refer(call, "sip:desk@pbx.example", 1.0)
+    ((refer, _),) = sent(core)
+    assert isinstance(refer, SipRequest) and refer.method == "REFER"
+    return call, refer
+
+
+def test_a_transfer_is_told_done_by_the_trunks_final_notify_once() -> None:
+    core = uas()
+    call, refer = referred(core)
+    core.receive_datagram(sip.response_to(refer, 202, "Accepted").encode(), TRUNK, 1.1)
+    assert events(core) == [] and core.counters["sip_refers_accepted"] == 1
+    core.receive_datagram(notify(call, 2, b"SIP/2.0 100 Trying\r\n"), TRUNK, 1.2)
+    core.receive_datagram(notify(call, 3, b"SIP/2.0 180 Ringing\r\n"), TRUNK, 1.3)
+    assert statuses(core) == [200, 200] and events(core) == []  # (still under way)
+    core.receive_datagram(notify(call, 4, b"SIP/2.0 200 OK\r\n"), TRUNK, 2.0)
+    assert statuses(core) == [200] and events(core) == [CallTransferred(call, 200)]
+    core.receive_datagram(notify(call, 5, b"SIP/2.0 603 Declined\r\n"), TRUNK, 2.1)
+    assert statuses(core) == [200] and events(core) == []  # told once
+    assert core.counters["sip_transfers_completed"] == 1
+    assert core.counters["sip_transfers_failed"] == 0
+
+
+def test_a_transfer_the_target_declines_fails_and_the_call_goes_on() -> None:
+    core = uas()
+    call, refer = referred(core)
+    core.receive_datagram(sip.response_to(refer, 202, "Accepted").encode(), TRUNK, 1.1)
+    core.receive_datagram(notify(call, 2, b"SIP/2.0 486 Busy Here\r\n"), TRUNK, 2.0)
+    assert statuses(core) == [200] and events(core) == [CallTransferred(call, 486)]
+    assert core.counters["sip_transfers_failed"] == 1 and core.calls == 1
+    assert core.refer(call, "sip:other@pbx.example", 3.0)  # another try, told on its own
+
+
+def test_a_refused_or_unanswered_refer_fails_the_transfer() -> None:
+    core = uas()
+    call, refer = referred(core)
+    core.receive_datagram(sip.response_to(refer, 403, "Forbidden").encode(), TRUNK, 1.1)
+    assert events(core) == [CallTransferred(call, 403)]
+    assert core.counters["sip_refers_refused"] == 1
+    # a NOTIFY no transfer waits for is answered and tells nothing
+    core.receive_datagram(notify(call, 2, b"SIP/2.0 200 OK\r\n"), TRUNK, 1.2)
+    assert statuses(core) == [200] and events(core) == []
+    unanswered = uas()
+    call, _ = referred(unanswered)
+    run_until(unanswered, 1.0 + TIMEOUT)
+    assert events(unanswered) == [CallTransferred(call, 408)]
+
+
+def test_only_a_refer_notify_with_a_sipfrag_tells_a_transfers_status() -> None:
+    core = uas()
+    call, _ = referred(core)
+    for cseq, (event, frag) in enumerate(
+        [("presence", b"SIP/2.0 200 OK"), ("refer", b"200 OK"), ("refer", b"")], start=2
+    ):
+        core.receive_datagram(notify(call, cseq, frag, event), TRUNK, 1.0 + cseq)
+        assert statuses(core) == [200] and events(core) == []
+    core.receive_datagram(notify(call, 9, b"SIP/2.0 200 \r\n", "refer;id=7"), TRUNK, 9.0)
+    assert events(core) == [CallTransferred(call, 200)]
 
 
 def test_over_tcp_the_transport_retransmits_and_our_requests_say_tcp() -> None:

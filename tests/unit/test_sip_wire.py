@@ -184,6 +184,33 @@ def test_uri_user() -> None:
     assert sip.uri_user("http://echo@x") is None and sip.uri_user("sip:host") is None
 
 
+def refer_notify(event: str, kind: str, body: bytes) -> SipRequest:
+    headers = (("event", event), ("content-type", kind))
+    return SipRequest(headers=headers, body=body, method="NOTIFY", uri="sip:a@b")
+
+
+def test_a_refer_notify_tells_the_status_of_its_sipfrag() -> None:
+    fragment = "message/sipfrag;version=2.0"
+    assert sip.refer_notify_status(refer_notify("refer", fragment, b"SIP/2.0 200 OK\r\n")) == 200
+    assert sip.refer_notify_status(refer_notify("Refer;id=3", fragment, b"SIP/2.0 486 ")) == 486
+    assert sip.refer_notify_status(refer_notify("refer", fragment, b"SIP/2.0 183\n")) == 183
+    for event, kind, body in [
+        ("presence", fragment, b"SIP/2.0 200 OK"),  # another package's
+        ("refer", "text/plain", b"SIP/2.0 200 OK"),
+        ("refer", fragment, b"SIP/2.0 2000 OK"),
+        ("refer", fragment, b"SIP/2.0 099 Odd"),
+        ("refer", fragment, b"\r\nSIP/2.0 200 OK"),  # a status line or nothing
+        ("refer", fragment, b""),
+    ]:
+        assert sip.refer_notify_status(refer_notify(event, kind, body)) is None, body
+
+
+@given(st.binary(max_size=400))
+def test_any_sipfrag_gives_a_status_or_none(body: bytes) -> None:
+    status = sip.refer_notify_status(refer_notify("refer", "message/sipfrag", body))
+    assert status is None or 100 <= status <= 699
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=600))
 def test_garbage_raises_only_sip_errors(data: bytes) -> None:
