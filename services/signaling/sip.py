@@ -66,6 +66,7 @@ from firsthop.services.sip.uas import (
     CallReoffered,
     CallTransferred,
     Limits,
+    Outgoing,
     SipUas,
     Trunk,
 )
@@ -304,13 +305,15 @@ class SipFront:
             await self._send_all(sock, uas.datagrams_to_send())
         self._timer_moved.set()
 
-    async def _send_all(
-        self, sock: trio.socket.SocketType, datagrams: list[tuple[bytes, Address]]
-    ) -> None:
-        """What the core sends: on the connection it came from, else on the UDP socket."""
-        for data, dest in datagrams:
-            stream = self._streams.get(dest)
-            if stream is not None:  # it came on a connection: it goes back on it
+    async def _send_all(self, sock: trio.socket.SocketType, messages: list[Outgoing]) -> None:
+        """What the core sends: on the connection its transaction came on (gone: dropped), else
+        on the UDP socket. (A UDP request from a connection's address is answered by UDP.)"""
+        for data, dest, reliable in messages:
+            if reliable:  # on the connection it came on; one that is gone: dropped
+                stream = self._streams.get(dest)
+                if stream is None:
+                    self.counters["sip_tcp_dropped"] += 1
+                    continue
                 try:
                     stream.send_nowait(data)
                 except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):

@@ -47,7 +47,7 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from firsthop.services.sip.trunk_auth import OFFERED, TrunkAuth, TrunkSecret, Verdict
 from firsthop.shared.ratelimit import KeyedLimiter, TokenBucket
@@ -83,7 +83,6 @@ REFUSALS = {  # a Digest answer that is no new challenge's business
     Verdict.FULL: (503, "Service Unavailable"),
 }
 HEAP_SLACK = 4  # timer entries kept per live transaction or call before stale ones go
-RELIABLE = {"TCP", "TLS", "SCTP", "WS", "WSS"}  # transports that retransmit for us (§17)
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,15 @@ class Limits:
     per_source: int = 2_000
     calls: int = 1000
     ring_timeout: float = 60.0
+
+
+class Outgoing(NamedTuple):
+    """A message to send: `reliable`, on the connection `dest` holds with us (none: drop it,
+    never UDP); else as a UDP datagram."""
+
+    data: bytes
+    dest: Address
+    reliable: bool
 
 
 # -- events (past-tense facts for the application) ------------------------------------------
@@ -266,7 +274,7 @@ class SipUas:
         self._per_source: Counter[str] = Counter()
         self._calls: dict[str, _Call] = {}  # by our tag
         self._dialogs: dict[tuple[str, str], _Call] = {}  # (Call-ID, our tag)
-        self._out: list[tuple[bytes, Address]] = []
+        self._out: list[Outgoing] = []
         self._events: deque[SipEvent] = deque()
         self._heap: list[tuple[float, int, _Timed]] = []
         self._seq = itertools.count()
@@ -310,7 +318,9 @@ class SipUas:
             return
         self._on_request(message, source, trunk, now)
 
-    def datagrams_to_send(self) -> list[tuple[bytes, Address]]:
+    def datagrams_to_send(self) -> list[Outgoing]:
+        """What to send, each on the transport its transaction's request came on (§18.2.2):
+        a connection's, or UDP (the same address may have both)."""
         out, self._out = self._out, []
         return out
 
@@ -378,7 +388,7 @@ class SipUas:
             c.state = "answering"
             c.ok = self._final_bytes(c.invite, 200, "OK", sdp, c.tag, _timer_headers(c))
             c.invite.final = c.ok
-            self._send(c.ok, c.source)
+            self._send(c.ok, c.source, c.invite.reliable)
             c.ok_interval, c.ok_give_up = T1, now + TIMEOUT
             self._arm(c, now + T1)
             self._forget_server(c.invite, now + TIMEOUT)  # its retransmits: answered with ok
@@ -392,7 +402,7 @@ class SipUas:
             c.interval = min(refreshed[0], MAX_SE)
         data = self._final_bytes(tx, 200, "OK", sdp, c.tag, _timer_headers(c))
         tx.final = data
-        self._send(data, tx.source)
+        self._send(data, tx.source, tx.reliable)
         if c.interval and c.state == "up":
             self._arm_session(c, now)
         if tx.request.method == "INVITE":
@@ -419,7 +429,7 @@ class SipUas:
             self._fail_invite(tx, status, reason, now)
         else:
             tx.final = self._final_bytes(tx, status, reason, b"", c.tag)
-            self._send(tx.final, tx.source)
+            self._send(tx.final, tx.source, tx.reliable)
             self._forget_server(tx, now + TIMEOUT)
         return True
 
@@ -463,7 +473,7 @@ class SipUas:
             self.counters["sip_retransmissions_absorbed"] += 1
             again = tx.final or tx.provisional
             if again is not None:
-                self._send(again, source)
+                self._send(again, source, self._size is None)  # (as this one came)
             return
         self.counters[f"sip_requests_{method.lower() if method in ALLOW else 'other'}"] += 1
         forwards = request.get("max-forwards")
@@ -755,7 +765,7 @@ class SipUas:
             self._drop_server(tx)
             return
         if tx.retransmit and not tx.acked and tx.final is not None:  # Timer G
-            self._send(tx.final, tx.source)
+            self._send(tx.final, tx.source, tx.reliable)
             tx.retransmit = min(2 * tx.retransmit, T2)
             self._arm(tx, min(now + tx.retransmit, tx.done_at))
         else:
@@ -768,7 +778,7 @@ class SipUas:
             if tx.method == "REFER":
                 self._transferred(tx.call, 408)
             return
-        self._send(tx.data, tx.dest)  # Timer E
+        self._send(tx.data, tx.dest, tx.reliable)  # Timer E
         tx.interval = min(2 * tx.interval, T2)
         self._arm(tx, min(now + tx.interval, tx.give_up_at))
 
@@ -796,7 +806,7 @@ class SipUas:
                 self._bye(call, now)
                 self._end(call, "no_ack")
                 return
-            self._send(call.ok, call.source)
+            self._send(call.ok, call.source, call.invite.reliable)
             call.ok_interval = min(2 * call.ok_interval, T2)
             self._arm(call, min(now + call.ok_interval, call.ok_give_up))
 
@@ -875,14 +885,14 @@ class SipUas:
             *(extra or []),
         ]
         data = sip.request(method, call.remote_target, headers).encode()
-        reliable = call.transport in RELIABLE
+        reliable = call.invite.reliable  # (where its INVITE came, not what its Via said)
         tx = _ClientTx(
             branch, data, call.source, method, call.tag, give_up_at=now + TIMEOUT, reliable=reliable
         )
         if len(self._client) < self.limits.transactions:
             self._client[branch] = tx
             self._arm(tx, tx.give_up_at if reliable else now + T1)
-        self._send(data, call.source)
+        self._send(data, call.source, reliable)
 
     def _provisional(self, tx: _ServerTx, status: int, reason: str) -> None:
         tag = tx.call.tag if tx.call is not None and status > 100 else None
@@ -891,7 +901,7 @@ class SipUas:
             tx.request, status, reason, to_tag=tag, headers=headers, via_received=tx.source
         )
         tx.provisional = response.encode()
-        self._send(tx.provisional, tx.source)
+        self._send(tx.provisional, tx.source, tx.reliable)
 
     def _final_bytes(
         self,
@@ -941,7 +951,7 @@ class SipUas:
         tag = tx.call.tag if tx.call is not None else self.token()
         tx.final = self._response(tx, status, reason, tag, headers)
         tx.failed = True
-        self._send(tx.final, tx.source)
+        self._send(tx.final, tx.source, tx.reliable)
         tx.done_at = now + TIMEOUT
         if tx.reliable:  # (Timer H alone: the transport does not lose it)
             self._arm(tx, tx.done_at)
@@ -960,7 +970,7 @@ class SipUas:
         """A final answer to a non-INVITE request, kept for its retransmissions (Timer J)."""
         tag = tx.call.tag if tx.call is not None else (self.token() if status > 100 else None)
         tx.final = self._response(tx, status, reason, tag, headers)
-        self._send(tx.final, tx.source)
+        self._send(tx.final, tx.source, tx.reliable)
         self._forget_server(tx, now + TIMEOUT)
 
     def _complete_or_fail(self, tx: _ServerTx, status: int, reason: str, now: float) -> None:
@@ -1023,7 +1033,7 @@ class SipUas:
             except sip.SipError:
                 break
             if most is None or len(response) <= most:
-                self._send(response, source)
+                self._send(response, source, self._size is None)
                 return True
         self.counters["sip_reply_not_sent"] += 1
         return False
@@ -1037,8 +1047,8 @@ class SipUas:
         elif not self._reply(request, source, 403, "Forbidden", most=size):
             self.counters["sip_forbidden_unanswered"] += 1
 
-    def _send(self, data: bytes, dest: Address) -> None:
-        self._out.append((data, dest))
+    def _send(self, data: bytes, dest: Address, reliable: bool) -> None:
+        self._out.append(Outgoing(data, dest, reliable))
 
     def _emit(self, event: SipEvent) -> None:
         if len(self._events) >= EVENTS:

@@ -415,6 +415,21 @@ def test_tcp_connections_are_a_trunks_only_and_framed_strictly(stack: PhoneStack
         trunk.sendall(options)
         answer = sip.parse_sip(trunk.recv(65536))
         assert isinstance(answer, sip.SipResponse) and answer.status == 200
+        # a UDP request from the connection's own address is answered by UDP (RFC 3261
+        # §18.2.2), never on the connection (a forger of the address could put it there)
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            udp.bind(trunk.getsockname())
+            udp.settimeout(5)
+            udp.sendto(options.replace(b"SIP/2.0/TCP", b"SIP/2.0/UDP"), stack.sip)
+            answer = sip.parse_sip(udp.recv(65536))
+            assert isinstance(answer, sip.SipResponse) and answer.status == 200
+            trunk.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                trunk.recv(100)
+            trunk.settimeout(5)
+        finally:
+            udp.close()
         trunk.sendall(b"OPTIONS sip:x SIP/2.0\r\nContent-Length: nope\r\n\r\n")
         assert trunk.recv(100) == b""  # unframeable: the connection goes
     finally:

@@ -119,7 +119,7 @@ def test_a_forged_flood_gets_bounded_answers_no_bigger_than_itself_and_leaves_no
         core.receive_datagram(data, TRUNK, i * 0.001)  # 500 in half a second
     out = core.datagrams_to_send()
     assert 0 < len(out) <= AUTH_BURST + 50 * 0.5 + 1
-    assert all(len(data) <= min(sizes) for data, _ in out)
+    assert all(len(data) <= min(sizes) for data, _, _ in out)
     assert core.counters["sip_auth_unanswered"] == 500 - len(out)
     assert (
         core.counters["sip_auth_challenged"] == 333 and core.counters["sip_auth_malformed"] == 167
@@ -213,7 +213,7 @@ def test_a_forger_of_the_trunks_address_leaves_no_state_and_no_bigger_answers() 
     for i in range(2000):
         data = short[i % len(short)].replace(b"z9hG4bKx", f"z9hG4bK{i}".encode())
         core.receive_datagram(data, TRUNK, i * 0.0005)  # 2,000 in one second
-        for out, _ in core.datagrams_to_send():
+        for out, _, _ in core.datagrams_to_send():
             answers += 1
             assert len(out) <= len(data), (data, out)
     assert core.transactions == 0 and core.calls == 0 and events(core) == []

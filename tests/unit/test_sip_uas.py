@@ -76,7 +76,7 @@ def request(
 
 
 def sent(core: SipUas) -> list[tuple[SipRequest | SipResponse, tuple[str, int]]]:
-    return [(sip.parse_sip(data), dest) for data, dest in core.datagrams_to_send()]
+    return [(sip.parse_sip(data), dest) for data, dest, _ in core.datagrams_to_send()]
 
 
 def statuses(core: SipUas) -> list[int]:
@@ -623,6 +623,34 @@ def test_over_tcp_the_transport_retransmits_and_our_requests_say_tcp() -> None:
     assert [m for _, m in run_until(second, TIMEOUT - 1)] == []  # no Timer E
 
 
+def test_each_message_goes_on_the_transport_its_transaction_came_on() -> None:
+    """§18.2.2: a connection's request is answered on it, a datagram's by UDP, though both
+    come from one address; what a Via claims decides nothing. Our requests in a call go as
+    its INVITE came."""
+    core = uas()
+    tcp = request("INVITE", body=SDP).replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
+    core.receive_datagram(tcp, TRUNK, 0.0, reliable=True)
+    core.receive_datagram(request("OPTIONS", branch="z9hG4bKo"), TRUNK, 0.0)
+    core.receive_datagram(request("OPTIONS", branch="z9hG4bKt"), TRUNK, 0.0, reliable=True)
+    assert [reliable for _, _, reliable in core.datagrams_to_send()] == [True, False, True]
+    (offer,) = events(core)
+    assert isinstance(offer, CallOffered)
+    core.answer(offer.call, b"v=0\r\n", 0.1)
+    core.receive_datagram(ack(offer.call), TRUNK, 0.2, reliable=True)
+    core.hangup(offer.call, 1.0)
+    assert [reliable for _, _, reliable in core.datagrams_to_send()] == [True, True]  # 200, BYE
+    claimed = uas()  # a datagram whose Via says TCP: its call's requests still go by UDP
+    claimed.receive_datagram(tcp, TRUNK, 0.0)
+    (offer,) = events(claimed)
+    assert isinstance(offer, CallOffered)
+    claimed.answer(offer.call, b"v=0\r\n", 0.1)
+    claimed.receive_datagram(ack(offer.call), TRUNK, 0.2)
+    claimed.hangup(offer.call, 1.0)
+    assert {reliable for _, _, reliable in claimed.datagrams_to_send()} == {False}
+    again = [m for _, m in run_until(claimed, 1.0 + 1.5 * T1)]  # Timer E, as UDP needs
+    assert [m.method for m in again if isinstance(m, SipRequest)] == ["BYE"], again
+
+
 def timed_invite(expires: str, supported: bool = True) -> bytes:
     extra = [("Session-Expires", expires)]
     if supported:
@@ -767,12 +795,12 @@ def test_stateless_answers_shrink_to_fit_and_a_405_keeps_its_allow() -> None:
     short reason phrase, then leaves optional fields out, then uses compact names."""
     core = uas()
     core.receive_datagram(SMALL_PING, TRUNK, 0.0)
-    ((data, _),) = core.datagrams_to_send()
+    ((data, _, _),) = core.datagrams_to_send()
     assert data.startswith(b"SIP/2.0 200 OK\r\nv: ") and len(data) <= len(SMALL_PING)
     assert isinstance(ok := sip.parse_sip(data), SipResponse) and ok.get("call-id") == "abc123"
     register = request("REGISTER", branch="z9hG4bKreg")
     core.receive_datagram(register, TRUNK, 0.0)
-    ((data, _),) = core.datagrams_to_send()
+    ((data, _, _),) = core.datagrams_to_send()
     answer = sip.parse_sip(data)
     assert isinstance(answer, SipResponse) and answer.status == 405 and answer.get("allow")
     assert len(data) <= len(register)
@@ -789,7 +817,7 @@ def test_a_forger_elsewhere_in_the_range_does_not_silence_the_trunks_answers() -
         core.datagrams_to_send()
         if i % 1000 == 500:
             core.receive_datagram(request("OPTIONS", branch=f"z9hG4bKl{i}"), TRUNK, now)
-            answered.append(any(dest == TRUNK for _, dest in core.datagrams_to_send()))
+            answered.append(any(dest == TRUNK for _, dest, _ in core.datagrams_to_send()))
     assert answered == [True] * 6 and core.counters["sip_replies_paced"] > 5000
 
 
