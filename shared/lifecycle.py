@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from firsthop.shared import memory
 from firsthop.shared.address import Address, format_hostport
 from firsthop.shared.claim import AddressInUse, Kind, in_use
 
@@ -49,10 +50,12 @@ def setup_logging(prefix: str) -> None:
 
 
 async def run_until_signal(serve: Callable[..., Awaitable[Any]], *args: Any) -> None:
-    """Start `serve(*args, task_status=...)` and stop it cleanly on SIGTERM or SIGINT."""
+    """Start `serve(*args, task_status=...)` and stop it cleanly on SIGTERM or SIGINT: a
+    process's whole life (what it loaded to start is frozen once it serves, `memory`)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(serve, *args)
+            memory.freeze_startup()
             async for signum in signals:
                 logging.getLogger("firsthop").info("%s: shutting down", signal.Signals(signum).name)
                 break

@@ -50,6 +50,7 @@ from firsthop.services.relay.flow_cache import CacheUnavailable, FlowCache, Flow
 from firsthop.services.relay.flow_table import FlowTable
 from firsthop.services.relay.tcp_ingress import tcp_listener
 from firsthop.services.relay.write_behind import WriteBehind
+from firsthop.shared import memory
 from firsthop.shared.address import Address, ip_family
 from firsthop.shared.telemetry import (
     context_from_traceparent,
@@ -449,6 +450,7 @@ async def _worker_process(config: RelayConfig, index: int | None) -> None:
                     partial(serve_worker, config, index, cache=cache, snapshot=snapshot)
                 )
                 assert handle is not None
+                memory.freeze_startup()  # (a full collection stalls every flow: `memory`)
                 _emit(
                     {
                         "type": "ready",

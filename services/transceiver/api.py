@@ -367,5 +367,6 @@ def transceiver_metrics(tx: Transceiver) -> str:
             tx.setup_seconds,
             tx.call_rtt,
             tx.call_jitter,
+            *memory.gc_metrics(),
         ]
     )

@@ -15,6 +15,7 @@ from firsthop.services.transceiver.recordings import RecordingError
 from firsthop.services.transceiver.registry import FlowPins, heartbeat, trace_handoff_writer
 from firsthop.services.transceiver.rtc import check_pinned_versions, run_trio_guest
 from firsthop.services.transceiver.service import Transceiver, TransceiverConfig
+from firsthop.shared import memory
 from firsthop.shared.address import format_hostport, is_loopback
 from firsthop.shared.config import add_option, hostport_arg, parse_cidrs, refuse_published
 from firsthop.shared.http import bound_address, hypercorn_config
@@ -93,6 +94,7 @@ async def _process(config: TransceiverConfig) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             tx, _ = await nursery.start(serve_transceiver, config)
+            log.info("%d objects of the start frozen", memory.freeze_startup())
             terms = 0
             async for signum in signals:
                 if signum == signal.SIGINT:
