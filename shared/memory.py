@@ -20,7 +20,7 @@ process while it does, and ~97,000 of a transceiver's ~100,000 at 40-60 calls we
 modules, classes and functions. Those full collections stopped every call's media for
 48-185 ms each (measured at 40 and 60 calls, `bench sessions --knee`), late frames for every
 call at once; frozen, none over 3 ms while calls ran. A service calls it once, when it
-serves (`lifecycle.run_until_signal` does). `GC_PAUSES` times every collection since.
+serves (`lifecycle.run_until_signal` does). `GC_PAUSES` times each full collection since.
 """
 
 from __future__ import annotations
@@ -65,14 +65,16 @@ def release() -> int:
 
 
 GC_PAUSES = Histogram(
-    "firsthop_gc_pause_seconds",
-    "Each cyclic garbage collection's pause of the process (every call's media waits)",
+    "firsthop_gc_full_pause_seconds",
+    "Each full cyclic garbage collection's pause of the process (every call's media waits)",
     [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25],
 )
 _started: list[float] = []
 
 
 def _timed(phase: str, info: dict[str, int]) -> None:
+    if info["generation"] != 2:  # (the young ones: thousands, ~1 ms at most)
+        return
     if phase == "start":
         _started[:] = [time.perf_counter()]
     elif _started:
@@ -82,7 +84,7 @@ def _timed(phase: str, info: dict[str, int]) -> None:
 def freeze_startup() -> int:
     """Collect, then move every object alive now out of the collector's reach for good (they
     are the process's code and configuration: freed by reference counting if ever, never
-    cyclic garbage); from then on time every collection (`GC_PAUSES`). The count frozen."""
+    cyclic garbage); from then on time each full collection (`GC_PAUSES`). The count frozen."""
     gc.collect()
     gc.freeze()
     if _timed not in gc.callbacks:

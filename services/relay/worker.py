@@ -442,6 +442,7 @@ async def _worker_process(config: RelayConfig, index: int | None) -> None:
                 took_over = index is None
                 if index is None:
                     assert snapshot is not None
+                    memory.freeze_startup()  # (now, not when a slot waits for it: `memory`)
                     index = await _stand_by(config, control, cache, snapshot)
                     if index is None:
                         nursery.cancel_scope.cancel()
@@ -450,7 +451,8 @@ async def _worker_process(config: RelayConfig, index: int | None) -> None:
                     partial(serve_worker, config, index, cache=cache, snapshot=snapshot)
                 )
                 assert handle is not None
-                memory.freeze_startup()  # (a full collection stalls every flow: `memory`)
+                if not took_over:  # (a full collection stalls every flow: `memory`)
+                    memory.freeze_startup()
                 _emit(
                     {
                         "type": "ready",

@@ -309,8 +309,10 @@ class SipFront:
         """What the core sends: on the connection its transaction came on (gone: dropped), else
         on the UDP socket. (A UDP request from a connection's address is answered by UDP.)"""
         for data, dest, reliable in messages:
-            if reliable:  # on the connection it came on; one that is gone: dropped
-                stream = self._streams.get(dest)
+            if reliable:  # on the connection it came on, else the host's latest; none: dropped
+                stream = self._streams.get(dest) or next(
+                    (s for peer, s in reversed(self._streams.items()) if peer[0] == dest[0]), None
+                )
                 if stream is None:
                     self.counters["sip_tcp_dropped"] += 1
                     continue
@@ -390,11 +392,13 @@ class SipFront:
         framer = sip.SipStream()
         while True:
             data: bytes | bytearray = b""
-            with trio.move_on_after(TCP_IDLE):
+            with trio.move_on_after(TCP_IDLE) as idle:
                 try:
                     data = await stream.receive_some(65536)
                 except BROKEN:  # a reset, a TLS peer that drops without close_notify, ...
                     return
+            if not data and idle.cancelled_caught and self.uas.carries_calls(peer):
+                continue  # (idle, but our requests in its calls, a BYE, go on it: kept)
             if not data:
                 return  # closed, or idle too long
             try:
@@ -557,6 +561,8 @@ class SipFront:
             assert self.uas is not None
             if self.uas.refer(phone.call, current.refer, trio.current_time()):
                 log.info("call %s: transfer to %s asked (REFER)", call_id, current.refer)
+            else:
+                log.warning("call %s: transfer to %s not sent", call_id, current.refer)
             await self._carry_out()
 
     async def _place(self, phone: PhoneCall, offered: CallOffered) -> CallRecord | None:

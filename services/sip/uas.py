@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # (shared.address imports socket, for its resolver)
 
 T1, T2, T4 = 0.5, 4.0, 5.0  # §17.1.1.1
 TIMEOUT = 64 * T1  # Timers B, F, H and J (UDP), and the 2xx's retransmission (§13.3.1.4)
+TRANSFER_TIMEOUT = 180.0  # s: a REFER's outcome not told by then (the target rang on): failed
 FORBIDDEN_RATE, FORBIDDEN_BURST = 20.0, 40.0  # 403s a second to sources of no trunk
 STATELESS_RATE, STATELESS_BURST = 50.0, 100.0  # other stateless answers, a source, over UDP
 SOURCES = 4096  # source addresses whose answers are paced (the least recently heard go)
@@ -155,9 +156,11 @@ class CallEnded:
 class CallTransferred:
     """What became of the transfer we last asked for in the call (`refer`): `status` is the
     final status the trunk reported, its NOTIFY's (RFC 3515 §2.4.5: the target's answer, as
-    a `message/sipfrag`), or the REFER's own when it refused it, or 408 when it never
-    answered. A 2xx: the caller reached the target (the trunk's BYE ends our leg next);
-    anything else: the transfer failed and the call goes on."""
+    a `message/sipfrag`), or the REFER's own when it refused it; 487 when its subscription
+    ended with no final status, 408 when the REFER went unanswered or no outcome came within
+    `TRANSFER_TIMEOUT`. A 2xx: the caller reached the target (the trunk's BYE ends our leg
+    next); anything else: the transfer failed and the call goes on. A REFER sent while an
+    earlier one's outcome is not known replaces it: only the latest is told."""
 
     call: str
     status: int
@@ -200,9 +203,19 @@ class _ClientTx(_Timed):
     dest: Address
     method: str
     call: str  # the tag of the call it is in
+    trunk: str  # the call's: only its answer settles it
+    cseq: int
     interval: float = T1
     give_up_at: float = 0.0
     reliable: bool = False  # over TCP or TLS: no Timer E, only Timer F (§17.1.2.2)
+
+
+@dataclass(eq=False)
+class _Transfer(_Timed):
+    """A REFER of ours whose outcome is not known yet; told failed (408) at its deadline."""
+
+    call: str
+    cseq: int  # its REFER's: what a NOTIFY's `Event: refer;id=` names (RFC 3515 §2.4.6)
 
 
 @dataclass(eq=False)
@@ -231,7 +244,7 @@ class _Call(_Timed):
     interval: int = 0  # RFC 4028 session interval, s (0: no session timer)
     refresher: str = "uac"  # who refreshes: "uac" (the trunk) or "uas" (we do, by UPDATE)
     timer_supported: bool = False  # the trunk said `Supported: timer` (our 2xx then requires it)
-    transferring: bool = False  # a REFER of ours whose outcome is not known yet
+    transfer: _Transfer | None = None  # our latest REFER, while its outcome is not known
 
 
 class SipUas:
@@ -302,7 +315,7 @@ class SipUas:
             return
         if isinstance(message, SipResponse):
             if trunk is not None:
-                self._on_response(message)
+                self._on_response(message, trunk)
             else:
                 self.counters["sip_dropped_not_trunk"] += 1
             return
@@ -347,6 +360,12 @@ class SipUas:
                 self._client_timer(item, now)
             elif isinstance(item, _Call):
                 self._call_timer(item, now)
+            elif isinstance(item, _Transfer):
+                self._transferred(item.call, item.cseq, 408)  # (no outcome came in time)
+
+    def carries_calls(self, source: Address) -> bool:
+        """Whether a live call's signaling comes from `source` (a connection to keep)."""
+        return any(c.source == source for c in self._calls.values())
 
     def trunk_of(self, host: str) -> str | None:
         try:
@@ -463,10 +482,11 @@ class SipUas:
             return
         key = (via.branch, sent_by, method)
         tx = self._server.get(key)
-        if tx is not None and tx.source != source:
-            # another address's transaction (another trunk's, or another host of this one's):
-            # its answer (our SDP, an SDES key) is not this one's, its retransmissions come
-            # from where it did
+        if tx is not None and (tx.source != source or tx.reliable != (self._size is None)):
+            # another address's transaction (another trunk's, or another host of this one's),
+            # or the same address's on the other transport (UDP forges a connection's): its
+            # answer (our SDP, an SDES key) is not this one's, its retransmissions come from
+            # where, and the way, it did
             self.counters["sip_not_dialog_peer"] += 1
             return
         if tx is not None:  # a retransmission: the last answer again, nothing else (§17.2)
@@ -691,10 +711,8 @@ class SipUas:
             self._emit(CallReoffered(call.tag, request))
         elif method in ("OPTIONS", "INFO", "NOTIFY"):  # (NOTIFY: a REFER's progress, RFC 3515)
             self._complete(tx, 200, "OK", now)
-            if method == "NOTIFY" and call.transferring:
-                status = sip.refer_notify_status(request)
-                if status is not None and status >= 200:
-                    self._transferred(call.tag, status)
+            if method == "NOTIFY" and call.transfer is not None:
+                self._transfer_notified(call, call.transfer, request)
         else:
             self._complete(tx, 405, "Method Not Allowed", now, headers=[("Allow", ALLOW)])
 
@@ -732,15 +750,16 @@ class SipUas:
 
     # -- responses to our requests --------------------------------------------------------------
 
-    def _on_response(self, response: SipResponse) -> None:
+    def _on_response(self, response: SipResponse, trunk: str) -> None:
         vias = response.vias()
         try:
             branch = sip.parse_via(vias[0]).branch if vias else ""
+            cseq = sip.parse_cseq(response.get("cseq") or "")
         except sip.SipError:
             return
         tx = self._client.get(branch)
-        if tx is None:
-            self.counters["sip_response_unmatched"] += 1
+        if tx is None or tx.trunk != trunk or cseq != (tx.cseq, tx.method):
+            self.counters["sip_response_unmatched"] += 1  # (§17.1.3: branch and CSeq method)
             return
         if response.status >= 200:
             tx.deadline = None
@@ -749,7 +768,7 @@ class SipUas:
                 self.counters["sip_refers_accepted"] += 1  # (under way: its NOTIFYs tell)
             elif tx.method == "REFER":  # (a challenge too: we answer none, §6a)
                 self.counters["sip_refers_refused"] += 1
-                self._transferred(tx.call, response.status)
+                self._transferred(tx.call, tx.cseq, response.status)
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -776,7 +795,7 @@ class SipUas:
             del self._client[tx.branch]
             self.counters["sip_requests_unanswered"] += 1
             if tx.method == "REFER":
-                self._transferred(tx.call, 408)
+                self._transferred(tx.call, tx.cseq, 408)
             return
         self._send(tx.data, tx.dest, tx.reliable)  # Timer E
         tx.interval = min(2 * tx.interval, T2)
@@ -836,6 +855,8 @@ class SipUas:
 
     def _forget_call(self, call: _Call) -> None:
         call.ok, call.deadline = None, None
+        if call.transfer is not None:
+            call.transfer.deadline = None
         self._calls.pop(call.tag, None)
         self._dialogs.pop((call.call_id, call.tag), None)
 
@@ -847,19 +868,42 @@ class SipUas:
         c = self._calls.get(call)
         if c is None or c.state != "up" or not referable(target):
             return False
+        if len(self._client) >= self.limits.transactions:  # (it could not be followed)
+            self.counters["sip_refers_not_sent"] += 1
+            return False
         self._request(
             c, "REFER", now, [("Refer-To", f"<{target}>"), ("Referred-By", f"<{self.contact}>")]
         )
-        c.transferring = True  # (a REFER sent while another's is not known: this one's told)
+        if c.transfer is not None:  # another still under way: only the latest is told
+            c.transfer.deadline = None
+        c.transfer = _Transfer(c.tag, c.local_cseq)
+        self._arm(c.transfer, now + TRANSFER_TIMEOUT)
         self.counters["sip_refers_sent"] += 1
         return True
 
-    def _transferred(self, call: str, status: int) -> None:
-        """The outcome of `call`'s transfer, told once (a late NOTIFY or response: nothing)."""
-        c = self._calls.get(call)
-        if c is None or not c.transferring:
+    def _transfer_notified(self, call: _Call, transfer: _Transfer, notify: SipRequest) -> None:
+        """A NOTIFY in the call (RFC 3515 §2.4.4): the final status of the latest REFER's
+        target, or its subscription ended without one (failed, 487)."""
+        event, _, params = (notify.get("event") or "").partition(";")
+        try:
+            named = sip.parse_params(params).get("id")
+        except sip.SipError:
             return
-        c.transferring = False
+        if event.strip().lower() != "refer" or named not in (None, str(transfer.cseq)):
+            return  # (another package's, or an earlier REFER's)
+        status = sip.refer_notify_status(notify)
+        state = (notify.get("subscription-state") or "").partition(";")[0].strip().lower()
+        if status is not None and status >= 200:
+            self._transferred(call.tag, transfer.cseq, status)
+        elif state == "terminated":
+            self._transferred(call.tag, transfer.cseq, 487)
+
+    def _transferred(self, call: str, cseq: int, status: int) -> None:
+        """The outcome of `call`'s REFER `cseq`, told once and only for its latest."""
+        c = self._calls.get(call)
+        if c is None or c.transfer is None or c.transfer.cseq != cseq:
+            return
+        c.transfer.deadline, c.transfer = None, None
         self.counters["sip_transfers_completed" if status < 300 else "sip_transfers_failed"] += 1
         self._emit(CallTransferred(call, status))
 
@@ -874,7 +918,9 @@ class SipUas:
         branch = sip.BRANCH_COOKIE + self.token()
         local = call.local_uri if ";tag=" in call.local_uri else f"{call.local_uri};tag={call.tag}"
         host = self.contact.partition("@")[2] or self.contact.partition(":")[2]
-        headers = [("Via", f"SIP/2.0/{call.transport} {host};branch={branch};rport")]
+        reliable = call.invite.reliable  # (where its INVITE came, not what its Via said)
+        via = (call.transport if call.transport != "UDP" else "TCP") if reliable else "UDP"
+        headers = [("Via", f"SIP/2.0/{via} {host};branch={branch};rport")]
         headers += [("Route", r) for r in call.route]
         headers += [
             ("Max-Forwards", "70"),
@@ -885,9 +931,16 @@ class SipUas:
             *(extra or []),
         ]
         data = sip.request(method, call.remote_target, headers).encode()
-        reliable = call.invite.reliable  # (where its INVITE came, not what its Via said)
         tx = _ClientTx(
-            branch, data, call.source, method, call.tag, give_up_at=now + TIMEOUT, reliable=reliable
+            branch,
+            data,
+            call.source,
+            method,
+            call.tag,
+            call.trunk,
+            call.local_cseq,
+            give_up_at=now + TIMEOUT,
+            reliable=reliable,
         )
         if len(self._client) < self.limits.transactions:
             self._client[branch] = tx

@@ -179,6 +179,53 @@ def test_the_edge_hangs_up_with_a_bye(stack: PhoneStack) -> None:
         phone.close()
 
 
+def test_over_tcp_the_edges_bye_finds_the_trunks_new_connection(stack: PhoneStack) -> None:
+    """A call placed over TCP whose connection then went (the trunk reconnects from another
+    port): the edge's BYE goes on the trunk's new connection, not by UDP, and not lost."""
+
+    def messages(conn: socket.socket, framer: sip.SipStream, until: float) -> list[object]:
+        conn.settimeout(max(0.1, until - time.monotonic()))
+        return [sip.parse_sip(m) for m in framer.feed(conn.recv(65536))]
+
+    phone = Phone(stack.sip)  # (its requests, sent on connections instead)
+    before = set(stack.live_sessions())  # (an earlier test's may not have gone yet)
+    first = socket.create_connection(stack.sip, timeout=5)
+    try:
+        invite = phone.request("INVITE", body=phone.offer())
+        first.sendall(invite.encode().replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP"))
+        framer, final, deadline = sip.SipStream(), None, time.monotonic() + 10
+        while final is None and time.monotonic() < deadline:
+            for m in messages(first, framer, deadline):
+                if isinstance(m, sip.SipResponse) and m.status >= 200:
+                    final = m
+        assert final is not None and final.status == 200
+        phone.remote_tag = sip.parse_name_addr(final.get("to") or "").tag
+        ack = phone.request("ACK", cseq=invite.cseq, cseq_method="ACK")
+        first.sendall(ack.encode().replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP"))
+        wait_until(lambda: set(stack.live_sessions()) - before, 5)
+        (session,) = set(stack.live_sessions()) - before
+        first.close()
+        second = socket.create_connection(stack.sip, timeout=5)
+        try:
+            second.sendall(b"\r\n\r\n")
+            assert second.recv(100) == b"\r\n"  # (the edge holds it now)
+            assert stack.tx.request("DELETE", f"/internal/v1/sessions/{session}")[0] == 204
+            framer, deadline = sip.SipStream(), time.monotonic() + 5
+            got: list[object] = []
+            while not any(isinstance(m, sip.SipRequest) for m in got):
+                got += messages(second, framer, deadline)
+            bye = next(m for m in got if isinstance(m, sip.SipRequest))  # (after any 200 again)
+            assert isinstance(bye, sip.SipRequest) and bye.method == "BYE", got
+            assert bye.call_id == phone.call_id
+            assert (bye.get("via") or "").startswith("SIP/2.0/TCP ")
+            second.sendall(sip.response_to(bye, 200, "OK").encode())
+        finally:
+            second.close()
+    finally:
+        first.close()
+        phone.close()
+
+
 def test_torture_messages_and_an_invite_flood_leave_calls_working(
     stack: PhoneStack, tmp_path: Path
 ) -> None:

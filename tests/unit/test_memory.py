@@ -53,5 +53,5 @@ print(json.dumps([loaded, frozen, left, alive, memory.GC_PAUSES.count]))
     families = memory.gc_metrics()
     assert [getattr(f, "name", None) for f in families] == [
         "firsthop_gc_frozen_objects",
-        "firsthop_gc_pause_seconds",
+        "firsthop_gc_full_pause_seconds",
     ]

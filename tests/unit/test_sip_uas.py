@@ -15,6 +15,7 @@ from firsthop.services.sip.uas import (
     T1,
     T2,
     TIMEOUT,
+    TRANSFER_TIMEOUT,
     CallConfirmed,
     CallEnded,
     CallOffered,
@@ -586,8 +587,65 @@ def test_only_a_refer_notify_with_a_sipfrag_tells_a_transfers_status() -> None:
     ):
         core.receive_datagram(notify(call, cseq, frag, event), TRUNK, 1.0 + cseq)
         assert statuses(core) == [200] and events(core) == []
-    core.receive_datagram(notify(call, 9, b"SIP/2.0 200 \r\n", "refer;id=7"), TRUNK, 9.0)
+    core.receive_datagram(notify(call, 8, b"SIP/2.0 200 OK", "refer;id=7"), TRUNK, 8.0)
+    assert statuses(core) == [200] and events(core) == []  # another REFER's (§2.4.6)
+    core.receive_datagram(notify(call, 9, b"SIP/2.0 200 \r\n", "refer;id=1"), TRUNK, 9.0)
     assert events(core) == [CallTransferred(call, 200)]
+
+
+def test_a_second_refer_replaces_the_first_and_only_its_outcome_is_told() -> None:
+    core = uas()
+    call, first = referred(core)
+    assert core.refer(call, "sip:other@pbx.example", 2.0)
+    ((second, _),) = sent(core)
+    assert isinstance(second, SipRequest) and second.get("cseq") == "2 REFER"
+    core.receive_datagram(sip.response_to(first, 603, "Declined").encode(), TRUNK, 2.1)
+    core.receive_datagram(notify(call, 2, b"SIP/2.0 486 Busy\r\n", "refer;id=1"), TRUNK, 2.2)
+    assert events(core) == []  # the first's: not what the app now waits for
+    core.receive_datagram(sip.response_to(second, 202, "Accepted").encode(), TRUNK, 2.3)
+    core.receive_datagram(notify(call, 3, b"SIP/2.0 200 OK\r\n", "refer;id=2"), TRUNK, 3.0)
+    assert events(core) == [CallTransferred(call, 200)]
+
+
+def test_a_transfer_whose_outcome_never_comes_fails() -> None:
+    core = uas()
+    call, refer = referred(core)
+    core.receive_datagram(sip.response_to(refer, 202, "Accepted").encode(), TRUNK, 1.1)
+    ended = notify(call, 2, b"SIP/2.0 100 Trying\r\n").replace(
+        b"active;expires=60", b"terminated;reason=noresource"
+    )
+    core.receive_datagram(ended, TRUNK, 1.2)  # its subscription ended without a final status
+    assert events(core) == [CallTransferred(call, 487)]
+    silent = uas()  # the trunk took the REFER and never said more
+    call, refer = referred(silent)
+    silent.receive_datagram(sip.response_to(refer, 202, "Accepted").encode(), TRUNK, 1.1)
+    run_until(silent, 1.0 + TRANSFER_TIMEOUT - 1)
+    assert events(silent) == []
+    run_until(silent, 1.0 + TRANSFER_TIMEOUT)
+    assert events(silent) == [CallTransferred(call, 408)]
+    full = uas(Limits(transactions=1))  # a REFER that could not be followed is not sent
+    call, _ = referred(full)
+    assert not full.refer(call, "sip:desk@pbx.example", 2.0) and sent(full) == []
+    assert full.counters["sip_refers_not_sent"] == 1
+
+
+def test_only_the_calls_trunk_answering_the_refer_itself_settles_it() -> None:
+    """A response is matched on its branch and CSeq (§17.1.3) and must come from the
+    call's trunk; anything else is unmatched and tells nothing."""
+    core = SipUas(
+        trunks=[Trunk.of("pbx", ["192.0.2.0/28"]), Trunk.of("other", ["198.18.0.0/24"])],
+        contact="sip:firsthop@198.51.100.1:5060",
+        token=iter(f"t{i}" for i in itertools.count()).__next__,
+        now=0.0,
+    )
+    call, refer = referred(core)
+    refused = sip.response_to(refer, 403, "Forbidden").encode()
+    core.receive_datagram(refused, ("198.18.0.5", 5060), 1.1)  # another trunk's address
+    core.receive_datagram(refused.replace(b"1 REFER", b"1 BYE"), TRUNK, 1.2)
+    core.receive_datagram(refused.replace(b"1 REFER", b"7 REFER"), TRUNK, 1.3)
+    assert events(core) == [] and core.counters["sip_response_unmatched"] == 3
+    core.receive_datagram(refused, TRUNK, 1.4)
+    assert events(core) == [CallTransferred(call, 403)]
 
 
 def test_over_tcp_the_transport_retransmits_and_our_requests_say_tcp() -> None:
@@ -633,6 +691,10 @@ def test_each_message_goes_on_the_transport_its_transaction_came_on() -> None:
     core.receive_datagram(request("OPTIONS", branch="z9hG4bKo"), TRUNK, 0.0)
     core.receive_datagram(request("OPTIONS", branch="z9hG4bKt"), TRUNK, 0.0, reliable=True)
     assert [reliable for _, _, reliable in core.datagrams_to_send()] == [True, False, True]
+    # the connection's INVITE again, by UDP from its address: no answer (UDP forges it; it
+    # had reflected a connection's answers, unpaced and unbounded in size)
+    core.receive_datagram(tcp, TRUNK, 0.0)
+    assert core.datagrams_to_send() == [] and core.counters["sip_not_dialog_peer"] == 1
     (offer,) = events(core)
     assert isinstance(offer, CallOffered)
     core.answer(offer.call, b"v=0\r\n", 0.1)
@@ -646,7 +708,8 @@ def test_each_message_goes_on_the_transport_its_transaction_came_on() -> None:
     claimed.answer(offer.call, b"v=0\r\n", 0.1)
     claimed.receive_datagram(ack(offer.call), TRUNK, 0.2)
     claimed.hangup(offer.call, 1.0)
-    assert {reliable for _, _, reliable in claimed.datagrams_to_send()} == {False}
+    *_, (bye, _) = sent(claimed)  # (its Via says the transport it goes on)
+    assert isinstance(bye, SipRequest) and (bye.get("via") or "").startswith("SIP/2.0/UDP ")
     again = [m for _, m in run_until(claimed, 1.0 + 1.5 * T1)]  # Timer E, as UDP needs
     assert [m.method for m in again if isinstance(m, SipRequest)] == ["BYE"], again
 
@@ -880,3 +943,13 @@ def test_a_cancel_of_a_ringing_call_is_taken_past_the_transaction_bounds() -> No
     sent(core)
     core.receive_datagram(request("CANCEL", cseq=1), TRUNK, 0.1)
     assert sorted(statuses(core)) == [200, 487] and events(core) == [CallEnded(call, "cancel")]
+
+
+def test_a_connection_carrying_a_live_call_is_one_to_keep() -> None:
+    """(The front keeps an idle connection open while it carries a call: our BYE goes on it.)"""
+    core = uas()
+    assert not core.carries_calls(TRUNK)
+    call = answered(core)
+    assert core.carries_calls(TRUNK) and not core.carries_calls(("192.0.2.7", 5999))
+    core.receive_datagram(request("BYE", branch="z9hG4bKbye", cseq=2, to_tag=call), TRUNK, 1.0)
+    assert not core.carries_calls(TRUNK)
