@@ -78,6 +78,7 @@ class SignalingConfig:
     sip_trunks: dict[str, list[str]] = field(default_factory=dict)  # name -> CIDRs
     sip_record: frozenset[str] = frozenset()  # trunks whose every call is recorded
     sip_trunk_auth: dict[str, TrunkSecret] = field(default_factory=dict)  # Digest, by trunk
+    sip_trunk_login: dict[str, TrunkSecret] = field(default_factory=dict)  # ours, to a trunk
     sip_auth_algorithms: tuple[str, ...] = OFFERED  # the challenges, preferred first
     sip_tls_listen: Address | None = None  # SIP over TLS, with the two below
     sip_tls_cert: str | None = None  # PEM certificate chain
@@ -245,6 +246,15 @@ def register_flags(p: argparse.ArgumentParser) -> None:
     )
     add_option(
         p,
+        "--sip-trunk-login",
+        action="append",
+        help="the user name and password our own requests to a trunk (a --sip-trunk name: "
+        "BYE, REFER, UPDATE in its calls) answer its Digest challenges with (RFC 3261 §22.2, "
+        "SHA-256 or MD5); from the environment (FIRSTHOP_SIP_TRUNK_LOGIN, comma-separated)",
+        metavar="NAME=USER:PASSWORD",
+    )
+    add_option(
+        p,
         "--sip-auth-algorithms",
         default=",".join(OFFERED),
         help="the Digest challenges a --sip-trunk-auth trunk gets, preferred first (of "
@@ -306,9 +316,11 @@ def _pairs(items: list[str], what: str) -> list[tuple[str, str]]:
     return out
 
 
-def _trunk_auth(items: list[str], trunks: Iterable[str]) -> dict[str, TrunkSecret]:
-    """`--sip-trunk-auth NAME=USER:PASSWORD` items; an error never quotes one (it holds a
-    password, or part of one: from the environment, a comma in a password splits it)."""
+def _trunk_auth(
+    items: list[str], trunks: Iterable[str], flag: str = "--sip-trunk-auth"
+) -> dict[str, TrunkSecret]:
+    """`flag NAME=USER:PASSWORD` items; an error never quotes one (it holds a password, or
+    part of one: from the environment, a comma in a password splits it)."""
     out: dict[str, TrunkSecret] = {}
     for item in items:
         name, _, credentials = item.partition("=")
@@ -316,13 +328,13 @@ def _trunk_auth(items: list[str], trunks: Iterable[str]) -> dict[str, TrunkSecre
         name = name.strip()
         if not name or not username or not password:
             raise ValueError(
-                "--sip-trunk-auth: an item is not NAME=USER:PASSWORD (from the environment, "
+                f"{flag}: an item is not NAME=USER:PASSWORD (from the environment, "
                 "items are split at commas: a password may not hold one)"
             )
         if name not in trunks:
-            raise ValueError(f"--sip-trunk-auth names no --sip-trunk: {name[:64]!r}")
+            raise ValueError(f"{flag} names no --sip-trunk: {name[:64]!r}")
         if name in out:
-            raise ValueError(f"--sip-trunk-auth names trunk {name!r} twice")
+            raise ValueError(f"{flag} names trunk {name!r} twice")
         out[name] = TrunkSecret(username, password)
     return out
 
@@ -396,6 +408,7 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             ipaddress.ip_network(cidr, strict=False)  # validates
             trunks.setdefault(name, []).append(cidr)
         trunk_auth = _trunk_auth(args.sip_trunk_auth or [], trunks.keys())
+        trunk_login = _trunk_auth(args.sip_trunk_login or [], trunks.keys(), "--sip-trunk-login")
         algorithms = tuple(a.strip().upper() for a in args.sip_auth_algorithms.split(","))
         TrunkAuth(trunk_auth, algorithms=algorithms)  # validates (names; realms are tokens)
         recorded = frozenset(args.sip_record or ())
@@ -435,6 +448,7 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
             sip_trunks=trunks,
             sip_record=recorded,
             sip_trunk_auth=trunk_auth,
+            sip_trunk_login=trunk_login,
             sip_auth_algorithms=algorithms,
             sip_tls_listen=hostport_arg(args.sip_tls_listen) if args.sip_tls_listen else None,
             sip_tls_cert=args.sip_tls_cert or None,

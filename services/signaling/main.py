@@ -125,7 +125,7 @@ def sip_config(config: SignalingConfig) -> SipConfig:
         listen=config.sip_listen,
         public=config.sip_public,
         trunks=[
-            Trunk.of(name, cidrs, config.sip_trunk_auth.get(name))
+            Trunk.of(name, cidrs, config.sip_trunk_auth.get(name), config.sip_trunk_login.get(name))
             for name, cidrs in config.sip_trunks.items()
         ],
         record=config.sip_record,

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from firsthop.services.sip.trunk_auth import OFFERED, TrunkAuth, TrunkSecret, Verdict
 from firsthop.shared.ratelimit import KeyedLimiter, TokenBucket
-from firsthop.shared.wire import sip
+from firsthop.shared.wire import sip, sip_digest
 from firsthop.shared.wire.sip import SipRequest, SipResponse
 
 if TYPE_CHECKING:  # (shared.address imports socket, for its resolver)
@@ -91,10 +91,18 @@ class Trunk:
     name: str
     networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     secret: TrunkSecret | None = None  # its INVITEs must answer a Digest challenge
+    login: TrunkSecret | None = None  # what our requests answer its challenges with
 
     @classmethod
-    def of(cls, name: str, cidrs: Sequence[str], secret: TrunkSecret | None = None) -> Trunk:
-        return cls(name, tuple(ipaddress.ip_network(c, strict=False) for c in cidrs), secret)
+    def of(
+        cls,
+        name: str,
+        cidrs: Sequence[str],
+        secret: TrunkSecret | None = None,
+        login: TrunkSecret | None = None,
+    ) -> Trunk:
+        networks = tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
+        return cls(name, networks, secret, login)
 
 
 @dataclass(frozen=True)
@@ -202,9 +210,10 @@ class _ClientTx(_Timed):
     data: bytes
     dest: Address
     method: str
-    call: str  # the tag of the call it is in
-    trunk: str  # the call's: only its answer settles it
+    dialog: _Call  # the call it is in (its trunk's answer alone settles it)
     cseq: int
+    extra: tuple[tuple[str, str], ...] = ()  # its own fields (Refer-To, ...)
+    challenged: bool = False  # it answers a challenge already (a second one is not answered)
     interval: float = T1
     give_up_at: float = 0.0
     reliable: bool = False  # over TCP or TLS: no Timer E, only Timer F (§17.1.2.2)
@@ -261,6 +270,7 @@ class SipUas:
         auth_algorithms: Sequence[str] = OFFERED,
     ) -> None:
         self.trunks = list(trunks)
+        self._login = {t.name: t.login for t in self.trunks if t.login is not None}
         self.auth = TrunkAuth(
             {t.name: t.secret for t in self.trunks if t.secret is not None},
             capacity=limits.transactions,
@@ -758,17 +768,45 @@ class SipUas:
         except sip.SipError:
             return
         tx = self._client.get(branch)
-        if tx is None or tx.trunk != trunk or cseq != (tx.cseq, tx.method):
+        if tx is None or tx.dialog.trunk != trunk or cseq != (tx.cseq, tx.method):
             self.counters["sip_response_unmatched"] += 1  # (§17.1.3: branch and CSeq method)
             return
         if response.status >= 200:
             tx.deadline = None
             del self._client[branch]
+            if response.status in (401, 407) and self._answer_challenge(tx, response):
+                return
             if tx.method == "REFER" and response.status < 300:
                 self.counters["sip_refers_accepted"] += 1  # (under way: its NOTIFYs tell)
-            elif tx.method == "REFER":  # (a challenge too: we answer none, §6a)
+            elif tx.method == "REFER":
                 self.counters["sip_refers_refused"] += 1
-                self._transferred(tx.call, tx.cseq, response.status)
+                self._transferred(tx.dialog.tag, tx.cseq, response.status)
+
+    def _answer_challenge(self, tx: _ClientTx, response: SipResponse) -> bool:
+        """Send `tx`'s request again with the trunk's `login` answering the challenge (§22.2:
+        a new CSeq and branch); False if there is none to answer with, it cannot be answered
+        or it is the answer's own (a second challenge: the login is wrong)."""
+        call, login = tx.dialog, self._login.get(tx.dialog.trunk)
+        name = "www-authenticate" if response.status == 401 else "proxy-authenticate"
+        value = response.get(name)
+        if login is None or tx.challenged or value is None:
+            self.counters["sip_challenges_unanswered"] += 1
+            return False
+        try:
+            challenge = sip_digest.parse_challenge(value)
+        except sip_digest.DigestError:
+            self.counters["sip_challenges_unanswered"] += 1
+            return False
+        field = "Authorization" if response.status == 401 else "Proxy-Authorization"
+        credentials = sip_digest.answer(
+            challenge, tx.method, call.remote_target, login.username, login.password, self.token()
+        )
+        self._request(call, tx.method, self._now, [*tx.extra, (field, credentials)], True)
+        transfer = call.transfer
+        if tx.method == "REFER" and transfer is not None and transfer.cseq == tx.cseq:
+            transfer.cseq = call.local_cseq  # (its NOTIFYs name the REFER sent again)
+        self.counters["sip_challenges_answered"] += 1
+        return True
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -795,7 +833,7 @@ class SipUas:
             del self._client[tx.branch]
             self.counters["sip_requests_unanswered"] += 1
             if tx.method == "REFER":
-                self._transferred(tx.call, tx.cseq, 408)
+                self._transferred(tx.dialog.tag, tx.cseq, 408)
             return
         self._send(tx.data, tx.dest, tx.reliable)  # Timer E
         tx.interval = min(2 * tx.interval, T2)
@@ -911,9 +949,15 @@ class SipUas:
         self._request(call, "BYE", now)
 
     def _request(
-        self, call: _Call, method: str, now: float, extra: list[tuple[str, str]] | None = None
+        self,
+        call: _Call,
+        method: str,
+        now: float,
+        extra: list[tuple[str, str]] | None = None,
+        challenged: bool = False,
     ) -> None:
-        """A request of ours in `call`'s dialog, as a client transaction (Timer E, F)."""
+        """A request of ours in `call`'s dialog, as a client transaction (Timer E, F);
+        `challenged`: it answers a challenge (its last field the credentials)."""
         call.local_cseq += 1
         branch = sip.BRANCH_COOKIE + self.token()
         local = call.local_uri if ";tag=" in call.local_uri else f"{call.local_uri};tag={call.tag}"
@@ -931,14 +975,16 @@ class SipUas:
             *(extra or []),
         ]
         data = sip.request(method, call.remote_target, headers).encode()
+        own = tuple(extra or ())
         tx = _ClientTx(
             branch,
             data,
             call.source,
             method,
-            call.tag,
-            call.trunk,
+            call,
             call.local_cseq,
+            own[:-1] if challenged else own,
+            challenged,
             give_up_at=now + TIMEOUT,
             reliable=reliable,
         )

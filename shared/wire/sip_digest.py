@@ -16,6 +16,9 @@ Strategy:
   with ``qop=auth`` (then ``nc`` and ``cnonce`` are needed) or without (RFC 2069's form,
   which RFC 3261 §22.4 keeps).
 * ``challenge`` writes a ``WWW-Authenticate`` value.
+* The client's side, for our own requests a trunk challenges: ``parse_challenge`` reads a
+  ``WWW-Authenticate`` or ``Proxy-Authenticate`` value (the same parser, its values without
+  control characters), ``answer`` writes the ``Authorization`` that answers it.
 
 Errors::
 
@@ -85,12 +88,12 @@ def challenge(realm: str, nonce: str, algorithm: str, *, stale: bool = False) ->
     return value + ", stale=true" if stale else value
 
 
-def parse_credentials(value: str) -> Credentials:
-    """An ``Authorization`` field's value: ``Digest`` and comma-separated ``name=value``
-    (a token, or a quoted string with ``\\`` escapes, §25.1)."""
+def _auth_params(value: str, what: str) -> dict[str, str]:
+    """``Digest`` and comma-separated ``name=value`` (a token, or a quoted string with ``\\``
+    escapes, §25.1), in one pass, within `MAX_PARAMS` and `MAX_VALUE`."""
     scheme, _, rest = value.strip().partition(" ")
     if scheme.lower() != "digest":
-        raise DigestError("not a Digest answer")
+        raise DigestError(f"not a Digest {what}")
     params: dict[str, str] = {}
     i, n = 0, len(rest)
     while True:
@@ -131,6 +134,12 @@ def parse_credentials(value: str) -> Credentials:
         if len(params) >= MAX_PARAMS:
             raise DigestError("too many parameters")
         params[name] = text
+    return params
+
+
+def parse_credentials(value: str) -> Credentials:
+    """An ``Authorization`` field's value (§22.4's ``digest-response``)."""
+    params = _auth_params(value, "answer")
     missing = [name for name in NEEDED if name not in params]
     if missing:
         raise DigestError(f"no {', '.join(missing)}")
@@ -155,3 +164,70 @@ def parse_credentials(value: str) -> Credentials:
         cnonce=params.get("cnonce"),
         opaque=params.get("opaque"),
     )
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """What a ``WWW-Authenticate`` or ``Proxy-Authenticate`` field asks (values unquoted)."""
+
+    realm: str
+    nonce: str
+    algorithm: str = "MD5"
+    qop: bool = False  # it offers qop=auth (then the answer carries nc and cnonce)
+    opaque: str | None = None
+
+
+def parse_challenge(value: str) -> Challenge:
+    """A challenge's value; `DigestError` for one we cannot answer (another scheme or
+    algorithm, or a qop that offers no ``auth``)."""
+    params = _auth_params(value, "challenge")
+    if "realm" not in params or "nonce" not in params:
+        raise DigestError("no realm or nonce")
+    if any(ch < " " or ch == "\x7f" for text in params.values() for ch in text):
+        raise DigestError("a control character")  # (they would be written into our answer)
+    algorithm = params.get("algorithm", "MD5").upper()
+    if algorithm not in ALGORITHMS:
+        raise DigestError("an algorithm we do not know")
+    offered = params.get("qop")
+    qops = {q.strip().lower() for q in offered.split(",")} if offered is not None else set()
+    if offered is not None and "auth" not in qops:
+        raise DigestError("a qop we do not know")
+    return Challenge(
+        params["realm"], params["nonce"], algorithm, "auth" in qops, params.get("opaque")
+    )
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def answer(
+    challenge: Challenge, method: str, uri: str, username: str, password: str, cnonce: str
+) -> str:
+    """The ``Authorization`` (or ``Proxy-Authorization``) value answering `challenge` for a
+    request `method` to `uri` (its first answer: nc=00000001)."""
+    ha1 = hash_a1(challenge.algorithm, username, challenge.realm, password)
+    credentials = Credentials(
+        username=username,
+        realm=challenge.realm,
+        nonce=challenge.nonce,
+        uri=uri,
+        response="",
+        algorithm=challenge.algorithm,
+        qop="auth" if challenge.qop else None,
+        nc="00000001" if challenge.qop else None,
+        cnonce=cnonce if challenge.qop else None,
+    )
+    fields = [
+        f"username={_quoted(username)}",
+        f"realm={_quoted(challenge.realm)}",
+        f"nonce={_quoted(challenge.nonce)}",
+        f"uri={_quoted(uri)}",
+        f'response="{expected_response(ha1, method, credentials)}"',
+        f"algorithm={challenge.algorithm}",
+    ]
+    if challenge.qop:
+        fields += ["qop=auth", "nc=00000001", f"cnonce={_quoted(cnonce)}"]
+    if challenge.opaque is not None:
+        fields.append(f"opaque={_quoted(challenge.opaque)}")
+    return "Digest " + ", ".join(fields)

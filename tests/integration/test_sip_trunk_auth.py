@@ -1,10 +1,12 @@
 """A trunk with a password (`--sip-trunk-auth`): real user agents (baresip, sipp) answer the
 edge's Digest challenge and their calls go through; a wrong password, and an INVITE from the
-trunk's address with no answer (what a host forging that address can send), ring nothing."""
+trunk's address with no answer (what a host forging that address can send), ring nothing.
+The other way (`--sip-trunk-login`): sipp challenges the edge's BYE and checks its answer."""
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,11 +27,17 @@ from ..support import wait_until
 pytestmark = pytest.mark.slow
 
 USER, PASSWORD = "pbx-user", "s3cret-Pa55"
+LOGIN, LOGIN_PASSWORD = "edge-user", "an0ther-Secret"  # what the edge answers the trunk with
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[PhoneStack]:
-    with PhoneStack.running("--sip-trunk-auth", f"local={USER}:{PASSWORD}") as running:
+    with PhoneStack.running(
+        "--sip-trunk-auth",
+        f"local={USER}:{PASSWORD}",
+        "--sip-trunk-login",
+        f"local={LOGIN}:{LOGIN_PASSWORD}",
+    ) as running:
         yield running
 
 
@@ -94,3 +102,70 @@ def test_an_invite_without_the_answer_rings_nothing(stack: PhoneStack) -> None:
         assert not stack.live_sessions()
     finally:
         phone.close()
+
+
+# sipp, called by the edge's BYE: challenges it (401, qop=auth), then checks the Digest answer
+# of the BYE sent again (`verifyauth`: sipp's own computation) and says 200, or 403 and fails.
+CHALLENGE_THE_BYE = """
+  <recv request="BYE" timeout="20000"/>
+  <send><![CDATA[
+      SIP/2.0 401 Unauthorized
+      [last_Via:]
+      [last_From:]
+      [last_To:]
+      [last_Call-ID:]
+      [last_CSeq:]
+      WWW-Authenticate: Digest realm="pbx.example", nonce="b7f3c2d1e0", algorithm=MD5, qop="auth"
+      Content-Length: 0
+  ]]></send>
+  <recv request="BYE" timeout="5000">
+    <action>
+      <verifyauth assign_to="good" username="{login}" password="{password}"/>
+    </action>
+  </recv>
+  <nop test="good" next="answered"/>
+  <send><![CDATA[
+      SIP/2.0 403 Forbidden
+      [last_Via:]
+      [last_From:]
+      [last_To:]
+      [last_Call-ID:]
+      [last_CSeq:]
+      Content-Length: 0
+  ]]></send>
+  <recv request="NEVER" timeout="100"/>
+  <label id="answered"/>
+  <send><![CDATA[
+      SIP/2.0 200 OK
+      [last_Via:]
+      [last_From:]
+      [last_To:]
+      [last_Call-ID:]
+      [last_CSeq:]
+      Content-Length: 0
+  ]]></send>
+"""
+
+
+@pytest.mark.parametrize("password", [LOGIN_PASSWORD, "not-it"])
+def test_the_edges_bye_answers_the_trunks_challenge(
+    stack: PhoneStack, tmp_path: Path, password: str
+) -> None:
+    """sipp checks the answer with `password`: the edge's login passes, a wrong one fails."""
+    sessions = set(stack.live_sessions())
+    scenario = sipp_invite_answering_a_challenge("echo", USER, PASSWORD)
+    scenario += CHALLENGE_THE_BYE.format(login=LOGIN, password=password)
+    result: list[tuple[int, str]] = []
+    sipp = threading.Thread(
+        target=lambda: result.append(run_sipp(stack.sip, scenario, str(tmp_path), timeout=30))
+    )
+    sipp.start()
+    try:
+        wait_until(lambda: set(stack.live_sessions()) - sessions, 10)
+        (session,) = set(stack.live_sessions()) - sessions
+        assert stack.tx.request("DELETE", f"/internal/v1/sessions/{session}")[0] == 204
+    finally:
+        sipp.join(60)
+    ((status, said),) = result
+    assert (status == 0) == (password == LOGIN_PASSWORD), said
+    assert stack.signaling_event("sip_challenges_answered") >= 1

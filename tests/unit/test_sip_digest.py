@@ -102,6 +102,59 @@ def test_no_header_raises_anything_else(value: str) -> None:
         pass
 
 
+# -- our answer to a trunk's challenge --------------------------------------------------------
+
+
+def test_our_answer_matches_rfc_7616s_example() -> None:
+    """The client's side against the RFC's own figures (its cnonce, nc=1)."""
+    challenge = sip_digest.parse_challenge(
+        'Digest realm="http-auth@example.org", qop="auth, auth-int", algorithm=SHA-256, '
+        'nonce="7ypf/xlj9XXwfDPEoM4URrv/xwf94BcCAzFZH4GiTo0v", '
+        'opaque="FQhe/qaU925kfnzjCev0ciny7QMkPqMAFRtzCUYo5tdS"'
+    )
+    assert challenge.qop and challenge.algorithm == "SHA-256"
+    value = sip_digest.answer(
+        challenge,
+        "GET",
+        "/dir/index.html",
+        "Mufasa",
+        "Circle of Life",
+        "f2/wE4q74E6zIJEtWaHKaf5wv/H5QzzpXusqGemxURZJ",
+    )
+    credentials = sip_digest.parse_credentials(value)
+    assert credentials.response == (
+        "753927fa0e85d155564e2e272a28d1802ca10daf4496794697cf8db5856cb6c1"
+    )
+    assert credentials.opaque == challenge.opaque and credentials.nc == "00000001"
+
+
+def test_a_challenge_without_qop_and_what_cannot_be_answered() -> None:
+    bare = sip_digest.parse_challenge('Digest realm="pbx", nonce="n1"')
+    assert (bare.algorithm, bare.qop, bare.opaque) == ("MD5", False, None)
+    value = sip_digest.answer(bare, "BYE", "sip:a@b", 'us"er', "pw", "c")
+    credentials = sip_digest.parse_credentials(value)
+    assert credentials.username == 'us"er' and credentials.qop is None  # (quoted, escaped)
+    ha1 = sip_digest.hash_a1("MD5", 'us"er', "pbx", "pw")
+    assert sip_digest.expected_response(ha1, "BYE", credentials) == credentials.response
+    for value in [
+        'Basic realm="pbx"',
+        'Digest realm="pbx"',  # no nonce
+        'Digest realm="pbx", nonce="n", algorithm=SHA-512-256',
+        'Digest realm="pbx", nonce="n", qop="auth-int"',
+        'Digest realm="p\r\nX-Evil: 1", nonce="n"',  # written back into our answer
+    ]:
+        with pytest.raises(DigestError):
+            sip_digest.parse_challenge(value)
+
+
+@given(st.text(max_size=300))
+def test_no_challenge_raises_anything_else(value: str) -> None:
+    try:
+        sip_digest.parse_challenge(value)
+    except DigestError:
+        pass
+
+
 # -- the trunk's check ------------------------------------------------------------------------
 
 TRUNK, HOST, URI = "pbx", "192.0.2.7", "sip:echo@198.51.100.1"

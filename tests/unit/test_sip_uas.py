@@ -9,6 +9,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from firsthop.services.sip.trunk_auth import TrunkSecret
 from firsthop.services.sip.uas import (
     HEAP_SLACK,
     MAX_SE,
@@ -25,7 +26,7 @@ from firsthop.services.sip.uas import (
     SipUas,
     Trunk,
 )
-from firsthop.shared.wire import sip
+from firsthop.shared.wire import sip, sip_digest
 from firsthop.shared.wire.sip import SipRequest, SipResponse
 
 TRUNK = ("192.0.2.7", 5062)
@@ -953,3 +954,75 @@ def test_a_connection_carrying_a_live_call_is_one_to_keep() -> None:
     assert core.carries_calls(TRUNK) and not core.carries_calls(("192.0.2.7", 5999))
     core.receive_datagram(request("BYE", branch="z9hG4bKbye", cseq=2, to_tag=call), TRUNK, 1.0)
     assert not core.carries_calls(TRUNK)
+
+
+def login_uas() -> SipUas:
+    counter = itertools.count()
+    return SipUas(
+        trunks=[Trunk.of("pbx", ["192.0.2.0/28"], login=TrunkSecret("edge", "pw"))],
+        contact="sip:firsthop@198.51.100.1:5060",
+        token=lambda: f"t{next(counter)}",
+        now=0.0,
+    )
+
+
+CHALLENGE = 'Digest realm="pbx.example", nonce="n1", algorithm=MD5, qop="auth"'
+
+
+def challenged(request: SipRequest, status: int = 401, nonce: str = "n1") -> bytes:
+    name = "WWW-Authenticate" if status == 401 else "Proxy-Authenticate"
+    value = CHALLENGE.replace("n1", nonce)
+    return sip.response_to(request, status, "Unauthorized", headers=[(name, value)]).encode()
+
+
+def test_a_challenged_bye_is_sent_again_answering_with_the_trunks_login() -> None:
+    """RFC 3261 §22.2: the same request, a new CSeq and branch, the Digest answer; a second
+    challenge (a wrong login) is not answered again."""
+    core = login_uas()
+    call = answered(core)
+    core.hangup(call, 1.0)
+    ((bye, _),) = sent(core)
+    assert isinstance(bye, SipRequest)
+    core.receive_datagram(challenged(bye), TRUNK, 1.1)
+    ((again, _),) = sent(core)
+    assert isinstance(again, SipRequest) and again.method == "BYE"
+    assert again.get("cseq") == "2 BYE" and again.vias()[0] != bye.vias()[0]
+    credentials = sip_digest.parse_credentials(again.get("authorization") or "")
+    assert (credentials.username, credentials.realm, credentials.uri) == (
+        "edge",
+        "pbx.example",
+        bye.uri,
+    )
+    ha1 = sip_digest.hash_a1("MD5", "edge", "pbx.example", "pw")
+    assert sip_digest.expected_response(ha1, "BYE", credentials) == credentials.response
+    core.receive_datagram(challenged(again, nonce="n2"), TRUNK, 1.2)
+    assert sent(core) == [] and core.counters["sip_challenges_unanswered"] == 1
+    assert core.counters["sip_challenges_answered"] == 1
+
+
+def test_a_proxy_challenged_refer_is_sent_again_and_its_notify_names_the_new_one() -> None:
+    core = login_uas()
+    call = answered(core)
+    assert core.refer(call, "sip:desk@pbx.example", 1.0)
+    ((refer, _),) = sent(core)
+    assert isinstance(refer, SipRequest)
+    core.receive_datagram(challenged(refer, 407), TRUNK, 1.1)
+    ((again, _),) = sent(core)
+    assert isinstance(again, SipRequest) and again.method == "REFER"
+    assert again.get("refer-to") == "<sip:desk@pbx.example>" and again.get("cseq") == "2 REFER"
+    assert (again.get("proxy-authorization") or "").startswith('Digest username="edge"')
+    assert events(core) == []  # (the challenge is not the transfer's outcome)
+    core.receive_datagram(sip.response_to(again, 202, "Accepted").encode(), TRUNK, 1.2)
+    core.receive_datagram(notify(call, 2, b"SIP/2.0 200 OK\r\n", "refer;id=2"), TRUNK, 2.0)
+    assert events(core) == [CallTransferred(call, 200)]
+
+
+def test_without_a_login_a_challenge_is_the_requests_refusal() -> None:
+    core = uas()
+    call = answered(core)
+    assert core.refer(call, "sip:desk@pbx.example", 1.0)
+    ((refer, _),) = sent(core)
+    assert isinstance(refer, SipRequest)
+    core.receive_datagram(challenged(refer), TRUNK, 1.1)
+    assert sent(core) == [] and events(core) == [CallTransferred(call, 401)]
+    assert core.counters["sip_challenges_unanswered"] == 1

@@ -39,6 +39,7 @@ TEST_SECRETS = {
     "api-keys": "k",
     "internal-token": "t",
     "sip-trunk-auth": "",  # (the base names no trunk: none has a password)
+    "sip-trunk-login": "",  # (nor a login)
 }
 
 Obj = dict[str, Any]
