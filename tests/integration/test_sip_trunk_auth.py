@@ -104,47 +104,41 @@ def test_an_invite_without_the_answer_rings_nothing(stack: PhoneStack) -> None:
         phone.close()
 
 
-# sipp, called by the edge's BYE: challenges it (401, qop=auth), then checks the Digest answer
-# of the BYE sent again (`verifyauth`: sipp's own computation) and says 200, or 403 and fails.
-CHALLENGE_THE_BYE = """
-  <recv request="BYE" timeout="20000"/>
-  <send><![CDATA[
-      SIP/2.0 401 Unauthorized
+def sipp_reply(status: str, *fields: str) -> str:
+    """A sipp UAS's response to the request it last received, as scenario XML."""
+    lines = "".join(f"      {f}\n" for f in fields)
+    return f"""  <send><![CDATA[
+      SIP/2.0 {status}
       [last_Via:]
       [last_From:]
       [last_To:]
       [last_Call-ID:]
       [last_CSeq:]
-      WWW-Authenticate: Digest realm="pbx.example", nonce="b7f3c2d1e0", algorithm=MD5, qop="auth"
-      Content-Length: 0
+{lines}      Content-Length: 0
   ]]></send>
-  <recv request="BYE" timeout="5000">
+"""
+
+
+# sipp, called by the edge's BYE: challenges it (401, qop=auth), then checks the Digest answer
+# of the BYE sent again (`verifyauth`: sipp's own computation) and says 200, or 403 and fails.
+CHALLENGE_THE_BYE = (
+    '  <recv request="BYE" timeout="20000"/>\n'
+    + sipp_reply(
+        "401 Unauthorized",
+        'WWW-Authenticate: Digest realm="pbx.example", nonce="b7f3c2d1e0", algorithm=MD5, '
+        'qop="auth"',
+    )
+    + """  <recv request="BYE" timeout="5000">
     <action>
       <verifyauth assign_to="good" username="{login}" password="{password}"/>
     </action>
   </recv>
   <nop test="good" next="answered"/>
-  <send><![CDATA[
-      SIP/2.0 403 Forbidden
-      [last_Via:]
-      [last_From:]
-      [last_To:]
-      [last_Call-ID:]
-      [last_CSeq:]
-      Content-Length: 0
-  ]]></send>
-  <recv request="NEVER" timeout="100"/>
-  <label id="answered"/>
-  <send><![CDATA[
-      SIP/2.0 200 OK
-      [last_Via:]
-      [last_From:]
-      [last_To:]
-      [last_Call-ID:]
-      [last_CSeq:]
-      Content-Length: 0
-  ]]></send>
 """
+    + sipp_reply("403 Forbidden")
+    + '  <recv request="NEVER" timeout="100"/>\n  <label id="answered"/>\n'
+    + sipp_reply("200 OK")
+)
 
 
 @pytest.mark.parametrize("password", [LOGIN_PASSWORD, "not-it"])
