@@ -331,6 +331,8 @@ def _trunk_auth(
                 f"{flag}: an item is not NAME=USER:PASSWORD (from the environment, "
                 "items are split at commas: a password may not hold one)"
             )
+        if not (username + password).isprintable():
+            raise ValueError(f"{flag}: a user name or password holds a control character")
         if name not in trunks:
             raise ValueError(f"{flag} names no --sip-trunk: {name[:64]!r}")
         if name in out:

@@ -213,7 +213,7 @@ class _ClientTx(_Timed):
     dialog: _Call  # the call it is in (its trunk's answer alone settles it)
     cseq: int
     extra: tuple[tuple[str, str], ...] = ()  # its own fields (Refer-To, ...)
-    challenged: bool = False  # it answers a challenge already (a second one is not answered)
+    answers: int = 0  # challenges it answers already (one; a second only when `stale`)
     interval: float = T1
     give_up_at: float = 0.0
     reliable: bool = False  # over TCP or TLS: no Timer E, only Timer F (§17.1.2.2)
@@ -784,26 +784,40 @@ class SipUas:
 
     def _answer_challenge(self, tx: _ClientTx, response: SipResponse) -> bool:
         """Send `tx`'s request again with the trunk's `login` answering the challenge (§22.2:
-        a new CSeq and branch); False if there is none to answer with, it cannot be answered
-        or it is the answer's own (a second challenge: the login is wrong)."""
+        a new CSeq and branch, the first challenge we can answer, RFC 8760 §2.4); False, so
+        the request is refused, if there is no login, no challenge we can answer, the request
+        is no longer current (a REFER replaced since, a call that ended under an UPDATE or
+        REFER), or it answers a challenge already (the login is wrong; unless the new one
+        says `stale=true`, RFC 7616 §3.3, once)."""
         call, login = tx.dialog, self._login.get(tx.dialog.trunk)
         name = "www-authenticate" if response.status == 401 else "proxy-authenticate"
-        value = response.get(name)
-        if login is None or tx.challenged or value is None:
-            self.counters["sip_challenges_unanswered"] += 1
-            return False
-        try:
-            challenge = sip_digest.parse_challenge(value)
-        except sip_digest.DigestError:
+        challenge = None
+        for value in (v for k, v in response.headers if k == name):
+            try:
+                challenge = sip_digest.parse_challenge(value)
+                break
+            except sip_digest.DigestError:
+                continue
+        transfer = call.transfer
+        live = call.state == "up" and self._calls.get(call.tag) is call
+        latest = tx.method != "REFER" or (transfer is not None and transfer.cseq == tx.cseq)
+        current = tx.method == "BYE" or (live and latest)
+        if (
+            login is None
+            or challenge is None
+            or not current
+            or tx.answers > (1 if challenge.stale else 0)
+            or len(self._client) >= self.limits.transactions
+        ):
             self.counters["sip_challenges_unanswered"] += 1
             return False
         field = "Authorization" if response.status == 401 else "Proxy-Authorization"
         credentials = sip_digest.answer(
             challenge, tx.method, call.remote_target, login.username, login.password, self.token()
         )
-        self._request(call, tx.method, self._now, [*tx.extra, (field, credentials)], True)
-        transfer = call.transfer
-        if tx.method == "REFER" and transfer is not None and transfer.cseq == tx.cseq:
+        extra = [*tx.extra, (field, credentials)]
+        self._request(call, tx.method, self._now, extra, answers=tx.answers + 1)
+        if tx.method == "REFER" and transfer is not None:
             transfer.cseq = call.local_cseq  # (its NOTIFYs name the REFER sent again)
         self.counters["sip_challenges_answered"] += 1
         return True
@@ -954,10 +968,10 @@ class SipUas:
         method: str,
         now: float,
         extra: list[tuple[str, str]] | None = None,
-        challenged: bool = False,
+        answers: int = 0,
     ) -> None:
         """A request of ours in `call`'s dialog, as a client transaction (Timer E, F);
-        `challenged`: it answers a challenge (its last field the credentials)."""
+        `answers`: the challenges it answers (its last field the credentials)."""
         call.local_cseq += 1
         branch = sip.BRANCH_COOKIE + self.token()
         local = call.local_uri if ";tag=" in call.local_uri else f"{call.local_uri};tag={call.tag}"
@@ -983,8 +997,8 @@ class SipUas:
             method,
             call,
             call.local_cseq,
-            own[:-1] if challenged else own,
-            challenged,
+            own[:-1] if answers else own,
+            answers,
             give_up_at=now + TIMEOUT,
             reliable=reliable,
         )

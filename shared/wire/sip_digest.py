@@ -40,6 +40,8 @@ ALGORITHMS: dict[str, Callable[[bytes], str]] = {
 }
 MAX_PARAMS = 16  # auth-params one answer may carry (an answer has about ten)
 MAX_VALUE = 1024  # characters of one parameter's value
+MAX_CHALLENGE_VALUE = 256  # of a challenge's (what our answer writes back stays small)
+PRINTABLE = frozenset(chr(c) for c in range(0x20, 0x7F))
 NEEDED = ("username", "realm", "nonce", "uri", "response")  # §22.4, RFC 7616 §3.4
 
 
@@ -175,6 +177,7 @@ class Challenge:
     algorithm: str = "MD5"
     qop: bool = False  # it offers qop=auth (then the answer carries nc and cnonce)
     opaque: str | None = None
+    stale: bool = False  # our last answer's nonce had expired, not its password (§3.3)
 
 
 def parse_challenge(value: str) -> Challenge:
@@ -183,8 +186,11 @@ def parse_challenge(value: str) -> Challenge:
     params = _auth_params(value, "challenge")
     if "realm" not in params or "nonce" not in params:
         raise DigestError("no realm or nonce")
-    if any(ch < " " or ch == "\x7f" for text in params.values() for ch in text):
-        raise DigestError("a control character")  # (they would be written into our answer)
+    if any(
+        len(text) > MAX_CHALLENGE_VALUE or not PRINTABLE.issuperset(text)
+        for text in params.values()
+    ):
+        raise DigestError("a value too long or not printable ASCII")  # (written into our answer)
     algorithm = params.get("algorithm", "MD5").upper()
     if algorithm not in ALGORITHMS:
         raise DigestError("an algorithm we do not know")
@@ -192,8 +198,9 @@ def parse_challenge(value: str) -> Challenge:
     qops = {q.strip().lower() for q in offered.split(",")} if offered is not None else set()
     if offered is not None and "auth" not in qops:
         raise DigestError("a qop we do not know")
+    stale = params.get("stale", "").lower() == "true"
     return Challenge(
-        params["realm"], params["nonce"], algorithm, "auth" in qops, params.get("opaque")
+        params["realm"], params["nonce"], algorithm, "auth" in qops, params.get("opaque"), stale
     )
 
 

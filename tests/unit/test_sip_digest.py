@@ -130,7 +130,8 @@ def test_our_answer_matches_rfc_7616s_example() -> None:
 
 def test_a_challenge_without_qop_and_what_cannot_be_answered() -> None:
     bare = sip_digest.parse_challenge('Digest realm="pbx", nonce="n1"')
-    assert (bare.algorithm, bare.qop, bare.opaque) == ("MD5", False, None)
+    assert (bare.algorithm, bare.qop, bare.opaque, bare.stale) == ("MD5", False, None, False)
+    assert sip_digest.parse_challenge('Digest realm="pbx", nonce="n2", stale=TRUE').stale
     value = sip_digest.answer(bare, "BYE", "sip:a@b", 'us"er', "pw", "c")
     credentials = sip_digest.parse_credentials(value)
     assert credentials.username == 'us"er' and credentials.qop is None  # (quoted, escaped)
@@ -142,6 +143,8 @@ def test_a_challenge_without_qop_and_what_cannot_be_answered() -> None:
         'Digest realm="pbx", nonce="n", algorithm=SHA-512-256',
         'Digest realm="pbx", nonce="n", qop="auth-int"',
         'Digest realm="p\r\nX-Evil: 1", nonce="n"',  # written back into our answer
+        'Digest realm="p\u2028q", nonce="n"',  # (printable ASCII only)
+        f'Digest realm="pbx", nonce="{"n" * 257}"',  # (our answer stays small)
     ]:
         with pytest.raises(DigestError):
             sip_digest.parse_challenge(value)

@@ -1026,3 +1026,48 @@ def test_without_a_login_a_challenge_is_the_requests_refusal() -> None:
     core.receive_datagram(challenged(refer), TRUNK, 1.1)
     assert sent(core) == [] and events(core) == [CallTransferred(call, 401)]
     assert core.counters["sip_challenges_unanswered"] == 1
+
+
+def test_the_first_challenge_we_can_answer_is_answered_and_a_stale_one_once_more() -> None:
+    core = login_uas()
+    call = answered(core)
+    core.hangup(call, 1.0)
+    ((bye, _),) = sent(core)
+    assert isinstance(bye, SipRequest)
+    offered = [
+        ("WWW-Authenticate", 'Digest realm="pbx.example", nonce="n0", algorithm=SHA-512-256'),
+        ("WWW-Authenticate", CHALLENGE),  # (RFC 8760 §2.4: the first we can answer)
+    ]
+    core.receive_datagram(
+        sip.response_to(bye, 401, "Unauthorized", headers=offered).encode(), TRUNK, 1.1
+    )
+    ((again, _),) = sent(core)
+    assert isinstance(again, SipRequest) and 'nonce="n1"' in (again.get("authorization") or "")
+    stale = sip.response_to(
+        again, 401, "Unauthorized", headers=[("WWW-Authenticate", CHALLENGE + ", stale=true")]
+    )
+    core.receive_datagram(stale.encode(), TRUNK, 1.2)  # our nonce expired: once more
+    ((third, _),) = sent(core)
+    assert isinstance(third, SipRequest) and third.get("cseq") == "3 BYE"
+    assert len([v for k, v in third.headers if k == "authorization"]) == 1
+    stale_again = sip.response_to(
+        third, 401, "Unauthorized", headers=[("WWW-Authenticate", CHALLENGE + ", stale=true")]
+    )
+    core.receive_datagram(stale_again.encode(), TRUNK, 1.3)  # (not a third time)
+    assert sent(core) == [] and core.counters["sip_challenges_answered"] == 2
+    assert core.counters["sip_challenges_unanswered"] == 1
+
+
+def test_a_challenged_request_no_longer_current_is_not_sent_again() -> None:
+    core = login_uas()
+    call = answered(core)
+    assert core.refer(call, "sip:old@pbx.example", 1.0)
+    assert core.refer(call, "sip:new@pbx.example", 1.1)
+    (first, _), (second, _) = sent(core)
+    assert isinstance(first, SipRequest) and isinstance(second, SipRequest)
+    core.receive_datagram(challenged(first), TRUNK, 1.2)  # the app asked for another since
+    assert sent(core) == [] and events(core) == []
+    core.receive_datagram(request("BYE", branch="z9hG4bKbye", cseq=2, to_tag=call), TRUNK, 1.3)
+    sent(core)
+    core.receive_datagram(challenged(second), TRUNK, 1.4)  # the call has ended since
+    assert sent(core) == [] and core.counters["sip_challenges_unanswered"] == 2
