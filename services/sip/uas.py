@@ -22,9 +22,11 @@ What it owns:
   requests are matched by Call-ID and tags (481 otherwise) and must raise the CSeq (500);
   BYE ends a call, CANCEL ends a ringing one (487 to its INVITE, §9.2), a re-INVITE or
   UPDATE is a new offer for the application (491 while one is pending, §14.2);
-* **our requests**: BYE as a client transaction (§17.1.2: Timer E retransmits, Timer F gives
-  up), always to the address the trunk's requests come from (symmetric, like responses:
-  never to a host a message names);
+* **our requests**: BYE, REFER and UPDATE as client transactions (§17.1.2: Timer E
+  retransmits, Timer F gives up), always to the address the trunk's requests come from
+  (symmetric, like responses: never to a host a message names), on the transport its INVITE
+  came on (`Outgoing.reliable`, §18.2.2); a 401/407 to one is answered once with the trunk's
+  `Trunk.login` (§22.2); a REFER's outcome (its NOTIFYs, RFC 3515) is `CallTransferred`;
 * **no state for what cannot change a call**: only a new INVITE (authenticated, when its
   trunk has a password), a CANCEL of one of our INVITE transactions and a request of a live
   dialog get a transaction; anything else is answered statelessly (§8.2.7), over UDP at
