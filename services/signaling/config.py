@@ -316,7 +316,7 @@ def _pairs(items: list[str], what: str) -> list[tuple[str, str]]:
     return out
 
 
-def _trunk_auth(
+def _trunk_secrets(
     items: list[str], trunks: Iterable[str], flag: str = "--sip-trunk-auth"
 ) -> dict[str, TrunkSecret]:
     """`flag NAME=USER:PASSWORD` items; an error never quotes one (it holds a password, or
@@ -409,8 +409,8 @@ def config_from_args(args: argparse.Namespace) -> SignalingConfig:
         for name, cidr in _pairs(args.sip_trunk, "--sip-trunk"):
             ipaddress.ip_network(cidr, strict=False)  # validates
             trunks.setdefault(name, []).append(cidr)
-        trunk_auth = _trunk_auth(args.sip_trunk_auth or [], trunks.keys())
-        trunk_login = _trunk_auth(args.sip_trunk_login or [], trunks.keys(), "--sip-trunk-login")
+        trunk_auth = _trunk_secrets(args.sip_trunk_auth or [], trunks.keys())
+        trunk_login = _trunk_secrets(args.sip_trunk_login or [], trunks.keys(), "--sip-trunk-login")
         algorithms = tuple(a.strip().upper() for a in args.sip_auth_algorithms.split(","))
         TrunkAuth(trunk_auth, algorithms=algorithms)  # validates (names; realms are tokens)
         recorded = frozenset(args.sip_record or ())

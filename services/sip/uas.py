@@ -817,8 +817,8 @@ class SipUas:
         credentials = sip_digest.answer(
             challenge, tx.method, call.remote_target, login.username, login.password, self.token()
         )
-        extra = [*tx.extra, (field, credentials)]
-        self._request(call, tx.method, self._now, extra, answers=tx.answers + 1)
+        answering = (field, credentials)
+        self._request(call, tx.method, self._now, list(tx.extra), answering, tx.answers + 1)
         if tx.method == "REFER" and transfer is not None:
             transfer.cseq = call.local_cseq  # (its NOTIFYs name the REFER sent again)
         self.counters["sip_challenges_answered"] += 1
@@ -970,10 +970,12 @@ class SipUas:
         method: str,
         now: float,
         extra: list[tuple[str, str]] | None = None,
+        answering: tuple[str, str] | None = None,
         answers: int = 0,
     ) -> None:
-        """A request of ours in `call`'s dialog, as a client transaction (Timer E, F);
-        `answers`: the challenges it answers (its last field the credentials)."""
+        """A request of ours in `call`'s dialog, as a client transaction (Timer E, F), with
+        its own fields `extra`; `answering`: the credentials field answering a challenge,
+        the `answers`-th (not kept with `extra`: a next challenge gets new ones)."""
         call.local_cseq += 1
         branch = sip.BRANCH_COOKIE + self.token()
         local = call.local_uri if ";tag=" in call.local_uri else f"{call.local_uri};tag={call.tag}"
@@ -989,9 +991,9 @@ class SipUas:
             ("Call-ID", call.call_id),
             ("CSeq", f"{call.local_cseq} {method}"),
             *(extra or []),
+            *([answering] if answering else []),
         ]
         data = sip.request(method, call.remote_target, headers).encode()
-        own = tuple(extra or ())
         tx = _ClientTx(
             branch,
             data,
@@ -999,7 +1001,7 @@ class SipUas:
             method,
             call,
             call.local_cseq,
-            own[:-1] if answers else own,
+            tuple(extra or ()),
             answers,
             give_up_at=now + TIMEOUT,
             reliable=reliable,
