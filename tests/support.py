@@ -62,20 +62,35 @@ def mint(
 
 
 def binding_request(
-    server_ufrag: bytes, client_ufrag: bytes = b"cLnt", pwd: bytes = b"p" * 22
+    server_ufrag: bytes,
+    client_ufrag: bytes = b"cLnt",
+    pwd: bytes = b"p" * 22,
+    *,
+    nominate: bool = False,
+    after_integrity: list[tuple[int, bytes]] | None = None,
 ) -> bytes:
-    return stun.build_stun(
-        stun.BINDING,
-        stun.REQUEST,
-        os.urandom(12),
-        [
-            (stun.USERNAME, server_ufrag + b":" + client_ufrag),
-            (stun.ICE_CONTROLLING, os.urandom(8)),
-            (stun.PRIORITY, struct.pack("!I", 1853824767)),
-        ],
-        integrity_key=pwd,
-        fingerprint=True,
-    )
+    """A caller's check; `nominate`: with USE-CANDIDATE (RFC 8445 §7.1.2), as a controlling
+    agent marks its chosen pair; `after_integrity`: attributes put past MESSAGE-INTEGRITY,
+    which it does not cover (and the FINGERPRINT is then left out)."""
+    attributes = [
+        (stun.USERNAME, server_ufrag + b":" + client_ufrag),
+        (stun.ICE_CONTROLLING, os.urandom(8)),
+        (stun.PRIORITY, struct.pack("!I", 1853824767)),
+    ]
+    if nominate:
+        attributes.append((stun.USE_CANDIDATE, b""))
+    data = stun.build_stun(
+        stun.BINDING, stun.REQUEST, os.urandom(12), attributes, integrity_key=pwd,
+        fingerprint=after_integrity is None,
+    )  # fmt: skip
+    if after_integrity:
+        extra = b"".join(
+            struct.pack("!HH", kind, len(value)) + value + bytes(-len(value) % 4)
+            for kind, value in after_integrity
+        )
+        length = int.from_bytes(data[2:4], "big") + len(extra)
+        data = data[:2] + length.to_bytes(2, "big") + data[4:] + extra
+    return data
 
 
 def binding_success(transaction_id: bytes | None = None) -> bytes:
@@ -779,17 +794,20 @@ class Namespace:
             text=True,
         )
 
+    def nft(self, rules: str) -> None:
+        """Load nftables `rules` (a ruleset's text) in the namespace."""
+        _ip("netns", "exec", self.name, "nft", "-f", "-", stdin=rules)
+
     def block_udp(self, blocked: bool = True) -> None:
         """nftables in the namespace drop every UDP datagram in and out (or stop doing so)."""
         self.run("nft", "flush", "ruleset")
         if blocked:
-            rules = (
+            self.nft(
                 "table inet firsthop_test {\n"
                 "  chain out { type filter hook output priority 0; meta l4proto udp drop; }\n"
                 "  chain in { type filter hook input priority 0; meta l4proto udp drop; }\n"
                 "}\n"
             )
-            _ip("netns", "exec", self.name, "nft", "-f", "-", stdin=rules)
 
 
 def _ip(
@@ -876,6 +894,21 @@ def network_namespace() -> Iterator[Namespace]:
         yield ns
     finally:
         _ip("netns", "del", name, check=False)  # takes the veth pair with it
+        _ip("link", "del", f"{ifname}a", check=False)
+
+
+@contextmanager
+def second_link(ns: Namespace) -> Iterator[Namespace]:
+    """Another veth pair from this host into `ns`, on a /24 of its own: the same namespace,
+    reached at other addresses (`host`, `inside`): a caller with two interfaces. Removed
+    on exit."""
+    ifname = f"fh{os.urandom(3).hex()}"
+    try:
+        with _free_subnet(199) as third:
+            link = Namespace(ns.name, f"10.199.{third}.1", f"10.199.{third}.2")
+            _veth(None, ns.name, ifname, link.host, link.inside)
+        yield link
+    finally:
         _ip("link", "del", f"{ifname}a", check=False)
 
 

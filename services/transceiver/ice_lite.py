@@ -13,15 +13,27 @@ a session, and answers the checks it accepts (nothing else parses or answers STU
 * A transaction ID seen from one address and then from another is a captured check replayed
   from elsewhere: dropped.
 * Consent (RFC 7675) is refreshed only by an authenticated check.
-* The first authenticated check selects the media path (the lite agent's nomination).
+* The first authenticated check selects the media path, so media can flow at once.
 * Once a path is selected, media moves to another address only after that address proves it
   is the caller: we send it our own Binding request, signed with the caller's password, and
-  move only on a success response that verifies with it (a return-routability check, like
-  QUIC path validation, RFC 9000 §8.2). Until then the media stays where it is, and the new
-  address gets, per check it sent, one STUN response (`Accepted.response`; the relay needs
-  that success response to carry the flow at all) and at most one validation
-  request — never retransmitted on its own, so nothing goes to an unproven address that it
-  did not ask for. This is how a NAT rebinding recovers, at the caller's next check.
+  accept only a success response that verifies with it (a return-routability check, like
+  QUIC path validation, RFC 9000 §8.2). Until then the new address gets, per check it sent,
+  one STUN response (`Accepted.response`; the relay needs that success response to carry
+  the flow at all) and at most one validation request — never retransmitted on its own, so
+  nothing goes to an unproven address that it did not ask for.
+* Where the media goes is the caller's choice (RFC 8445 §8.2: a lite agent sends on the pair
+  the controlling agent nominated). A caller with several interfaces checks from each, and
+  sends its media on one; it says which by USE-CANDIDATE (libwebrtc, with a lite peer, on
+  every check of its selected connection, and again on another when it moves). So:
+  * a fresh authenticated check with USE-CANDIDATE from a proven address moves the media
+    there at once (a retransmission, the same transaction again, moves nothing);
+  * a newly proven address takes the media if the check that began its validation
+    nominated it, or if the selected path has had no check for `MOVE_AFTER`: a NAT
+    rebinding, where the old address falls silent and the caller's next check comes from
+    the new one (aioice's consent checks, 4-6 s apart, carry no USE-CANDIDATE). That is how
+    a rebinding recovers, at the caller's next check;
+  * otherwise it does not: the caller's chosen path still checks, and keeps the media (an
+    interface the caller does not use may go away mid-call; media sent there is lost).
 * Bounds: at most `MAX_PATHS` addresses per session (the least recently checked yields), one
   validation in flight (it lapses after `PROBE_TIMEOUT`), at most one started per
   `PROBE_INTERVAL`.
@@ -36,7 +48,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from firsthop.shared.address import Address
 from firsthop.shared.wire import stun
@@ -45,6 +57,10 @@ MAX_PATHS = 8  # authenticated client addresses remembered per session
 MAX_RECENT = 64  # transaction IDs remembered for replay detection
 PROBE_TIMEOUT = 1.0  # a validation not answered by then lapses (s)
 PROBE_INTERVAL = 0.5  # at most one validation started per half second
+# A proven address the caller did not nominate takes the media only when the selected path
+# has had no check for this long (s): libwebrtc checks its selected connection every 2.5 s
+# at most, aioice every 4-6 s (consent, RFC 7675) and never nominates again.
+MOVE_AFTER = 3.0
 # RFC 8445 §5.1.2.1: priority of a peer-reflexive candidate, component 1, as our check's
 # PRIORITY (what the caller would learn us as; it knows us already, from the answer).
 PRFLX_PRIORITY = (110 << 24) | (65535 << 8) | (256 - 1)
@@ -63,6 +79,7 @@ class Accepted:
     """An authenticated check: send `response` back to its source; send `probe` if any."""
 
     selects: bool  # this check selected the session's first media path
+    moves: bool = False  # this check's nomination moved the media to its (proven) source
     probe: bytes | None = None  # our Binding request to the check's source (validation)
     # The Binding success response (RFC 8489 §7.3.1, RFC 8445 §7.3.1.1): XOR-MAPPED-ADDRESS
     # of the source, signed with our password, FINGERPRINT; smaller than the check.
@@ -78,9 +95,11 @@ class Refused:
 
 @dataclass(frozen=True, slots=True)
 class PathValidated:
-    """`client` answered our check: the media now goes there."""
+    """`client` answered our check: it is the caller's; the media now goes there if
+    `moved` (else the caller's chosen path is alive and keeps it)."""
 
     client: Address
+    moved: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +107,7 @@ class _Probe:
     client: Address
     transaction_id: bytes
     expires: float
+    nominated: bool  # a check from `client` carried the caller's nomination
 
 
 class LiteIce:
@@ -125,6 +145,8 @@ class LiteIce:
         seen = self._recent.get(msg.transaction_id)
         if seen is not None and seen != client:
             return Refused("stun_replay")
+        # (a retransmission, the same transaction again, never moves the media)
+        nominates = seen is None and msg.get(stun.USE_CANDIDATE) is not None
         if seen is None:
             if len(self._recent) >= MAX_RECENT:
                 del self._recent[next(iter(self._recent))]
@@ -137,8 +159,15 @@ class LiteIce:
             self._validated.add(client)
             return Accepted(selects=True, response=response)
         if client in self._validated:
-            return Accepted(selects=False, response=response)
-        return Accepted(selects=False, probe=self._start_probe(now, client), response=response)
+            moves = nominates and client != self.selected
+            if moves:
+                self.selected = client
+            return Accepted(selects=False, moves=moves, response=response)
+        probe = self._probe
+        if nominates and probe is not None and probe.client == client:
+            self._probe = replace(probe, nominated=True)  # (its answer is still to come)
+        probe_request = self._start_probe(now, client, nominates)
+        return Accepted(selects=False, probe=probe_request, response=response)
 
     def _success(self, transaction_id: bytes, client: Address) -> bytes:
         """The answer to an authenticated check from `client` (RFC 8445 §7.3.1.1): the one
@@ -170,7 +199,7 @@ class LiteIce:
 
     # -- path validation -------------------------------------------------------------------------
 
-    def _start_probe(self, now: float, client: Address) -> bytes | None:
+    def _start_probe(self, now: float, client: Address, nominated: bool) -> bytes | None:
         if self._probe is not None or now - self._last_probe_start < PROBE_INTERVAL:
             return None
         creds = self.creds
@@ -188,7 +217,7 @@ class LiteIce:
             fingerprint=True,
         )
         self._last_probe_start = now
-        self._probe = _Probe(client, transaction_id, now + PROBE_TIMEOUT)
+        self._probe = _Probe(client, transaction_id, now + PROBE_TIMEOUT, nominated)
         return request
 
     def probing(self) -> Address | None:
@@ -216,9 +245,12 @@ class LiteIce:
         except stun.StunError:
             return Refused("stun_auth_fail")
         self._probe = None
-        self.selected = client
         self._validated.add(client)
-        return PathValidated(client)
+        last = self._paths.get(self.selected) if self.selected is not None else None
+        moved = probe.nominated or last is None or now - last >= MOVE_AFTER
+        if moved:
+            self.selected = client
+        return PathValidated(client, moved)
 
     def next_deadline(self) -> float | None:
         return self._probe.expires if self._probe is not None else None

@@ -264,6 +264,9 @@ class SessionTable(Generic[H]):
                 return ()
             assert isinstance(outcome, PathValidated)
             self.mux.validated(entry, client)
+            if not outcome.moved:  # the caller's chosen path still checks: it keeps the media
+                self.counters["path_validated_kept"] += 1
+                return ()
             self.counters["path_moved"] += 1
             return (PathChanged(entry.handle, client),)
         verdict = ice.on_request(now, client, payload)
@@ -287,6 +290,9 @@ class SessionTable(Generic[H]):
             commands.append(PathChanged(entry.handle, client))  # DTLS may start
             if d.stream:  # the caller reached the relay over ICE-TCP (PROXY v2 STREAM)
                 self.counters["ice_tcp_path_selected"] += 1
+        elif verdict.moves:  # the caller nominated a path it had proved: media goes there
+            commands.append(PathChanged(entry.handle, client))
+            self.counters["path_nominated"] += 1
         if verdict.probe is not None:
             self.mux.expect(entry, client)
             probe = self.frame_for(client, verdict.probe)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from firsthop.services.transceiver.ice_lite import (
     MAX_PATHS,
+    MOVE_AFTER,
     PROBE_INTERVAL,
     PROBE_TIMEOUT,
     Accepted,
@@ -27,13 +28,31 @@ ELSEWHERE = ("198.51.100.66", 6666)
 T0 = 1000.0
 
 
-def check(creds: Credentials = CREDS, **kw: bytes) -> bytes:
-    """The caller's check, as a browser sends it (USE-CANDIDATE aside)."""
+def check(
+    creds: Credentials = CREDS,
+    *,
+    nominate: bool = False,
+    after_integrity: list[tuple[int, bytes]] | None = None,
+    **kw: bytes,
+) -> bytes:
+    """The caller's check, as a browser sends it (with USE-CANDIDATE: `nominate`)."""
     return binding_request(
         kw.get("server", creds.local_ufrag.encode()),
         kw.get("client", creds.remote_ufrag.encode()),
         kw.get("pwd", creds.local_pwd.encode()),
+        nominate=nominate,
+        after_integrity=after_integrity,
     )
+
+
+def proven(ice: LiteIce, at: float, client: tuple[str, int], *, nominate: bool = False) -> bool:
+    """`client`, a new address of the caller's, checks and answers our validation: did the
+    media move there?"""
+    verdict = ice.on_request(at, client, check(nominate=nominate))
+    assert isinstance(verdict, Accepted) and verdict.probe is not None
+    outcome = ice.on_response(at, client, answer(verdict.probe))
+    assert isinstance(outcome, PathValidated) and outcome.client == client
+    return outcome.moved
 
 
 def counter_random() -> Callable[[int], bytes]:
@@ -97,9 +116,12 @@ def test_a_check_replayed_from_another_address_is_refused() -> None:
 
 
 def test_media_moves_only_after_the_new_address_answers_our_own_check() -> None:
+    # the caller's NAT rebinds: its old address falls silent, its next check (aioice's
+    # consent: no USE-CANDIDATE) comes from the new one, MOVE_AFTER or more later
     ice = agent()
     ice.on_request(T0, CALLER, check())
-    verdict = ice.on_request(T0 + 1, ELSEWHERE, check())
+    T1 = T0 + MOVE_AFTER  # noqa: N806
+    verdict = ice.on_request(T1, ELSEWHERE, check())
     assert isinstance(verdict, Accepted) and verdict.probe is not None
     assert ice.selected == CALLER and ice.probing() == ELSEWHERE
     probe = stun.parse_stun(verdict.probe)
@@ -109,17 +131,73 @@ def test_media_moves_only_after_the_new_address_answers_our_own_check() -> None:
     stun.verify_fingerprint(verdict.probe, probe)
     assert probe.get(stun.ICE_CONTROLLED) is not None  # a lite agent is controlled
     # answers that do not prove anything move nothing
-    assert ice.on_response(T0 + 1.1, CALLER, answer(verdict.probe)) == Refused("stun_unexpected")
+    assert ice.on_response(T1 + 0.1, CALLER, answer(verdict.probe)) == Refused("stun_unexpected")
     forged = answer(verdict.probe, pwd="guessed-password-xxxxxx")
-    assert ice.on_response(T0 + 1.1, ELSEWHERE, forged) == Refused("stun_auth_fail")
+    assert ice.on_response(T1 + 0.1, ELSEWHERE, forged) == Refused("stun_auth_fail")
     stale = answer(check())  # another transaction
-    assert ice.on_response(T0 + 1.1, ELSEWHERE, stale) == Refused("stun_unexpected")
+    assert ice.on_response(T1 + 0.1, ELSEWHERE, stale) == Refused("stun_unexpected")
     assert ice.selected == CALLER
-    assert ice.on_response(T0 + 1.1, ELSEWHERE, answer(verdict.probe)) == PathValidated(ELSEWHERE)
+    assert ice.on_response(T1 + 0.1, ELSEWHERE, answer(verdict.probe)) == PathValidated(ELSEWHERE)
     assert ice.selected == ELSEWHERE and ice.probing() is None
     # the old path still counts as the caller's (no new validation if it checks again)
-    assert ice.on_request(T0 + 2, CALLER, check()) == Accepted(selects=False)
+    assert ice.on_request(T1 + 1, CALLER, check()) == Accepted(selects=False)
     assert ice.selected == ELSEWHERE
+
+
+def test_the_media_goes_where_the_caller_nominates_among_the_paths_it_proved() -> None:
+    # A caller with two interfaces checks from both and sends its media on one, which it
+    # nominates (libwebrtc, with a lite peer: USE-CANDIDATE on every check of its selected
+    # connection). Its other interface proves itself too, and takes nothing.
+    ice = agent()
+    assert ice.on_request(T0, CALLER, check()) == Accepted(selects=True)
+    assert not proven(ice, T0 + 0.1, ELSEWHERE)  # CALLER checked 0.1 s ago: it keeps the media
+    assert ice.selected == CALLER
+    assert ice.on_request(T0 + 0.2, ELSEWHERE, check()) == Accepted(selects=False)
+    nominated = ice.on_request(T0 + 0.3, ELSEWHERE, check(nominate=True))
+    assert nominated == Accepted(selects=False, moves=True) and ice.selected == ELSEWHERE
+    # each check of the selected connection nominates again: nothing moves
+    assert ice.on_request(T0 + 0.4, ELSEWHERE, check(nominate=True)) == Accepted(selects=False)
+    # the caller moves its selected connection back (renomination): the media follows
+    back = ice.on_request(T0 + 0.5, CALLER, check(nominate=True))
+    assert back == Accepted(selects=False, moves=True) and ice.selected == CALLER
+    # a new address whose validation a nomination began takes the media once proven
+    third = ("192.0.2.77", 7777)
+    assert proven(ice, T0 + 1, third, nominate=True) and ice.selected == third
+
+
+def test_a_nomination_moves_nothing_unproven_replayed_or_outside_the_integrity() -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    proven(ice, T0 + 0.1, ELSEWHERE)
+    # a nomination from an address that has not proved it is the caller's: a validation
+    # starts, the media stays until it is answered
+    third = ("192.0.2.77", 7777)
+    verdict = ice.on_request(T0 + 1, third, check(nominate=True))
+    assert isinstance(verdict, Accepted) and not verdict.moves and verdict.probe is not None
+    assert ice.selected == CALLER
+    ice.on_deadline(T0 + 1 + PROBE_TIMEOUT)  # (it lapses unanswered)
+    # USE-CANDIDATE past MESSAGE-INTEGRITY is not the caller's word (RFC 8489 §14.5)
+    forged = check(after_integrity=[(stun.USE_CANDIDATE, b"")])
+    assert ice.on_request(T0 + 3, ELSEWHERE, forged) == Accepted(selects=False)
+    assert ice.selected == CALLER
+    # a nominating check seen before (a retransmission, or a capture sent again from the
+    # same address) moves nothing: only a fresh nomination does
+    nominating = check(nominate=True)
+    assert ice.on_request(T0 + 4, ELSEWHERE, nominating).moves  # type: ignore[union-attr]
+    assert ice.on_request(T0 + 4.1, CALLER, check(nominate=True)).moves  # type: ignore[union-attr]
+    assert ice.on_request(T0 + 4.2, ELSEWHERE, nominating) == Accepted(selects=False)
+    assert ice.selected == CALLER
+
+
+def test_a_nomination_during_a_validation_lets_its_answer_move_the_media() -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    started = ice.on_request(T0 + 0.1, ELSEWHERE, check())  # (its first check: no nomination)
+    assert isinstance(started, Accepted) and started.probe is not None
+    again = ice.on_request(T0 + 0.15, ELSEWHERE, check(nominate=True))
+    assert again == Accepted(selects=False, probe=None)  # one validation at a time
+    outcome = ice.on_response(T0 + 0.2, ELSEWHERE, answer(started.probe))
+    assert outcome == PathValidated(ELSEWHERE, moved=True) and ice.selected == ELSEWHERE
 
 
 def test_an_error_answer_ends_the_validation() -> None:
@@ -154,7 +232,8 @@ def test_validations_are_one_at_a_time_and_rate_limited() -> None:
     assert isinstance(first, Accepted) and first.probe is not None
     third = ("192.0.2.3", 3333)
     assert ice.on_request(T0, third, check()) == Accepted(selects=False, probe=None)
-    assert ice.on_response(T0 + 0.1, ELSEWHERE, answer(first.probe)) == PathValidated(ELSEWHERE)
+    validated = ice.on_response(T0 + 0.1, ELSEWHERE, answer(first.probe))
+    assert validated == PathValidated(ELSEWHERE, moved=False)  # CALLER checked just now
     assert ice.on_request(T0 + 0.2, third, check()) == Accepted(selects=False, probe=None)
     later = ice.on_request(T0 + PROBE_INTERVAL, third, check())
     assert isinstance(later, Accepted) and later.probe is not None

@@ -55,9 +55,12 @@ def framed(payload: bytes, client: tuple[str, int] = CALLER) -> bytes:
     return build_proxy_v2(client, INGRESS) + payload
 
 
-def check(creds: Credentials) -> bytes:
+def check(creds: Credentials, *, nominate: bool = False) -> bytes:
     return binding_request(
-        creds.local_ufrag.encode(), creds.remote_ufrag.encode(), creds.local_pwd.encode()
+        creds.local_ufrag.encode(),
+        creds.remote_ufrag.encode(),
+        creds.local_pwd.encode(),
+        nominate=nominate,
     )
 
 
@@ -202,6 +205,33 @@ def test_media_flows_only_from_validated_clients_and_moves_only_after_validation
     assert t.on_datagram(T0 + 5.1, RELAY, framed(rtp(), MOVED)) == (
         ToMedia("handle-s1", rtp(), MOVED),
     )
+
+
+def test_media_follows_the_callers_nomination_among_the_paths_it_proved() -> None:
+    # The caller's second interface (MOVED) proves itself while the first still checks:
+    # the media stays; the caller nominates the second (libwebrtc, with a lite peer:
+    # USE-CANDIDATE on its selected connection's checks): what we send goes there.
+    t = table()
+    creds = opened(t)
+    t.on_datagram(T0, RELAY, framed(check(creds)))
+    moved = t.on_datagram(T0 + 0.1, RELAY, framed(check(creds), MOVED))
+    probe = moved[1]
+    assert isinstance(probe, Send)
+    answer = caller_answers(probe.data[parse_proxy_v2(probe.data).payload_offset :], creds)
+    assert t.on_datagram(T0 + 0.15, RELAY, framed(answer, MOVED)) == ()
+    assert t.selected("s1") == CALLER and t.counters["path_validated_kept"] == 1
+    # its media is taken from both (each is the caller's)
+    assert t.on_datagram(T0 + 0.2, RELAY, framed(rtp(), MOVED)) == (
+        ToMedia("handle-s1", rtp(), MOVED),
+    )
+    nominated = t.on_datagram(T0 + 1, RELAY, framed(check(creds, nominate=True), MOVED))
+    assert [type(c) for c in nominated] == [Send, PathChanged]
+    assert nominated[1] == PathChanged("handle-s1", MOVED)
+    assert t.selected("s1") == MOVED and t.counters["path_nominated"] == 1
+    # the selected path's own nominations (every check of libwebrtc's) move nothing
+    again = t.on_datagram(T0 + 2, RELAY, framed(check(creds, nominate=True), MOVED))
+    assert [type(c) for c in again] == [Send] and t.counters["path_nominated"] == 1
+    assert t.counters["path_moved"] == 0
 
 
 def test_an_unanswered_validation_lapses_on_its_deadline() -> None:
