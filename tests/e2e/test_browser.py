@@ -94,6 +94,15 @@ def tx_metrics(tx: TransceiverProcess) -> list[str]:
     return tx.request("GET", "/metrics")[1].decode().splitlines()
 
 
+def relay_drops(relay: RelayProcess) -> dict[str, float]:
+    """The relay's drops by reason, those above zero (what a failure prints)."""
+    return {
+        dict(labels).get("reason", "?"): value
+        for (name, labels), value in relay.metrics().items()
+        if name == "firsthop_relay_drops_total" and value
+    }
+
+
 def watch_dtls(page: Page, pc: str) -> None:
     """From now on, each state the DTLS transport of `pc` (a page expression naming its peer
     connection) goes through is pushed to `window.dtlsStates`."""
@@ -123,6 +132,7 @@ def test_demo_page_call_connects_through_the_relay_and_audio_comes_back(
     assert downstream >= before + 50, "\n".join(
         [
             f"downstream {downstream}, upstream {relay.metric(packets, direction='upstream')}",
+            f"the relay's drops: {relay_drops(relay)}",
             f"page {page.inner_text('#state')}; the transceiver's counts:",
             *(line for line in tx_metrics(tx) if re.search(r"packets|send_|output_|rtp_", line)),
         ]
