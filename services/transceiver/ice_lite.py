@@ -14,26 +14,31 @@ a session, and answers the checks it accepts (nothing else parses or answers STU
   from elsewhere: dropped.
 * Consent (RFC 7675) is refreshed only by an authenticated check.
 * The first authenticated check selects the media path, so media can flow at once.
-* Once a path is selected, media moves to another address only after that address proves it
-  is the caller: we send it our own Binding request, signed with the caller's password, and
-  accept only a success response that verifies with it (a return-routability check, like
-  QUIC path validation, RFC 9000 §8.2). Until then the new address gets, per check it sent,
-  one STUN response (`Accepted.response`; the relay needs that success response to carry
-  the flow at all) and at most one validation request — never retransmitted on its own, so
-  nothing goes to an unproven address that it did not ask for.
-* Where the media goes is the caller's choice (RFC 8445 §8.2: a lite agent sends on the pair
-  the controlling agent nominated). A caller with several interfaces checks from each, and
-  sends its media on one; it says which by USE-CANDIDATE (libwebrtc, with a lite peer, on
-  every check of its selected connection, and again on another when it moves). So:
-  * a fresh authenticated check with USE-CANDIDATE from a proven address moves the media
-    there at once (a retransmission, the same transaction again, moves nothing);
-  * a newly proven address takes the media if the check that began its validation
-    nominated it, or if the selected path has had no check for `MOVE_AFTER`: a NAT
-    rebinding, where the old address falls silent and the caller's next check comes from
-    the new one (aioice's consent checks, 4-6 s apart, carry no USE-CANDIDATE). That is how
-    a rebinding recovers, at the caller's next check;
-  * otherwise it does not: the caller's chosen path still checks, and keeps the media (an
-    interface the caller does not use may go away mid-call; media sent there is lost).
+* Once a path is selected, media moves to another address only when that address answers
+  a check of our own, sent for the move: our Binding request, signed with the caller's
+  password, with a transaction ID of ours, answered by a success response that verifies
+  with it (a return-routability check, like QUIC path validation, RFC 9000 §8.2). So no
+  captured datagram, replayed from whatever address, moves the media: only an address that
+  answers us now does. Until then a new address gets, per check it sent, one STUN response
+  (`Accepted.response`; the relay needs that success response to carry the flow at all)
+  and at most one check of ours, never retransmitted on its own, so nothing goes to an
+  address that did not ask for it.
+* Where the media goes among the caller's addresses is the caller's choice (RFC 8445 §8.2:
+  a lite agent sends on the pair the controlling agent nominated). A caller with several
+  interfaces checks from each and sends its media from one, which it nominates by
+  USE-CANDIDATE (libwebrtc, with a lite peer: on every check of its selected connection,
+  and on another's when it moves). A move is asked for, and made once the address answers:
+  * by a fresh authenticated check with USE-CANDIDATE (`NOMINATED`; a retransmission,
+    the same transaction again, is answered and does nothing else);
+  * by a fresh check while the media path has had none for `MOVE_AFTER` (`SILENT`): the
+    caller left it, as in a NAT rebinding, where its next check comes from the new address
+    (aioice's consent checks, 4-6 s apart, carry no USE-CANDIDATE);
+  * by the caller's own media, authenticated (SRTP), from a proven address while the media
+    path has been silent for `LATCH_AFTER` (`MEDIA`, `on_authentic_media`): a caller that
+    moved sends its media from the new address 1-2 s before it nominates it.
+  An address proven otherwise is kept aside (the caller's media is taken from it, ours is
+  not sent there): an interface the caller does not use may go away mid-call. A later
+  nomination of another address cancels the move a nomination asked for.
 * Bounds: at most `MAX_PATHS` addresses per session (the least recently checked yields), one
   validation in flight (it lapses after `PROBE_TIMEOUT`), at most one started per
   `PROBE_INTERVAL`.
@@ -61,6 +66,13 @@ PROBE_INTERVAL = 0.5  # at most one validation started per half second
 # has had no check for this long (s): libwebrtc checks its selected connection every 2.5 s
 # at most, aioice every 4-6 s (consent, RFC 7675) and never nominates again.
 MOVE_AFTER = 3.0
+# The caller's authenticated media from a proven address takes the media path there when
+# the path has carried nothing for this long (s): 12 of its 20 ms frames.
+LATCH_AFTER = 0.25
+# Why a validation's answer moves the media (`PathValidated.cause`): the caller nominated the
+# address; the media path had fallen silent (`MOVE_AFTER`); the caller's authenticated media
+# came from the address while the path was silent (`LATCH_AFTER`).
+NOMINATED, SILENT, MEDIA = "nominated", "silent", "media"
 # RFC 8445 §5.1.2.1: priority of a peer-reflexive candidate, component 1, as our check's
 # PRIORITY (what the caller would learn us as; it knows us already, from the answer).
 PRFLX_PRIORITY = (110 << 24) | (65535 << 8) | (256 - 1)
@@ -79,7 +91,6 @@ class Accepted:
     """An authenticated check: send `response` back to its source; send `probe` if any."""
 
     selects: bool  # this check selected the session's first media path
-    moves: bool = False  # this check's nomination moved the media to its (proven) source
     probe: bytes | None = None  # our Binding request to the check's source (validation)
     # The Binding success response (RFC 8489 §7.3.1, RFC 8445 §7.3.1.1): XOR-MAPPED-ADDRESS
     # of the source, signed with our password, FINGERPRINT; smaller than the check.
@@ -95,11 +106,16 @@ class Refused:
 
 @dataclass(frozen=True, slots=True)
 class PathValidated:
-    """`client` answered our check: it is the caller's; the media now goes there if
-    `moved` (else the caller's chosen path is alive and keeps it)."""
+    """`client` answered our check: it is the caller's. The media now goes there, for
+    `cause` (`NOMINATED`, `SILENT` or `MEDIA`); None: the caller's chosen path is alive
+    and keeps it."""
 
     client: Address
-    moved: bool = True
+    cause: str | None = SILENT
+
+    @property
+    def moved(self) -> bool:
+        return self.cause is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +123,7 @@ class _Probe:
     client: Address
     transaction_id: bytes
     expires: float
-    nominated: bool  # a check from `client` carried the caller's nomination
+    cause: str | None  # why its answer moves the media there (None: it may not)
 
 
 class LiteIce:
@@ -145,29 +161,40 @@ class LiteIce:
         seen = self._recent.get(msg.transaction_id)
         if seen is not None and seen != client:
             return Refused("stun_replay")
-        # (a retransmission, the same transaction again, never moves the media)
-        nominates = seen is None and msg.get(stun.USE_CANDIDATE) is not None
-        if seen is None:
-            if len(self._recent) >= MAX_RECENT:
-                del self._recent[next(iter(self._recent))]
-            self._recent[msg.transaction_id] = client
+        response = self._success(msg.transaction_id, client)
+        if seen is not None:  # a retransmission: answered again, and nothing else
+            return Accepted(selects=False, response=response)
+        if len(self._recent) >= MAX_RECENT:
+            del self._recent[next(iter(self._recent))]
+        self._recent[msg.transaction_id] = client
         self.last_check = now
         self._note_path(client, now)
-        response = self._success(msg.transaction_id, client)
         if self.selected is None:
             self.selected = client
             self._validated.add(client)
             return Accepted(selects=True, response=response)
-        if client in self._validated:
-            moves = nominates and client != self.selected
-            if moves:
-                self.selected = client
-            return Accepted(selects=False, moves=moves, response=response)
+        nominates = msg.get(stun.USE_CANDIDATE) is not None
         probe = self._probe
-        if nominates and probe is not None and probe.client == client:
-            self._probe = replace(probe, nominated=True)  # (its answer is still to come)
-        probe_request = self._start_probe(now, client, nominates)
-        return Accepted(selects=False, probe=probe_request, response=response)
+        if client == self.selected:
+            if nominates and probe is not None and probe.cause == NOMINATED:
+                self._probe = replace(probe, cause=None)  # the caller chose again: this one
+            return Accepted(selects=False, response=response)
+        cause = NOMINATED if nominates else SILENT if self._silent(now) else None
+        if client in self._validated and cause is None:
+            return Accepted(selects=False, response=response)  # a spare path of the caller's
+        if probe is not None and probe.client == client:
+            if cause is not None:
+                self._probe = replace(probe, cause=cause)  # (its answer is still to come)
+            return Accepted(selects=False, response=response)
+        if nominates and probe is not None and probe.cause == NOMINATED:
+            self._probe = replace(probe, cause=None)  # the caller chose again: not that one
+        request = self._start_probe(now, client, cause)
+        return Accepted(selects=False, probe=request, response=response)
+
+    def _silent(self, now: float) -> bool:
+        """The media path has had no fresh check for `MOVE_AFTER` (the caller left it)."""
+        assert self.selected is not None
+        return now - self._paths.get(self.selected, float("-inf")) >= MOVE_AFTER
 
     def _success(self, transaction_id: bytes, client: Address) -> bytes:
         """The answer to an authenticated check from `client` (RFC 8445 §7.3.1.1): the one
@@ -197,9 +224,29 @@ class LiteIce:
             self.forgotten.append(lru)
         paths[client] = now
 
+    def on_authentic_media(self, now: float, client: Address, path_heard: float) -> bytes | None:
+        """The caller's own media (SRTP or SRTCP that passed its authentication and replay
+        checks) came from `client`; the media path's address was last heard at
+        `path_heard`. If `client` has proved it is the caller's and the path has been
+        silent for `LATCH_AFTER`, the caller has moved its media there (an interface gone;
+        libwebrtc nominates the new one 1-2 s later): our check to `client` (returned, or
+        one already in flight to it) moves the media once answered. None: nothing to send."""
+        if (
+            client == self.selected
+            or client not in self._validated
+            or now - path_heard < LATCH_AFTER
+        ):
+            return None
+        probe = self._probe
+        if probe is not None and probe.client == client:
+            if probe.cause is None:
+                self._probe = replace(probe, cause=MEDIA)
+            return None
+        return self._start_probe(now, client, MEDIA)
+
     # -- path validation -------------------------------------------------------------------------
 
-    def _start_probe(self, now: float, client: Address, nominated: bool) -> bytes | None:
+    def _start_probe(self, now: float, client: Address, cause: str | None) -> bytes | None:
         if self._probe is not None or now - self._last_probe_start < PROBE_INTERVAL:
             return None
         creds = self.creds
@@ -217,7 +264,7 @@ class LiteIce:
             fingerprint=True,
         )
         self._last_probe_start = now
-        self._probe = _Probe(client, transaction_id, now + PROBE_TIMEOUT, nominated)
+        self._probe = _Probe(client, transaction_id, now + PROBE_TIMEOUT, cause)
         return request
 
     def probing(self) -> Address | None:
@@ -246,11 +293,12 @@ class LiteIce:
             return Refused("stun_auth_fail")
         self._probe = None
         self._validated.add(client)
-        last = self._paths.get(self.selected) if self.selected is not None else None
-        moved = probe.nominated or last is None or now - last >= MOVE_AFTER
-        if moved:
+        cause = probe.cause
+        if cause is None and (self.selected is None or self._silent(now)):
+            cause = SILENT
+        if cause is not None:
             self.selected = client
-        return PathValidated(client, moved)
+        return PathValidated(client, cause)
 
     def next_deadline(self) -> float | None:
         return self._probe.expires if self._probe is not None else None

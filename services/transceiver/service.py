@@ -293,20 +293,26 @@ class Transceiver:
 
     def _carry_out(self, command: Command[Session]) -> None:
         match command:
-            case ToMedia(session, payload, client):
-                self._to_rtc(session, payload, client)
+            case ToMedia(session, payload, client, elsewhere):
+                self._to_rtc(session, payload, client, elsewhere)
             case Send(data, dest):
                 self._send(data, dest)
             case PathChanged(session, _):
                 session.rtc.path_selected()
 
-    def _to_rtc(self, session: Session, payload: bytes, client: Address) -> None:
+    def _to_rtc(self, session: Session, payload: bytes, client: Address, elsewhere: bool) -> None:
+        rtc = session.rtc
+        before = rtc.authenticated
         try:
-            if not session.rtc.datagram_received(payload, client):
+            if not rtc.datagram_received(payload, client):
                 self.counters["session_queue_full"] += 1
         except Exception:  # (the session's own handlers catch what they raise)
             self.counters["session_datagram_error"] += 1
             log.debug("datagram for session %s raised", session.session_id, exc_info=True)
+        if elsewhere and rtc.authenticated != before:  # the caller's media, off the path
+            now = time.monotonic()
+            for command in self.table.media_authenticated(now, session.session_id, client):
+                self._carry_out(command)
 
     # -- the table's clock ---------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from firsthop.services.transceiver.ice_lite import (
+    SILENT,
     Accepted,
     Credentials,
     LiteIce,
@@ -92,11 +93,13 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class ToMedia(Generic[H]):
-    """DTLS, SRTP or RTCP from a validated client of the session."""
+    """DTLS, SRTP or RTCP from a validated client of the session; `elsewhere`: not from
+    the session's media path (tell `media_authenticated` if it authenticates)."""
 
     handle: H
     payload: bytes
     client: Address
+    elsewhere: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,7 @@ class Entry(Generic[H]):
     budget: TokenBucket = field(init=False)  # what its caller may send (`SESSION_RATE`)
     pinned: Address | None = None  # a phone call: its media's one address (no ICE)
     last_media: float = 0.0  # (a pinned session: when its media last came)
+    path_media: float = 0.0  # when a datagram last came from the media path's address
 
     def __post_init__(self) -> None:
         self.budget = TokenBucket(SESSION_RATE, SESSION_BURST, self.opened)
@@ -247,9 +251,27 @@ class SessionTable(Generic[H]):
             if not d.session.budget.take(now):
                 self.counters["session_rate_limited"] += 1
                 return ()
-            d.session.last_media = now
-            return (ToMedia(d.session.handle, d.payload, d.client),)
+            entry = d.session
+            entry.last_media = now
+            if d.client == entry.ice.selected or entry.pinned is not None:
+                entry.path_media = now
+                return (ToMedia(entry.handle, d.payload, d.client),)
+            return (ToMedia(entry.handle, d.payload, d.client, elsewhere=True),)
         return self._on_stun(now, d)
+
+    def media_authenticated(
+        self, now: float, session_id: str, client: Address
+    ) -> Sequence[Command[H]]:
+        """A datagram of `ToMedia(elsewhere=True)` authenticated (SRTP/SRTCP: the caller's
+        own, fresh): the caller's media comes from `client`, a proven address, and the media
+        path may follow it there once it answers our check (`LiteIce.on_authentic_media`)."""
+        entry = self.entries.get(session_id)
+        if entry is None or entry.pinned is not None or session_id in self._lingering:
+            return ()
+        request = entry.ice.on_authentic_media(now, client, entry.path_media)
+        if request is None:
+            return ()
+        return self._validate(entry, client, request)
 
     def _on_stun(self, now: float, d: Delivery[Entry[H]]) -> Sequence[Command[H]]:
         entry, client, payload = d.session, d.client, d.payload
@@ -264,10 +286,12 @@ class SessionTable(Generic[H]):
                 return ()
             assert isinstance(outcome, PathValidated)
             self.mux.validated(entry, client)
-            if not outcome.moved:  # the caller's chosen path still checks: it keeps the media
+            if outcome.cause is None:  # the caller's chosen path is alive: it keeps the media
                 self.counters["path_validated_kept"] += 1
                 return ()
             self.counters["path_moved"] += 1
+            if outcome.cause != SILENT:
+                self.counters[f"path_moved_{outcome.cause}"] += 1
             return (PathChanged(entry.handle, client),)
         verdict = ice.on_request(now, client, payload)
         if isinstance(verdict, Refused):
@@ -290,19 +314,19 @@ class SessionTable(Generic[H]):
             commands.append(PathChanged(entry.handle, client))  # DTLS may start
             if d.stream:  # the caller reached the relay over ICE-TCP (PROXY v2 STREAM)
                 self.counters["ice_tcp_path_selected"] += 1
-        elif verdict.moves:  # the caller nominated a path it had proved: media goes there
-            commands.append(PathChanged(entry.handle, client))
-            self.counters["path_nominated"] += 1
         if verdict.probe is not None:
-            self.mux.expect(entry, client)
-            probe = self.frame_for(client, verdict.probe)
-            if probe is not None:
-                commands.append(probe)
-            self.counters["path_validations"] += 1
-            expires = ice.next_deadline()
-            if expires is not None:
-                self._arm(expires, entry.session_id, "probe")
+            commands.extend(self._validate(entry, client, verdict.probe))
         return commands
+
+    def _validate(self, entry: Entry[H], client: Address, request: bytes) -> Sequence[Send]:
+        """Send our check `request` to `client` (its answer validates the path)."""
+        self.mux.expect(entry, client)
+        self.counters["path_validations"] += 1
+        expires = entry.ice.next_deadline()
+        if expires is not None:
+            self._arm(expires, entry.session_id, "probe")
+        probe = self.frame_for(client, request)
+        return (probe,) if probe is not None else ()
 
     def _on_ended_check(self, now: float, d: Delivery[Entry[H]]) -> Sequence[Command[H]]:
         """A STUN message for a lingering session: an authenticated check is told the call

@@ -9,10 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from firsthop.services.transceiver.ice_lite import (
+    LATCH_AFTER,
     MAX_PATHS,
+    MAX_RECENT,
+    MEDIA,
     MOVE_AFTER,
+    NOMINATED,
     PROBE_INTERVAL,
     PROBE_TIMEOUT,
+    SILENT,
     Accepted,
     Credentials,
     LiteIce,
@@ -112,7 +117,8 @@ def test_a_check_replayed_from_another_address_is_refused() -> None:
     assert ice.on_request(T0, CALLER, captured) == Accepted(selects=True)
     assert ice.on_request(T0 + 1, CALLER, captured) == Accepted(selects=False)  # retransmit
     assert ice.on_request(T0 + 1, ELSEWHERE, captured) == Refused("stun_replay")
-    assert ice.last_check == T0 + 1 and ice.probing() is None
+    # (a retransmission refreshes no consent: a replay of it would keep a dead path alive)
+    assert ice.last_check == T0 and ice.probing() is None
 
 
 def test_media_moves_only_after_the_new_address_answers_our_own_check() -> None:
@@ -144,48 +150,77 @@ def test_media_moves_only_after_the_new_address_answers_our_own_check() -> None:
     assert ice.selected == ELSEWHERE
 
 
+def moved_by(ice: LiteIce, at: float, client: tuple[str, int], request: bytes | None) -> object:
+    """`client` answers our check `request`: the outcome (PathValidated says whether, and
+    why, the media moved there)."""
+    assert request is not None
+    return ice.on_response(at, client, answer(request))
+
+
 def test_the_media_goes_where_the_caller_nominates_among_the_paths_it_proved() -> None:
-    # A caller with two interfaces checks from both and sends its media on one, which it
+    # A caller with two interfaces checks from both and sends its media from one, which it
     # nominates (libwebrtc, with a lite peer: USE-CANDIDATE on every check of its selected
     # connection). Its other interface proves itself too, and takes nothing.
     ice = agent()
     assert ice.on_request(T0, CALLER, check()) == Accepted(selects=True)
     assert not proven(ice, T0 + 0.1, ELSEWHERE)  # CALLER checked 0.1 s ago: it keeps the media
     assert ice.selected == CALLER
-    assert ice.on_request(T0 + 0.2, ELSEWHERE, check()) == Accepted(selects=False)
-    nominated = ice.on_request(T0 + 0.3, ELSEWHERE, check(nominate=True))
-    assert nominated == Accepted(selects=False, moves=True) and ice.selected == ELSEWHERE
-    # each check of the selected connection nominates again: nothing moves
-    assert ice.on_request(T0 + 0.4, ELSEWHERE, check(nominate=True)) == Accepted(selects=False)
+    assert ice.on_request(T0 + 0.6, ELSEWHERE, check()) == Accepted(selects=False)  # a spare
+    # the caller nominates ELSEWHERE: our own check goes there, and its answer moves the media
+    nominated = ice.on_request(T0 + 0.7, ELSEWHERE, check(nominate=True))
+    assert isinstance(nominated, Accepted) and nominated.probe is not None
+    assert ice.selected == CALLER  # not before it answers
+    outcome = moved_by(ice, T0 + 0.71, ELSEWHERE, nominated.probe)
+    assert outcome == PathValidated(ELSEWHERE, NOMINATED) and ice.selected == ELSEWHERE
+    # each check of the selected connection nominates again: nothing is sent, nothing moves
+    assert ice.on_request(T0 + 0.8, ELSEWHERE, check(nominate=True)) == Accepted(selects=False)
     # the caller moves its selected connection back (renomination): the media follows
-    back = ice.on_request(T0 + 0.5, CALLER, check(nominate=True))
-    assert back == Accepted(selects=False, moves=True) and ice.selected == CALLER
-    # a new address whose validation a nomination began takes the media once proven
+    back = ice.on_request(T0 + 1.3, CALLER, check(nominate=True))
+    assert isinstance(back, Accepted) and back.probe is not None
+    assert moved_by(ice, T0 + 1.31, CALLER, back.probe) == PathValidated(CALLER, NOMINATED)
+    assert ice.selected == CALLER
+    # a new address nominated: proven and moved to by the one answer
     third = ("192.0.2.77", 7777)
-    assert proven(ice, T0 + 1, third, nominate=True) and ice.selected == third
+    assert proven(ice, T0 + 2, third, nominate=True) and ice.selected == third
 
 
-def test_a_nomination_moves_nothing_unproven_replayed_or_outside_the_integrity() -> None:
+def test_no_replayed_nomination_moves_the_media_only_an_answer_to_our_check_does() -> None:
     ice = agent()
     ice.on_request(T0, CALLER, check())
     proven(ice, T0 + 0.1, ELSEWHERE)
-    # a nomination from an address that has not proved it is the caller's: a validation
-    # starts, the media stays until it is answered
-    third = ("192.0.2.77", 7777)
-    verdict = ice.on_request(T0 + 1, third, check(nominate=True))
-    assert isinstance(verdict, Accepted) and not verdict.moves and verdict.probe is not None
+    # a nomination captured from ELSEWHERE (an interface since gone), its transaction long
+    # forgotten, replayed from there: our check goes there, nobody answers, nothing moves
+    captured = check(nominate=True)
+    for i in range(MAX_RECENT + 1):  # (the caller's own checks push its ID out)
+        ice.on_request(T0 + 0.2 + i * 0.001, CALLER, check())
+    verdict = ice.on_request(T0 + 1, ELSEWHERE, captured)
+    assert isinstance(verdict, Accepted) and verdict.probe is not None
+    assert ice.on_deadline(T0 + 1 + PROBE_TIMEOUT) == Refused("path_validation_timeout")
     assert ice.selected == CALLER
-    ice.on_deadline(T0 + 1 + PROBE_TIMEOUT)  # (it lapses unanswered)
+    # a retransmission (the same transaction again, from the same address) is answered and
+    # does nothing else: no check of ours, no move, no consent
+    again = check(nominate=True)
+    first = ice.on_request(T0 + 3, ELSEWHERE, again)
+    assert isinstance(first, Accepted) and first.probe is not None
+    assert ice.on_request(T0 + 3.1, ELSEWHERE, again) == Accepted(selects=False)
+    assert ice.last_check == T0 + 3
     # USE-CANDIDATE past MESSAGE-INTEGRITY is not the caller's word (RFC 8489 §14.5)
+    ice.on_deadline(T0 + 3 + PROBE_TIMEOUT)
+    ice.on_request(T0 + 4.4, CALLER, check())  # (the media path checks: it is not silent)
     forged = check(after_integrity=[(stun.USE_CANDIDATE, b"")])
-    assert ice.on_request(T0 + 3, ELSEWHERE, forged) == Accepted(selects=False)
+    assert ice.on_request(T0 + 4.5, ELSEWHERE, forged) == Accepted(selects=False)
     assert ice.selected == CALLER
-    # a nominating check seen before (a retransmission, or a capture sent again from the
-    # same address) moves nothing: only a fresh nomination does
-    nominating = check(nominate=True)
-    assert ice.on_request(T0 + 4, ELSEWHERE, nominating).moves  # type: ignore[union-attr]
-    assert ice.on_request(T0 + 4.1, CALLER, check(nominate=True)).moves  # type: ignore[union-attr]
-    assert ice.on_request(T0 + 4.2, ELSEWHERE, nominating) == Accepted(selects=False)
+
+
+def test_a_caller_back_on_an_address_it_proved_before_gets_the_media_back() -> None:
+    # aioice (no nominations after the first): CALLER -> ELSEWHERE (a NAT rebinding) -> back
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    assert proven(ice, T0 + MOVE_AFTER, ELSEWHERE) and ice.selected == ELSEWHERE
+    T1 = T0 + 2 * MOVE_AFTER + 1  # noqa: N806 (ELSEWHERE silent since T0 + MOVE_AFTER)
+    verdict = ice.on_request(T1, CALLER, check())
+    assert isinstance(verdict, Accepted) and verdict.probe is not None
+    assert moved_by(ice, T1 + 0.01, CALLER, verdict.probe) == PathValidated(CALLER, SILENT)
     assert ice.selected == CALLER
 
 
@@ -197,7 +232,36 @@ def test_a_nomination_during_a_validation_lets_its_answer_move_the_media() -> No
     again = ice.on_request(T0 + 0.15, ELSEWHERE, check(nominate=True))
     assert again == Accepted(selects=False, probe=None)  # one validation at a time
     outcome = ice.on_response(T0 + 0.2, ELSEWHERE, answer(started.probe))
-    assert outcome == PathValidated(ELSEWHERE, moved=True) and ice.selected == ELSEWHERE
+    assert outcome == PathValidated(ELSEWHERE, NOMINATED) and ice.selected == ELSEWHERE
+
+
+def test_a_later_nomination_elsewhere_cancels_the_move_an_earlier_one_asked_for() -> None:
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    started = ice.on_request(T0 + 0.1, ELSEWHERE, check(nominate=True))
+    assert isinstance(started, Accepted) and started.probe is not None
+    ice.on_request(T0 + 0.15, CALLER, check(nominate=True))  # the caller chose again
+    outcome = ice.on_response(T0 + 0.2, ELSEWHERE, answer(started.probe))
+    assert outcome == PathValidated(ELSEWHERE, None) and ice.selected == CALLER
+
+
+def test_the_callers_authenticated_media_moves_the_path_once_the_path_falls_silent() -> None:
+    # Chromium's interface in use goes down: it sends its media from its other (proven)
+    # address at once, and nominates it 1-2 s later
+    ice = agent()
+    ice.on_request(T0, CALLER, check())
+    assert not proven(ice, T0 + 0.1, ELSEWHERE)
+    heard = T0 + 5.0  # the path's last datagram
+    # while the path still carries media, media from elsewhere asks for nothing
+    assert ice.on_authentic_media(heard + LATCH_AFTER - 0.01, ELSEWHERE, heard) is None
+    request = ice.on_authentic_media(heard + LATCH_AFTER, ELSEWHERE, heard)
+    assert request is not None and ice.selected == CALLER  # our check first
+    assert ice.on_authentic_media(heard + 0.3, ELSEWHERE, heard) is None  # (one in flight)
+    outcome = moved_by(ice, heard + 0.31, ELSEWHERE, request)
+    assert outcome == PathValidated(ELSEWHERE, MEDIA) and ice.selected == ELSEWHERE
+    assert ice.on_authentic_media(heard + 1, ELSEWHERE, heard) is None  # (it is the path now)
+    # an address that has not proved it is the caller's asks for nothing, however silent
+    assert ice.on_authentic_media(heard + 9, ("192.0.2.77", 7777), heard) is None
 
 
 def test_an_error_answer_ends_the_validation() -> None:
@@ -233,7 +297,7 @@ def test_validations_are_one_at_a_time_and_rate_limited() -> None:
     third = ("192.0.2.3", 3333)
     assert ice.on_request(T0, third, check()) == Accepted(selects=False, probe=None)
     validated = ice.on_response(T0 + 0.1, ELSEWHERE, answer(first.probe))
-    assert validated == PathValidated(ELSEWHERE, moved=False)  # CALLER checked just now
+    assert validated == PathValidated(ELSEWHERE, None)  # CALLER checked just now
     assert ice.on_request(T0 + 0.2, third, check()) == Accepted(selects=False, probe=None)
     later = ice.on_request(T0 + PROBE_INTERVAL, third, check())
     assert isinstance(later, Accepted) and later.probe is not None

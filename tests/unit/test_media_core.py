@@ -48,9 +48,10 @@ class Caller:
     def rtp(self, seq: int, ts: int, payload: bytes, ssrc: int = THEIRS, pt: int = PT) -> bytes:
         return self.srtp.protect_rtp(rtp.RtpPacket(pt, seq, ts, ssrc, payload).encode())
 
-    def send(self, data: bytes, now: float) -> None:
+    def send(self, data: bytes, now: float) -> bool:
+        """Whether the datagram authenticated (the media path may follow it)."""
         assert self.media is not None
-        self.media.receive_datagram(data, now)
+        return self.media.receive_datagram(data, now)
 
     def collect(self) -> None:
         assert self.media is not None
@@ -150,8 +151,8 @@ def test_reorder_costs_one_frame_once_then_the_window_absorbs_it() -> None:
 def test_a_duplicate_is_a_replay_dropped_by_srtp() -> None:
     media, caller = keyed()
     first = caller.rtp(1, 0, PACKETS[0])
-    caller.send(first, 0.0)
-    caller.send(first, 0.001)
+    assert caller.send(first, 0.0)  # authenticated: the caller's own, fresh
+    assert not caller.send(first, 0.001)  # a replay does not (it moves no media path)
     assert len(audio(events(media))) == 1
     assert media.stats()["srtp_replay_fail"] == 1 and media.stats()["rtp_packets_in"] == 1
 
@@ -161,12 +162,12 @@ def test_forged_srtp_is_a_counted_drop_that_takes_no_stream_place() -> None:
     stranger = SrtpContext.from_keying_material(os.urandom(60), PROFILE, client=True)
     for ssrc in (1, 2, 3):  # three forged streams...
         forged = stranger.protect_rtp(rtp.RtpPacket(PT, 1, 0, ssrc, PACKETS[0]).encode())
-        caller.send(forged, 0.0)
+        assert not caller.send(forged, 0.0)
         tampered = bytearray(caller.rtp(1, 0, PACKETS[0], ssrc=ssrc))
         tampered[-1] ^= 1
-        caller.send(bytes(tampered), 0.0)
+        assert not caller.send(bytes(tampered), 0.0)
     assert media.stats()["srtp_auth_fail"] == 6
-    caller.send(caller.rtp(7, 0, PACKETS[0]), 0.0)  # ...and the caller's own still counts
+    assert caller.send(caller.rtp(7, 0, PACKETS[0]), 0.0)  # ...the caller's own still counts
     assert len(audio(events(media))) == 1
 
 
@@ -422,13 +423,14 @@ def test_a_call_that_only_receives_sends_receiver_reports_and_no_rtp() -> None:
     assert caller.rtcp[0].reports == ()
     forged = bytearray(caller.srtp.protect_rtcp(rtcp.encode_rtcp([rtcp.Goodbye((THEIRS,))])))
     forged[5] ^= 1
-    caller.send(bytes(forged), 2.0)
+    assert not caller.send(bytes(forged), 2.0)
     assert media.stats()["srtp_auth_fail"] == 1 and media.stats()["rtcp_bye_in"] == 0
+    assert caller.send(caller.srtp.protect_rtcp(rtcp.encode_rtcp([rtcp.Goodbye((THEIRS,))])), 2.1)
 
 
 def test_before_the_keys_media_is_dropped_and_the_agents_audio_waits() -> None:
     media, caller = make()
-    caller.send(caller.rtp(1, 0, PACKETS[0]), 0.0)
+    assert not caller.send(caller.rtp(1, 0, PACKETS[0]), 0.0)
     assert media.stats()["srtp_before_keys"] == 1 and media.get_timer() is None
     media.push_audio(pcm_tone(2), now=0.1)  # the greeting, before DTLS is done
     media.start(server_keys(), 0.3, 0.0)

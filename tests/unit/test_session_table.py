@@ -207,31 +207,70 @@ def test_media_flows_only_from_validated_clients_and_moves_only_after_validation
     )
 
 
-def test_media_follows_the_callers_nomination_among_the_paths_it_proved() -> None:
-    # The caller's second interface (MOVED) proves itself while the first still checks:
-    # the media stays; the caller nominates the second (libwebrtc, with a lite peer:
-    # USE-CANDIDATE on its selected connection's checks): what we send goes there.
-    t = table()
+def two_paths(t: SessionTable[str]) -> Credentials:
+    """A session whose caller checked from CALLER (its media path) and then from MOVED,
+    which answered our check while CALLER still checked: proven, kept aside."""
     creds = opened(t)
     t.on_datagram(T0, RELAY, framed(check(creds)))
     moved = t.on_datagram(T0 + 0.1, RELAY, framed(check(creds), MOVED))
-    probe = moved[1]
-    assert isinstance(probe, Send)
-    answer = caller_answers(probe.data[parse_proxy_v2(probe.data).payload_offset :], creds)
-    assert t.on_datagram(T0 + 0.15, RELAY, framed(answer, MOVED)) == ()
+    assert t.on_datagram(T0 + 0.15, RELAY, framed(our_check_answered(moved[1], creds), MOVED)) == ()
     assert t.selected("s1") == CALLER and t.counters["path_validated_kept"] == 1
-    # its media is taken from both (each is the caller's)
+    return creds
+
+
+def our_check_answered(probe: object, creds: Credentials) -> bytes:
+    """The caller's answer to our check `probe` (a `Send` through the relay)."""
+    assert isinstance(probe, Send)
+    return caller_answers(probe.data[parse_proxy_v2(probe.data).payload_offset :], creds)
+
+
+def test_media_follows_the_callers_nomination_among_the_paths_it_proved() -> None:
+    # The caller's second interface (MOVED) proves itself while the first still checks:
+    # the media stays; the caller nominates the second (libwebrtc, with a lite peer:
+    # USE-CANDIDATE on its selected connection's checks): once MOVED answers our check,
+    # what we send goes there.
+    t = table()
+    creds = two_paths(t)
+    # its media is taken from both (each is the caller's; MOVED's is not the path's)
     assert t.on_datagram(T0 + 0.2, RELAY, framed(rtp(), MOVED)) == (
-        ToMedia("handle-s1", rtp(), MOVED),
+        ToMedia("handle-s1", rtp(), MOVED, elsewhere=True),
     )
     nominated = t.on_datagram(T0 + 1, RELAY, framed(check(creds, nominate=True), MOVED))
-    assert [type(c) for c in nominated] == [Send, PathChanged]
-    assert nominated[1] == PathChanged("handle-s1", MOVED)
-    assert t.selected("s1") == MOVED and t.counters["path_nominated"] == 1
+    assert [type(c) for c in nominated] == [Send, Send]  # answered, and our check
+    assert t.selected("s1") == CALLER
+    answer = our_check_answered(nominated[1], creds)
+    assert t.on_datagram(T0 + 1.01, RELAY, framed(answer, MOVED)) == (
+        PathChanged("handle-s1", MOVED),
+    )
+    assert t.selected("s1") == MOVED
+    assert t.counters["path_moved"] == 1 and t.counters["path_moved_nominated"] == 1
     # the selected path's own nominations (every check of libwebrtc's) move nothing
     again = t.on_datagram(T0 + 2, RELAY, framed(check(creds, nominate=True), MOVED))
-    assert [type(c) for c in again] == [Send] and t.counters["path_nominated"] == 1
-    assert t.counters["path_moved"] == 0
+    assert [type(c) for c in again] == [Send] and t.counters["path_moved"] == 1
+
+
+def test_authenticated_media_from_a_proven_address_moves_the_path_once_it_is_silent() -> None:
+    t = table()
+    creds = two_paths(t)
+    # media from the path is the path's; from the other proven address, `elsewhere`
+    assert t.on_datagram(T0 + 1, RELAY, framed(rtp())) == (ToMedia("handle-s1", rtp(), CALLER),)
+    elsewhere = t.on_datagram(T0 + 1.1, RELAY, framed(rtp(), MOVED))
+    assert elsewhere == (ToMedia("handle-s1", rtp(), MOVED, elsewhere=True),)
+    # it authenticated, but the path carried media 0.1 s ago: nothing is asked
+    assert t.media_authenticated(T0 + 1.1, "s1", MOVED) == ()
+    # the path falls silent, the caller's media goes on from MOVED: our check goes there,
+    # and its answer moves the path
+    latched = t.media_authenticated(T0 + 1.5, "s1", MOVED)
+    assert len(latched) == 1 and t.selected("s1") == CALLER
+    answer = our_check_answered(latched[0], creds)
+    assert t.on_datagram(T0 + 1.51, RELAY, framed(answer, MOVED)) == (
+        PathChanged("handle-s1", MOVED),
+    )
+    assert t.selected("s1") == MOVED and t.counters["path_moved_media"] == 1
+    assert t.on_datagram(T0 + 1.6, RELAY, framed(rtp(), MOVED)) == (
+        ToMedia("handle-s1", rtp(), MOVED),
+    )
+    assert t.media_authenticated(T0 + 2, "gone", MOVED) == ()  # (a session that ended)
 
 
 def test_an_unanswered_validation_lapses_on_its_deadline() -> None:

@@ -420,31 +420,37 @@ class CallMedia:
 
     # -- the caller's side --------------------------------------------------------------------
 
-    def receive_datagram(self, data: bytes, now: float) -> None:
+    def receive_datagram(self, data: bytes, now: float) -> bool:
         """One SRTP or SRTCP datagram from the call's validated path (RFC 7983: first byte
-        128-191; anything else is not ours and is dropped)."""
+        128-191; anything else is not ours and is dropped). Whether it authenticated: the
+        caller's own and fresh (SRTP's authentication and replay checks passed; a phone
+        call's plain RTP always does), whatever it then held."""
         if len(data) < 8 or not 127 < data[0] < 192:
             self.counts["media_malformed"] += 1
-            return
+            return False
         self._now = now
         srtp = self._srtp
         if srtp is None:
             self.counts["srtp_after_close" if self._closed else "srtp_before_keys"] += 1
-            return
+            return False
         if rtp.is_rtcp(data):
-            self._receive_rtcp(srtp, data, now)
-            return
+            return self._receive_rtcp(srtp, data, now)
         if len(data) < rtp.HEADER:
             self.counts["rtp_malformed"] += 1
-            return
+            return False
         ssrc = int.from_bytes(data[8:12], "big")
         if ssrc not in self._ssrcs and len(self._ssrcs) >= MAX_SSRCS:
             self.counts["ssrc_refused"] += 1
-            return
+            return False
         plain = srtp.unprotect_rtp(data)
         if plain is None:
-            return  # (counted by the SRTP context)
+            return False  # (counted by the SRTP context)
         self._ssrcs.add(ssrc)  # it authenticated: it may hold a place
+        self._receive_rtp(plain, ssrc, now)
+        return True
+
+    def _receive_rtp(self, plain: bytes, ssrc: int, now: float) -> None:
+        """An authenticated RTP packet's plaintext, of stream `ssrc`."""
         try:
             header = rtp.rtp_header(plain)
         except rtp.RtpError:
@@ -553,15 +559,15 @@ class CallMedia:
         self.counts["dtmf_in"] += 1
         self._event(DtmfReceived(event.digit, event.duration / self._rate))
 
-    def _receive_rtcp(self, srtp: SrtpContext | PlainRtp, data: bytes, now: float) -> None:
+    def _receive_rtcp(self, srtp: SrtpContext | PlainRtp, data: bytes, now: float) -> bool:
         plain = srtp.unprotect_rtcp(data)
         if plain is None:
-            return
+            return False
         try:
             packets = rtcp.parse_rtcp(plain)
         except rtcp.RtcpError:
             self.counts["rtcp_malformed"] += 1
-            return
+            return True
         self.counts["rtcp_packets_in"] += 1
         for packet in packets:
             if isinstance(packet, rtcp.SenderReport):
@@ -572,6 +578,7 @@ class CallMedia:
                 self._reports(packet.reports, now)
             elif isinstance(packet, rtcp.Goodbye):
                 self.counts["rtcp_bye_in"] += 1
+        return True
 
     def _reports(self, blocks: tuple[rtcp.ReportBlock, ...], now: float) -> None:
         for block in blocks:

@@ -72,6 +72,7 @@ class MediaIo:
     _counted: bool = field(init=False, default=False)  # its totals were handed over
     noise_reduction: str | None = field(init=False, default=None)  # what the session asked
     recording: RecordingFile | None = field(init=False, default=None)  # the call asked
+    authenticated: int = field(init=False, default=0)  # SRTP/SRTCP datagrams that did
 
     def new_media(self, params: MediaParams) -> CallMedia:
         """The call's media core, from its answer on (with the input's noise reduction and
@@ -92,11 +93,13 @@ class MediaIo:
         return kind is None or denoise_available()
 
     def media_datagram(self, data: bytes) -> None:
-        """One RTP/RTCP datagram (RFC 7983: first byte 128-191) of the call's media path."""
+        """One RTP/RTCP datagram (RFC 7983: first byte 128-191) of the call's media path;
+        `authenticated` counts those that did (`MediaCore.receive_datagram`)."""
         media = self.media
         if media is not None:
             try:
-                media.receive_datagram(data, time.monotonic())
+                if media.receive_datagram(data, time.monotonic()):
+                    self.authenticated += 1
                 self._pump(media)
             except Exception as exc:
                 self.callbacks.failed("media", exc)
