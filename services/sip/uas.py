@@ -215,7 +215,8 @@ class _ClientTx(_Timed):
     dialog: _Call  # the call it is in (its trunk's answer alone settles it)
     cseq: int
     extra: tuple[tuple[str, str], ...] = ()  # its own fields (Refer-To, ...)
-    answers: int = 0  # challenges it answers already (one; a second only when `stale`)
+    answers: int = 0  # challenges it answers already (one of each kind; once more if `stale`)
+    credentials: tuple[tuple[str, str], ...] = ()  # its (Proxy-)Authorization fields
     interval: float = T1
     give_up_at: float = 0.0
     reliable: bool = False  # over TCP or TLS: no Timer E, only Timer F (§17.1.2.2)
@@ -786,13 +787,16 @@ class SipUas:
 
     def _answer_challenge(self, tx: _ClientTx, response: SipResponse) -> bool:
         """Send `tx`'s request again with the trunk's `login` answering the challenge (§22.2:
-        a new CSeq and branch, the first challenge we can answer, RFC 8760 §2.4); False, so
-        the request is refused, if there is no login, no challenge we can answer, the request
-        is no longer current (a REFER replaced since, a call that ended under an UPDATE or
-        REFER), or it answers a challenge already (the login is wrong; unless the new one
-        says `stale=true`, RFC 7616 §3.3, once)."""
+        a new CSeq and branch, the first challenge we can answer, RFC 8760 §2.4, and the
+        answers it carried to challenges of the other kind: a proxy's 407, then the trunk's
+        401, §22.3); False, so the request is refused, if there is no login, no challenge
+        we can answer, the request is no longer current (a REFER replaced since, a call that
+        ended under an UPDATE or REFER), or it answers a challenge of that kind already (the
+        login is wrong; unless the new one says `stale=true`, RFC 7616 §3.3, once)."""
         call, login = tx.dialog, self._login.get(tx.dialog.trunk)
         name = "www-authenticate" if response.status == 401 else "proxy-authenticate"
+        field = "Authorization" if response.status == 401 else "Proxy-Authorization"
+        kinds = {k for k, _ in tx.credentials}  # (one answer of each kind a request holds)
         challenge = None
         for value in (v for k, v in response.headers if k == name):
             try:
@@ -808,17 +812,16 @@ class SipUas:
             login is None
             or challenge is None
             or not current
-            or tx.answers > (1 if challenge.stale else 0)
+            or (field in kinds and (not challenge.stale or tx.answers > len(kinds)))
             or len(self._client) >= self.limits.transactions
         ):
             self.counters["sip_challenges_unanswered"] += 1
             return False
-        field = "Authorization" if response.status == 401 else "Proxy-Authorization"
-        credentials = sip_digest.answer(
+        answer = sip_digest.answer(
             challenge, tx.method, call.remote_target, login.username, login.password, self.token()
         )
-        answering = (field, credentials)
-        self._request(call, tx.method, self._now, list(tx.extra), answering, tx.answers + 1)
+        credentials = (*((k, v) for k, v in tx.credentials if k != field), (field, answer))
+        self._request(call, tx.method, self._now, list(tx.extra), credentials, tx.answers + 1)
         if tx.method == "REFER" and transfer is not None:
             transfer.cseq = call.local_cseq  # (its NOTIFYs name the REFER sent again)
         self.counters["sip_challenges_answered"] += 1
@@ -970,12 +973,13 @@ class SipUas:
         method: str,
         now: float,
         extra: list[tuple[str, str]] | None = None,
-        answering: tuple[str, str] | None = None,
+        credentials: tuple[tuple[str, str], ...] = (),
         answers: int = 0,
     ) -> None:
         """A request of ours in `call`'s dialog, as a client transaction (Timer E, F), with
-        its own fields `extra`; `answering`: the credentials field answering a challenge,
-        the `answers`-th (not kept with `extra`: a next challenge gets new ones)."""
+        its own fields `extra`; `credentials`: the fields answering challenges (a proxy's
+        and the trunk's at most), after `answers` of them (not kept with `extra`: a next
+        challenge gets new ones)."""
         call.local_cseq += 1
         branch = sip.BRANCH_COOKIE + self.token()
         local = call.local_uri if ";tag=" in call.local_uri else f"{call.local_uri};tag={call.tag}"
@@ -991,7 +995,7 @@ class SipUas:
             ("Call-ID", call.call_id),
             ("CSeq", f"{call.local_cseq} {method}"),
             *(extra or []),
-            *([answering] if answering else []),
+            *credentials,
         ]
         data = sip.request(method, call.remote_target, headers).encode()
         tx = _ClientTx(
@@ -1003,6 +1007,7 @@ class SipUas:
             call.local_cseq,
             tuple(extra or ()),
             answers,
+            credentials,
             give_up_at=now + TIMEOUT,
             reliable=reliable,
         )

@@ -309,10 +309,14 @@ class Transceiver:
         except Exception:  # (the session's own handlers catch what they raise)
             self.counters["session_datagram_error"] += 1
             log.debug("datagram for session %s raised", session.session_id, exc_info=True)
-        if elsewhere and rtc.authenticated != before:  # the caller's media, off the path
-            now = time.monotonic()
-            for command in self.table.media_authenticated(now, session.session_id, client):
-                self._carry_out(command)
+        if rtc.authenticated == before:
+            return
+        now = time.monotonic()
+        if not elsewhere:  # the caller's media on its path (how a path's silence is judged)
+            self.table.media_heard(now, session.session_id)
+            return
+        for command in self.table.media_authenticated(now, session.session_id, client):
+            self._carry_out(command)  # (the caller's media, off the path)
 
     # -- the table's clock ---------------------------------------------------------------------
 

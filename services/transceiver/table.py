@@ -147,7 +147,6 @@ class Entry(Generic[H]):
     budget: TokenBucket = field(init=False)  # what its caller may send (`SESSION_RATE`)
     pinned: Address | None = None  # a phone call: its media's one address (no ICE)
     last_media: float = 0.0  # (a pinned session: when its media last came)
-    path_media: float = 0.0  # when a datagram last came from the media path's address
 
     def __post_init__(self) -> None:
         self.budget = TokenBucket(SESSION_RATE, SESSION_BURST, self.opened)
@@ -254,10 +253,16 @@ class SessionTable(Generic[H]):
             entry = d.session
             entry.last_media = now
             if d.client == entry.ice.selected or entry.pinned is not None:
-                entry.path_media = now
                 return (ToMedia(entry.handle, d.payload, d.client),)
             return (ToMedia(entry.handle, d.payload, d.client, elsewhere=True),)
         return self._on_stun(now, d)
+
+    def media_heard(self, now: float, session_id: str) -> None:
+        """A datagram of `ToMedia` from the media path authenticated (SRTP/SRTCP): the
+        path carries the caller's media (what `LiteIce` judges its silence by)."""
+        entry = self.entries.get(session_id)
+        if entry is not None:
+            entry.ice.media_heard(now)
 
     def media_authenticated(
         self, now: float, session_id: str, client: Address
@@ -268,7 +273,7 @@ class SessionTable(Generic[H]):
         entry = self.entries.get(session_id)
         if entry is None or entry.pinned is not None or session_id in self._lingering:
             return ()
-        request = entry.ice.on_authentic_media(now, client, entry.path_media)
+        request = entry.ice.on_authentic_media(now, client)
         if request is None:
             return ()
         return self._validate(entry, client, request)

@@ -256,6 +256,7 @@ def test_authenticated_media_from_a_proven_address_moves_the_path_once_it_is_sil
     assert t.on_datagram(T0 + 1, RELAY, framed(rtp())) == (ToMedia("handle-s1", rtp(), CALLER),)
     elsewhere = t.on_datagram(T0 + 1.1, RELAY, framed(rtp(), MOVED))
     assert elsewhere == (ToMedia("handle-s1", rtp(), MOVED, elsewhere=True),)
+    t.media_heard(T0 + 1, "s1")  # (the service: that datagram authenticated)
     # it authenticated, but the path carried media 0.1 s ago: nothing is asked
     assert t.media_authenticated(T0 + 1.1, "s1", MOVED) == ()
     # the path falls silent, the caller's media goes on from MOVED: our check goes there,

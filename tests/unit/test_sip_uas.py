@@ -1028,6 +1028,31 @@ def test_without_a_login_a_challenge_is_the_requests_refusal() -> None:
     assert core.counters["sip_challenges_unanswered"] == 1
 
 
+def test_a_proxys_challenge_then_the_trunks_are_both_answered_once() -> None:
+    """RFC 3261 §22.3: a proxy on the way asks (407), then the trunk (401): the request goes
+    again with both answers; a second challenge of either kind is not answered."""
+    core = login_uas()
+    call = answered(core)
+    core.hangup(call, 1.0)
+    ((bye, _),) = sent(core)
+    assert isinstance(bye, SipRequest)
+    core.receive_datagram(challenged(bye, 407), TRUNK, 1.1)
+    ((second, _),) = sent(core)
+    assert isinstance(second, SipRequest) and second.get("authorization") is None
+    core.receive_datagram(challenged(second, 401, nonce="n2"), TRUNK, 1.2)
+    ((third, _),) = sent(core)
+    assert isinstance(third, SipRequest) and third.get("cseq") == "3 BYE"
+    proxy = sip_digest.parse_credentials(third.get("proxy-authorization") or "")
+    trunk = sip_digest.parse_credentials(third.get("authorization") or "")
+    assert (proxy.nonce, trunk.nonce) == ("n1", "n2")
+    assert len([k for k, _ in third.headers if k.endswith("authorization")]) == 2
+    for status in (401, 407):  # (a wrong login: neither is answered again)
+        core.receive_datagram(challenged(third, status, nonce="n3"), TRUNK, 1.3)
+        assert sent(core) == []
+    assert core.counters["sip_challenges_answered"] == 2
+    assert core.counters["sip_challenges_unanswered"] == 1  # (the BYE's transaction ended)
+
+
 def test_the_first_challenge_we_can_answer_is_answered_and_a_stale_one_once_more() -> None:
     core = login_uas()
     call = answered(core)
