@@ -270,7 +270,8 @@ def test_a_late_mid_speech_frame_gets_its_grace_and_keeps_the_phase() -> None:
     caller.collect()
     assert len(caller.heard) == n + 2
     assert media.get_timer() == pytest.approx(0.10)
-    media.push_audio(pcm_tone(1), now=0.095)  # too late for its slot: it takes the next
+    too_late = 0.08 + core.LATE_GRACE + 0.001  # (its slot's silence has gone)
+    media.push_audio(pcm_tone(1), now=too_late)  # too late for its slot: it takes the next
     media.handle_timer(0.10)
     assert media.stats()["output_gaps"] == 1  # a silent slot inside the speech: counted
     assert media.stats()["output_late_played"] == 1
@@ -298,11 +299,11 @@ def test_a_stream_that_keeps_coming_late_moves_the_clock_to_it() -> None:
         if i < core.LATE_RUN - 1:  # (one late frame, or two, is jitter: the phase holds)
             assert media.get_timer() == pytest.approx(slot)
     # the third in a row: the clock follows the stream (its next slot 6 ms later than the
-    # old phase's), so a frame 13 ms after the old slot, past its grace, is now 7 ms late:
-    # within the grace, played on arrival, no gap
+    # old phase's), so a frame 5 ms past the old slot's grace is now within the new one's:
+    # played on arrival, no gap
     assert media.get_timer() == pytest.approx(slot + 0.006)
     media.handle_timer(slot + 0.006)
-    media.push_audio(pcm_tone(1), now=slot + 0.013)
+    media.push_audio(pcm_tone(1), now=slot + core.LATE_GRACE + 0.005)
     stats = media.stats()
     assert stats["output_late_played"] == core.LATE_RUN + 1
     assert stats["output_gaps"] == 0 and stats["agent_frames_played"] == 2 + core.LATE_RUN + 1
@@ -320,9 +321,16 @@ def test_the_frame_cutter_holds_a_part_frame_then_pads_it_in_its_slot() -> None:
     media.push_audio(said[FRAME_BYTES // 2 : FRAME_BYTES * 3 // 2], now=0.006)
     assert media.stats()["agent_frames_played"] == 1  # idle: the whole frame went at once
     assert media.get_timer() == pytest.approx(0.026)
-    media.handle_timer(0.026)  # only the part is left: it gets the grace, then plays padded
+    # only the part is left: it gets the grace, then plays padded (the times are the clock's
+    # own, as its loop calls it: 0.006 + 0.02 is not 0.026 in floating point)
+    slot = media.get_timer()
+    assert slot is not None
+    media.handle_timer(slot)
     assert media.stats()["agent_frames_played"] == 1
-    media.handle_timer(0.026 + core.LATE_GRACE)
+    grace_end = media.get_timer()
+    assert grace_end is not None
+    assert grace_end == pytest.approx(0.026 + core.LATE_GRACE)
+    media.handle_timer(grace_end)
     assert media.stats()["agent_frames_played"] == 2 and not media._cutter.held
     assert media.stats()["output_gaps"] == 0  # the padded part played: no gap
     caller.collect()
