@@ -536,6 +536,11 @@ def run_bench(*args: str, timeout: float = 120) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+def tx_metrics(tx: TransceiverProcess) -> list[str]:
+    """The transceiver's /metrics, a line a sample (what a failure prints)."""
+    return tx.request("GET", "/metrics")[1].decode().splitlines()
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, every: float = 0.05) -> None:
     """Poll `predicate` until it is truthy; AssertionError after `timeout` seconds."""
     deadline = time.monotonic() + timeout

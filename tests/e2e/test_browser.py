@@ -21,6 +21,7 @@ from tests.support import (
     TransceiverProcess,
     edge_for,
     start_all,
+    tx_metrics,
 )
 
 # the flags this machine's Chromium needs, shared with `firsthop bench setup`
@@ -87,11 +88,6 @@ def demo_call(
     timeline = {k: page.inner_text(f"#t-{k}") for k in ("answer", "ice", "dtls", "audio")}
     assert all(v != "–" for v in timeline.values()), timeline
     return timeline
-
-
-def tx_metrics(tx: TransceiverProcess) -> list[str]:
-    """The transceiver's /metrics, a line a sample (what a failure prints)."""
-    return tx.request("GET", "/metrics")[1].decode().splitlines()
 
 
 def relay_drops(relay: RelayProcess) -> dict[str, float]:
