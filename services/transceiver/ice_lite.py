@@ -76,9 +76,9 @@ SEEN_BITS = 1 << SEEN_SHIFT
 SEEN_HASHES = 4
 PROBE_TIMEOUT = 1.0  # a validation not answered by then lapses (s)
 PROBE_INTERVAL = 0.5  # at most one validation started per half second
-# A proven address the caller did not nominate takes the media only when the selected path
-# has had no check for this long (s): libwebrtc checks its selected connection every 2.5 s
-# at most, aioice every 4-6 s (consent, RFC 7675) and never nominates again.
+# A proven address the caller did not nominate takes the media only when the media path has
+# carried none of the caller's authenticated media for this long (s): a NAT rebinding, whose
+# new address checks next (aioice: consent every 4-6 s, RFC 7675, never nominating again).
 MOVE_AFTER = 3.0
 # The caller's authenticated media from a proven address takes the media path there when
 # the path has carried nothing for this long (s): 12 of its 20 ms frames.
@@ -126,10 +126,6 @@ class PathValidated:
 
     client: Address
     cause: str | None = SILENT
-
-    @property
-    def moved(self) -> bool:
-        return self.cause is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,10 +262,10 @@ class LiteIce:
     def on_authentic_media(self, now: float, client: Address) -> bytes | None:
         """The caller's own media (SRTP or SRTCP that passed its authentication and replay
         checks) came from `client`, not the media path. If `client` has proved it is the
-        caller's and the path has been
-        silent for `LATCH_AFTER`, the caller has moved its media there (an interface gone;
-        libwebrtc nominates the new one 1-2 s later): our check to `client` (returned, or
-        one already in flight to it) moves the media once answered. None: nothing to send."""
+        caller's and the path has been silent for `LATCH_AFTER`, the caller has moved its
+        media there (an interface gone; libwebrtc nominates the new one 1-2 s later): our
+        check to `client` (returned, or one already in flight to it) moves the media once
+        answered. None: nothing to send."""
         if (
             client == self.selected
             or client not in self._validated

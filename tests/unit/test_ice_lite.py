@@ -59,7 +59,7 @@ def proven(ice: LiteIce, at: float, client: tuple[str, int], *, nominate: bool =
     assert isinstance(verdict, Accepted) and verdict.probe is not None
     outcome = ice.on_response(at, client, answer(verdict.probe))
     assert isinstance(outcome, PathValidated) and outcome.client == client
-    return outcome.moved
+    return outcome.cause is not None
 
 
 def counter_random() -> Callable[[int], bytes]:

@@ -73,6 +73,7 @@ class MediaIo:
     noise_reduction: str | None = field(init=False, default=None)  # what the session asked
     recording: RecordingFile | None = field(init=False, default=None)  # the call asked
     authenticated: int = field(init=False, default=0)  # SRTP/SRTCP datagrams that did
+    authenticated_at: float = field(init=False, default=0.0)  # (monotonic) the last one's
 
     def new_media(self, params: MediaParams) -> CallMedia:
         """The call's media core, from its answer on (with the input's noise reduction and
@@ -98,8 +99,10 @@ class MediaIo:
         media = self.media
         if media is not None:
             try:
-                if media.receive_datagram(data, time.monotonic()):
+                now = time.monotonic()
+                if media.receive_datagram(data, now):
                     self.authenticated += 1
+                    self.authenticated_at = now
                 self._pump(media)
             except Exception as exc:
                 self.callbacks.failed("media", exc)
