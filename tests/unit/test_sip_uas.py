@@ -81,6 +81,13 @@ def sent(core: SipUas) -> list[tuple[SipRequest | SipResponse, tuple[str, int]]]
     return [(sip.parse_sip(data), dest) for data, dest, _ in core.datagrams_to_send()]
 
 
+def one_request(core: SipUas) -> SipRequest:
+    """The one message the core sent: a request of ours."""
+    ((message, _),) = sent(core)
+    assert isinstance(message, SipRequest)
+    return message
+
+
 def statuses(core: SipUas) -> list[int]:
     out = []
     for message, dest in sent(core):
@@ -316,8 +323,8 @@ def test_hangup_before_the_ack_waits_for_it() -> None:
     call = hung_up_before_the_ack(core)
     assert sent(core) == []  # §15: no BYE before the ACK
     core.receive_datagram(ack(call), TRUNK, 0.2)
-    ((bye, _),) = sent(core)
-    assert isinstance(bye, SipRequest) and bye.method == "BYE"
+    bye = one_request(core)
+    assert bye.method == "BYE"
     assert events(core) == []
 
 
@@ -534,8 +541,8 @@ def referred(core: SipUas) -> tuple[str, SipRequest]:
     """An answered call we asked to transfer: its tag and our REFER."""
     call = answered(core)
     assert core.refer(call, "sip:desk@pbx.example", 1.0)
-    ((refer, _),) = sent(core)
-    assert isinstance(refer, SipRequest) and refer.method == "REFER"
+    refer = one_request(core)
+    assert refer.method == "REFER"
     return call, refer
 
 
@@ -598,8 +605,8 @@ def test_a_second_refer_replaces_the_first_and_only_its_outcome_is_told() -> Non
     core = uas()
     call, first = referred(core)
     assert core.refer(call, "sip:other@pbx.example", 2.0)
-    ((second, _),) = sent(core)
-    assert isinstance(second, SipRequest) and second.get("cseq") == "2 REFER"
+    second = one_request(core)
+    assert second.get("cseq") == "2 REFER"
     core.receive_datagram(sip.response_to(first, 603, "Declined").encode(), TRUNK, 2.1)
     core.receive_datagram(notify(call, 2, b"SIP/2.0 486 Busy\r\n", "refer;id=1"), TRUNK, 2.2)
     assert events(core) == []  # the first's: not what the app now waits for
@@ -981,11 +988,10 @@ def test_a_challenged_bye_is_sent_again_answering_with_the_trunks_login() -> Non
     core = login_uas()
     call = answered(core)
     core.hangup(call, 1.0)
-    ((bye, _),) = sent(core)
-    assert isinstance(bye, SipRequest)
+    bye = one_request(core)
     core.receive_datagram(challenged(bye), TRUNK, 1.1)
-    ((again, _),) = sent(core)
-    assert isinstance(again, SipRequest) and again.method == "BYE"
+    again = one_request(core)
+    assert again.method == "BYE"
     assert again.get("cseq") == "2 BYE" and again.vias()[0] != bye.vias()[0]
     credentials = sip_digest.parse_credentials(again.get("authorization") or "")
     assert (credentials.username, credentials.realm, credentials.uri) == (
@@ -1004,11 +1010,10 @@ def test_a_proxy_challenged_refer_is_sent_again_and_its_notify_names_the_new_one
     core = login_uas()
     call = answered(core)
     assert core.refer(call, "sip:desk@pbx.example", 1.0)
-    ((refer, _),) = sent(core)
-    assert isinstance(refer, SipRequest)
+    refer = one_request(core)
     core.receive_datagram(challenged(refer, 407), TRUNK, 1.1)
-    ((again, _),) = sent(core)
-    assert isinstance(again, SipRequest) and again.method == "REFER"
+    again = one_request(core)
+    assert again.method == "REFER"
     assert again.get("refer-to") == "<sip:desk@pbx.example>" and again.get("cseq") == "2 REFER"
     assert (again.get("proxy-authorization") or "").startswith('Digest username="edge"')
     assert events(core) == []  # (the challenge is not the transfer's outcome)
@@ -1021,8 +1026,7 @@ def test_without_a_login_a_challenge_is_the_requests_refusal() -> None:
     core = uas()
     call = answered(core)
     assert core.refer(call, "sip:desk@pbx.example", 1.0)
-    ((refer, _),) = sent(core)
-    assert isinstance(refer, SipRequest)
+    refer = one_request(core)
     core.receive_datagram(challenged(refer), TRUNK, 1.1)
     assert sent(core) == [] and events(core) == [CallTransferred(call, 401)]
     assert core.counters["sip_challenges_unanswered"] == 1
@@ -1034,14 +1038,13 @@ def test_a_proxys_challenge_then_the_trunks_are_both_answered_once() -> None:
     core = login_uas()
     call = answered(core)
     core.hangup(call, 1.0)
-    ((bye, _),) = sent(core)
-    assert isinstance(bye, SipRequest)
+    bye = one_request(core)
     core.receive_datagram(challenged(bye, 407), TRUNK, 1.1)
-    ((second, _),) = sent(core)
-    assert isinstance(second, SipRequest) and second.get("authorization") is None
+    second = one_request(core)
+    assert second.get("authorization") is None
     core.receive_datagram(challenged(second, 401, nonce="n2"), TRUNK, 1.2)
-    ((third, _),) = sent(core)
-    assert isinstance(third, SipRequest) and third.get("cseq") == "3 BYE"
+    third = one_request(core)
+    assert third.get("cseq") == "3 BYE"
     proxy = sip_digest.parse_credentials(third.get("proxy-authorization") or "")
     trunk = sip_digest.parse_credentials(third.get("authorization") or "")
     assert (proxy.nonce, trunk.nonce) == ("n1", "n2")
@@ -1057,8 +1060,7 @@ def test_the_first_challenge_we_can_answer_is_answered_and_a_stale_one_once_more
     core = login_uas()
     call = answered(core)
     core.hangup(call, 1.0)
-    ((bye, _),) = sent(core)
-    assert isinstance(bye, SipRequest)
+    bye = one_request(core)
     offered = [
         ("WWW-Authenticate", 'Digest realm="pbx.example", nonce="n0", algorithm=SHA-512-256'),
         ("WWW-Authenticate", CHALLENGE),  # (RFC 8760 §2.4: the first we can answer)
@@ -1066,14 +1068,14 @@ def test_the_first_challenge_we_can_answer_is_answered_and_a_stale_one_once_more
     core.receive_datagram(
         sip.response_to(bye, 401, "Unauthorized", headers=offered).encode(), TRUNK, 1.1
     )
-    ((again, _),) = sent(core)
-    assert isinstance(again, SipRequest) and 'nonce="n1"' in (again.get("authorization") or "")
+    again = one_request(core)
+    assert 'nonce="n1"' in (again.get("authorization") or "")
     stale = sip.response_to(
         again, 401, "Unauthorized", headers=[("WWW-Authenticate", CHALLENGE + ", stale=true")]
     )
     core.receive_datagram(stale.encode(), TRUNK, 1.2)  # our nonce expired: once more
-    ((third, _),) = sent(core)
-    assert isinstance(third, SipRequest) and third.get("cseq") == "3 BYE"
+    third = one_request(core)
+    assert third.get("cseq") == "3 BYE"
     assert len([v for k, v in third.headers if k == "authorization"]) == 1
     stale_again = sip.response_to(
         third, 401, "Unauthorized", headers=[("WWW-Authenticate", CHALLENGE + ", stale=true")]
