@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -188,9 +189,19 @@ def candidates_on(offer: str, relay: RelayProcess) -> str:
 
 
 def run_gst_caller(
-    tx: TransceiverProcess, relay: RelayProcess, freq: float, record: str
+    tx: TransceiverProcess,
+    relay: RelayProcess,
+    freq: float,
+    record: str,
+    *,
+    seconds: float = 2.5,
+    prefix: tuple[str, ...] = (),
+    offer_edit: Callable[[str], str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the GStreamer caller to its end; its JSON lines (the offer's and the events)."""
+    """Run the GStreamer caller to its end (`seconds` once connected; `prefix`: the command
+    it runs under, `ip netns exec NS`, say); its JSON lines (the offer's and the events).
+    Its offer goes to the transceiver with only its candidates on the relay's interface,
+    unless `offer_edit` says otherwise."""
     probe = subprocess.run(
         [SYSTEM_PYTHON, "-c", "import gi; gi.require_version('GstWebRTC', '1.0')"],
         capture_output=True,
@@ -201,7 +212,8 @@ def run_gst_caller(
         "run scripts/ensure-system-deps gstreamer (Debian: gstreamer1.0-plugins-bad "
         "gstreamer1.0-nice python3-gst-1.0 gir1.2-gst-plugins-bad-1.0)"
     )
-    argv = [SYSTEM_PYTHON, str(GST_CALLER), "--freq", str(freq), "--seconds", "2.5"]
+    argv = [*prefix, SYSTEM_PYTHON, str(GST_CALLER), "--freq", str(freq), "--seconds", str(seconds)]
+    edit = offer_edit if offer_edit is not None else partial(candidates_on, relay=relay)
     lines: list[dict[str, Any]] = []
     with subprocess.Popen(
         [*argv, "--record", record, "--timeout", "15"],
@@ -212,7 +224,7 @@ def run_gst_caller(
         env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
     ) as proc:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        killer = threading.Timer(40, proc.kill)  # bounds the whole run, however it hangs
+        killer = threading.Timer(40 + seconds, proc.kill)  # bounds the whole run, however it hangs
         killer.start()
         try:
             for line in proc.stdout:
@@ -221,7 +233,7 @@ def run_gst_caller(
                     continue
                 lines.append(json.loads(line))
                 if "offer" in lines[-1]:
-                    answer = create_session(tx, relay, candidates_on(lines[-1]["offer"], relay))
+                    answer = create_session(tx, relay, edit(lines[-1]["offer"]))
                     proc.stdin.write(json.dumps({"answer": answer}) + "\n")
                     proc.stdin.flush()
             proc.wait()
