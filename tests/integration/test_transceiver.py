@@ -469,3 +469,64 @@ def test_an_ended_session_says_why(stack: Stack) -> None:
 
     asyncio.run(main())
     assert tx.end_reason(ids[0], 5) == {"error": "session ended", "reason": "deleted"}
+
+
+def test_a_callers_own_flood_of_long_packets_is_decoded_at_most_in_real_time(
+    stack: Stack,
+) -> None:
+    """A hostile caller, keyed like any: its own SRTP, a second stream of 120 ms Opus
+    packets at 900 a second (6 ms each under the session's 1,000 datagrams a second), 108 s
+    of audio a second. Before stop 48 all of it was decoded and handed to its agent: that
+    call took 27 % of a core, a normal one 4 %. Now its audio keeps to real time
+    (`audio_over_budget`), its datagrams to 250 a second (`media_rate_limited`), and another
+    call on the transceiver hears its echo throughout."""
+    import numpy as np
+
+    from firsthop.services.transceiver.media.opus import OpusEncoder
+    from firsthop.shared.wire import rtp
+
+    relay, _, tx = stack
+    over, limited = event_count(tx, "audio_over_budget"), event_count(tx, "media_rate_limited")
+    decoded = event_count(tx, "frames_decoded")
+
+    async def main() -> None:
+        other, hostile = Caller(ToneTrack(700)), Caller(ToneTrack(440))
+        for c in (other, hostile):
+            await c.start(signal_via(tx, ingress(relay)))
+            await asyncio.wait_for(c.wait_connected(), 10)
+        await eventually(lambda: hears(other, 700) and hears(hostile, 440))
+        pt = int(
+            next(
+                line
+                for line in hostile.result.answer_sdp.splitlines()
+                if line.startswith("a=rtpmap:") and "opus" in line
+            ).split()[0][9:]
+        )
+        sender: Any = hostile.pc.getSenders()[0]
+        ssrc = (sender._ssrc + 1) & 0xFFFFFFFF  # (its own SRTP index: a second stream)
+        pcm = (8000 * np.sin(2 * np.pi * 440 * np.arange(5760) / 48000)).astype("<i2")
+        payload = OpusEncoder(32000).encode(pcm.tobytes())
+        mark = len(other.result.received)
+        loop = asyncio.get_running_loop()
+        start, seq = loop.time(), 0
+        while loop.time() - start < 3.0:  # 9 packets every 10 ms
+            for _ in range(9):
+                seq += 1
+                data = rtp.pack_header(pt, seq, seq * 5760, ssrc) + payload
+                await sender.transport._send_rtp(data)
+            await asyncio.sleep(0.01)
+        print(f"\nflood: {seq} packets of 120 ms in {loop.time() - start:.1f} s")
+        # the other call's echo went on: its own tone, loud, in the flood's last half second
+        assert hears(other, 700, since=mark + 2 * 48000), tone_power(heard(other, mark), 700)
+        for c in (other, hostile):
+            await c.close()
+
+    asyncio.run(main())
+    flood_decoded = event_count(tx, "frames_decoded") - decoded
+    print(
+        f"over budget {event_count(tx, 'audio_over_budget') - over:.0f}, "
+        f"rate-limited {event_count(tx, 'media_rate_limited') - limited:.0f}, "
+        f"decoded {flood_decoded:.0f} (both calls' frames, the flood's included)"
+    )
+    assert event_count(tx, "audio_over_budget") > over + 100
+    assert event_count(tx, "media_rate_limited") > limited + 1000

@@ -24,7 +24,7 @@ from firsthop.services.transceiver.media.core import (
     MediaParams,
 )
 from firsthop.services.transceiver.media.frames import FRAME_BYTES, FRAME_SAMPLES
-from firsthop.services.transceiver.media.opus import OpusDecoder
+from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder
 from firsthop.services.transceiver.media.pacing import OutputQueue
 from firsthop.services.transceiver.media.srtp import SrtpContext
 from firsthop.shared.wire import rtcp, rtp
@@ -203,6 +203,58 @@ def test_other_payload_types_and_non_media_are_counted_drops() -> None:
     stats = media.stats()
     assert stats["rtp_payload_type_unknown"] == 1 and stats["media_malformed"] == 2
     assert audio(events(media)) == []
+
+
+def test_a_caller_sending_audio_faster_than_real_time_is_decoded_at_most_in_real_time() -> None:
+    """The caller's own authenticated 120 ms packets, 50 a second (6 s of audio a second):
+    what is decoded, handed on and recorded keeps to AUDIO_RATE past AUDIO_BURST; the rest
+    is dropped undecoded and counted. (Before: all of it decoded, 27 % of a core a call.)"""
+    media, caller = keyed()
+    pcm = (8000 * np.sin(2 * math.pi * 440 * np.arange(5760) / 48000)).astype("<i2")
+    payload = OpusEncoder(codecs.OPUS_BITRATE).encode(pcm.tobytes())  # the longest: 120 ms
+    assert codecs.opus_duration(payload) == pytest.approx(0.12)
+    seconds = 10.0
+    sent = int(seconds * 50)
+    heard = 0.0
+    for i in range(sent):
+        caller.send(caller.rtp(i, i * 5760, payload), i * 0.02)
+        heard += sum(len(pcm) for pcm in audio(events(media))) / 2 / 48000
+    budget = core.AUDIO_BURST + core.AUDIO_RATE * (sent - 1) * 0.02  # (by the last packet)
+    assert budget - 0.121 <= heard <= budget + 0.001, (heard, budget)  # (0.12 s a packet)
+    stats = media.stats()
+    assert stats["audio_over_budget"] == sent - stats["frames_decoded"]
+    assert stats["frames_decoded"] <= budget / 0.12 + 1 < sent / 4
+
+
+def test_a_real_time_stream_and_its_losses_keep_within_the_audio_budget() -> None:
+    """A minute of 20 ms packets, one in ten lost (repaired), and a second of them held up
+    by the network and delivered at once: every frame decoded, nothing over a budget."""
+    media, caller = keyed()
+    for i in range(3000):
+        if i % 10 == 3:
+            continue  # lost: its slot is repaired when the next comes
+        now = 21.0 if 1000 <= i < 1050 else i * 0.02  # (a stall of a second, let go)
+        caller.send(caller.rtp(i, i * 960, PACKETS[i % len(PACKETS)]), now)
+    stats = media.stats()
+    assert stats["audio_over_budget"] == 0 and stats["media_rate_limited"] == 0
+    assert stats["frames_decoded"] + stats["frames_repaired"] == 3000
+
+
+def test_authenticated_datagrams_past_the_calls_rate_are_dropped_before_parsing() -> None:
+    """A caller's own authenticated RTP and RTCP, 2,000 in a second: MEDIA_BURST of them and
+    what MEDIA_RATE refills are handled, the rest dropped once authenticated (each still
+    says it authenticated: the caller's path is the caller's)."""
+    media, caller = keyed()
+    took = [caller.send(caller.rtp(i, i * 960, PACKETS[i % 60]), i * 0.0005) for i in range(2000)]
+    assert all(took)
+    stats = media.stats()
+    handled = stats["rtp_packets_in"]
+    assert handled == pytest.approx(core.MEDIA_BURST + core.MEDIA_RATE * 1.0, abs=2)
+    assert stats["media_rate_limited"] == 2000 - handled
+    report = caller.srtp.protect_rtcp(rtcp.encode_rtcp([rtcp.ReceiverReport(THEIRS, ())]))
+    assert caller.send(report, 1.0) and media.stats()["media_rate_limited"] == 2001 - handled
+    assert caller.send(caller.rtp(2000, 2000 * 960, PACKETS[0]), 3.0)  # refilled: handled
+    assert media.stats()["rtp_packets_in"] == handled + 1
 
 
 @settings(max_examples=300)

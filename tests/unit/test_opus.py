@@ -1,7 +1,9 @@
-"""The transceiver's Opus decoder (libopus through ctypes): decoding, concealment, in-band FEC."""
+"""The transceiver's Opus decoder (libopus through ctypes): decoding, concealment, in-band FEC;
+and a packet's duration read from its TOC (RFC 6716 §3.1), against libopus's."""
 
 from __future__ import annotations
 
+import ctypes
 import fractions
 import math
 from collections.abc import Callable
@@ -9,7 +11,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from av import AudioFrame, CodecContext
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from firsthop.services.transceiver.media import codecs, opus
 from firsthop.services.transceiver.media.frames import FRAME_SAMPLES
 from firsthop.services.transceiver.media.opus import OpusDecoder, OpusError
 
@@ -235,3 +240,25 @@ def test_a_codec_that_failed_to_be_made_leaves_nothing_to_free() -> None:
     finally:
         sys.unraisablehook = hook
     assert raised == []
+
+
+@settings(max_examples=500)
+@given(st.binary(min_size=1, max_size=3))
+def test_a_packets_duration_is_what_libopus_reads_in_it(packet: bytes) -> None:
+    """`codecs.opus_duration` (what the media core charges a caller's audio budget before
+    decoding) against libopus's own `opus_packet_get_nb_samples`: the same for every
+    packet libopus can time; at most 120 ms for one it cannot (it will not decode)."""
+    lib = opus._library()
+    lib.opus_packet_get_nb_samples.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32]
+    samples = lib.opus_packet_get_nb_samples(packet, len(packet), RATE)
+    duration = codecs.opus_duration(packet)
+    if 0 < samples <= opus.MAX_SAMPLES:
+        assert duration == pytest.approx(samples / RATE)
+    else:
+        assert 0 <= duration <= codecs.OPUS_MAX_DURATION
+
+
+def test_a_g711_payloads_duration_is_a_sample_a_byte() -> None:
+    assert codecs.make_codec("pcmu").duration(bytes(160)) == pytest.approx(0.02)
+    assert codecs.make_codec("pcma").duration(bytes(240)) == pytest.approx(0.03)
+    assert codecs.opus_duration(b"") == 0.0

@@ -2,8 +2,8 @@
 
 The media core (`core.py`) hears and speaks PCM16 mono at 48 kHz in 20 ms frames whatever
 the call's codec is. A codec turns one RTP payload into such frames and one such frame into
-one RTP payload, knows its RTP clock rate, what a lost frame becomes, and what to send in a
-silent slot:
+one RTP payload, knows its RTP clock rate, how long a payload lasts (without decoding it),
+what a lost frame becomes, and what to send in a silent slot:
 
 * `Opus`: the call's frames are Opus's own (RFC 7587: 48 kHz clock); a lost frame is
   repaired from the next packet's in-band FEC, or concealed (`opus.py`);
@@ -53,6 +53,11 @@ class CallCodec(Protocol):
         """A lost frame: repaired from `next_payload` (True) or concealed (False)."""
         ...
 
+    def duration(self, payload: bytes) -> float:
+        """Seconds of audio `payload` holds, read without decoding it (what it would cost
+        to decode; a payload that will not decode may say anything up to 120 ms)."""
+        ...
+
     def encode(self, pcm: bytes) -> bytes:
         """One 20 ms frame (PCM16 mono, 48 kHz) as one RTP payload."""
         ...
@@ -62,6 +67,28 @@ class CallCodec(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# RFC 6716 §3.1: a frame's length by the TOC byte's configuration (its top five bits), in
+# 2.5 ms units: SILK 10/20/40/60 ms (0-11), Hybrid 10/20 (12-15), CELT 2.5/5/10/20 (16-31)
+_OPUS_FRAME = (4, 8, 16, 24) * 3 + (4, 8) * 2 + (1, 2, 4, 8) * 4
+OPUS_MAX_DURATION = 0.12  # seconds: what one packet may hold (RFC 6716 §3.2.5)
+
+
+def opus_duration(packet: bytes) -> float:
+    """Seconds of audio in an Opus packet, from its TOC byte and frame count (RFC 6716
+    §3.1, §3.2.5), at most 120 ms (libopus refuses longer); an empty packet holds none."""
+    if not packet:
+        return 0.0
+    toc = packet[0]
+    code = toc & 0x03
+    if code == 0:
+        frames = 1
+    elif code < 3:
+        frames = 2
+    else:  # code 3: the count is in the next byte (a packet without it will not decode)
+        frames = packet[1] & 0x3F if len(packet) > 1 else 1
+    return min(OPUS_MAX_DURATION, frames * _OPUS_FRAME[toc >> 3] * 0.0025)
 
 
 def make_codec(name: str) -> CallCodec:
@@ -91,6 +118,9 @@ class Opus:
             return self._decoding().recover(next_payload)
         except OpusError as exc:
             raise CodecError(str(exc)) from exc
+
+    def duration(self, payload: bytes) -> float:
+        return opus_duration(payload)
 
     def _decoding(self) -> OpusDecoder:
         if self._decoder is None:
@@ -138,6 +168,9 @@ class G711:
 
     def recover(self, next_payload: bytes) -> tuple[bytes, bool]:
         return SILENT_PCM, False
+
+    def duration(self, payload: bytes) -> float:
+        return len(payload) / G711_RATE  # (a byte a sample)
 
     def encode(self, pcm: bytes) -> bytes:
         out = self._out

@@ -47,6 +47,7 @@ from firsthop.services.transceiver.media.jitter import Frame, LowLatencyJitterBu
 from firsthop.services.transceiver.media.pacing import OutputQueue
 from firsthop.services.transceiver.media.recorder import CallRecorder, OggOpus, WavG711
 from firsthop.services.transceiver.media.srtp import PLAIN_RTP, PlainRtp, SrtpContext, SrtpCounts
+from firsthop.shared.ratelimit import TokenBucket
 from firsthop.shared.wire import dtmf, rtcp, rtp
 
 MAX_SSRCS = 2  # RTP streams a caller may send (one audio track; one more for a switch)
@@ -60,6 +61,21 @@ RTCP_INTERVAL = 1.0  # seconds, randomised 0.5-1.5x (RFC 3550 §6.3.1)
 SENT_SRS = 8  # our last SRs remembered to time the caller's reports of them (RTT)
 MAX_DROPOUT, MAX_MISORDER = 3000, 100  # RFC 3550 A.1
 EVENTS = 512  # events waiting for the I/O side; past that the oldest audio is dropped
+# The caller's audio decoded (and handed on, and recorded) at most this many seconds a
+# second, with this many seconds banked: real time with room for a clock running fast and
+# for what a stalled network delivers at once. Past it a frame is dropped undecoded
+# (`audio_over_budget`). Without it, a caller's own authenticated 120 ms packets at the
+# session's 1,000 datagrams a second had us decode 110 s of audio a second: one call took
+# 27 % of a core, a normal one 4 % (docs/security.md).
+AUDIO_RATE = 1.05
+AUDIO_BURST = 2.0
+LOST_FRAME = 0.02  # seconds a lost frame's repair decodes
+# The caller's authenticated RTP and RTCP handled at most this many a second (burst: banked):
+# 2.5 times a stream of 10 ms packets, 5 s of one banked. Past it a datagram is dropped
+# once its authentication is checked (`media_rate_limited`), before it is parsed: a flood
+# of authenticated packets of any length had cost 7 % of a core a call, not 4.
+MEDIA_RATE = 250.0
+MEDIA_BURST = 500.0
 
 
 # -- what the I/O side is told ----------------------------------------------------------------
@@ -229,6 +245,8 @@ class CallMedia:
         self._ssrcs: set[int] = set()  # streams that authenticated (at most MAX_SSRCS)
         self._stream: _Reception | None = None
         self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
+        self._audio_budget = TokenBucket(AUDIO_RATE, AUDIO_BURST, 0.0)  # (from `start`)
+        self._packet_budget = TokenBucket(MEDIA_RATE, MEDIA_BURST, 0.0)
         # of the streams before this one
         self._late_before = self._skipped_before = self._concealed_before = 0
         self.codec: CallCodec = make_codec(params.codec)
@@ -279,6 +297,8 @@ class CallMedia:
         if self._srtp is not None or self._closed:
             return
         self._srtp = srtp if srtp is not None else PLAIN_RTP
+        self._audio_budget = TokenBucket(AUDIO_RATE, AUDIO_BURST, now)
+        self._packet_budget = TokenBucket(MEDIA_RATE, MEDIA_BURST, now)
         self._wall = wall - now
         if self.params.sending:
             self._slot = self.out.next_deadline(now)
@@ -449,7 +469,10 @@ class CallMedia:
         if plain is None:
             return False  # (counted by the SRTP context)
         self._ssrcs.add(ssrc)  # it authenticated: it may hold a place
-        self._receive_rtp(plain, ssrc, now)
+        if self._packet_budget.take(now):
+            self._receive_rtp(plain, ssrc, now)
+        else:
+            self.counts["media_rate_limited"] += 1
         return True
 
     def _receive_rtp(self, plain: bytes, ssrc: int, now: float) -> None:
@@ -486,13 +509,17 @@ class CallMedia:
         """One packet's frame(s) from the jitter buffer: decoded (a lost one repaired from
         the next packet's FEC, or concealed), so the agent hears every 20 ms."""
         codec = self.codec
+        if frame.lost and not self._audio_started:
+            return
+        duration = LOST_FRAME if frame.lost else codec.duration(frame.data)
+        if not self._audio_budget.take(self._now, duration):
+            self.counts["audio_over_budget"] += 1  # (neither decoded, nor heard, nor recorded)
+            return
         recorder = self.recorder
-        if recorder is not None and (self._audio_started or not frame.lost):
+        if recorder is not None:
             recorder.caller(None if frame.lost else frame.data, frame.timestamp, self._now)
         try:
             if frame.lost:
-                if not self._audio_started:
-                    return
                 pcm, from_fec = codec.recover(frame.data)
                 self.counts["frames_repaired"] += 1
                 self.counts["frames_repaired_fec"] += from_fec
@@ -566,6 +593,9 @@ class CallMedia:
         plain = srtp.unprotect_rtcp(data)
         if plain is None:
             return False
+        if not self._packet_budget.take(now):
+            self.counts["media_rate_limited"] += 1
+            return True
         try:
             packets = rtcp.parse_rtcp(plain)
         except rtcp.RtcpError:
@@ -690,5 +720,5 @@ STATS = (
     "agent_frames_played", "agent_frames_straight_through", "output_late_played", "output_gaps",
     "dtmf_in", "dtmf_malformed",
     "media_events_dropped", "srtp_before_keys", "srtp_after_close", "frames_denoised",
-    "denoise_unavailable",
+    "denoise_unavailable", "audio_over_budget", "media_rate_limited",
 )  # fmt: skip
