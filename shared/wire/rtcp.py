@@ -112,14 +112,16 @@ def middle_32(ntp: int) -> int:
 # -- parsing ----------------------------------------------------------------------------------
 
 
-def parse_rtcp(data: bytes | bytearray | memoryview) -> list[RtcpPacket]:
-    """Every packet of one RTCP datagram, in order (at least one)."""
+def parse_rtcp(data: bytes | bytearray | memoryview, limit: int | None = None) -> list[RtcpPacket]:
+    """Every packet of one RTCP datagram, in order (at least one); with `limit`, the first
+    that many and nothing past them is read (a compound packet of hundreds of empty ones
+    costs no more than a real one)."""
     data = bytes(data)
     packets: list[RtcpPacket] = []
     offset, n = 0, len(data)
     if n < 4:
         raise MalformedRtcp(f"{n} bytes: shorter than a header")
-    while offset < n:
+    while offset < n and (limit is None or len(packets) < limit):
         if offset + 4 > n:
             raise MalformedRtcp("trailing bytes shorter than a header")
         first, packet_type, words = _HEADER.unpack_from(data, offset)

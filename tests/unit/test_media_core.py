@@ -257,6 +257,52 @@ def test_authenticated_datagrams_past_the_calls_rate_are_dropped_before_parsing(
     assert media.stats()["rtp_packets_in"] == handled + 1
 
 
+def test_a_lost_frames_repair_is_charged_what_it_decodes() -> None:
+    """A 120 ms packet, then empty ones each 6 ahead: every packet had the jitter buffer
+    release 5 lost frames, each repaired as long as the last packet (120 ms) but charged
+    20 ms, 7 s of audio a second handed on. Now each is charged what it decodes."""
+    media, caller = keyed()
+    pcm = (8000 * np.sin(2 * math.pi * 440 * np.arange(5760) / 48000)).astype("<i2")
+    payload = OpusEncoder(codecs.OPUS_BITRATE).encode(pcm.tobytes())
+    caller.send(caller.rtp(0, 0, payload), 0.0)
+    heard = sum(len(p) for p in audio(events(media))) / 2 / 48000
+    seconds, seq = 10.0, 0
+    for i in range(1, int(seconds * 50)):
+        seq += 6
+        caller.send(caller.rtp(seq, seq * 5760, payload[:1]), i * 0.02)  # (a TOC byte alone)
+        heard += sum(len(p) for p in audio(events(media))) / 2 / 48000
+    budget = core.AUDIO_BURST + core.AUDIO_RATE * seconds
+    assert heard <= budget + 0.12, (heard, budget)
+    assert media.stats()["audio_over_budget"] > 0
+
+
+def test_srtcp_from_ever_new_ssrcs_is_refused_before_the_crypto() -> None:
+    """libsrtp keeps a stream for every sender SSRC that authenticates and looks each
+    packet's up in a list: a caller's SRTCP from new SSRCs, 1,000 a second, made every
+    packet of its call slower without bound. Its RTP streams' SSRCs and MAX_SSRCS others
+    (a receive-only caller's reports) are let through; the rest refused unread."""
+    media, caller = keyed()
+    caller.send(caller.rtp(0, 0, PACKETS[0]), 0.0)  # its RTP stream: THEIRS
+    for i, ssrc in enumerate([THEIRS, 7, 8, 9, 10, 11]):
+        report = rtcp.encode_rtcp([rtcp.ReceiverReport(ssrc, ())])
+        took = caller.send(caller.srtp.protect_rtcp(report), 0.1 + i * 0.01)
+        assert took == (i < 1 + core.MAX_SSRCS), (i, ssrc)
+    stats = media.stats()
+    assert stats["ssrc_refused"] == 3 and stats["rtcp_packets_in"] == 1 + core.MAX_SSRCS
+    assert stats["srtp_auth_fail"] == 0  # (refused before libsrtp saw them)
+    again = rtcp.encode_rtcp([rtcp.ReceiverReport(8, ())])  # a sender it kept: still heard
+    assert caller.send(caller.srtp.protect_rtcp(again), 0.2)
+
+
+def test_a_compound_rtcp_packet_is_read_to_its_first_few() -> None:
+    media, caller = keyed()
+    many = rtcp.encode_rtcp(
+        [rtcp.ReceiverReport(THEIRS, ()), *(rtcp.Goodbye((THEIRS,)) for _ in range(140))]
+    )
+    assert caller.send(caller.srtp.protect_rtcp(many), 0.0)
+    assert media.stats()["rtcp_bye_in"] == core.RTCP_PACKETS - 1
+
+
 @settings(max_examples=300)
 @given(st.binary(min_size=0, max_size=200), st.integers(128, 191))
 def test_no_datagram_raises(data: bytes, first: int) -> None:

@@ -258,3 +258,16 @@ def test_rtcp_garbage_raises_only_its_error(data: bytes) -> None:
         rtcp.parse_rtcp(b"\x80" + data)
     except rtcp.RtcpError:
         pass
+
+
+def test_a_limit_reads_the_first_packets_of_a_compound_and_nothing_past_them() -> None:
+    """A hostile caller's compound of hundreds of empty packets (each 4 bytes) cost 470 us
+    to parse against 6.5 us for an RR and SDES: the media core reads the first few."""
+    many = rtcp.encode_rtcp([rtcp.ReceiverReport(i, ()) for i in range(300)])
+    assert len(rtcp.parse_rtcp(many)) == 300
+    first = rtcp.parse_rtcp(many, 8)
+    assert [p.ssrc for p in first if isinstance(p, rtcp.ReceiverReport)] == list(range(8))
+    # what lies past the limit is not read, valid or not
+    assert len(rtcp.parse_rtcp(many[:16] + b"\xff" * 12, 2)) == 2
+    with pytest.raises(rtcp.RtcpError):
+        rtcp.parse_rtcp(many[:16] + b"\xff" * 12)

@@ -19,7 +19,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from firsthop.services.transceiver.media.frames import CALL_RATE, FRAME_BYTES, FrameCutter
+from firsthop.services.transceiver.media.frames import (
+    CALL_RATE,
+    FRAME_BYTES,
+    FRAME_SAMPLES,
+    FrameCutter,
+)
 from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder, OpusError
 from firsthop.services.transceiver.resample import Resampler
 from firsthop.shared.wire import g711
@@ -56,6 +61,11 @@ class CallCodec(Protocol):
     def duration(self, payload: bytes) -> float:
         """Seconds of audio `payload` holds, read without decoding it (what it would cost
         to decode; a payload that will not decode may say anything up to 120 ms)."""
+        ...
+
+    def repair_duration(self) -> float:
+        """Seconds of audio `recover` makes of a lost frame now (Opus: as long as the last
+        packet decoded, up to 120 ms)."""
         ...
 
     def encode(self, pcm: bytes) -> bytes:
@@ -122,6 +132,10 @@ class Opus:
     def duration(self, payload: bytes) -> float:
         return opus_duration(payload)
 
+    def repair_duration(self) -> float:
+        decoder = self._decoder
+        return (decoder.last_samples if decoder is not None else FRAME_SAMPLES) / CALL_RATE
+
     def _decoding(self) -> OpusDecoder:
         if self._decoder is None:
             self._decoder = OpusDecoder()
@@ -171,6 +185,9 @@ class G711:
 
     def duration(self, payload: bytes) -> float:
         return len(payload) / G711_RATE  # (a byte a sample)
+
+    def repair_duration(self) -> float:
+        return FRAME_SAMPLES / CALL_RATE  # (`recover`: 20 ms of silence)
 
     def encode(self, pcm: bytes) -> bytes:
         out = self._out

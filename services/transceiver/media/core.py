@@ -68,14 +68,14 @@ EVENTS = 512  # events waiting for the I/O side; past that the oldest audio is d
 # session's 1,000 datagrams a second had us decode 110 s of audio a second: one call took
 # 27 % of a core, a normal one 4 % (docs/security.md).
 AUDIO_RATE = 1.05
-AUDIO_BURST = 2.0
-LOST_FRAME = 0.02  # seconds a lost frame's repair decodes
+AUDIO_BURST = 4.0  # (ICE-TCP's retransmissions can hold seconds of it back, then let go)
 # The caller's authenticated RTP and RTCP handled at most this many a second (burst: banked):
 # 2.5 times a stream of 10 ms packets, 5 s of one banked. Past it a datagram is dropped
 # once its authentication is checked (`media_rate_limited`), before it is parsed: a flood
 # of authenticated packets of any length had cost 7 % of a core a call, not 4.
 MEDIA_RATE = 250.0
 MEDIA_BURST = 500.0
+RTCP_PACKETS = 8  # of a compound RTCP datagram, read (an SR or RR, SDES, BYE: 3 at most)
 
 
 # -- what the I/O side is told ----------------------------------------------------------------
@@ -243,6 +243,7 @@ class CallMedia:
         self.counts: dict[str, int] = dict.fromkeys(STATS, 0)
         # inbound
         self._ssrcs: set[int] = set()  # streams that authenticated (at most MAX_SSRCS)
+        self._rtcp_ssrcs: set[int] = set()  # senders of RTCP alone, likewise
         self._stream: _Reception | None = None
         self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
         self._audio_budget = TokenBucket(AUDIO_RATE, AUDIO_BURST, 0.0)  # (from `start`)
@@ -457,6 +458,20 @@ class CallMedia:
             self.counts["srtp_after_close" if self._closed else "srtp_before_keys"] += 1
             return False
         if rtp.is_rtcp(data):
+            # libsrtp keeps a stream for each sender SSRC that authenticates, and looks
+            # every packet's up in a list: a caller's SRTCP from ever new SSRCs made every
+            # packet of the call slower (1 ms at 100,000). Those of its RTP streams, and
+            # MAX_SSRCS more (a receive-only caller's reports), are let through to it.
+            ssrc = int.from_bytes(data[4:8], "big")
+            ours = self._ssrcs
+            if ssrc not in ours and ssrc not in self._rtcp_ssrcs:
+                if len(self._rtcp_ssrcs) >= MAX_SSRCS:
+                    self.counts["ssrc_refused"] += 1
+                    return False
+                if not self._receive_rtcp(srtp, data, now):
+                    return False
+                self._rtcp_ssrcs.add(ssrc)  # it authenticated: it may hold a place
+                return True
             return self._receive_rtcp(srtp, data, now)
         if len(data) < rtp.HEADER:
             self.counts["rtp_malformed"] += 1
@@ -511,7 +526,7 @@ class CallMedia:
         codec = self.codec
         if frame.lost and not self._audio_started:
             return
-        duration = LOST_FRAME if frame.lost else codec.duration(frame.data)
+        duration = codec.repair_duration() if frame.lost else codec.duration(frame.data)
         if not self._audio_budget.take(self._now, duration):
             self.counts["audio_over_budget"] += 1  # (neither decoded, nor heard, nor recorded)
             return
@@ -597,7 +612,7 @@ class CallMedia:
             self.counts["media_rate_limited"] += 1
             return True
         try:
-            packets = rtcp.parse_rtcp(plain)
+            packets = rtcp.parse_rtcp(plain, RTCP_PACKETS)
         except rtcp.RtcpError:
             self.counts["rtcp_malformed"] += 1
             return True
