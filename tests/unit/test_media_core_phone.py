@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from firsthop.services.transceiver.media import core
 from firsthop.services.transceiver.media.codecs import G711_FRAME, make_codec
 from firsthop.services.transceiver.media.core import (
     AudioReceived,
@@ -109,6 +110,20 @@ def test_dtmf_is_told_once_per_key() -> None:
     told = [e for e in events(media) if isinstance(e, DtmfReceived)]
     assert told == [DtmfReceived("5", 0.02), DtmfReceived("#", 0.1)]
     assert media.stats()["dtmf_in"] == 2 and media.stats()["dtmf_malformed"] == 1
+
+
+def test_keys_past_the_calls_rate_are_counted_not_told() -> None:
+    """A caller's keys, each a new timestamp, 200 a second for 2 s (as many as its
+    datagrams may be): DTMF_BURST and what DTMF_RATE refills are told to the agent, the
+    rest counted. (Before: every one, up to the datagram budget, 250 a second.)"""
+    media = phone_call("pcmu")
+    for i in range(400):
+        payload = dtmf.build_event("1", end=True, duration=400)
+        media.receive_datagram(rtp.RtpPacket(EVENT, i, i * 400, THEIRS, payload).encode(), i / 200)
+    told = sum(isinstance(e, DtmfReceived) for e in events(media))
+    expected = core.DTMF_BURST + core.DTMF_RATE * 399 / 200
+    assert told == pytest.approx(expected, abs=1)
+    assert media.stats()["dtmf_rate_limited"] == 400 - told
 
 
 def test_another_payload_type_is_a_counted_drop() -> None:

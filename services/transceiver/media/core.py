@@ -76,6 +76,10 @@ AUDIO_BURST = 4.0  # (ICE-TCP's retransmissions can hold seconds of it back, the
 MEDIA_RATE = 250.0
 MEDIA_BURST = 500.0
 RTCP_PACKETS = 8  # of a compound RTCP datagram, read (an SR or RR, SDES, BYE: 3 at most)
+# Keys (RFC 4733) told a second, with a burst banked: a dialler sends about 10 (a 50 ms tone
+# and a 50 ms gap); past it a key is dropped, counted (`dtmf_rate_limited`), not told.
+DTMF_RATE = 20.0
+DTMF_BURST = 40.0
 
 
 # -- what the I/O side is told ----------------------------------------------------------------
@@ -248,6 +252,7 @@ class CallMedia:
         self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
         self._audio_budget = TokenBucket(AUDIO_RATE, AUDIO_BURST, 0.0)  # (from `start`)
         self._packet_budget = TokenBucket(MEDIA_RATE, MEDIA_BURST, 0.0)
+        self._dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST, 0.0)
         # of the streams before this one
         self._late_before = self._skipped_before = self._concealed_before = 0
         self.codec: CallCodec = make_codec(params.codec)
@@ -300,6 +305,7 @@ class CallMedia:
         self._srtp = srtp if srtp is not None else PLAIN_RTP
         self._audio_budget = TokenBucket(AUDIO_RATE, AUDIO_BURST, now)
         self._packet_budget = TokenBucket(MEDIA_RATE, MEDIA_BURST, now)
+        self._dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST, now)
         self._wall = wall - now
         if self.params.sending:
             self._slot = self.out.next_deadline(now)
@@ -601,6 +607,9 @@ class CallMedia:
         if timestamp == self._dtmf_last or event.digit is None:
             return
         self._dtmf_last = timestamp
+        if not self._dtmf_budget.take(self._now):
+            self.counts["dtmf_rate_limited"] += 1
+            return
         self.counts["dtmf_in"] += 1
         self._event(DtmfReceived(event.digit, event.duration / self._rate))
 
@@ -735,5 +744,5 @@ STATS = (
     "agent_frames_played", "agent_frames_straight_through", "output_late_played", "output_gaps",
     "dtmf_in", "dtmf_malformed",
     "media_events_dropped", "srtp_before_keys", "srtp_after_close", "frames_denoised",
-    "denoise_unavailable", "audio_over_budget", "media_rate_limited",
+    "denoise_unavailable", "audio_over_budget", "media_rate_limited", "dtmf_rate_limited",
 )  # fmt: skip
