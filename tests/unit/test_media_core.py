@@ -101,6 +101,13 @@ def audio(evs: list[object]) -> list[bytes]:
 
 
 PACKETS = encode(tone(60), fec=True)  # 1.2 s of a 440 Hz tone, VoIP mode with in-band FEC
+# one Opus packet of the longest kind, 120 ms of the tone (through the core's own encoder)
+LONGEST = OpusEncoder(codecs.OPUS_BITRATE).encode(tone(6).tobytes())
+
+
+def seconds_heard(media: CallMedia) -> float:
+    """Seconds of the caller's audio the core handed on since last asked."""
+    return sum(len(pcm) for pcm in audio(events(media))) / 2 / 48000
 
 
 # -- inbound ----------------------------------------------------------------------------------
@@ -210,15 +217,14 @@ def test_a_caller_sending_audio_faster_than_real_time_is_decoded_at_most_in_real
     what is decoded, handed on and recorded keeps to AUDIO_RATE past AUDIO_BURST; the rest
     is dropped undecoded and counted. (Before: all of it decoded, 27 % of a core a call.)"""
     media, caller = keyed()
-    pcm = (8000 * np.sin(2 * math.pi * 440 * np.arange(5760) / 48000)).astype("<i2")
-    payload = OpusEncoder(codecs.OPUS_BITRATE).encode(pcm.tobytes())  # the longest: 120 ms
+    payload = LONGEST
     assert codecs.opus_duration(payload) == pytest.approx(0.12)
     seconds = 10.0
     sent = int(seconds * 50)
     heard = 0.0
     for i in range(sent):
         caller.send(caller.rtp(i, i * 5760, payload), i * 0.02)
-        heard += sum(len(pcm) for pcm in audio(events(media))) / 2 / 48000
+        heard += seconds_heard(media)
     budget = core.AUDIO_BURST + core.AUDIO_RATE * (sent - 1) * 0.02  # (by the last packet)
     assert budget - 0.121 <= heard <= budget + 0.001, (heard, budget)  # (0.12 s a packet)
     stats = media.stats()
@@ -262,15 +268,14 @@ def test_a_lost_frames_repair_is_charged_what_it_decodes() -> None:
     release 5 lost frames, each repaired as long as the last packet (120 ms) but charged
     20 ms, 7 s of audio a second handed on. Now each is charged what it decodes."""
     media, caller = keyed()
-    pcm = (8000 * np.sin(2 * math.pi * 440 * np.arange(5760) / 48000)).astype("<i2")
-    payload = OpusEncoder(codecs.OPUS_BITRATE).encode(pcm.tobytes())
+    payload = LONGEST
     caller.send(caller.rtp(0, 0, payload), 0.0)
-    heard = sum(len(p) for p in audio(events(media))) / 2 / 48000
+    heard = seconds_heard(media)
     seconds, seq = 10.0, 0
     for i in range(1, int(seconds * 50)):
         seq += 6
         caller.send(caller.rtp(seq, seq * 5760, payload[:1]), i * 0.02)  # (a TOC byte alone)
-        heard += sum(len(p) for p in audio(events(media))) / 2 / 48000
+        heard += seconds_heard(media)
     budget = core.AUDIO_BURST + core.AUDIO_RATE * seconds
     assert heard <= budget + 0.12, (heard, budget)
     assert media.stats()["audio_over_budget"] > 0

@@ -12,7 +12,10 @@ What it owns:
 
 * **inbound**: SRTP/SRTCP unprotected here (`srtp.py`: a forged or replayed packet is a
   counted drop that leaves no state). At most `MAX_SSRCS` streams per call, and one of a
-  stream it has not yet heard is refused before the crypto runs. Payload type, sequence
+  stream it has not yet heard is refused before the crypto runs (RTCP: the streams' SSRCs
+  and `MAX_SSRCS` senders of reports alone). What authenticated is held to budgets a call:
+  `MEDIA_RATE` datagrams a second, `AUDIO_RATE` seconds of audio decoded a second (each
+  packet timed before it is decoded), `DTMF_RATE` keys told. Payload type, sequence
   and timestamp come from `shared/wire/rtp.py`. Loss, jitter and the extended highest
   sequence are kept for the reception report (RFC 3550 A.1, A.3, A.8). The jitter buffer
   (`jitter.py`) hands frames on in order, with lost ones in their slots. Opus is decoded
@@ -250,7 +253,8 @@ class CallMedia:
         self._rtcp_ssrcs: set[int] = set()  # senders of RTCP alone, likewise
         self._stream: _Reception | None = None
         self._jitter = LowLatencyJitterBuffer(sink=self._on_frame)
-        self._audio_budget = TokenBucket(AUDIO_RATE, AUDIO_BURST, 0.0)  # (from `start`)
+        # (full at their first use, whenever that is: a bucket refills up to its burst)
+        self._audio_budget = TokenBucket(AUDIO_RATE, AUDIO_BURST, 0.0)
         self._packet_budget = TokenBucket(MEDIA_RATE, MEDIA_BURST, 0.0)
         self._dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST, 0.0)
         # of the streams before this one
@@ -303,9 +307,6 @@ class CallMedia:
         if self._srtp is not None or self._closed:
             return
         self._srtp = srtp if srtp is not None else PLAIN_RTP
-        self._audio_budget = TokenBucket(AUDIO_RATE, AUDIO_BURST, now)
-        self._packet_budget = TokenBucket(MEDIA_RATE, MEDIA_BURST, now)
-        self._dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST, now)
         self._wall = wall - now
         if self.params.sending:
             self._slot = self.out.next_deadline(now)
@@ -469,16 +470,15 @@ class CallMedia:
             # packet of the call slower (1 ms at 100,000). Those of its RTP streams, and
             # MAX_SSRCS more (a receive-only caller's reports), are let through to it.
             ssrc = int.from_bytes(data[4:8], "big")
-            ours = self._ssrcs
-            if ssrc not in ours and ssrc not in self._rtcp_ssrcs:
-                if len(self._rtcp_ssrcs) >= MAX_SSRCS:
-                    self.counts["ssrc_refused"] += 1
-                    return False
-                if not self._receive_rtcp(srtp, data, now):
-                    return False
-                self._rtcp_ssrcs.add(ssrc)  # it authenticated: it may hold a place
-                return True
-            return self._receive_rtcp(srtp, data, now)
+            known = ssrc in self._ssrcs or ssrc in self._rtcp_ssrcs
+            if not known and len(self._rtcp_ssrcs) >= MAX_SSRCS:
+                self.counts["ssrc_refused"] += 1
+                return False
+            if not self._receive_rtcp(srtp, data, now):
+                return False
+            if not known:  # it authenticated: it may hold a place
+                self._rtcp_ssrcs.add(ssrc)
+            return True
         if len(data) < rtp.HEADER:
             self.counts["rtp_malformed"] += 1
             return False
