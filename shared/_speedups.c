@@ -16,6 +16,17 @@
  * not destroyed: nothing here or in libopus can check it, as nothing could through ctypes. A
  * negative libopus result raises ValueError(code), and so do arguments out of range
  * (ValueError(-1), OPUS_BAD_ARG, as libopus would say).
+ *
+ * libsrtp's four per-packet calls, made from here instead of through pylibsrtp's wrapper
+ * (media/srtp.py):
+ * srtp_bind(protect, unprotect, protect_rtcp, unprotect_rtcp): their addresses in the libsrtp
+ *     pylibsrtp loaded (srtp.py passes them once, when it is imported);
+ * srtp_apply(op, session, packet) -> bytes or int: `op` indexes the four as bound; the packet
+ *     protected or unprotected, or, when libsrtp refuses it, its status (an int: 7 failed
+ *     authentication, 9 and 10 a replay); a packet too long to process in 1,500 bytes with
+ *     its trailer is status 2 (bad_param), the same bound as pylibsrtp's. A refusal is a
+ *     value, not an exception: forged packets are what an attacker sends most cheaply.
+ * `session` must be the address of a libsrtp session (srtp_t) that is alive.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -178,6 +189,71 @@ static PyObject *speedups_opus_decode(PyObject *self, PyObject *const *args, Py_
     return PyBytes_FromStringAndSize((const char *)pcm, (Py_ssize_t)n * 2);
 }
 
+/* srtp.h: srtp_err_status_t srtp_protect(srtp_t, void *, int *) and its three siblings */
+typedef int (*srtp_fn)(void *, void *, int *);
+static srtp_fn srtp_p[4] = {NULL, NULL, NULL, NULL};
+#define SRTP_BUFFER 1500 /* pylibsrtp's own buffer: the longest packet either way */
+#define SRTP_TRAILER 144 /* SRTP_MAX_TAG_LEN + SRTP_MAX_MKI_LEN */
+#define SRTCP_TRAILER 148 /* + SRTCP's index */
+#define SRTP_BAD_PARAM 2
+static const int srtp_room[4] = {SRTP_TRAILER, 0, SRTCP_TRAILER, 0};
+
+static PyObject *speedups_srtp_bind(PyObject *self, PyObject *args) {
+    PyObject *addresses[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &addresses[0], &addresses[1], &addresses[2],
+                          &addresses[3]))
+        return NULL;
+    srtp_fn bound[4];
+    for (int i = 0; i < 4; i++) {
+        void *f = PyLong_AsVoidPtr(addresses[i]);
+        if (f == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a libsrtp function's address is needed");
+            return NULL;
+        }
+        bound[i] = (srtp_fn)f;
+    }
+    memcpy(srtp_p, bound, sizeof(bound));
+    Py_RETURN_NONE;
+}
+
+static PyObject *speedups_srtp_apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "srtp_apply(op, session, packet)");
+        return NULL;
+    }
+    long op = PyLong_AsLong(args[0]);
+    if (op == -1 && PyErr_Occurred())
+        return NULL;
+    if (op < 0 || op > 3) {
+        PyErr_SetString(PyExc_ValueError, "op is 0-3 (protect, unprotect, their RTCP)");
+        return NULL;
+    }
+    if (srtp_p[op] == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "libsrtp is not bound (srtp_bind)");
+        return NULL;
+    }
+    void *session = PyLong_AsVoidPtr(args[1]);
+    if (session == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "no libsrtp session");
+        return NULL;
+    }
+    Py_buffer packet;
+    if (PyObject_GetBuffer(args[2], &packet, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t buffer[SRTP_BUFFER / 4]; /* (libsrtp reads the header as 32-bit words) */
+    int status = SRTP_BAD_PARAM, n = (int)packet.len;
+    if (packet.len <= SRTP_BUFFER - srtp_room[op]) {
+        memcpy(buffer, packet.buf, packet.len);
+        status = srtp_p[op](session, buffer, &n);
+    }
+    PyBuffer_Release(&packet);
+    if (status != 0)
+        return PyLong_FromLong(status);
+    return PyBytes_FromStringAndSize((const char *)buffer, n);
+}
+
 static PyMethodDef methods[] = {
     {"mask", speedups_mask, METH_VARARGS, "XOR data with a 4-byte key repeated (RFC 6455)."},
     {"peak", speedups_peak, METH_VARARGS, "The largest |sample| of PCM16 little-endian."},
@@ -186,6 +262,9 @@ static PyMethodDef methods[] = {
      "One Opus packet of a PCM16 mono frame."},
     {"opus_decode", (PyCFunction)(void (*)(void))speedups_opus_decode, METH_FASTCALL,
      "PCM16 mono of one Opus packet (None: concealment)."},
+    {"srtp_bind", speedups_srtp_bind, METH_VARARGS, "Bind libsrtp's four per-packet calls."},
+    {"srtp_apply", (PyCFunction)(void (*)(void))speedups_srtp_apply, METH_FASTCALL,
+     "One packet through libsrtp: the result, or libsrtp's status (int) when refused."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -44,3 +44,74 @@ def test_failures_are_counted_by_kind() -> None:
 def test_keying_of_the_wrong_length_is_refused() -> None:
     with pytest.raises(ValueError):
         SrtpContext.from_keying_material(bytes(59), "SRTP_AES128_CM_SHA1_80", client=True)
+
+
+def _exchange(profile: str, material: bytes) -> tuple[list[object], tuple[int, int, int]]:
+    """One side's packets to the other, good and bad, both ways round; what came out and
+    what was counted."""
+    client = SrtpContext.from_keying_material(material, profile, client=True)
+    server = SrtpContext.from_keying_material(material, profile, client=False)
+    out: list[object] = []
+    packets = [
+        rtp.RtpPacket(111, seq, 960 * seq, 7, bytes([seq]) * 80).encode() for seq in range(6)
+    ]
+    sent = [client.protect_rtp(p) for p in packets]
+    out += sent
+    out += [server.unprotect_rtp(p) for p in sent]
+    out.append(server.unprotect_rtp(sent[2]))  # replayed
+    tampered = bytearray(client.protect_rtp(rtp.RtpPacket(111, 6, 0, 7, bytes(80)).encode()))
+    tampered[-1] ^= 0x80
+    out.append(server.unprotect_rtp(bytes(tampered)))  # forged (fresh, so not a replay)
+    out.append(server.unprotect_rtp(b"\x80\x6f\x00\x01" + bytes(1497)))  # 1,501 bytes: too long
+    out.append(server.unprotect_rtp(b"\x80\x6f\x00"))  # shorter than a header
+    report = rtcp.encode_rtcp([rtcp.ReceiverReport(7)])
+    srtcp = client.protect_rtcp(report)
+    out += [srtcp, server.unprotect_rtcp(srtcp), server.unprotect_rtcp(srtcp)]
+    out.append(server.unprotect_rtcp(b"\x80\xc9\x00\x01"))  # too short to carry an index
+    out.append(server.unprotect_rtcp(b"\x80\xc9" + bytes(1600)))
+    counts = server.counts
+    return out, (counts.replayed, counts.auth_failed, counts.malformed)
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_the_c_calls_give_what_pylibsrtp_gives_and_count_refusals_alike(
+    profile: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each packet goes to libsrtp from `_speedups.c` where it is built (`make test` builds
+    it); pylibsrtp's own wrapper where it is not. The same keys give the same bytes and the
+    same counts either way, and neither raises on what a caller sends: a packet too long
+    to process is counted, not an exception (it had raised ValueError through pylibsrtp)."""
+    from firsthop.services.transceiver.media import srtp
+    from firsthop.shared import speedups
+
+    assert speedups.BUILT and speedups.native is not None
+    _, key, salt = PROFILES[profile]
+    material = os.urandom(2 * (key + salt))
+    from_c = _exchange(profile, material)
+    monkeypatch.setattr(srtp, "native", None)
+    from_pylibsrtp = _exchange(profile, material)
+    assert from_c == from_pylibsrtp
+    out, counts = from_c
+    assert out[6:12] == [
+        rtp.RtpPacket(111, s, 960 * s, 7, bytes([s]) * 80).encode() for s in range(6)
+    ]
+    assert out[12:16] == [None] * 4
+    assert out[17] == rtcp.encode_rtcp([rtcp.ReceiverReport(7)]) and out[18:] == [None] * 3
+    assert counts == (2, 1, 4)  # replays: RTP's and SRTCP's; malformed: two short, two long
+
+
+def test_what_we_send_too_long_to_protect_raises_as_pylibsrtp_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Our own packet that libsrtp refuses is a bug of ours, not a caller's: it raises."""
+    import pylibsrtp
+
+    from firsthop.services.transceiver.media import srtp
+
+    ours = SrtpContext.from_keying_material(os.urandom(60), "SRTP_AES128_CM_SHA1_80", client=True)
+    too_long = rtp.RtpPacket(111, 1, 2, 3, bytes(1400)).encode()
+    with pytest.raises(pylibsrtp.Error):
+        ours.protect_rtp(too_long)
+    monkeypatch.setattr(srtp, "native", None)
+    with pytest.raises(ValueError):  # (pylibsrtp's own check)
+        ours.protect_rtp(too_long)

@@ -5,7 +5,14 @@ keys exported by the DTLS handshake (RFC 5764 §4.2); `from_keying_material` doe
 aiortc's DTLS transport builds the same sessions; `rtc/` hands its pair over once the
 handshake is done. An inbound packet that fails to authenticate or is replayed returns None
 and is counted (`auth_failed`, `replayed`, `malformed`): it costs no state. libsrtp keeps a
-replay window per SSRC, so the caller of `unprotect` bounds the SSRCs first.
+replay window per SSRC, so the caller of `unprotect` bounds the SSRCs first. A packet too
+long to process (over 1,500 bytes with its trailer) is refused the same way.
+
+Each packet goes to libsrtp from the C extension (`shared/_speedups.c`, given the four
+calls' addresses once) where it is built: pylibsrtp's wrapper costs twice what its crypto
+does on a voice packet (a buffer allocated, copies and checks in Python), and turns every
+refusal into an exception whose text is then read. Without the extension, pylibsrtp's
+`Session` methods do the same; a unit test holds the two paths to the same bytes and counts.
 
 Pure: no I/O, no clock.
 """
@@ -16,6 +23,9 @@ from dataclasses import dataclass
 
 import pylibsrtp
 from pylibsrtp import Policy, Session
+from pylibsrtp._binding import ffi, lib
+
+from firsthop.shared.speedups import native
 
 # RFC 5764 §4.1.2 profile -> (libsrtp profile, master key bytes, master salt bytes)
 PROFILES: dict[str, tuple[int, int, int]] = {
@@ -24,6 +34,31 @@ PROFILES: dict[str, tuple[int, int, int]] = {
     "SRTP_AEAD_AES_128_GCM": (Policy.SRTP_PROFILE_AEAD_AES_128_GCM, 16, 12),
     "SRTP_AEAD_AES_256_GCM": (Policy.SRTP_PROFILE_AEAD_AES_256_GCM, 32, 12),
 }
+
+
+# `native.srtp_apply`'s ops, in the order `srtp_bind` takes them
+PROTECT, UNPROTECT, PROTECT_RTCP, UNPROTECT_RTCP = range(4)
+# libsrtp's srtp_err_status_t values a refused inbound packet is counted by
+AUTH_FAIL = 7
+REPLAY_FAIL, REPLAY_OLD = 9, 10
+
+if native is not None:
+    native.srtp_bind(
+        *(
+            int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+            for name in (
+                "srtp_protect",
+                "srtp_unprotect",
+                "srtp_protect_rtcp",
+                "srtp_unprotect_rtcp",
+            )
+        )
+    )
+
+
+def _address(session: Session) -> int:
+    """The libsrtp session (`srtp_t`) a pylibsrtp `Session` owns (and frees when it goes)."""
+    return int(ffi.cast("uintptr_t", session._srtp[0]))
 
 
 @dataclass
@@ -35,8 +70,10 @@ class SrtpCounts:
 
 class SrtpContext:
     def __init__(self, inbound: Session, outbound: Session) -> None:
-        self._in = inbound
+        self._in = inbound  # (held: they own the libsrtp sessions the addresses name)
         self._out = outbound
+        self._in_at = _address(inbound)
+        self._out_at = _address(outbound)
         self.counts = SrtpCounts()
 
     @classmethod
@@ -82,35 +119,67 @@ class SrtpContext:
     # -- inbound: None when it does not authenticate (counted) ----------------------------------
 
     def unprotect_rtp(self, data: bytes) -> bytes | None:
+        if native is not None:
+            plain = native.srtp_apply(UNPROTECT, self._in_at, data)
+            if isinstance(plain, bytes):
+                return plain
+            self._refused(plain)
+            return None
         try:
             return self._in.unprotect(data)
-        except pylibsrtp.Error as exc:
-            self._failed(exc)
+        except (pylibsrtp.Error, ValueError) as exc:
+            self._refused(_status(exc))
             return None
 
     def unprotect_rtcp(self, data: bytes) -> bytes | None:
+        if native is not None:
+            plain = native.srtp_apply(UNPROTECT_RTCP, self._in_at, data)
+            if isinstance(plain, bytes):
+                return plain
+            self._refused(plain)
+            return None
         try:
             return self._in.unprotect_rtcp(data)
-        except pylibsrtp.Error as exc:
-            self._failed(exc)
+        except (pylibsrtp.Error, ValueError) as exc:
+            self._refused(_status(exc))
             return None
 
-    def _failed(self, exc: pylibsrtp.Error) -> None:
-        text = str(exc)
-        if "replay" in text:
-            self.counts.replayed += 1
-        elif "authentication" in text:
+    def _refused(self, status: int) -> None:
+        if status == AUTH_FAIL:
             self.counts.auth_failed += 1
+        elif status in (REPLAY_FAIL, REPLAY_OLD):
+            self.counts.replayed += 1
         else:
             self.counts.malformed += 1
 
     # -- outbound -------------------------------------------------------------------------------
 
     def protect_rtp(self, data: bytes) -> bytes:
+        if native is not None:
+            return _protected(native.srtp_apply(PROTECT, self._out_at, data))
         return self._out.protect(data)
 
     def protect_rtcp(self, data: bytes) -> bytes:
+        if native is not None:
+            return _protected(native.srtp_apply(PROTECT_RTCP, self._out_at, data))
         return self._out.protect_rtcp(data)
+
+
+def _status(exc: Exception) -> int:
+    """The libsrtp status a pylibsrtp refusal stands for (its text is pylibsrtp's `ERRORS`
+    entry; a packet too long for its buffer is a ValueError)."""
+    if isinstance(exc, pylibsrtp.Error) and str(exc) in pylibsrtp.ERRORS:
+        return pylibsrtp.ERRORS.index(str(exc))
+    return 2  # bad_param
+
+
+def _protected(result: bytes | int) -> bytes:
+    """What we send is ours: libsrtp refusing it is a bug, raised as pylibsrtp would."""
+    if isinstance(result, int):
+        raise pylibsrtp.Error(
+            pylibsrtp.ERRORS[result] if result < len(pylibsrtp.ERRORS) else str(result)
+        )
+    return result
 
 
 class PlainRtp:
