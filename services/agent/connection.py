@@ -4,7 +4,8 @@
 Strategy: the connection's own task reads the socket when it asks for a message; there is no
 reader task and no message queue between the socket and the handler (trio-websocket's design),
 so a 20 ms frame in and its echo out cost one read and one write on the stream's Trio socket
-(no stream layer per frame either) and no task switch (measured: that hop and wsproto's
+(no stream layer per frame either; a read that emptied the socket waits for it before the
+next, so it does not try and fail first) and no task switch (measured: that hop and wsproto's
 framing took about half the agent's CPU per call). A send the socket's buffer takes whole is
 written at once, without a pass of Trio's scheduler; only the rest of a larger one waits.
 wsproto reads the upgrade request and writes the 101; the frames after it are the codec's.
@@ -74,6 +75,7 @@ class AgentConnection:
         self._early = early  # what came right behind the upgrade request
         self._send_lock = trio.Lock()
         self._unyielded = 0  # messages handed out since the last read
+        self._drained = False  # the last read took less than it asked: wait before the next
         self.closed = False
 
     async def get_message(self) -> str | bytes:
@@ -107,14 +109,36 @@ class AgentConnection:
         self._unyielded = 0  # (a read yields)
         data, self._early = self._early, b""
         if not data:
-            try:
-                data = await self._sock.recv(RECEIVE_SIZE)
-            except (OSError, trio.ClosedResourceError):
-                data = b""
+            data = await self._read()
             if not data:
                 self._ws.connection_lost()
                 await self._lost()
         self._messages.extend(self._ws.receive_data(data, PARSE_EVERY))
+
+    async def _read(self) -> bytes:
+        """One read of the socket (b"": it is gone). A read that took less than it asked
+        emptied the socket, so the next waits for it to be readable first rather than try
+        and fail (Trio's `recv` tries first: at a frame every 20 ms that is a failed
+        syscall and its exception each frame); one that filled its buffer tries again at
+        once, yielding after."""
+        fd = self._sock.fileno()
+        if fd < 0:  # (closed)
+            return b""
+        try:
+            while True:
+                if self._drained:
+                    await trio.lowlevel.wait_readable(fd)
+                try:
+                    data = os.read(fd, RECEIVE_SIZE)
+                except BlockingIOError:  # (readable, yet nothing: a spurious wake-up)
+                    self._drained = True
+                    continue
+                if not self._drained:
+                    await trio.lowlevel.checkpoint()  # (a read always yields)
+                self._drained = len(data) < RECEIVE_SIZE
+                return data
+        except (OSError, trio.ClosedResourceError):  # (a closed socket's fileno: EBADF)
+            return b""
 
     async def _fail(self, ended: Ended) -> None:
         """RFC 6455 §7.1.7, "Fail the WebSocket Connection": the Close saying why is sent;
