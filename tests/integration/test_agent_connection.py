@@ -443,3 +443,40 @@ async def _many_small_frames(ws: AgentConnection, peer: trio.socket.SocketType) 
         )
         for i in range(1000)
     )
+
+
+async def test_reads_that_fill_the_buffer_and_reads_that_empty_it_both_come_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A message longer than a read (its reads fill the buffer: the next is tried at once),
+    then frames one at a time (each read empties the socket: the next waits for it first,
+    so no read comes back empty-handed)."""
+    from firsthop.services.agent import connection
+
+    results: list[str] = []
+    real_read = os.read
+
+    def read(fd: int, n: int) -> bytes:
+        try:
+            data = real_read(fd, n)
+        except BlockingIOError:
+            results.append("would block")
+            raise
+        results.append("full" if len(data) == n else "some")
+        return data
+
+    monkeypatch.setattr(os, "read", read)  # (what connection.py reads with)
+    async with trio.open_nursery() as nursery:
+        port = await _serve(nursery)
+        with trio.fail_after(10):
+            async with open_websocket_url(f"ws://127.0.0.1:{port}") as ws:
+                big = os.urandom(5 * connection.RECEIVE_SIZE)
+                await ws.send_message(big)
+                assert await ws.get_message() == big
+                assert "full" in results
+                results.clear()
+                for i in range(50):
+                    await ws.send_message(bytes([i]) * 1920)
+                    assert await ws.get_message() == bytes([i]) * 1920
+        nursery.cancel_scope.cancel()
+    assert results.count("some") >= 50 and "would block" not in results
