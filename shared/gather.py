@@ -33,18 +33,19 @@ class Gather:
     _count: int = field(init=False, default=0)
     _since: float | None = field(init=False, default=None)
 
-    def after(self, now: float, handled: int, more: bool = False) -> float:
+    def after(self, now: float, handled: int, more: bool = False, earlier: int = 0) -> float:
         """Seconds to sleep before the next wait, after a wake-up that handled `handled`
-        events at `now` (0: wait at once)."""
+        events at `now` (0: wait at once). `earlier`: events of wake-ups since the last call
+        that were not asked about (the relay's C loop carries those), counted in the rate."""
         if self._since is None:
             self._since = now
-        if handled <= 0:
+        if handled <= 0 and earlier <= 0:
             return 0.0
-        self._count += handled
+        self._count += handled + earlier
         elapsed = now - self._since
         if elapsed >= self.window:
             self.rate = self._count / elapsed
             self._count, self._since = 0, now
-        if more or (handled < self.min_batch and self.rate < self.busy_rate):
+        if handled <= 0 or more or (handled < self.min_batch and self.rate < self.busy_rate):
             return 0.0
         return min(self.most, max(self.floor, self.batch / max(self.rate, 1.0)))

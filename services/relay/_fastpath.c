@@ -45,6 +45,8 @@
 #include <netinet/in.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 
@@ -312,10 +314,9 @@ static PyObject *source_of(Forwarder *self, const struct sockaddr_storage *ss) {
     return addr;
 }
 
-static PyObject *Forwarder_receive(Forwarder *self, PyObject *args) {
-    int fd, sources = 1;
-    NEED_READY(self);
-    if (!PyArg_ParseTuple(args, "i|p", &fd, &sources)) return NULL;
+/* One recvmmsg on `fd` (sources: decode each datagram's source address): how many came, 0
+ * for none or an error (counted), -1 with a Python error set. */
+static int do_receive(Forwarder *self, int fd, int sources) {
     clear_sources(self);
     self->got = 0;
     /* the kernel wrote the length it used into msg_namelen: give the room back */
@@ -336,7 +337,7 @@ static PyObject *Forwarder_receive(Forwarder *self, PyObject *args) {
             count_errno(self, err);
             self->rx_errors++;
         }
-        return PyLong_FromLong(0);
+        return 0;
     }
     self->filled = got;
     if (sources) {
@@ -344,13 +345,21 @@ static PyObject *Forwarder_receive(Forwarder *self, PyObject *args) {
             PyObject *addr = source_of(self, &self->names[i]);  /* a new reference */
             if (addr == NULL) {
                 self->got = i;
-                return NULL;
+                return -1;
             }
             self->sources[i] = addr;
         }
     }
     self->got = got;
-    return PyLong_FromLong(got);
+    return got;
+}
+
+static PyObject *Forwarder_receive(Forwarder *self, PyObject *args) {
+    int fd, sources = 1;
+    NEED_READY(self);
+    if (!PyArg_ParseTuple(args, "i|p", &fd, &sources)) return NULL;
+    int got = do_receive(self, fd, sources);
+    return got < 0 ? NULL : PyLong_FromLong(got);
 }
 
 static int check_index(Forwarder *self, Py_ssize_t i) {
@@ -464,19 +473,18 @@ static inline void touch(Forwarder *self, PyObject *flow, PyObject *now) {
     Py_XDECREF(old);
 }
 
-/* Datagrams from clients, from `start`: each one with a flow in `flows` (client tuple ->
- * Flow) whose destination has an upstream socket in `upstream_fds` (dest tuple -> fd) goes
- * there with the flow's header in front of it, as `known_client` and `_drain_public` do. */
-static PyObject *Forwarder_forward_clients(Forwarder *self, PyObject *args) {
-    Py_ssize_t start;
-    PyObject *flows, *upstream_fds, *now;
-    NEED_READY(self);
-    if (!PyArg_ParseTuple(args, "nO!O!O!", &start, &PyDict_Type, &flows, &PyDict_Type,
-                          &upstream_fds, &PyFloat_Type, &now))
-        return NULL;
-    unsigned int i = start < 0 ? 0 : start > (Py_ssize_t)self->got ? self->got : (unsigned int)start;
-    unsigned long long bytes = 0;
-    unsigned int fwd = 0;
+/* What a forward pass queued: datagrams and their payload bytes. */
+typedef struct {
+    unsigned int queued;
+    unsigned long long bytes;
+} Pass;
+
+static unsigned int clamp_start(Forwarder *self, Py_ssize_t start) {
+    return start < 0 ? 0 : start > (Py_ssize_t)self->got ? self->got : (unsigned int)start;
+}
+
+static unsigned int clients_pass(Forwarder *self, unsigned int i, PyObject *flows,
+                                 PyObject *upstream_fds, PyObject *now, Pass *pass) {
     for (; i < self->got; i++) {
         Py_ssize_t n = self->rx[i].msg_len;
         unsigned char *at = self->arena + i * self->stride + self->headroom;
@@ -492,10 +500,25 @@ static PyObject *Forwarder_forward_clients(Forwarder *self, PyObject *args) {
         touch(self, flow, now);
         memcpy(at - hlen, PyBytes_AS_STRING(header), hlen);
         queue(self, fd, at - hlen, n + hlen, NULL, 0);
-        fwd++;
-        bytes += n;
+        pass->queued++;
+        pass->bytes += n;
     }
-    return finish(self, i, fwd, bytes);
+    return i;
+}
+
+/* Datagrams from clients, from `start`: each one with a flow in `flows` (client tuple ->
+ * Flow) whose destination has an upstream socket in `upstream_fds` (dest tuple -> fd) goes
+ * there with the flow's header in front of it, as `known_client` and `_drain_public` do. */
+static PyObject *Forwarder_forward_clients(Forwarder *self, PyObject *args) {
+    Py_ssize_t start;
+    PyObject *flows, *upstream_fds, *now;
+    NEED_READY(self);
+    if (!PyArg_ParseTuple(args, "nO!O!O!", &start, &PyDict_Type, &flows, &PyDict_Type,
+                          &upstream_fds, &PyFloat_Type, &now))
+        return NULL;
+    Pass pass = {0, 0};
+    unsigned int stop = clients_pass(self, clamp_start(self, start), flows, upstream_fds, now, &pass);
+    return finish(self, stop, pass.queued, pass.bytes);
 }
 
 /* The sockaddr of a (host, port) tuple, encoded once (None, no error: not one this path
@@ -560,23 +583,10 @@ static PyObject *return_key(Forwarder *self, PyObject **slot, const unsigned cha
     return fresh;
 }
 
-/* Framed replies from `peer` (a connected upstream socket's destination), from `start`: each
- * one whose exact header is an established UDP flow's return key in `by_return`, that flow
- * pointing at `peer`, goes as `known_return` and `_drain_upstream` say: to the flow's client
- * from the public socket of its family (fd4, fd6), header cut off; on a second hop, as it is
- * to the first-hop relay (`via`) from the peer socket (fd_peer). */
-static PyObject *Forwarder_forward_returns(Forwarder *self, PyObject *args) {
-    Py_ssize_t start;
-    PyObject *by_return, *peer, *now;
-    int fd4, fd6, fd_peer;
-    NEED_READY(self);
-    if (!PyArg_ParseTuple(args, "nO!OO!iii", &start, &PyDict_Type, &by_return, &peer,
-                          &PyFloat_Type, &now, &fd4, &fd6, &fd_peer))
-        return NULL;
+static unsigned int returns_pass(Forwarder *self, unsigned int i, PyObject *by_return,
+                                 PyObject *peer, PyObject *now, int fd4, int fd6, int fd_peer,
+                                 Pass *pass) {
     if (PyDict_Size(self->dest_names) >= MAX_DESTINATIONS) PyDict_Clear(self->dest_names);
-    unsigned int i = start < 0 ? 0 : start > (Py_ssize_t)self->got ? self->got : (unsigned int)start;
-    unsigned long long bytes = 0;
-    unsigned int out = 0;
     for (; i < self->got; i++) {
         Py_ssize_t n = self->rx[i].msg_len;
         unsigned char *at = self->arena + i * self->stride + self->headroom;
@@ -603,26 +613,33 @@ static PyObject *Forwarder_forward_returns(Forwarder *self, PyObject *args) {
             queue(self, to_v6 ? fd6 : fd4, at + hlen, n - hlen, sa, salen);
         else
             queue(self, fd_peer, at, n, sa, salen);
-        out++;
-        bytes += n - hlen;  /* payloads, as the Python loop counts them */
+        pass->queued++;
+        pass->bytes += n - hlen;  /* payloads, as the Python loop counts them */
     }
-    return finish(self, i, out, bytes);
+    return i;
 }
 
-/* Framed datagrams from first-hop relays, from `start`: each one whose exact header is a
- * second-hop flow's in `hop_flows`, from that flow's first hop (`via`), carrying a non-STUN
- * payload, goes as it is to the flow's destination's upstream socket in `upstream_fds`, as
- * `known_peer` and `_drain_peer` do. */
-static PyObject *Forwarder_forward_peers(Forwarder *self, PyObject *args) {
+/* Framed replies from `peer` (a connected upstream socket's destination), from `start`: each
+ * one whose exact header is an established UDP flow's return key in `by_return`, that flow
+ * pointing at `peer`, goes as `known_return` and `_drain_upstream` say: to the flow's client
+ * from the public socket of its family (fd4, fd6), header cut off; on a second hop, as it is
+ * to the first-hop relay (`via`) from the peer socket (fd_peer). */
+static PyObject *Forwarder_forward_returns(Forwarder *self, PyObject *args) {
     Py_ssize_t start;
-    PyObject *hop_flows, *upstream_fds, *now;
+    PyObject *by_return, *peer, *now;
+    int fd4, fd6, fd_peer;
     NEED_READY(self);
-    if (!PyArg_ParseTuple(args, "nO!O!O!", &start, &PyDict_Type, &hop_flows, &PyDict_Type,
-                          &upstream_fds, &PyFloat_Type, &now))
+    if (!PyArg_ParseTuple(args, "nO!OO!iii", &start, &PyDict_Type, &by_return, &peer,
+                          &PyFloat_Type, &now, &fd4, &fd6, &fd_peer))
         return NULL;
-    unsigned int i = start < 0 ? 0 : start > (Py_ssize_t)self->got ? self->got : (unsigned int)start;
-    unsigned long long bytes = 0;
-    unsigned int fwd = 0;
+    Pass pass = {0, 0};
+    unsigned int stop = returns_pass(self, clamp_start(self, start), by_return, peer, now, fd4,
+                                     fd6, fd_peer, &pass);
+    return finish(self, stop, pass.queued, pass.bytes);
+}
+
+static unsigned int peers_pass(Forwarder *self, unsigned int i, PyObject *hop_flows,
+                               PyObject *upstream_fds, PyObject *now, Pass *pass) {
     for (; i < self->got; i++) {
         Py_ssize_t n = self->rx[i].msg_len;
         unsigned char *at = self->arena + i * self->stride + self->headroom;
@@ -642,10 +659,159 @@ static PyObject *Forwarder_forward_peers(Forwarder *self, PyObject *args) {
         if (fd < 0) break;
         touch(self, flow, now);
         queue(self, fd, at, n, NULL, 0);
-        fwd++;
-        bytes += n - hlen;
+        pass->queued++;
+        pass->bytes += n - hlen;
     }
-    return finish(self, i, fwd, bytes);
+    return i;
+}
+
+/* Framed datagrams from first-hop relays, from `start`: each one whose exact header is a
+ * second-hop flow's in `hop_flows`, from that flow's first hop (`via`), carrying a non-STUN
+ * payload, goes as it is to the flow's destination's upstream socket in `upstream_fds`, as
+ * `known_peer` and `_drain_peer` do. */
+static PyObject *Forwarder_forward_peers(Forwarder *self, PyObject *args) {
+    Py_ssize_t start;
+    PyObject *hop_flows, *upstream_fds, *now;
+    NEED_READY(self);
+    if (!PyArg_ParseTuple(args, "nO!O!O!", &start, &PyDict_Type, &hop_flows, &PyDict_Type,
+                          &upstream_fds, &PyFloat_Type, &now))
+        return NULL;
+    Pass pass = {0, 0};
+    unsigned int stop = peers_pass(self, clamp_start(self, start), hop_flows, upstream_fds, now,
+                                   &pass);
+    return finish(self, stop, pass.queued, pass.bytes);
+}
+
+/* serve(): the worker's wait and its wake-ups, for as long as they are all common cases.
+ *
+ * One epoll_wait on the worker's set (`epfd`), with the GIL released; when every ready
+ * descriptor is a datagram socket in `routes` (fd -> 0: a public socket, 1: the peer socket,
+ * (host, port): a connected upstream socket, that destination), each is received (one
+ * recvmmsg) and its batch forwarded by the passes above, and the wait starts again, without
+ * a bytecode. It returns to Python when:
+ *   SERVE_TIMEOUT  `timeout` seconds went by (the worker's tick, the gather's rate window);
+ *   SERVE_OTHER    a ready descriptor is not in `routes` (commands, ICE-TCP, the shared
+ *                  upstream socket): nothing of that wake-up was read; Python polls again
+ *                  (epoll is level-triggered) and handles it all;
+ *   SERVE_SLOW     datagram `stop` of the batch just received on `fd` is not a common case:
+ *                  what came before it has been sent, and Python takes it down the full
+ *                  path and goes on from stop + 1 (as after a forward_* call);
+ *   SERVE_BUSY     a wake-up that Python's gather looks at: it filled a batch (`more`),
+ *                  carried `min_batch` datagrams, or any while `busy`.
+ * -> (why, fd, got, stop, handled, last, more, up, up_bytes, down, down_bytes, dropped,
+ *     recv_errors, upstream_errors): `handled` datagrams received in all (for the gather's
+ *     rate), `last` in the last wake-up; what was forwarded upstream (to transceivers and
+ *     second hops) and down (to clients and first hops), what the kernel refused to send,
+ *     and receive errors on public and peer sockets and on upstream ones. */
+#define SERVE_TIMEOUT 0
+#define SERVE_OTHER 1
+#define SERVE_SLOW 2
+#define SERVE_BUSY 3
+#define SERVE_EVENTS 64
+
+static double clock_seconds(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    unsigned long long up, up_bytes, down, down_bytes, dropped, recv_errors, upstream_errors;
+} Served;
+
+static PyObject *Forwarder_serve(Forwarder *self, PyObject *args) {
+    int epfd, fd4, fd6, fd_peer, busy, min_batch;
+    double timeout;
+    PyObject *routes, *flows, *by_return, *hop_flows, *upstream_fds;
+    NEED_READY(self);
+    if (!PyArg_ParseTuple(args, "idO!O!O!O!O!iiipi", &epfd, &timeout, &PyDict_Type, &routes,
+                          &PyDict_Type, &flows, &PyDict_Type, &by_return, &PyDict_Type,
+                          &hop_flows, &PyDict_Type, &upstream_fds, &fd4, &fd6, &fd_peer, &busy,
+                          &min_batch))
+        return NULL;
+    struct epoll_event events[SERVE_EVENTS];
+    Served done = {0, 0, 0, 0, 0, 0, 0};
+    int why = SERVE_TIMEOUT, fd = -1, more = 0;
+    unsigned int got = 0, stop = 0;
+    unsigned long long handled = 0, last = 0;
+    double deadline = clock_seconds(CLOCK_MONOTONIC) + timeout;
+    for (;;) {
+        double left = deadline - clock_seconds(CLOCK_MONOTONIC);
+        if (left <= 0) break;
+        int n, err = 0, ms = (int)(left * 1000.0) + 1;
+        Py_BEGIN_ALLOW_THREADS
+        n = epoll_wait(epfd, events, SERVE_EVENTS, ms);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (n < 0) {
+            if (err == EINTR) continue;
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        PyObject *kinds[SERVE_EVENTS];
+        int others = 0;
+        for (int e = 0; e < n; e++) {
+            PyObject *key = PyLong_FromLong(events[e].data.fd);
+            if (key == NULL) return NULL;
+            kinds[e] = PyDict_GetItemWithError(routes, key);  /* borrowed */
+            Py_DECREF(key);
+            if (kinds[e] == NULL) {
+                if (PyErr_Occurred()) return NULL;
+                others = 1;
+            }
+        }
+        if (others) {
+            why = SERVE_OTHER;
+            break;
+        }
+        if (n == 0) continue;
+        PyObject *now = PyFloat_FromDouble(clock_seconds(CLOCK_REALTIME));  /* time.time() */
+        if (now == NULL) return NULL;
+        last = 0;
+        for (int e = 0; e < n && why == SERVE_TIMEOUT; e++) {
+            fd = events[e].data.fd;
+            PyObject *kind = kinds[e];
+            int upstream = !PyLong_CheckExact(kind), peer = !upstream && PyLong_AsLong(kind) == 1;
+            int r = do_receive(self, fd, !upstream);
+            if (self->rx_errors) {
+                *(upstream ? &done.upstream_errors : &done.recv_errors) += self->rx_errors;
+                self->rx_errors = 0;
+            }
+            if (r < 0) {
+                Py_DECREF(now);
+                return NULL;
+            }
+            got = (unsigned int)r;
+            handled += got;
+            last += got;
+            more |= got == self->count;
+            Pass pass = {0, 0};
+            if (upstream)
+                stop = returns_pass(self, 0, by_return, kind, now, fd4, fd6, fd_peer, &pass);
+            else if (peer)
+                stop = peers_pass(self, 0, hop_flows, upstream_fds, now, &pass);
+            else
+                stop = clients_pass(self, 0, flows, upstream_fds, now, &pass);
+            unsigned int dropped = flush(self);
+            done.dropped += dropped;
+            *(upstream ? &done.down : &done.up) += pass.queued - dropped;
+            *(upstream ? &done.down_bytes : &done.up_bytes) += pass.bytes;
+            if (PyErr_Occurred()) {
+                Py_DECREF(now);
+                return NULL;
+            }
+            if (stop < got) why = SERVE_SLOW;
+        }
+        Py_DECREF(now);
+        if (why != SERVE_TIMEOUT) break;
+        if (more || last >= (unsigned long long)min_batch || (busy && last > 0)) {
+            why = SERVE_BUSY;
+            break;
+        }
+    }
+    return Py_BuildValue("iiIIKKiKKKKKKK", why, fd, got, stop, handled, last, more, done.up,
+                         done.up_bytes, done.down, done.down_bytes, done.dropped,
+                         done.recv_errors, done.upstream_errors);
 }
 
 static PyObject *Forwarder_take_rx_errors(Forwarder *self, PyObject *Py_UNUSED(ignored)) {
@@ -666,6 +832,10 @@ static PyMethodDef Forwarder_methods[] = {
      "dropped)"},
     {"forward_peers", (PyCFunction)Forwarder_forward_peers, METH_VARARGS,
      "forward_peers(start, hop_flows, upstream_fds, now) -> (stop, sent, bytes, dropped)"},
+    {"serve", (PyCFunction)Forwarder_serve, METH_VARARGS,
+     "serve(epfd, timeout, routes, flows, by_return, hop_flows, upstream_fds, fd4, fd6, "
+     "fd_peer, busy, min_batch) -> (why, fd, got, stop, handled, last, more, up, up_bytes, "
+     "down, down_bytes, dropped, recv_errors, upstream_errors)"},
     {"take_rx_errors", (PyCFunction)Forwarder_take_rx_errors, METH_NOARGS,
      "receive errors since the last call (every error, by errno: `errnos`, cumulative)"},
     {NULL}};
@@ -712,5 +882,9 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     }
     PyModule_AddIntConstant(m, "MAX_SOURCES", MAX_SOURCES);
     PyModule_AddIntConstant(m, "MAX_DESTINATIONS", MAX_DESTINATIONS);
+    PyModule_AddIntConstant(m, "SERVE_TIMEOUT", SERVE_TIMEOUT);
+    PyModule_AddIntConstant(m, "SERVE_OTHER", SERVE_OTHER);
+    PyModule_AddIntConstant(m, "SERVE_SLOW", SERVE_SLOW);
+    PyModule_AddIntConstant(m, "SERVE_BUSY", SERVE_BUSY);
     return m;
 }

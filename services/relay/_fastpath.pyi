@@ -4,6 +4,10 @@ from typing import Any
 
 MAX_SOURCES: int
 MAX_DESTINATIONS: int
+SERVE_TIMEOUT: int
+SERVE_OTHER: int
+SERVE_SLOW: int
+SERVE_BUSY: int
 
 class Forwarder:
     errnos: dict[int, int]
@@ -40,4 +44,20 @@ class Forwarder:
     def forward_peers(
         self, start: int, hop_flows: dict[bytes, Any], upstream_fds: dict[Any, int], now: float, /
     ) -> tuple[int, int, int, int]: ...
+    def serve(
+        self,
+        epfd: int,
+        timeout: float,
+        routes: dict[int, int | tuple[str, int]],
+        flows: dict[Any, Any],
+        by_return: dict[bytes, Any],
+        hop_flows: dict[bytes, Any],
+        upstream_fds: dict[Any, int],
+        fd4: int,
+        fd6: int,
+        fd_peer: int,
+        busy: bool,
+        min_batch: int,
+        /,
+    ) -> tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int]: ...
     def take_rx_errors(self) -> int: ...

@@ -29,7 +29,12 @@ The common cases of `_drain_public`, `_drain_upstream` and `_drain_peer` run in 
 (`_fastpath.c`, `--datapath`): one call receives a batch, one forwards it up to the first
 datagram that is not a common case, which takes the full path here; no bytecode runs per
 datagram, and the flow table stays the one owner of the flows (C reads its dicts and writes
-a flow's `last_seen`, as `known_client`/`known_return`/`known_peer` do). The
+a flow's `last_seen`, as `known_client`/`known_return`/`known_peer` do). With C, the wait
+itself is C's too (`Forwarder.serve`): the epoll wait and every wake-up whose ready
+descriptors are all datagram sockets and whose datagrams are all common cases run without a
+bytecode, until the tick, a datagram that is not one (finished here), anything else ready
+(handled here), or a wake-up the gather looks at (at a call's rates each datagram is its own
+wake-up, and Python's turn of the loop cost about a third of what each one cost). The
 table is touched only by this thread; Trio talks to it through `commands` (a queue plus an
 eventfd that wakes the epoll wait) and gets events back through `outbox`.
 
@@ -237,12 +242,16 @@ class DataPlane:
         self._rx = Receiver(BATCH, RECV_BUFFER - HEADROOM, headroom=HEADROOM)
         self.native = native_forwarder(datapath)  # the common cases in C, or None
         self._upstream_fds: dict[tuple[str, int], int] = {}  # for `native`: dest -> fd
+        # for `native.serve`: each datagram socket's fd -> 0 (public), 1 (peer), or the
+        # destination of an upstream socket; whatever else wakes the loop is Python's
+        self._routes: dict[int, int | tuple[str, int]] = {}
         self._to_public4 = Sender(BATCH)
         self._to_public6 = Sender(BATCH)
         self._to_peer = Sender(BATCH)
         self._spare: list[Sender] = []  # connected senders not holding a batch
         self._queued: dict[socket.socket, Sender] = {}  # upstream socket -> its batch
         self._handled = 0  # datagrams received in this wake-up
+        self._earlier = 0  # and in the wake-ups `native.serve` handled before it
         self._more = False
         self.gather = Gather(
             GATHER, GATHER_FLOOR, GATHER_BATCH, BUSY_RATE, GATHER_MIN, window=RATE_WINDOW
@@ -277,7 +286,11 @@ class DataPlane:
         for fd in (pub_fd, own_fd, peer_fd, wake_fd, other_fd):
             if fd >= 0:
                 ep.register(fd, select.EPOLLIN)
+        self._routes.update({pub_fd: 0, peer_fd: 1})
+        if other_fd >= 0:
+            self._routes[other_fd] = 0
         public = self.public
+        native = self.native
         tcp = self.tcp
         if tcp is not None:
             tcp.attach(ep)
@@ -295,10 +308,19 @@ class DataPlane:
                     table = self.table
                     table.sweep(now, budget=max(SWEEP_MIN, table.size // 4 + 1))
                     self._housekeeping(now)
-                self._handled = 0
+                self._handled = self._earlier = 0
                 self._more = False  # set when a receive filled its batch: more is queued
                 # (ICE-TCP frames a pass left in a deframer: polled for without waiting)
-                for fd, events in ep.poll(0 if tcp is not None and tcp.backlog else TICK):
+                backlog = tcp is not None and tcp.backlog
+                if native is not None and not backlog:
+                    # Wake-ups of datagram sockets only, forwarded in C, until one needs
+                    # Python: anything else ready is polled for here, without waiting
+                    pending = self._serve(native, min(next_tick - now, RATE_WINDOW))
+                    now = time.time()
+                    ready = ep.poll(0) if pending else []
+                else:
+                    ready = ep.poll(0 if backlog else TICK)
+                for fd, events in ready:
                     now = time.time()
                     if fd == pub_fd:
                         self._drain_public(public, now)
@@ -322,7 +344,7 @@ class DataPlane:
                 # Wake-ups, not syscalls, are what a batch has to amortise: when this one
                 # carried traffic and emptied its sockets, let the next batch gather for
                 # GATHER before asking again (a datagram waits at most that much longer).
-                wait = gather.after(now, self._handled, self._more)
+                wait = gather.after(now, self._handled, self._more, self._earlier)
                 if wait:
                     time.sleep(wait)
         finally:
@@ -365,13 +387,14 @@ class DataPlane:
         self.upstreams[dest] = sock
         self._upstream_fds[dest] = sock.fileno()
         self._upstream_by_fd[sock.fileno()] = (sock, dest)
+        self._routes[sock.fileno()] = dest
         if self._ep is not None:
             self._ep.register(sock.fileno(), select.EPOLLIN)
         return sock
 
     def _drain_public(self, public: socket.socket, now: float) -> None:
         if self.native is not None:
-            self._drain_public_native(self.native, public, now)
+            self._drain_native(self.native, public.fileno(), now)
             return
         # One recvmmsg; each datagram lands past room for its frame header, which is
         # written in front of it in place, so the frame leaves as one slice of the arena.
@@ -420,7 +443,7 @@ class DataPlane:
     def _drain_upstream(self, entry: tuple[socket.socket, tuple[str, int]], now: float) -> None:
         sock, peer = entry
         if self.native is not None:
-            self._drain_upstream_native(self.native, sock, peer, now)
+            self._drain_native(self.native, sock.fileno(), now)
             return
         rx = self._rx
         got = rx.receive(sock.fileno(), sources=False)  # connected: only `peer` gets here
@@ -471,79 +494,111 @@ class DataPlane:
     # stops at the first datagram that is not one; that one takes the full path here, and C
     # goes on after it. What C queued before the stop has left by then (order kept).
 
-    def _drain_public_native(self, fp: Any, public: socket.socket, now: float) -> None:
-        table, fds = self.table, self._upstream_fds
-        sent, nbytes = self._native_batch(
-            fp,
-            public.fileno(),
-            "recv_error",
-            lambda start: fp.forward_clients(start, table.flows, fds, now),
-            lambda i, data: table.on_client(fp.source(i), data, now),
-        )
-        self.upstream += sent
-        self.upstream_bytes += nbytes
-
-    def _drain_upstream_native(
-        self, fp: Any, sock: socket.socket, peer: tuple[str, int], now: float
-    ) -> None:
+    def _serve(self, fp: Any, timeout: float) -> bool:
+        """Wait up to `timeout` seconds, and forward the datagrams of the wake-ups meanwhile,
+        in C (`Forwarder.serve`) for as long as every one is a common case; the one that is
+        not is finished here. Whether something other than a datagram socket is ready (to
+        poll for, without waiting)."""
         table = self.table
-        fds = (self._public4.fileno(), self._public6.fileno(), self.peer.fileno())
-        sent, nbytes = self._native_batch(
-            fp,
-            sock.fileno(),
-            "upstream_error",  # e.g. ECONNREFUSED: ICMP port unreachable from the peer
-            lambda start: fp.forward_returns(start, table.by_return, peer, now, *fds),
-            lambda _, data: table.on_return(peer, data, now),
-            sources=False,  # connected: only `peer` gets here
-        )
-        self.downstream += sent
-        self.downstream_bytes += nbytes
-
-    def _drain_peer_native(self, fp: Any, now: float) -> None:
-        table, fds = self.table, self._upstream_fds
-        sent, nbytes = self._native_batch(
-            fp,
+        assert self._ep is not None
+        why, fd, got, stop, handled, last, more, *counts = fp.serve(
+            self._ep.fileno(),
+            timeout,
+            self._routes,
+            table.flows,
+            table.by_return,
+            table.hop_flows,
+            self._upstream_fds,
+            self._public4.fileno(),
+            self._public6.fileno(),
             self.peer.fileno(),
-            "recv_error",
-            lambda start: fp.forward_peers(start, table.hop_flows, fds, now),
-            lambda i, data: table.on_peer(fp.source(i), data, now),
+            self.gather.rate >= BUSY_RATE,
+            GATHER_MIN,
         )
-        self.upstream += sent
-        self.upstream_bytes += nbytes
+        up, up_bytes, down, down_bytes, dropped, recv_errors, upstream_errors = counts
+        self.upstream += up
+        self.upstream_bytes += up_bytes
+        self.downstream += down
+        self.downstream_bytes += down_bytes
+        for reason, n in (
+            ("send_error", dropped),
+            ("recv_error", recv_errors),
+            ("upstream_error", upstream_errors),
+        ):
+            if n:
+                table.count_drop(reason, n)
+        if why == _fastpath.SERVE_TIMEOUT:  # (no wake-up just now: all went to the rate)
+            last = 0
+        self._handled, self._earlier, self._more = last, handled - last, bool(more)
+        if why == _fastpath.SERVE_SLOW:
+            self._forward_from(fp, fd, got, stop, time.time())
+        return why == _fastpath.SERVE_OTHER  # type: ignore[no-any-return]
 
-    def _native_batch(
-        self,
-        fp: Any,
-        fd: int,
-        receive_error: str,
-        forward: Callable[[int], tuple[int, int, int, int]],
-        full_path: Callable[[int, bytes], object],
-        *,
-        sources: bool = True,
-    ) -> tuple[int, int]:
-        """One receive on `fd`, then `forward(start)` (C) up to each datagram that is not a
-        common case, which `full_path(i, data)` decides here. Returns what C sent: (datagrams,
-        payload bytes); the full path's sends count themselves (`_carry_out`)."""
-        got: int = fp.receive(fd, sources)
+    def _drain_native(self, fp: Any, fd: int, now: float) -> None:
+        """One receive on the datagram socket `fd`, its batch forwarded by C and, where it
+        stops, by the full path here."""
+        upstream = fd in self._upstream_by_fd  # (connected: only its peer's datagrams come)
+        got: int = fp.receive(fd, not upstream)
         errors = fp.take_rx_errors()
-        if errors:
-            self.table.count_drop(receive_error, errors)
-        if not got:
-            return 0, 0
-        self._handled += got
-        self._more |= got == BATCH
-        total = total_bytes = start = 0
+        if errors:  # (upstream: e.g. ECONNREFUSED, ICMP port unreachable from the peer)
+            self.table.count_drop("upstream_error" if upstream else "recv_error", errors)
+        if got:
+            self._handled += got
+            self._more |= got == BATCH
+            self._forward_from(fp, fd, got, 0, now, stopped=False)
+
+    def _forward_from(
+        self, fp: Any, fd: int, got: int, start: int, now: float, *, stopped: bool = True
+    ) -> None:
+        """The rest of the batch of `got` datagrams C received on `fd`: C forwards from
+        `start` up to each datagram that is not a common case, which the flow table decides
+        here (`stopped`: C has already stopped at `start`)."""
+        table = self.table
+        entry = self._upstream_by_fd.get(fd)
+        forward: Callable[[int], tuple[int, int, int, int]]
+        full_path: Callable[[int, bytes], object]
+        if entry is not None:
+            peer = entry[1]
+            fds = (self._public4.fileno(), self._public6.fileno(), self.peer.fileno())
+
+            def forward(at: int) -> tuple[int, int, int, int]:
+                return fp.forward_returns(at, table.by_return, peer, now, *fds)  # type: ignore[no-any-return]
+
+            def full_path(_: int, data: bytes) -> object:
+                return table.on_return(peer, data, now)
+        elif fd == self.peer.fileno():
+
+            def forward(at: int) -> tuple[int, int, int, int]:
+                return fp.forward_peers(at, table.hop_flows, self._upstream_fds, now)  # type: ignore[no-any-return]
+
+            def full_path(i: int, data: bytes) -> object:
+                return table.on_peer(fp.source(i), data, now)
+        else:
+
+            def forward(at: int) -> tuple[int, int, int, int]:
+                return fp.forward_clients(at, table.flows, self._upstream_fds, now)  # type: ignore[no-any-return]
+
+            def full_path(i: int, data: bytes) -> object:
+                return table.on_client(fp.source(i), data, now)
+
+        stop = start
         while True:
-            stop, sent, nbytes, dropped = forward(start)
-            total += sent
-            total_bytes += nbytes
+            if stopped:
+                data = fp.datagram(stop)
+                self._carry_out(full_path(stop, data), data, len(data))
+                stop += 1
+            stop, sent, nbytes, dropped = forward(stop)
+            stopped = True
+            if entry is not None:
+                self.downstream += sent
+                self.downstream_bytes += nbytes
+            else:
+                self.upstream += sent
+                self.upstream_bytes += nbytes
             if dropped:
-                self.table.count_drop("send_error", dropped)
+                table.count_drop("send_error", dropped)
             if stop >= got:
-                return total, total_bytes
-            data = fp.datagram(stop)
-            self._carry_out(full_path(stop, data), data, len(data))
-            start = stop + 1
+                return
 
     def _drain_own(self, buf: bytearray, view: memoryview, now: float) -> None:
         # Only when more destinations exist than upstream sockets (MAX_UPSTREAM).
@@ -561,7 +616,7 @@ class DataPlane:
 
     def _drain_peer(self, now: float) -> None:
         if self.native is not None:
-            self._drain_peer_native(self.native, now)
+            self._drain_native(self.native, self.peer.fileno(), now)
             return
         rx = self._rx
         got = rx.receive(self.peer.fileno())

@@ -372,3 +372,106 @@ def test_a_start_past_the_batch_forwards_nothing(socks: list[socket.socket]) -> 
     assert forwarder.receive(a.fileno()) == 1
     for start in (1, 2**32, 2**40):  # (a 32-bit wrap had started again at 0)
         assert forwarder.forward_clients(start, {}, {}, 0.0) == (1, 0, 0, 0)
+
+
+class Served:
+    """`Forwarder.serve`'s answer, by name."""
+
+    def __init__(self, answer: tuple[int, ...]) -> None:
+        (self.why, self.fd, self.got, self.stop, self.handled, self.last, self.more) = answer[:7]
+        self.up, self.up_bytes, self.down, self.down_bytes, self.dropped = answer[7:12]
+        self.recv_errors, self.upstream_errors = answer[12:]
+
+
+def test_serve_carries_wake_up_after_wake_up_in_c_until_one_needs_python(
+    socks: list[socket.socket],
+) -> None:
+    """The worker's wait in C: the common cases of many wake-ups, both ways, with no
+    return to Python; it comes back at its timeout, at a datagram that is not a common
+    case (those before it sent), at a descriptor that is not a datagram socket (nothing of
+    that wake-up read), and at a wake-up the gather must see."""
+    import os
+    import threading
+    import time
+
+    fp = native_forwarder("c")
+    public, client, transceiver, up = new(socks), new(socks), new(socks), new(socks)
+    peer_sock = new(socks)
+    up.connect(addr(transceiver))
+    f = flow(addr(client), addr(transceiver))
+    flows, by_return = {addr(client): f}, {f.return_key: f}
+    fds = {addr(transceiver): up.fileno()}
+    routes: dict[int, Any] = {
+        public.fileno(): 0,
+        peer_sock.fileno(): 1,
+        up.fileno(): addr(transceiver),
+    }
+    wake = os.eventfd(0, os.EFD_NONBLOCK)
+    ep = select.epoll()
+    for fd in (public.fileno(), peer_sock.fileno(), up.fileno(), wake):
+        ep.register(fd, select.EPOLLIN)
+    pub = public.fileno()
+
+    def serve(timeout: float, busy: bool = False, min_batch: int = 4) -> Served:
+        answer = fp.serve(
+            ep.fileno(), timeout, routes, flows, by_return, {}, fds, pub, pub,
+            peer_sock.fileno(), busy, min_batch,
+        )  # fmt: skip
+        return Served(answer)
+
+    def talk() -> None:  # a call's packets, one a wake-up, both ways
+        for i in range(10):
+            client.sendto(bytes([0x80, i]) + b"up", addr(public))
+            transceiver.sendto(f.return_key + bytes([0x80, i]) + b"down", addr(up))
+            time.sleep(0.005)
+
+    try:
+        talker = threading.Thread(target=talk)
+        talker.start()
+        started = time.monotonic()
+        served = serve(0.5, min_batch=100)  # (a late talker's burst is no gather's business)
+        talker.join()
+        assert served.why == _fastpath.SERVE_TIMEOUT and time.monotonic() - started >= 0.5
+        assert (served.handled, served.up, served.down) == (20, 10, 10)
+        assert (served.up_bytes, served.down_bytes) == (40, 60)
+        assert [transceiver.recv(4096) for _ in range(10)] == [
+            f.header + bytes([0x80, i]) + b"up" for i in range(10)
+        ]
+        assert [client.recv(4096) for _ in range(10)] == [
+            bytes([0x80, i]) + b"down" for i in range(10)
+        ]
+        assert f.last_seen > 1e9  # (wall-clock time, as time.time())
+
+        # a datagram of no flow stops it there: the two before it have gone
+        client.sendto(b"\x80a", addr(public))
+        client.sendto(b"\x80b", addr(public))
+        new(socks).sendto(b"\x80stranger", addr(public))
+        client.sendto(b"\x80c", addr(public))
+        fill(public)  # (and the rest: loopback queues a datagram within its sendto)
+        served = serve(2.0, min_batch=100)
+        assert (served.why, served.fd, served.got, served.stop) == (_fastpath.SERVE_SLOW, pub, 4, 2)
+        assert fp.datagram(2) == b"\x80stranger"
+        assert drain(transceiver) == [f.header + b"\x80a", f.header + b"\x80b"]
+        assert fp.forward_clients(3, flows, fds, 1.0)[:2] == (4, 1)  # (what Python goes on with)
+
+        # something else ready: back at once, the datagram beside it unread
+        client.sendto(b"\x80d", addr(public))
+        fill(public)
+        os.eventfd_write(wake, 1)
+        served = serve(2.0)
+        assert (served.why, served.handled) == (_fastpath.SERVE_OTHER, 0)
+        assert {fd for fd, _ in ep.poll(0)} == {pub, wake}
+        os.eventfd_read(wake)
+
+        # a wake-up of min_batch datagrams is the gather's to see; so is any one when busy
+        for _ in range(3):
+            client.sendto(b"\x80e", addr(public))
+        served = serve(2.0, min_batch=4)
+        assert (served.why, served.last, served.handled) == (_fastpath.SERVE_BUSY, 4, 4)
+        client.sendto(b"\x80f", addr(public))
+        served = serve(2.0, busy=True)
+        assert (served.why, served.last) == (_fastpath.SERVE_BUSY, 1)
+        assert len(drain(transceiver)) == 1 + 4 + 1
+    finally:
+        ep.close()
+        os.close(wake)

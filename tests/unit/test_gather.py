@@ -36,6 +36,21 @@ def test_a_quiet_loop_never_gathers() -> None:
     assert g.rate == pytest.approx(100, rel=0.1)
 
 
+def test_wake_ups_carried_elsewhere_count_in_the_rate_only() -> None:
+    """The relay's C loop handles wake-ups of a few datagrams without asking: their count
+    comes with the next question (`earlier`), for the rate, never as that wake-up's."""
+    g = relay_rule()
+    now = 0.0
+    for _ in range(20):  # 50 ms at a time, 300 datagrams in 100 small wake-ups each
+        now += 0.05
+        assert g.after(now, 0, earlier=300) == 0.0  # (the window ended: no wake-up now)
+    assert g.rate == pytest.approx(6000, rel=0.01)
+    assert g.after(now + 0.001, 1) > 0  # busy by that rate: one datagram gathers
+    quiet = relay_rule()
+    assert quiet.after(0.0, 0, earlier=3) == 0.0 and quiet.after(0.05, 1, earlier=3) == 0.0
+    assert quiet.rate == pytest.approx(140, rel=0.01)
+
+
 def test_a_full_wake_up_gathers_at_once_and_a_busy_loop_after_every_wake_up() -> None:
     g = relay_rule()
     assert g.after(0.0, 4) == 0.0007  # min_batch in one wake-up: no rate known yet, the most
