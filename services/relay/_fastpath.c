@@ -729,6 +729,10 @@ static PyObject *Forwarder_serve(Forwarder *self, PyObject *args) {
                           &hop_flows, &PyDict_Type, &upstream_fds, &fd4, &fd6, &fd_peer, &busy,
                           &min_batch))
         return NULL;
+    if (!(timeout >= 0 && timeout <= 3600)) {  /* (NaN too: it would wait for ever) */
+        PyErr_SetString(PyExc_ValueError, "serve's timeout is 0-3600 seconds");
+        return NULL;
+    }
     struct epoll_event events[SERVE_EVENTS];
     Served done = {0, 0, 0, 0, 0, 0, 0};
     int why = SERVE_TIMEOUT, fd = -1, more = 0;
@@ -760,8 +764,9 @@ static PyObject *Forwarder_serve(Forwarder *self, PyObject *args) {
                 others = 1;
             }
         }
-        if (others) {
+        if (others) {  /* (nothing of this wake-up was read) */
             why = SERVE_OTHER;
+            last = 0;
             break;
         }
         if (n == 0) continue;

@@ -462,16 +462,23 @@ def test_serve_carries_wake_up_after_wake_up_in_c_until_one_needs_python(
         assert (served.why, served.handled) == (_fastpath.SERVE_OTHER, 0)
         assert {fd for fd, _ in ep.poll(0)} == {pub, wake}
         os.eventfd_read(wake)
+        # a command after a datagram: its wake-up is charged none of the datagram's
+        threading.Timer(0.05, os.eventfd_write, (wake, 1)).start()
+        served = serve(2.0, min_batch=100)
+        assert (served.why, served.handled, served.last) == (_fastpath.SERVE_OTHER, 1, 0)
+        os.eventfd_read(wake)
+        with pytest.raises(ValueError, match="timeout"):
+            serve(float("nan"))  # (it would wait for ever)
 
         # a wake-up of min_batch datagrams is the gather's to see; so is any one when busy
-        for _ in range(3):
+        for _ in range(4):
             client.sendto(b"\x80e", addr(public))
         served = serve(2.0, min_batch=4)
         assert (served.why, served.last, served.handled) == (_fastpath.SERVE_BUSY, 4, 4)
         client.sendto(b"\x80f", addr(public))
         served = serve(2.0, busy=True)
         assert (served.why, served.last) == (_fastpath.SERVE_BUSY, 1)
-        assert len(drain(transceiver)) == 1 + 4 + 1
+        assert len(drain(transceiver)) == 1 + 1 + 4 + 1  # (c, d, the four e, f)
     finally:
         ep.close()
         os.close(wake)

@@ -20,12 +20,13 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pylibsrtp
 from pylibsrtp import Policy, Session
 from pylibsrtp._binding import ffi, lib
 
-from firsthop.shared.speedups import native
+from firsthop.shared import speedups
 
 # RFC 5764 §4.1.2 profile -> (libsrtp profile, master key bytes, master salt bytes)
 PROFILES: dict[str, tuple[int, int, int]] = {
@@ -42,18 +43,25 @@ PROTECT, UNPROTECT, PROTECT_RTCP, UNPROTECT_RTCP = range(4)
 AUTH_FAIL = 7
 REPLAY_FAIL, REPLAY_OLD = 9, 10
 
-if native is not None:
-    native.srtp_bind(
-        *(
-            int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
-            for name in (
-                "srtp_protect",
-                "srtp_unprotect",
-                "srtp_protect_rtcp",
-                "srtp_unprotect_rtcp",
-            )
-        )
-    )
+# The four calls as libsrtp 2 declares them, which `_speedups.c` calls them as: another
+# libsrtp under pylibsrtp (3's take buffer lengths as size_t) is left to pylibsrtp's wrapper.
+SRTP_CALLS = ("srtp_protect", "srtp_unprotect", "srtp_protect_rtcp", "srtp_unprotect_rtcp")
+SRTP_CALL_TYPE = "srtp_err_status_t(*)(struct srtp_ctx_t_ *, void *, int *)"
+
+
+def _bind(native: Any) -> bool:
+    """Hand the four calls' addresses to the C extension; whether it makes them."""
+    if native is None:
+        return False
+    calls = [ffi.addressof(lib, name) for name in SRTP_CALLS]
+    if any(ffi.typeof(call).cname != SRTP_CALL_TYPE for call in calls):
+        return False
+    native.srtp_bind(*(int(ffi.cast("uintptr_t", call)) for call in calls))
+    return True
+
+
+# the C extension where it makes the calls, else None: pylibsrtp's wrapper
+native: Any = speedups.native if _bind(speedups.native) else None
 
 
 def _address(session: Session) -> int:
