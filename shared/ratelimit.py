@@ -41,7 +41,17 @@ class TokenBucket:
             self._at = now
 
     def take(self, now: float, cost: float = 1.0) -> bool:
-        return self.wait(now, cost) == 0.0
+        """Spend `cost` tokens if there are enough. (`wait`'s answer of 0.0, in one call:
+        the media path takes two or three a packet.)"""
+        elapsed = now - self._at
+        if elapsed > 0:
+            tokens = self._tokens + elapsed * self.rate
+            self._tokens = tokens if tokens < self.burst else self.burst
+            self._at = now
+        if self._tokens >= cost:
+            self._tokens -= cost
+            return True
+        return False
 
     def wait(self, now: float, cost: float = 1.0) -> float:
         """Spend `cost` tokens and return 0.0; or, without spending, the seconds until

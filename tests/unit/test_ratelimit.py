@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from firsthop.shared.ratelimit import KeyedLimiter, TokenBucket
 
@@ -62,3 +64,24 @@ def test_pruning_a_full_table_is_not_done_per_key() -> None:
     limiter._buckets[0]._tokens = 1.0  # as if refilled
     assert not limiter.take("new2", 0.6)  # not scanned again within the second
     assert limiter.take("new3", 1.6)  # a second later: scanned, the refilled one dropped
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=-0.01, max_value=2.0, allow_nan=False),  # time moved (or not)
+            st.sampled_from([0.5, 1.0, 3.0, 20.0]),  # cost (20: more than the bucket holds)
+        ),
+        max_size=200,
+    )
+)
+def test_take_answers_as_wait_does_in_one_call(steps: list[tuple[float, float]]) -> None:
+    """`take` is `wait(...) == 0.0` written out (the media path's two or three a packet):
+    the same answers and the same tokens left, step after step, time going back included."""
+    inline, by_wait = TokenBucket(250.0, 10.0, 0.0), TokenBucket(250.0, 10.0, 0.0)
+    now = 0.0
+    for moved, cost in steps:
+        now += moved
+        assert inline.take(now, cost) == (by_wait.wait(now, cost) == 0.0)
+        assert inline.full_at(now) == by_wait.full_at(now)
+        assert inline._tokens == by_wait._tokens and inline._at == by_wait._at
