@@ -113,5 +113,30 @@ def test_what_we_send_too_long_to_protect_raises_as_pylibsrtp_does(
     with pytest.raises(pylibsrtp.Error):
         ours.protect_rtp(too_long)
     monkeypatch.setattr(srtp, "native", None)
-    with pytest.raises(ValueError):  # (pylibsrtp's own check)
+    with pytest.raises(pylibsrtp.Error):
         ours.protect_rtp(too_long)
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_our_sessions_and_pylibsrtps_own_understand_each_other(profile: str) -> None:
+    """The sessions are made straight in libsrtp (pylibsrtp's `Session` keeps its own to
+    itself): each side's packets, SRTP and SRTCP, are what pylibsrtp's `Session` with the
+    same key makes and takes."""
+    from pylibsrtp import Policy, Session
+
+    libsrtp_profile, key, salt = PROFILES[profile]
+    theirs, ours = os.urandom(key + salt), os.urandom(key + salt)
+    context = SrtpContext.from_sdes(theirs, ours, profile)
+
+    def session(master: bytes, kind: int) -> Session:
+        policy = Policy(key=master, ssrc_type=kind, srtp_profile=libsrtp_profile)
+        return Session(policy)
+
+    peer_out = session(theirs, Policy.SSRC_ANY_OUTBOUND)
+    peer_in = session(ours, Policy.SSRC_ANY_INBOUND)
+    packet = rtp.RtpPacket(111, 5, 960, 9, b"opus" * 20).encode()
+    report = rtcp.encode_rtcp([rtcp.ReceiverReport(9)])
+    assert context.unprotect_rtp(peer_out.protect(packet)) == packet
+    assert context.unprotect_rtcp(peer_out.protect_rtcp(report)) == report
+    assert peer_in.unprotect(context.protect_rtp(packet)) == packet
+    assert peer_in.unprotect_rtcp(context.protect_rtcp(report)) == report

@@ -8,11 +8,13 @@ and is counted (`auth_failed`, `replayed`, `malformed`): it costs no state. libs
 replay window per SSRC, so the caller of `unprotect` bounds the SSRCs first. A packet too
 long to process (over 1,500 bytes with its trailer) is refused the same way.
 
-Each packet goes to libsrtp from the C extension (`shared/_speedups.c`, given the four
-calls' addresses once) where it is built: pylibsrtp's wrapper costs twice what its crypto
-does on a voice packet (a buffer allocated, copies and checks in Python), and turns every
-refusal into an exception whose text is then read. Without the extension, pylibsrtp's
-`Session` methods do the same; a unit test holds the two paths to the same bytes and counts.
+The sessions are libsrtp's own, in the libsrtp pylibsrtp ships (`LibSrtpSession`, through
+its compiled cffi binding), and each packet goes to libsrtp from the C extension
+(`shared/_speedups.c`, given the four calls' addresses once) where it is built: pylibsrtp's
+`Session` wrapper cost twice what its crypto does on a voice packet (a buffer allocated,
+copies and checks in Python), and turned every refusal into an exception whose text was
+then read. Without the extension, cffi's calls into the same libsrtp do it; unit tests hold
+the two paths to the same bytes and counts, and both to pylibsrtp's own `Session`.
 
 Pure: no I/O, no clock.
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pylibsrtp
-from pylibsrtp import Policy, Session
+from pylibsrtp import Policy
 from pylibsrtp._binding import ffi, lib
 
 from firsthop.shared import speedups
@@ -37,15 +39,16 @@ PROFILES: dict[str, tuple[int, int, int]] = {
 }
 
 
-# `native.srtp_apply`'s ops, in the order `srtp_bind` takes them
+# libsrtp's calls by op, in the order `native.srtp_bind` takes them, and the room each needs
+# past the packet in a 1,500-byte buffer (SRTP's tag and MKI; SRTCP's index too)
 PROTECT, UNPROTECT, PROTECT_RTCP, UNPROTECT_RTCP = range(4)
-# libsrtp's srtp_err_status_t values a refused inbound packet is counted by
-AUTH_FAIL = 7
-REPLAY_FAIL, REPLAY_OLD = 9, 10
-
-# The four calls as libsrtp 2 declares them, which `_speedups.c` calls them as: another
-# libsrtp under pylibsrtp (3's take buffer lengths as size_t) is left to pylibsrtp's wrapper.
 SRTP_CALLS = ("srtp_protect", "srtp_unprotect", "srtp_protect_rtcp", "srtp_unprotect_rtcp")
+ROOM = (16 + 128, 0, 4 + 16 + 128, 0)
+BUFFER = 1500
+# libsrtp's srtp_err_status_t values
+OK, BAD_PARAM, AUTH_FAIL, REPLAY_FAIL, REPLAY_OLD = 0, 2, 7, 9, 10
+# The four calls as libsrtp 2 declares them, which `_speedups.c` calls them as: another
+# libsrtp under pylibsrtp (3's take buffer lengths as size_t) is left to cffi's calls.
 SRTP_CALL_TYPE = "srtp_err_status_t(*)(struct srtp_ctx_t_ *, void *, int *)"
 
 
@@ -60,13 +63,47 @@ def _bind(native: Any) -> bool:
     return True
 
 
-# the C extension where it makes the calls, else None: pylibsrtp's wrapper
+_CALLS = tuple(getattr(lib, name) for name in SRTP_CALLS)  # (through cffi)
+# the C extension where it makes the calls, else None: cffi's calls (`LibSrtpSession.apply`)
 native: Any = speedups.native if _bind(speedups.native) else None
 
 
-def _address(session: Session) -> int:
-    """The libsrtp session (`srtp_t`) a pylibsrtp `Session` owns (and frees when it goes)."""
-    return int(ffi.cast("uintptr_t", session._srtp[0]))
+class LibSrtpSession:
+    """One libsrtp session (`srtp_t`) for one direction, in the libsrtp pylibsrtp ships (its
+    compiled cffi binding; pylibsrtp's own `Session` keeps its `srtp_t` to itself), freed with
+    this object. `address` is the session's, for the C extension's calls."""
+
+    __slots__ = ("address", "_srtp")
+
+    def __init__(self, key: bytes, ssrc_type: int, profile: int) -> None:
+        policy = ffi.new("srtp_policy_t *")
+        for set_from_profile, part in (
+            (lib.srtp_crypto_policy_set_from_profile_for_rtp, ffi.addressof(policy, "rtp")),
+            (lib.srtp_crypto_policy_set_from_profile_for_rtcp, ffi.addressof(policy, "rtcp")),
+        ):
+            if set_from_profile(part, profile) != OK:
+                raise ValueError(f"libsrtp refused profile {profile}")
+        master = ffi.new("unsigned char[]", key)  # (libsrtp copies what it needs)
+        policy.key = master
+        policy.ssrc.type = ssrc_type
+        policy.allow_repeat_tx = 1  # a retransmitted packet is not a fault of ours
+        srtp = ffi.new("srtp_t *")
+        status = lib.srtp_create(srtp, policy)
+        if status != OK:
+            raise ValueError(f"libsrtp refused the session ({status})")
+        self._srtp = ffi.gc(srtp, lambda made: lib.srtp_dealloc(made[0]))
+        self.address = int(ffi.cast("uintptr_t", srtp[0]))
+
+    def apply(self, op: int, packet: bytes) -> bytes | int:
+        """`native.srtp_apply` through cffi (no C extension): the packet processed, or
+        libsrtp's status."""
+        if len(packet) > BUFFER - ROOM[op]:
+            return BAD_PARAM
+        buffer = ffi.new("char[]", BUFFER)
+        buffer[0 : len(packet)] = packet
+        length = ffi.new("int *", len(packet))
+        status: int = _CALLS[op](self._srtp[0], buffer, length)
+        return status if status != OK else ffi.buffer(buffer, length[0])[:]
 
 
 @dataclass
@@ -77,11 +114,11 @@ class SrtpCounts:
 
 
 class SrtpContext:
-    def __init__(self, inbound: Session, outbound: Session) -> None:
+    def __init__(self, inbound: LibSrtpSession, outbound: LibSrtpSession) -> None:
         self._in = inbound  # (held: they own the libsrtp sessions the addresses name)
         self._out = outbound
-        self._in_at = _address(inbound)
-        self._out_at = _address(outbound)
+        self._in_at = inbound.address
+        self._out_at = outbound.address
         self.counts = SrtpCounts()
 
     @classmethod
@@ -94,16 +131,9 @@ class SrtpContext:
         keys = (material[:key_len], material[key_len : 2 * key_len])
         salts = (material[2 * key_len : 2 * key_len + salt_len], material[2 * key_len + salt_len :])
         mine, theirs = (0, 1) if client else (1, 0)
-
-        def session(side: int, kind: int) -> Session:
-            policy = Policy(
-                key=keys[side] + salts[side], ssrc_type=kind, srtp_profile=libsrtp_profile
-            )
-            policy.allow_repeat_tx = True  # a retransmitted packet is not a fault of ours
-            return Session(policy)
-
         return cls(
-            session(theirs, Policy.SSRC_ANY_INBOUND), session(mine, Policy.SSRC_ANY_OUTBOUND)
+            LibSrtpSession(keys[theirs] + salts[theirs], Policy.SSRC_ANY_INBOUND, libsrtp_profile),
+            LibSrtpSession(keys[mine] + salts[mine], Policy.SSRC_ANY_OUTBOUND, libsrtp_profile),
         )
 
     @classmethod
@@ -114,14 +144,9 @@ class SrtpContext:
         for key in (theirs, ours):
             if len(key) != key_len + salt_len:
                 raise ValueError(f"{profile} needs {key_len + salt_len} bytes of key and salt")
-
-        def session(key: bytes, kind: int) -> Session:
-            policy = Policy(key=key, ssrc_type=kind, srtp_profile=libsrtp_profile)
-            policy.allow_repeat_tx = True
-            return Session(policy)
-
         return cls(
-            session(theirs, Policy.SSRC_ANY_INBOUND), session(ours, Policy.SSRC_ANY_OUTBOUND)
+            LibSrtpSession(theirs, Policy.SSRC_ANY_INBOUND, libsrtp_profile),
+            LibSrtpSession(ours, Policy.SSRC_ANY_OUTBOUND, libsrtp_profile),
         )
 
     # -- inbound: None when it does not authenticate (counted) ----------------------------------
@@ -129,28 +154,22 @@ class SrtpContext:
     def unprotect_rtp(self, data: bytes) -> bytes | None:
         if native is not None:
             plain = native.srtp_apply(UNPROTECT, self._in_at, data)
-            if isinstance(plain, bytes):
-                return plain
-            self._refused(plain)
-            return None
-        try:
-            return self._in.unprotect(data)
-        except (pylibsrtp.Error, ValueError) as exc:
-            self._refused(_status(exc))
-            return None
+        else:
+            plain = self._in.apply(UNPROTECT, data)
+        if isinstance(plain, bytes):
+            return plain
+        self._refused(plain)
+        return None
 
     def unprotect_rtcp(self, data: bytes) -> bytes | None:
         if native is not None:
             plain = native.srtp_apply(UNPROTECT_RTCP, self._in_at, data)
-            if isinstance(plain, bytes):
-                return plain
-            self._refused(plain)
-            return None
-        try:
-            return self._in.unprotect_rtcp(data)
-        except (pylibsrtp.Error, ValueError) as exc:
-            self._refused(_status(exc))
-            return None
+        else:
+            plain = self._in.apply(UNPROTECT_RTCP, data)
+        if isinstance(plain, bytes):
+            return plain
+        self._refused(plain)
+        return None
 
     def _refused(self, status: int) -> None:
         if status == AUTH_FAIL:
@@ -165,20 +184,12 @@ class SrtpContext:
     def protect_rtp(self, data: bytes) -> bytes:
         if native is not None:
             return _protected(native.srtp_apply(PROTECT, self._out_at, data))
-        return self._out.protect(data)
+        return _protected(self._out.apply(PROTECT, data))
 
     def protect_rtcp(self, data: bytes) -> bytes:
         if native is not None:
             return _protected(native.srtp_apply(PROTECT_RTCP, self._out_at, data))
-        return self._out.protect_rtcp(data)
-
-
-def _status(exc: Exception) -> int:
-    """The libsrtp status a pylibsrtp refusal stands for (its text is pylibsrtp's `ERRORS`
-    entry; a packet too long for its buffer is a ValueError)."""
-    if isinstance(exc, pylibsrtp.Error) and str(exc) in pylibsrtp.ERRORS:
-        return pylibsrtp.ERRORS.index(str(exc))
-    return 2  # bad_param
+        return _protected(self._out.apply(PROTECT_RTCP, data))
 
 
 def _protected(result: bytes | int) -> bytes:
