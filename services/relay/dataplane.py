@@ -315,7 +315,8 @@ class DataPlane:
                 if native is not None and not backlog:
                     # Wake-ups of datagram sockets only, forwarded in C, until one needs
                     # Python: anything else ready is polled for here, without waiting
-                    pending = self._serve(native, min(next_tick - now, RATE_WINDOW))
+                    wait = min(max(0.0, next_tick - now), RATE_WINDOW)  # (a clock step)
+                    pending = self._serve(native, wait)
                     now = time.time()
                     ready = ep.poll(0) if pending else []
                 else:
