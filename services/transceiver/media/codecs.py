@@ -28,6 +28,7 @@ from firsthop.services.transceiver.media.frames import (
 from firsthop.services.transceiver.media.opus import OpusDecoder, OpusEncoder, OpusError
 from firsthop.services.transceiver.resample import Resampler
 from firsthop.shared.wire import g711
+from firsthop.shared.wire.ogg import OpusPacketError, packet_samples
 
 OPUS_BITRATE = 48000  # mono voice
 OPUS_SILENCE = b"\xf8\xff\xfe"  # one 20 ms CELT frame of silence (RFC 6716 §3.1 TOC 0xf8)
@@ -79,26 +80,20 @@ class CallCodec(Protocol):
     def close(self) -> None: ...
 
 
-# RFC 6716 §3.1: a frame's length by the TOC byte's configuration (its top five bits), in
-# 2.5 ms units: SILK 10/20/40/60 ms (0-11), Hybrid 10/20 (12-15), CELT 2.5/5/10/20 (16-31)
-_OPUS_FRAME = (4, 8, 16, 24) * 3 + (4, 8) * 2 + (1, 2, 4, 8) * 4
 OPUS_MAX_DURATION = 0.12  # seconds: what one packet may hold (RFC 6716 §3.2.5)
 
 
 def opus_duration(packet: bytes) -> float:
     """Seconds of audio in an Opus packet, from its TOC byte and frame count (RFC 6716
-    §3.1, §3.2.5), at most 120 ms (libopus refuses longer); an empty packet holds none."""
+    §3.1, §3.2.5; `ogg.packet_samples`), at most 120 ms (libopus refuses longer); an empty
+    packet holds none, and a code 3 packet without its count (it will not decode) a frame."""
     if not packet:
         return 0.0
-    toc = packet[0]
-    code = toc & 0x03
-    if code == 0:
-        frames = 1
-    elif code < 3:
-        frames = 2
-    else:  # code 3: the count is in the next byte (a packet without it will not decode)
-        frames = packet[1] & 0x3F if len(packet) > 1 else 1
-    return min(OPUS_MAX_DURATION, frames * _OPUS_FRAME[toc >> 3] * 0.0025)
+    try:
+        samples = packet_samples(packet)
+    except OpusPacketError:
+        samples = FRAME_SAMPLES
+    return min(OPUS_MAX_DURATION, samples / CALL_RATE)
 
 
 def make_codec(name: str) -> CallCodec:
