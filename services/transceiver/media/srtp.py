@@ -64,7 +64,7 @@ def _bind(native: Any) -> bool:
 
 
 _CALLS = tuple(getattr(lib, name) for name in SRTP_CALLS)  # (through cffi)
-# the C extension where it makes the calls, else None: cffi's calls (`LibSrtpSession.apply`)
+# the C extension where it makes the calls, else None: cffi's (`LibSrtpSession.apply`)
 native: Any = speedups.native if _bind(speedups.native) else None
 
 
@@ -95,8 +95,10 @@ class LibSrtpSession:
         self.address = int(ffi.cast("uintptr_t", srtp[0]))
 
     def apply(self, op: int, packet: bytes) -> bytes | int:
-        """`native.srtp_apply` through cffi (no C extension): the packet processed, or
-        libsrtp's status."""
+        """The packet through libsrtp's call `op` (from the C extension, else through cffi):
+        the packet processed, or libsrtp's status when it refuses it."""
+        if native is not None:
+            return native.srtp_apply(op, self.address, packet)  # type: ignore[no-any-return]
         if len(packet) > BUFFER - ROOM[op]:
             return BAD_PARAM
         buffer = ffi.new("char[]", BUFFER)
@@ -115,10 +117,8 @@ class SrtpCounts:
 
 class SrtpContext:
     def __init__(self, inbound: LibSrtpSession, outbound: LibSrtpSession) -> None:
-        self._in = inbound  # (held: they own the libsrtp sessions the addresses name)
+        self._in = inbound
         self._out = outbound
-        self._in_at = inbound.address
-        self._out_at = outbound.address
         self.counts = SrtpCounts()
 
     @classmethod
@@ -152,20 +152,13 @@ class SrtpContext:
     # -- inbound: None when it does not authenticate (counted) ----------------------------------
 
     def unprotect_rtp(self, data: bytes) -> bytes | None:
-        if native is not None:
-            plain = native.srtp_apply(UNPROTECT, self._in_at, data)
-        else:
-            plain = self._in.apply(UNPROTECT, data)
-        if isinstance(plain, bytes):
-            return plain
-        self._refused(plain)
-        return None
+        return self._unprotect(UNPROTECT, data)
 
     def unprotect_rtcp(self, data: bytes) -> bytes | None:
-        if native is not None:
-            plain = native.srtp_apply(UNPROTECT_RTCP, self._in_at, data)
-        else:
-            plain = self._in.apply(UNPROTECT_RTCP, data)
+        return self._unprotect(UNPROTECT_RTCP, data)
+
+    def _unprotect(self, op: int, data: bytes) -> bytes | None:
+        plain = self._in.apply(op, data)
         if isinstance(plain, bytes):
             return plain
         self._refused(plain)
@@ -182,13 +175,9 @@ class SrtpContext:
     # -- outbound -------------------------------------------------------------------------------
 
     def protect_rtp(self, data: bytes) -> bytes:
-        if native is not None:
-            return _protected(native.srtp_apply(PROTECT, self._out_at, data))
         return _protected(self._out.apply(PROTECT, data))
 
     def protect_rtcp(self, data: bytes) -> bytes:
-        if native is not None:
-            return _protected(native.srtp_apply(PROTECT_RTCP, self._out_at, data))
         return _protected(self._out.apply(PROTECT_RTCP, data))
 
 
