@@ -506,10 +506,12 @@ static unsigned int clients_pass(Forwarder *self, unsigned int i, PyObject *flow
     return i;
 }
 
-/* Datagrams from clients, from `start`: each one with a flow in `flows` (client tuple ->
- * Flow) whose destination has an upstream socket in `upstream_fds` (dest tuple -> fd) goes
- * there with the flow's header in front of it, as `known_client` and `_drain_public` do. */
-static PyObject *Forwarder_forward_clients(Forwarder *self, PyObject *args) {
+/* A pass over a flow dict toward upstream sockets (clients_pass, peers_pass) as a method:
+ * (start, flows, upstream_fds, now) -> (stop, sent, bytes, dropped). */
+typedef unsigned int (*upstream_pass)(Forwarder *, unsigned int, PyObject *, PyObject *,
+                                      PyObject *, Pass *);
+
+static PyObject *forward_upstream(Forwarder *self, PyObject *args, upstream_pass run) {
     Py_ssize_t start;
     PyObject *flows, *upstream_fds, *now;
     NEED_READY(self);
@@ -517,8 +519,15 @@ static PyObject *Forwarder_forward_clients(Forwarder *self, PyObject *args) {
                           &upstream_fds, &PyFloat_Type, &now))
         return NULL;
     Pass pass = {0, 0};
-    unsigned int stop = clients_pass(self, clamp_start(self, start), flows, upstream_fds, now, &pass);
+    unsigned int stop = run(self, clamp_start(self, start), flows, upstream_fds, now, &pass);
     return finish(self, stop, pass.queued, pass.bytes);
+}
+
+/* Datagrams from clients, from `start`: each one with a flow in `flows` (client tuple ->
+ * Flow) whose destination has an upstream socket in `upstream_fds` (dest tuple -> fd) goes
+ * there with the flow's header in front of it, as `known_client` and `_drain_public` do. */
+static PyObject *Forwarder_forward_clients(Forwarder *self, PyObject *args) {
+    return forward_upstream(self, args, clients_pass);
 }
 
 /* The sockaddr of a (host, port) tuple, encoded once (None, no error: not one this path
@@ -670,16 +679,7 @@ static unsigned int peers_pass(Forwarder *self, unsigned int i, PyObject *hop_fl
  * payload, goes as it is to the flow's destination's upstream socket in `upstream_fds`, as
  * `known_peer` and `_drain_peer` do. */
 static PyObject *Forwarder_forward_peers(Forwarder *self, PyObject *args) {
-    Py_ssize_t start;
-    PyObject *hop_flows, *upstream_fds, *now;
-    NEED_READY(self);
-    if (!PyArg_ParseTuple(args, "nO!O!O!", &start, &PyDict_Type, &hop_flows, &PyDict_Type,
-                          &upstream_fds, &PyFloat_Type, &now))
-        return NULL;
-    Pass pass = {0, 0};
-    unsigned int stop = peers_pass(self, clamp_start(self, start), hop_flows, upstream_fds, now,
-                                   &pass);
-    return finish(self, stop, pass.queued, pass.bytes);
+    return forward_upstream(self, args, peers_pass);
 }
 
 /* serve(): the worker's wait and its wake-ups, for as long as they are all common cases.
