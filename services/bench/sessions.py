@@ -19,6 +19,10 @@ Strategy:
 * CPU is every thread's run time from /proc/PID/task/*/schedstat (`bench.relay.cpu_sample`)
   over the steady window that starts `warmup` seconds after the last call connected; cost per
   session = CPU % of one core / calls, "sessions per core" = 100 / that;
+* the codec floor (`codec_floor`: decode + encode of a call's frames in a tight loop) and the
+  media core alone (`media_core_cost`: the same frames through `media/core.py`, SRTP to SRTP,
+  no I/O), on the services' core before and after the rounds: what the transceiver costs
+  over the core is its I/O (sockets, the loop, the agent link);
 * loss per call: of the 20 ms frames the window holds, the share that did not come back
   carrying the caller's own tone (the transceiver plays silence when the echo does not arrive
   in time, so counting frames alone would miss loss), judged per frame by a Goertzel power on
@@ -354,7 +358,8 @@ def run(
         log_file = tempfile.TemporaryFile()
         stack_exit.enter_context(log_file)
         os.sched_setaffinity(0, {server_cpu} if server_cpu is not None else set(mask))
-        floors = [codec_floor()]  # on the services' core, before and after the rounds
+        # on the services' core, before and after the rounds
+        floors, cores = [codec_floor()], [media_core_cost()]
         stack = Stack()
         stack_exit.callback(stack.stop)  # also what a failed start left running
         stack.start(stock=True)
@@ -378,6 +383,7 @@ def run(
         stack.stop()
         os.sched_setaffinity(0, {server_cpu} if server_cpu is not None else set(mask))
         floors.append(codec_floor())
+        cores.append(media_core_cost())
     config = {
         "calls": calls,
         "seconds": seconds,
@@ -393,6 +399,7 @@ def run(
         "rows": rows,
         "summary": summarize(rows, calls, floor),
         "floor": floor,
+        "media_core": round(statistics.median(cores), 3),
     }
 
 
@@ -415,6 +422,52 @@ def codec_floor(
             encoder.encode(chunk)
         count += len(packets)
     return 100 * spent / (count * FRAME_S)  # % of a core for 1 s of one call
+
+
+def media_core_cost(
+    seconds: float = FLOOR_SECONDS, frames: tuple[list[bytes], list[bytes]] | None = None
+) -> float:
+    """What the transceiver's per-call media core alone costs (`media/core.py`, sans I/O),
+    % of one core per call, in a tight loop on this thread's core like `codec_floor` and
+    with the same frames: each 20 ms, the caller's packet in as SRTP (unprotect, RTP and
+    its checks, jitter buffer, decode), the decoded frame pushed back as the answer (frame
+    cutter, output queue) and played on its tick (encode, RTP, SRTP), RTCP as it falls due.
+    The transceiver's cost over it is its I/O: the sockets, the loop, the agent link."""
+    from firsthop.services.transceiver.media.core import AudioReceived, CallMedia, MediaParams
+    from firsthop.services.transceiver.media.srtp import SrtpContext
+    from firsthop.shared.wire import rtp
+
+    packets, _ = frames if frames is not None else tone_frames()
+    keying, profile = bytes(range(60)), "SRTP_AES128_CM_SHA1_80"
+    caller = SrtpContext.from_keying_material(keying, profile, client=True)
+    server = SrtpContext.from_keying_material(keying, profile, client=False)
+    media = CallMedia(MediaParams(ssrc=0x5EED, cname="bench", mid="0", mid_extension=1))
+    media.start(server, 0.0, time.time())
+    seq, now, spent, count = 0, 0.0, 0.0, 0
+    while spent < seconds:  # (protecting the caller's packets is the caller's cost: not timed)
+        datagrams = [
+            caller.protect_rtp(
+                rtp.RtpPacket(111, (seq + i) & 0xFFFF, (seq + i) * 960 & 0xFFFFFFFF, 1, p).encode()
+            )
+            for i, p in enumerate(packets)
+        ]
+        seq += len(packets)
+        start = time.thread_time()
+        for datagram in datagrams:
+            now += FRAME_S
+            media.receive_datagram(datagram, now)
+            while (event := media.next_event()) is not None:
+                if isinstance(event, AudioReceived):
+                    media.push_audio(event.pcm, None, now)
+            timer = media.get_timer()
+            if timer is not None and timer <= now:
+                media.handle_timer(now)
+            media.datagrams_to_send()
+        spent += time.thread_time() - start
+        count += len(datagrams)
+    if media.stats()["rtp_packets_out"] < count // 2:
+        raise BenchError("the media core did not play the answer it was given")
+    return 100 * spent / (count * FRAME_S)
 
 
 def tone_frames() -> tuple[list[bytes], list[bytes]]:
@@ -563,6 +616,13 @@ def render(result: dict[str, Any]) -> str:
                 f"{result['floor']:.2f} % of a core per call; the transceiver is "
                 f"{_fmt(s.get('over_floor'), '.2f')}x it (target <= {FLOOR_TARGET}x: "
                 f"{'met' if s['target'].get('floor_met') else 'MISSED'})"
+            )
+        if result.get("media_core") and result.get("floor"):
+            core = result["media_core"]
+            lines.append(
+                f"    the media core alone (media/core.py: SRTP, RTP, jitter buffer, decode, "
+                f"output clock, encode, RTCP; same loop): {core:.2f} % of a core per call, "
+                f"{core / result['floor']:.2f}x the floor; the rest is the transceiver's I/O"
             )
         for ref, full in s.get("saturated", {}).items():
             if full:

@@ -65,6 +65,8 @@ def test_quick_sessions_bench_measures_firsthop_and_stock() -> None:
     # the codec floor, measured in the same run, and the transceiver's cost over it
     assert 0 < result["floor"] < 5  # % of a core per call: decode + encode alone
     assert summary["over_floor"] > 1  # the transceiver does more than transcode
+    # the media core alone, same loop, same frames: transcoding and more, less than it all
+    assert result["floor"] < result["media_core"] < result["floor"] * summary["over_floor"]
     assert set(summary["target"]["met"]) == {"transceiver", "transceiver+agent+relay"}
     assert set(summary["saturated"]) == {"stock", "stock-mono"}  # (flagged when it lost frames)
 
