@@ -17,7 +17,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from aiortc.rtcsctptransport import SCTP_DATA_FIRST_FRAG, SCTP_DATA_LAST_FRAG, DataChunk
+from aiortc.rtcsctptransport import (
+    SCTP_DATA_FIRST_FRAG,
+    SCTP_DATA_LAST_FRAG,
+    SCTP_DATA_UNORDERED,
+    DataChunk,
+)
 
 from firsthop.services.call.caller import Caller
 from firsthop.services.transceiver.rtc.sctp_hooks import (
@@ -30,7 +35,8 @@ from firsthop.services.transceiver.session import CLIENT_EVENT_BURST, CLIENT_EVE
 from tests.integration.test_transceiver import caller_events, event_count, signal_via
 from tests.support import AgentProcess, TransceiverProcess, eventually, wait_until
 
-PPID_STRING = 51  # RFC 8831 §8: WebRTC String
+PPID_DCEP, PPID_STRING = 50, 51  # RFC 8831 §8: WebRTC DCEP, WebRTC String
+DCEP_ACK, DCEP_OPEN = 0x02, 0x03  # RFC 8832 §5
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +48,11 @@ def tx() -> Iterator[TransceiverProcess]:
     agent.kill()
 
 
-def chunk(tsn: int, stream_id: int = 0, data: bytes = b"x") -> DataChunk:
-    c = DataChunk(flags=SCTP_DATA_FIRST_FRAG | SCTP_DATA_LAST_FRAG)
-    c.tsn, c.stream_id, c.stream_seq, c.protocol, c.user_data = tsn, stream_id, 0, PPID_STRING, data
+def chunk(
+    tsn: int, stream_id: int = 0, data: bytes = b"x", ppid: int = PPID_STRING, flags: int = 0
+) -> DataChunk:
+    c = DataChunk(flags=SCTP_DATA_FIRST_FRAG | SCTP_DATA_LAST_FRAG | flags)
+    c.tsn, c.stream_id, c.stream_seq, c.protocol, c.user_data = tsn, stream_id, 0, ppid, data
     return c
 
 
@@ -162,4 +170,53 @@ def test_new_chunks_past_the_associations_rate_are_dropped(tx: TransceiverProces
         await c.close()
 
     asyncio.run(main())
+    assert tx.proc is not None and tx.proc.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_messages_aiortc_cannot_read_are_dropped_and_the_call_goes_on(
+    tx: TransceiverProcess,
+) -> None:
+    """Each of these raised out of aiortc's delivery into the DTLS transport's receive task,
+    and the caller's call ended: text that is not UTF-8 on the open channel, a DCEP OPEN for
+    the channel already open, an ACK for a channel never opened, an OPEN whose label is not
+    UTF-8. Now each is a counted drop, and the channel goes on working."""
+    before = event_count(tx, "sctp_message_malformed")
+
+    def dcep_open(label: bytes) -> bytes:  # RFC 8832 §5.1: reliable, ordered, no protocol
+        return (
+            bytes([DCEP_OPEN, 0, 0, 0, 0, 0, 0, 0])
+            + len(label).to_bytes(2, "big")
+            + b"\0\0"
+            + label
+        )
+
+    async def main() -> list[Any]:
+        c = await open_channel(tx)
+        channel, sctp = c.channel, c.pc.sctp
+        assert channel is not None and sctp is not None and channel.id is not None
+        bad = [
+            (channel.id, PPID_STRING, b"\xff\xfe not utf-8"),
+            (channel.id, PPID_DCEP, dcep_open(b"again")),
+            (channel.id + 2, PPID_DCEP, bytes([DCEP_ACK])),
+            (channel.id + 4, PPID_DCEP, dcep_open(b"\xc3\x28")),
+        ]
+        first = sctp._local_tsn
+        for i, (stream_id, ppid, data) in enumerate(bad):  # the next TSNs, delivered at once
+            tsn = (first + i) % 2**32
+            await sctp._send_chunk(chunk(tsn, stream_id, data, ppid, SCTP_DATA_UNORDERED))
+        sctp._local_tsn = (first + len(bad)) % 2**32  # (the channel's own messages follow)
+        await asyncio.to_thread(
+            wait_until, lambda: event_count(tx, "sctp_message_malformed") >= before + len(bad), 15
+        )
+        channel.send(json.dumps({"type": "hello", "n": 2}))  # the call and its channel go on
+        await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
+        state = c.pc.connectionState
+        await c.close()
+        assert state == "connected"
+        return caller_events(c)
+
+    events = asyncio.run(main())
+    assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 2}]
+    assert event_count(tx, "sctp_message_malformed") - before == 4
     assert tx.proc is not None and tx.proc.poll() is None

@@ -17,10 +17,17 @@ dropped ones again as it would after any loss; one that never fills its gaps sta
 own channel. Rooms: TSNs at most `MAX_TSN_AHEAD` ahead, `MAX_MISORDERED` past a gap,
 `MAX_FRAGMENTS` held per stream (a 64 KiB message, aiortc's a=max-message-size, is about 55
 chunks), `MAX_STREAMS` streams (the Realtime API opens one channel).
+
+A message aiortc cannot read (text that is not UTF-8, a DCEP OPEN for a channel that is
+open, an ACK for one never opened) raised out of its delivery into the DTLS transport's
+receive task, and that ended the caller's call. The chunk that completed it has been taken
+by then (marked received, acknowledged: the sender does not send it again), so the message
+is dropped and counted (`sctp_message_malformed`) and the association goes on.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +36,8 @@ from aiortc.rtcsctptransport import RTCSctpTransport, tsn_plus_one
 from aiortc.utils import uint32_gt
 
 from firsthop.shared.ratelimit import TokenBucket
+
+log = logging.getLogger("firsthop.transceiver.sctp")
 
 # How far past the cumulative TSN a chunk may be: a SACK reports gaps as 16-bit offsets
 # (RFC 9260 §3.3.4), and aiortc's, asked for one past 65,535, raised and ended the caller's
@@ -68,7 +77,7 @@ def is_new(sctp: Any, chunk: Any) -> bool:
 
 def bound_sctp(sctp: RTCSctpTransport, count: Callable[[str], None]) -> None:
     """Check every DATA chunk `sctp` receives against its rooms and the association's chunk
-    rate first (see the module)."""
+    rate first, and drop a message it completes that aiortc cannot read (see the module)."""
     receive = sctp._receive_data_chunk
     budget = TokenBucket(CHUNK_RATE, CHUNK_BURST, time.monotonic())
 
@@ -80,7 +89,11 @@ def bound_sctp(sctp: RTCSctpTransport, count: Callable[[str], None]) -> None:
             if not budget.take(time.monotonic()):
                 count("sctp_chunk_rate_limited")
                 return
-        await receive(chunk)
+        try:
+            await receive(chunk)
+        except Exception:  # (our own handlers are guarded: this is aiortc reading the caller's)
+            count("sctp_message_malformed")
+            log.debug("a data-channel message aiortc could not read", exc_info=True)
 
     sctp._receive_data_chunk = bounded  # type: ignore[method-assign]
 
