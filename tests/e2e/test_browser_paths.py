@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -100,8 +101,8 @@ def chromium_in(ns: Namespace, directory: Path) -> Path:
     return script
 
 
-@pytest.fixture
-def two_homed() -> Iterator[tuple[Namespace, Namespace]]:
+@contextmanager
+def two_links() -> Iterator[tuple[Namespace, Namespace]]:
     """A namespace with two links to this host; its routes reach link 1's host address
     through link 2 as well, at a higher metric (once link 1 is down, or for a socket bound
     to link 2's interface, as libnice binds each of its candidates')."""
@@ -109,6 +110,12 @@ def two_homed() -> Iterator[tuple[Namespace, Namespace]]:
         subnet = ns.host.rpartition(".")[0] + ".0/24"
         ns.run("ip", "route", "add", subnet, "via", link2.host, "metric", "100")
         yield ns, link2
+
+
+@pytest.fixture
+def two_homed() -> Iterator[tuple[Namespace, Namespace]]:
+    with two_links() as links:
+        yield links
 
 
 def test_chromium_with_two_interfaces_hears_the_echo_on_its_chosen_path_and_after_it_moves(

@@ -1,6 +1,8 @@
 """Firefox ESR (Debian's, headless, fake microphone) calls the echo agent through signaling ->
 transceiver -> relay, and the agent's audio comes back: interop with Firefox's WebRTC stack
 (its own ICE, DTLS and Opus), next to Chromium's (`test_browser.py`), GStreamer's and aiortc's.
+With two network interfaces (`test_browser_paths.py`'s namespace), the echo must come back to
+the address Firefox nominated and sends from.
 
 No automation protocol: Playwright drives only its own patched Firefox builds, so Firefox
 opens a page of this test's own server (`pages/firefox_call.html`), the page calls signaling
@@ -16,23 +18,29 @@ import queue
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from firsthop.services.launch import free_port
+from tests.e2e.test_browser_paths import SETTLE, WINDOW, Counters, two_links
 from tests.support import (
     AgentProcess,
+    Namespace,
     RelayProcess,
     SignalingProcess,
     edge_for,
     host_address,
     start_all,
+    wait_until,
 )
 
 # serial: headless Firefox keeps both cores busy, and its concealment bound is tight (alone,
@@ -46,6 +54,11 @@ PREFS = {
     "media.navigator.streams.fake": True,
     "media.navigator.permission.disabled": True,
     "media.peerconnection.ice.obfuscate_host_addresses": False,
+    # the page on a namespace's link is not a secure context (loopback is): its microphone
+    "media.devices.insecure.enabled": True,
+    "media.getusermedia.insecure.enabled": True,
+    # every interface's host candidates, not only the default route's
+    "media.peerconnection.ice.default_address_only": False,
     "media.gmp-manager.updateEnabled": False,
     "browser.shell.checkDefaultBrowser": False,
     "browser.startup.homepage_override.mstone": "ignore",
@@ -63,7 +76,7 @@ PREFS = {
 class PageServer:
     """Serves `pages/` on loopback and keeps what the pages POST to /report."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         reports: queue.Queue[dict[str, Any]] = queue.Queue()
         self.reports = reports
 
@@ -80,14 +93,14 @@ class PageServer:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 pass
 
-        self.port = free_port(socket.SOCK_STREAM)
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.host, self.port = host, free_port(socket.SOCK_STREAM)
+        self.server = http.server.ThreadingHTTPServer((host, self.port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def close(self) -> None:
         self.server.shutdown()
@@ -115,16 +128,48 @@ def stack() -> Iterator[Stack]:
     pages.close()
 
 
-def firefox_call(sig: SignalingProcess, pages: PageServer, timeout: float = 90.0) -> dict[str, Any]:
-    """Open the call page in a fresh headless Firefox; its report once the call is done."""
+def grant_microphone(profile: Path, origin: str) -> None:
+    """The microphone allowed to `origin` for good, as a user who clicked "Allow" and
+    "Remember": Firefox gathers every interface's host candidates only for a page that
+    has the permission (else those of the default route's alone)."""
+    db = sqlite3.connect(profile / "permissions.sqlite")
+    try:
+        db.execute(
+            "CREATE TABLE moz_perms (id INTEGER PRIMARY KEY, origin TEXT, type TEXT, "
+            "permission INTEGER, expireType INTEGER, expireTime INTEGER, "
+            "modificationTime INTEGER)"
+        )
+        db.execute(
+            "INSERT INTO moz_perms (origin, type, permission, expireType, expireTime, "
+            "modificationTime) VALUES (?, 'microphone', 1, 0, 0, ?)",
+            (origin, int(time.time() * 1000)),
+        )
+        db.execute("PRAGMA user_version = 12")
+        db.commit()
+    finally:
+        db.close()
+
+
+def firefox_call(
+    sig_url: str,
+    pages: PageServer,
+    timeout: float = 90.0,
+    *,
+    query: str = "",
+    netns: str | None = None,
+) -> dict[str, Any]:
+    """Open the call page in a fresh headless Firefox (inside network namespace `netns`, if
+    given; `query`: more of the page's parameters); its report once the call is done."""
     profile = Path(tempfile.mkdtemp(prefix="firefox-profile-"))
     (profile / "user.js").write_text(
         "".join(f"user_pref({json.dumps(k)}, {json.dumps(v)});\n" for k, v in PREFS.items())
     )
-    url = f"{pages.origin}/firefox_call.html?sig={sig.url}"
+    grant_microphone(profile, pages.origin)
+    url = f"{pages.origin}/firefox_call.html?sig={sig_url}{query}"
+    inside = ["ip", "netns", "exec", netns] if netns is not None else []
     env = dict(os.environ, HOME=str(profile), MOZ_HEADLESS="1")
     proc = subprocess.Popen(
-        ["firefox-esr", "--headless", "--no-remote", "--profile", str(profile), url],
+        [*inside, "firefox-esr", "--headless", "--no-remote", "--profile", str(profile), url],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -145,7 +190,7 @@ def firefox_call(sig: SignalingProcess, pages: PageServer, timeout: float = 90.0
 def test_firefox_calls_through_the_relay_and_hears_the_echo(stack: Stack) -> None:
     relay, sig, pages = stack
     before = relay.metric("firsthop_relay_packets_total", direction="downstream")
-    report = firefox_call(sig, pages)
+    report = firefox_call(sig.url, pages)
     assert "error" not in report, json.dumps(report, indent=1)
     assert "Firefox" in report["user_agent"], report
     assert report["ingress"] == f"{relay.listen[0]}:{relay.listen[1]}", report
@@ -175,3 +220,75 @@ def test_firefox_calls_through_the_relay_and_hears_the_echo(stack: Stack) -> Non
     received = last["totalSamplesReceived"] - settled["totalSamplesReceived"]
     assert received > 3 * 48000 * 0.9 and concealed < received / 20, slices
     assert relay.metric("firsthop_relay_packets_total", direction="downstream") > before
+
+
+@pytest.fixture
+def two_homed() -> Iterator[tuple[Namespace, Namespace]]:
+    with two_links() as links:
+        yield links
+
+
+@pytest.mark.timeout(240)
+def test_firefox_with_two_interfaces_hears_the_echo_where_it_sends_from(
+    two_homed: tuple[Namespace, Namespace],
+) -> None:
+    """Firefox in a namespace with two links offers both of its addresses and sends its
+    media from the pair it nominates: the transceiver's media must come back there, and
+    only there."""
+    if shutil.which("firefox-esr") is None:
+        raise RuntimeError("firefox-esr is not installed: run `make test` (it installs it)")
+    link1, link2 = two_homed
+    pages = PageServer(host=link1.host)
+    relay = RelayProcess(listen_host=link1.host)
+    echo = AgentProcess("echo")
+    start_all(relay, echo)
+    procs: list[Any] = [echo]
+    try:
+        tx, sig = edge_for(
+            relay.listen,
+            {"echo": echo},
+            "--listen",
+            f"{link1.host}:0",
+            "--cors-origin",
+            pages.origin,
+        )
+        procs += [tx, sig]
+        addresses = [link1.inside, link2.inside]
+        counters = Counters(link1, addresses, relay.listen[1])
+        query = f"&key={SignalingProcess.API_KEY}&hold={SETTLE + WINDOW + 5}"
+        sig_url = f"http://{link1.host}:{sig.port}"
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(firefox_call, sig_url, pages, 120.0, query=query, netns=link1.name)
+
+            def echo_flows() -> bool:  # the echo reaches Firefox (at either address)
+                if call.done():
+                    return True  # (it failed: its report says why)
+                return sum(n for (way, _), n in counters.read().items() if way == "in") >= 50
+
+            wait_until(echo_flows, 90, 0.2)
+            time.sleep(SETTLE)  # (Firefox's checks of both pairs settle meanwhile)
+            counts = counters.over(WINDOW) if not call.done() else {}
+            checked = {a: counters.read()[("out", a)] for a in addresses}
+            report = call.result()
+    finally:
+        for p in procs:
+            p.kill()
+        relay.kill()
+        pages.close()
+    assert "error" not in report, json.dumps(report, indent=1)
+    assert counts, report  # (the call was up for the whole window)
+    used = max(addresses, key=lambda a: counts[("out", a)])
+    other = next(a for a in addresses if a != used)
+    heard = {a: counts[("in", a)] for a in addresses}
+    print(f"\ntwo interfaces: {counts}; Firefox sends from {used}, nominated {report}")
+    # Firefox offered both of its addresses (the call could take either path) and sends from
+    # the one it nominated. (Unlike Chromium it checks no other pair once one is nominated:
+    # seen here, every check from one address; `checked` says which, should that change.)
+    offered = " ".join(report["offer_candidates"])
+    assert all(f" {a} " in offered for a in addresses), report["offer_candidates"]
+    assert report["local_address"] == used, (report["local_address"], checked, counts)
+    assert counts[("out", used)] >= 50 * WINDOW * 0.5, counts
+    # the agent's audio comes back to the address Firefox sends from, and only there
+    assert heard[used] >= 50 * WINDOW * 0.5, counts
+    assert heard[other] <= heard[used] * 0.1, counts
+    assert report["level"] >= 0.01, json.dumps(report, indent=1)
