@@ -22,6 +22,7 @@ from aiortc.rtcsctptransport import (
     SCTP_DATA_LAST_FRAG,
     SCTP_DATA_UNORDERED,
     DataChunk,
+    ForwardTsnChunk,
 )
 
 from firsthop.services.call.caller import Caller
@@ -220,3 +221,79 @@ def test_messages_aiortc_cannot_read_are_dropped_and_the_call_goes_on(
     assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 2}]
     assert event_count(tx, "sctp_message_malformed") - before == 4
     assert tx.proc is not None and tx.proc.poll() is None
+
+
+def forward_tsn(cumulative_tsn: int, streams: list[tuple[int, int]]) -> ForwardTsnChunk:
+    f = ForwardTsnChunk()
+    f.cumulative_tsn, f.streams = cumulative_tsn % 2**32, streams
+    return f
+
+
+@pytest.mark.timeout(120)
+def test_forward_tsn_chunks_naming_new_streams_past_the_room_are_dropped(
+    tx: TransceiverProcess,
+) -> None:
+    """A FORWARD TSN (RFC 3758) made aiortc a stream for every stream id it named, past
+    MAX_STREAMS, and aiortc then walked all of them at every such chunk: 226 packets made
+    65,536 streams, after which one datagram of empty FORWARD TSNs held every call on the
+    transceiver up for seconds. Now one naming streams past the room is dropped, counted."""
+    before = event_count(tx, "sctp_chunk_dropped")
+    sent = 20
+
+    async def main() -> list[Any]:
+        c = await open_channel(tx)
+        channel, sctp = c.channel, c.pc.sctp
+        assert channel is not None and sctp is not None and channel.id is not None
+        first = sctp._local_tsn
+        sctp._local_tsn = (first + 1000) % 2**32  # (the channel's own messages after these)
+        for i in range(sent):  # each one moves the cumulative TSN on, naming 100 new streams
+            streams = [(1000 + 100 * i + k, 0) for k in range(100)]
+            await sctp._send_chunk(forward_tsn(first + i, streams))
+        await asyncio.to_thread(
+            wait_until, lambda: event_count(tx, "sctp_chunk_dropped") >= before + sent, 15
+        )
+        # one that names only the channel's own stream fits, and is taken
+        await sctp._send_chunk(forward_tsn(first + 999, [(channel.id, 0)]))
+        channel.send(json.dumps({"type": "hello", "n": 3}))
+        await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
+        await c.close()
+        return caller_events(c)
+
+    events = asyncio.run(main())
+    assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 3}]
+    assert event_count(tx, "sctp_chunk_dropped") - before == sent
+    assert tx.proc is not None and tx.proc.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_forward_tsn_that_releases_an_unreadable_message_drops_it_and_the_call_goes_on(
+    tx: TransceiverProcess,
+) -> None:
+    """An ordered message aiortc cannot read, held behind sequence numbers that never come,
+    then a FORWARD TSN that skips them: aiortc delivers it from the FORWARD TSN's handling
+    (not a DATA chunk's), and it raised there into the DTLS receive task."""
+    before = event_count(tx, "sctp_message_malformed")
+
+    async def main() -> list[Any]:
+        c = await open_channel(tx)
+        channel, sctp = c.channel, c.pc.sctp
+        assert channel is not None and sctp is not None and channel.id is not None
+        first = sctp._local_tsn
+        sctp._local_tsn = (first + 2) % 2**32
+        held = chunk((first + 1) % 2**32, channel.id, b"\xff not utf-8")
+        held.stream_seq = 1000  # ordered: waits for sequence numbers the caller never sends
+        await sctp._send_chunk(held)
+        await sctp._send_chunk(forward_tsn(first, [(channel.id, 999)]))
+        await asyncio.to_thread(
+            wait_until, lambda: event_count(tx, "sctp_message_malformed") >= before + 1, 15
+        )
+        channel.send(json.dumps({"type": "hello", "n": 4}))
+        await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
+        state = c.pc.connectionState
+        await c.close()
+        assert state == "connected"
+        return caller_events(c)
+
+    events = asyncio.run(main())
+    assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 4}]
+    assert event_count(tx, "sctp_message_malformed") - before == 1

@@ -9,20 +9,29 @@ messages never completed (each stream's `reassembly`), and a stream, and a data 
 every stream id a DATA chunk names (65,535 of them). A caller with its own SCTP stack over the
 DTLS it negotiated could fill any of them.
 
-So every DATA chunk of a session passes `bound_sctp`'s check first, and one the association
-has no room for is dropped before aiortc sees it (`sctp_chunk_dropped`): not marked received,
+So every DATA chunk of a session passes `bound_sctp`'s check first (its `_receive_chunk`,
+where aiortc takes each chunk of a packet), and one the association has no room for is
+dropped before aiortc sees it (`sctp_chunk_dropped`): not marked received,
 not acknowledged, as RFC 9260 §6.2 lets a receiver out of buffer do. An ordinary sender
 meets them only after a loss with more than 256 chunks in flight behind it, and then sends the
 dropped ones again as it would after any loss; one that never fills its gaps stalls only its
 own channel. Rooms: TSNs at most `MAX_TSN_AHEAD` ahead, `MAX_MISORDERED` past a gap,
 `MAX_FRAGMENTS` held per stream (a 64 KiB message, aiortc's a=max-message-size, is about 55
-chunks), `MAX_STREAMS` streams (the Realtime API opens one channel).
+chunks), `MAX_STREAMS` streams (the Realtime API opens one channel). A FORWARD TSN chunk
+(RFC 3758) makes a stream for every stream id it names, and aiortc then walked every stream
+at each one: 226 packets made 65,536 streams, after which each such chunk, 8 bytes, cost
+33 ms of the thread every call shares (a second call's echo took 3.2 s instead of 0.05 s
+behind one datagram of them). It must fit the same `MAX_STREAMS` (else dropped,
+`sctp_chunk_dropped`) and takes from the same chunk rate.
 
 A message aiortc cannot read (text that is not UTF-8, a DCEP OPEN for a channel that is
 open, an ACK for one never opened) raised out of its delivery into the DTLS transport's
-receive task, and that ended the caller's call. The chunk that completed it has been taken
-by then (marked received, acknowledged: the sender does not send it again), so the message
-is dropped and counted (`sctp_message_malformed`) and the association goes on.
+receive task, and that ended the caller's call. The chunk that completed it (a DATA chunk,
+or a FORWARD TSN that let a held message through) has been taken by then (marked received,
+acknowledged: the sender does not send it again), so the message is dropped and counted
+(`sctp_message_malformed`) and the association goes on. (A packet aiortc cannot parse, or
+an INIT bundled with other chunks, still raises before any chunk is taken: it ends the
+caller's own call, nobody else's.)
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiortc.rtcsctptransport import RTCSctpTransport, tsn_plus_one
+from aiortc.rtcsctptransport import DataChunk, ForwardTsnChunk, RTCSctpTransport, tsn_plus_one
 from aiortc.utils import uint32_gt
 
 from firsthop.shared.ratelimit import TokenBucket
@@ -75,27 +84,49 @@ def is_new(sctp: Any, chunk: Any) -> bool:
     return last is None or (uint32_gt(chunk.tsn, last) and chunk.tsn not in sctp._sack_misordered)
 
 
+def streams_room_for(sctp: Any, chunk: Any) -> bool:
+    """Whether the streams a FORWARD TSN `chunk` names fit in `sctp`'s `MAX_STREAMS` (aiortc
+    makes one for each it does not have)."""
+    streams = sctp._inbound_streams
+    new = {stream_id for stream_id, _ in chunk.streams if stream_id not in streams}
+    return len(streams) + len(new) <= MAX_STREAMS
+
+
+# What aiortc raises reading a message a caller's stack made: text or a label not UTF-8
+# (UnicodeDecodeError), a DCEP OPEN for an open channel or an ACK for none (AssertionError;
+# KeyError under `python -O`).
+UNREADABLE = (UnicodeDecodeError, AssertionError, KeyError)
+
+
 def bound_sctp(sctp: RTCSctpTransport, count: Callable[[str], None]) -> None:
-    """Check every DATA chunk `sctp` receives against its rooms and the association's chunk
-    rate first, and drop a message it completes that aiortc cannot read (see the module)."""
-    receive = sctp._receive_data_chunk
+    """Check every DATA and FORWARD TSN chunk `sctp` receives against its rooms and the
+    association's chunk rate first, and drop a message one completes that aiortc cannot
+    read (see the module)."""
+    receive = sctp._receive_chunk
     budget = TokenBucket(CHUNK_RATE, CHUNK_BURST, time.monotonic())
 
     async def bounded(chunk: Any) -> None:
-        if is_new(sctp, chunk):
-            if not room_for(sctp, chunk):
-                count("sctp_chunk_dropped")
-                return
-            if not budget.take(time.monotonic()):
-                count("sctp_chunk_rate_limited")
-                return
+        if isinstance(chunk, DataChunk):
+            if not is_new(sctp, chunk):
+                return await receive(chunk)  # (a duplicate: aiortc just notes it)
+            fits = room_for(sctp, chunk)
+        elif isinstance(chunk, ForwardTsnChunk):
+            fits = streams_room_for(sctp, chunk)
+        else:
+            return await receive(chunk)
+        if not fits:
+            count("sctp_chunk_dropped")
+            return
+        if not budget.take(time.monotonic()):
+            count("sctp_chunk_rate_limited")
+            return
         try:
             await receive(chunk)
-        except Exception:  # (our own handlers are guarded: this is aiortc reading the caller's)
+        except UNREADABLE:
             count("sctp_message_malformed")
             log.debug("a data-channel message aiortc could not read", exc_info=True)
 
-    sctp._receive_data_chunk = bounded  # type: ignore[method-assign]
+    sctp._receive_chunk = bounded  # type: ignore[method-assign]
 
 
 def hook_points(sctp: Any) -> dict[str, bool]:
@@ -103,10 +134,11 @@ def hook_points(sctp: Any) -> dict[str, bool]:
     (a fresh association)."""
     from aiortc.rtcsctptransport import InboundStream
 
-    receive_chunk = RTCSctpTransport._receive_chunk.__code__
+    handle_data = RTCSctpTransport._handle_data.__code__
     return {
-        "RTCSctpTransport._receive_data_chunk": hasattr(sctp, "_receive_data_chunk")
-        and "_receive_data_chunk" in receive_chunk.co_names,
+        "RTCSctpTransport._receive_chunk": hasattr(sctp, "_receive_chunk")
+        and "_receive_chunk" in handle_data.co_names,
+        "ForwardTsnChunk.streams": isinstance(getattr(ForwardTsnChunk(), "streams", 0), list),
         "RTCSctpTransport._last_received_tsn": hasattr(sctp, "_last_received_tsn"),
         "RTCSctpTransport._sack_misordered": isinstance(getattr(sctp, "_sack_misordered", 0), set),
         "RTCSctpTransport._inbound_streams": isinstance(getattr(sctp, "_inbound_streams", 0), dict),
