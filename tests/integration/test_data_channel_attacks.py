@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,7 @@ from aiortc.rtcsctptransport import (
     DataChunk,
     ForwardTsnChunk,
 )
+from google_crc32c import value as crc32c
 
 from firsthop.services.call.caller import Caller
 from firsthop.services.transceiver.rtc.sctp_hooks import (
@@ -236,7 +238,8 @@ def test_forward_tsn_chunks_naming_new_streams_past_the_room_are_dropped(
     """A FORWARD TSN (RFC 3758) made aiortc a stream for every stream id it named, past
     MAX_STREAMS, and aiortc then walked all of them at every such chunk: 226 packets made
     65,536 streams, after which one datagram of empty FORWARD TSNs held every call on the
-    transceiver up for seconds. Now one naming streams past the room is dropped, counted."""
+    transceiver up for seconds. Now one naming streams past the room is dropped, counted (one
+    naming more than 8 streams never reaches aiortc: `sctp_check`)."""
     before = event_count(tx, "sctp_chunk_dropped")
     sent = 20
 
@@ -246,8 +249,8 @@ def test_forward_tsn_chunks_naming_new_streams_past_the_room_are_dropped(
         assert channel is not None and sctp is not None and channel.id is not None
         first = sctp._local_tsn
         sctp._local_tsn = (first + 1000) % 2**32  # (the channel's own messages after these)
-        for i in range(sent):  # each one moves the cumulative TSN on, naming 100 new streams
-            streams = [(1000 + 100 * i + k, 0) for k in range(100)]
+        for i in range(sent):  # each moves the cumulative TSN on, naming 8 new streams
+            streams = [(1000 + 8 * i + k, 0) for k in range(8)]
             await sctp._send_chunk(forward_tsn(first + i, streams))
         await asyncio.to_thread(
             wait_until, lambda: event_count(tx, "sctp_chunk_dropped") >= before + sent, 15
@@ -297,3 +300,59 @@ def test_a_forward_tsn_that_releases_an_unreadable_message_drops_it_and_the_call
     events = asyncio.run(main())
     assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 4}]
     assert event_count(tx, "sctp_message_malformed") - before == 1
+
+
+def sctp_packet(sctp: Any, *chunks: tuple[int, int, bytes]) -> bytes:
+    """A raw SCTP packet of the caller's association (its ports and the transceiver's
+    verification tag), chunks (type, flags, body) padded, its CRC32c right."""
+    body = b"".join(
+        struct.pack("!BBH", kind, flags, 4 + len(b)) + b + b"\0" * (-len(b) % 4)
+        for kind, flags, b in chunks
+    )
+    header = struct.pack("!HHL", sctp._local_port, sctp._remote_port, sctp._remote_verification_tag)
+    return header + struct.pack("<L", crc32c(header + b"\0\0\0\0" + body)) + body
+
+
+@pytest.mark.timeout(120)
+def test_packets_aiortc_would_misread_never_reach_it(tx: TransceiverProcess) -> None:
+    """Over the caller's own DTLS: a HEARTBEAT with a parameter of length 0 (aiortc's parser
+    looped for good on the thread every call shares, its memory growing), a SACK whose gap
+    blocks span every TSN (1.65 s of that thread), a DATA chunk too short for its fields and
+    an INIT bundled with it (each raised, ending the call), a packet of 100 HEARTBEATs (100
+    answers). Each is dropped before aiortc parses it, counted; the call goes on."""
+    malformed = event_count(tx, "sctp_packet_malformed")
+    refused = event_count(tx, "sctp_packet_refused")
+    beat = (4, 0, b"\x00\x01\x00\x08abcd")
+
+    async def main() -> list[Any]:
+        c = await open_channel(tx)
+        channel, sctp = c.channel, c.pc.sctp
+        assert channel is not None and sctp is not None
+        dtls = sctp.transport
+        sack = struct.pack("!LLHH", sctp._last_sacked_tsn, 1 << 20, 300, 0)
+        for data in (
+            sctp_packet(sctp, (4, 0, b"\x00\x01\x00\x00")),
+            sctp_packet(sctp, (0, 3, bytes(11))),
+            sctp_packet(sctp, (1, 0, bytes(16)), (0, 3, bytes(13))),
+            sctp_packet(sctp, (3, 0, sack + struct.pack("!HH", 1, 65535) * 300)),
+            sctp_packet(sctp, *[beat] * 100),  # (a datagram holds 1,500 bytes)
+        ):
+            await dtls._send_data(data)
+        await asyncio.to_thread(
+            wait_until,
+            lambda: (
+                event_count(tx, "sctp_packet_malformed") >= malformed + 3
+                and event_count(tx, "sctp_packet_refused") >= refused + 2
+            ),
+            15,
+        )
+        channel.send(json.dumps({"type": "hello", "n": 5}))  # the call and the thread go on
+        await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
+        await c.close()
+        return caller_events(c)
+
+    events = asyncio.run(main())
+    assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 5}]
+    assert event_count(tx, "sctp_packet_malformed") - malformed == 3
+    assert event_count(tx, "sctp_packet_refused") - refused == 2
+    assert tx.proc is not None and tx.proc.poll() is None

@@ -27,6 +27,7 @@ def test_wire_imports_no_io_frameworks() -> None:
         "firsthop.shared.wire.websocket",
         "firsthop.shared.wire.websocket_connection",
         "firsthop.shared.wire.sip",
+        "firsthop.shared.wire.sctp_check",
         "firsthop.shared.rtp_offer",
     )
     leaked = [m for m in modules if m.split(".")[0] in FORBIDDEN]
