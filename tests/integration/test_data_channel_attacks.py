@@ -24,6 +24,7 @@ from aiortc.rtcsctptransport import (
     SCTP_DATA_UNORDERED,
     DataChunk,
     ForwardTsnChunk,
+    StreamResetOutgoingParam,
 )
 from google_crc32c import value as crc32c
 
@@ -34,6 +35,7 @@ from firsthop.services.transceiver.rtc.sctp_hooks import (
     MAX_MISORDERED,
     MAX_STREAMS,
 )
+from firsthop.services.transceiver.rtc.session import MAX_CHANNELS
 from firsthop.services.transceiver.session import CLIENT_EVENT_BURST, CLIENT_EVENT_RATE
 from tests.integration.test_transceiver import caller_events, event_count, signal_via
 from tests.support import AgentProcess, TransceiverProcess, eventually, wait_until
@@ -355,4 +357,50 @@ def test_packets_aiortc_would_misread_never_reach_it(tx: TransceiverProcess) -> 
     assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 5}]
     assert event_count(tx, "sctp_packet_malformed") - malformed == 3
     assert event_count(tx, "sctp_packet_refused") - refused == 2
+    assert tx.proc is not None and tx.proc.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_caller_that_never_lets_its_channels_close_ends_its_own_call_past_the_limit(
+    tx: TransceiverProcess,
+) -> None:
+    """A caller that opens a channel, resets it, and never answers our reset of it leaves
+    the channel in aiortc's table (a helper kept 1,113 of them over 2,000 cycles). Past
+    MAX_CHANNELS such channels the call ends, counted; a caller that lets them close is not
+    limited (the cycles before that one, closed both ways, are not counted)."""
+    over = event_count(tx, "datachannels_over_limit")
+
+    async def cycle(c: Caller, label: str, closes: bool = True) -> bool:
+        """Open a channel and close it; False if the call ended instead."""
+        channel = c.pc.createDataChannel(label)
+        ended = lambda: c.pc.connectionState != "connected"  # noqa: E731
+        await eventually(lambda: channel.readyState == "open" or ended(), 10)
+        if ended():
+            return False
+        channel.close()  # (our answer, and our own reset: closed both ways, unless deaf)
+        await eventually(lambda: channel.readyState == ("closed" if closes else "closing"), 5)
+        return True
+
+    async def main() -> str:
+        c = await open_channel(tx)
+        sctp = c.pc.sctp
+        assert sctp is not None
+        for i in range(MAX_CHANNELS + 4):  # closed both ways: nothing held, no limit
+            assert await cycle(c, f"fine-{i}")
+        receive = sctp._receive_reconfig_param
+
+        async def deaf(param: Any) -> None:  # our resets of its channels: never answered
+            if not isinstance(param, StreamResetOutgoingParam):
+                await receive(param)
+
+        sctp._receive_reconfig_param = deaf  # type: ignore[method-assign]
+        held = 0  # (its first channel, still open, counts too)
+        while held < MAX_CHANNELS + 1 and await cycle(c, f"held-{held}", closes=False):
+            held += 1
+        await eventually(lambda: c.pc.connectionState != "connected", 15)
+        await c.close()
+        return held
+
+    assert asyncio.run(main()) == MAX_CHANNELS - 1
+    assert event_count(tx, "datachannels_over_limit") - over == 1
     assert tx.proc is not None and tx.proc.poll() is None
