@@ -373,7 +373,10 @@ def test_a_caller_that_never_lets_its_channels_close_ends_its_own_call_past_the_
     async def cycle(c: Caller, label: str, closes: bool = True) -> bool:
         """Open a channel and close it; False if the call ended instead."""
         channel = c.pc.createDataChannel(label)
-        ended = lambda: c.pc.connectionState != "connected"  # noqa: E731
+
+        def ended() -> bool:
+            return bool(c.pc.connectionState != "connected")
+
         await eventually(lambda: channel.readyState == "open" or ended(), 10)
         if ended():
             return False
@@ -381,7 +384,7 @@ def test_a_caller_that_never_lets_its_channels_close_ends_its_own_call_past_the_
         await eventually(lambda: channel.readyState == ("closed" if closes else "closing"), 5)
         return True
 
-    async def main() -> str:
+    async def main() -> int:
         c = await open_channel(tx)
         sctp = c.pc.sctp
         assert sctp is not None
