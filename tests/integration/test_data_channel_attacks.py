@@ -85,13 +85,10 @@ def test_chunks_past_a_gap_and_on_many_streams_are_dropped(tx: TransceiverProces
             lambda: event_count(tx, "sctp_chunk_dropped") >= before + gaps - MAX_MISORDERED,
             30,
         )
-        channel.send(json.dumps({"type": "hello", "n": 1}))  # the channel still works
-        await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
-        await c.close()
-        return caller_events(c)
+        return await goes_on(c, 1)
 
     events = asyncio.run(main())
-    assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 1}]
+    assert hellos(events) == [{"type": "hello", "n": 1}]
     dropped = event_count(tx, "sctp_chunk_dropped") - before
     # everything past the rooms: the one too far ahead, the gaps beyond MAX_MISORDERED, the
     # streams beyond MAX_STREAMS
@@ -107,6 +104,23 @@ async def open_channel(tx: TransceiverProcess) -> Caller:
     assert channel is not None
     await eventually(lambda: channel.readyState == "open", 5)
     return c
+
+
+async def goes_on(c: Caller, n: int) -> list[Any]:
+    """After an attack: the call is still up and its channel still echoes an event (`n`);
+    closes it, and returns what the caller got."""
+    channel = c.channel
+    assert channel is not None
+    channel.send(json.dumps({"type": "hello", "n": n}))
+    await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
+    state = c.pc.connectionState
+    await c.close()
+    assert state == "connected"
+    return caller_events(c)
+
+
+def hellos(events: list[Any]) -> list[Any]:
+    return [e["event"] for e in events if e["type"] == "echo"]
 
 
 def echoed(c: Caller, kind: str) -> int:
@@ -214,15 +228,10 @@ def test_messages_aiortc_cannot_read_are_dropped_and_the_call_goes_on(
         await asyncio.to_thread(
             wait_until, lambda: event_count(tx, "sctp_message_malformed") >= before + len(bad), 15
         )
-        channel.send(json.dumps({"type": "hello", "n": 2}))  # the call and its channel go on
-        await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
-        state = c.pc.connectionState
-        await c.close()
-        assert state == "connected"
-        return caller_events(c)
+        return await goes_on(c, 2)  # the call and its channel go on
 
     events = asyncio.run(main())
-    assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 2}]
+    assert hellos(events) == [{"type": "hello", "n": 2}]
     assert event_count(tx, "sctp_message_malformed") - before == 4
     assert tx.proc is not None and tx.proc.poll() is None
 
@@ -259,13 +268,10 @@ def test_forward_tsn_chunks_naming_new_streams_past_the_room_are_dropped(
         )
         # one that names only the channel's own stream fits, and is taken
         await sctp._send_chunk(forward_tsn(first + 999, [(channel.id, 0)]))
-        channel.send(json.dumps({"type": "hello", "n": 3}))
-        await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
-        await c.close()
-        return caller_events(c)
+        return await goes_on(c, 3)
 
     events = asyncio.run(main())
-    assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 3}]
+    assert hellos(events) == [{"type": "hello", "n": 3}]
     assert event_count(tx, "sctp_chunk_dropped") - before == sent
     assert tx.proc is not None and tx.proc.poll() is None
 
@@ -292,15 +298,10 @@ def test_a_forward_tsn_that_releases_an_unreadable_message_drops_it_and_the_call
         await asyncio.to_thread(
             wait_until, lambda: event_count(tx, "sctp_message_malformed") >= before + 1, 15
         )
-        channel.send(json.dumps({"type": "hello", "n": 4}))
-        await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
-        state = c.pc.connectionState
-        await c.close()
-        assert state == "connected"
-        return caller_events(c)
+        return await goes_on(c, 4)  # the call and its channel go on
 
     events = asyncio.run(main())
-    assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 4}]
+    assert hellos(events) == [{"type": "hello", "n": 4}]
     assert event_count(tx, "sctp_message_malformed") - before == 1
 
 
@@ -348,13 +349,10 @@ def test_packets_aiortc_would_misread_never_reach_it(tx: TransceiverProcess) -> 
             ),
             15,
         )
-        channel.send(json.dumps({"type": "hello", "n": 5}))  # the call and the thread go on
-        await eventually(lambda: any(e["type"] == "echo" for e in caller_events(c)), 10)
-        await c.close()
-        return caller_events(c)
+        return await goes_on(c, 5)
 
     events = asyncio.run(main())
-    assert [e["event"] for e in events if e["type"] == "echo"] == [{"type": "hello", "n": 5}]
+    assert hellos(events) == [{"type": "hello", "n": 5}]
     assert event_count(tx, "sctp_packet_malformed") - malformed == 3
     assert event_count(tx, "sctp_packet_refused") - refused == 2
     assert tx.proc is not None and tx.proc.poll() is None
