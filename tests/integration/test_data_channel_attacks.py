@@ -321,7 +321,8 @@ def test_packets_aiortc_would_misread_never_reach_it(tx: TransceiverProcess) -> 
     """Over the caller's own DTLS: a HEARTBEAT with a parameter of length 0 (aiortc's parser
     looped for good on the thread every call shares, its memory growing), a SACK whose gap
     blocks span every TSN (1.65 s of that thread), a DATA chunk too short for its fields and
-    an INIT bundled with it (each raised, ending the call), a packet of 100 HEARTBEATs (100
+    a SACK whose gap block ends before it starts (each raised, ending the call), a packet of
+    100 HEARTBEATs (100
     answers). Each is dropped before aiortc parses it, counted; the call goes on."""
     malformed = event_count(tx, "sctp_packet_malformed")
     refused = event_count(tx, "sctp_packet_refused")
@@ -336,7 +337,7 @@ def test_packets_aiortc_would_misread_never_reach_it(tx: TransceiverProcess) -> 
         for data in (
             sctp_packet(sctp, (4, 0, b"\x00\x01\x00\x00")),
             sctp_packet(sctp, (0, 3, bytes(11))),
-            sctp_packet(sctp, (1, 0, bytes(16)), (0, 3, bytes(13))),
+            sctp_packet(sctp, (3, 0, struct.pack("!LLHH", 1, 1 << 20, 1, 0) + b"\0\5\0\4")),
             sctp_packet(sctp, (3, 0, sack + struct.pack("!HH", 1, 65535) * 300)),
             sctp_packet(sctp, *[beat] * 100),  # (a datagram holds 1,500 bytes)
         ):
@@ -404,4 +405,36 @@ def test_a_caller_that_never_lets_its_channels_close_ends_its_own_call_past_the_
 
     assert asyncio.run(main()) == MAX_CHANNELS - 1
     assert event_count(tx, "datachannels_over_limit") - over == 1
+    assert tx.proc is not None and tx.proc.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_an_association_is_never_started_again(tx: TransceiverProcess) -> None:
+    """An INIT once the association is up would have aiortc start it again; after the
+    caller's ABORT, an INIT and a COOKIE ECHO did, and the new association's data channels
+    were no longer told to the session (past its channel bound, unseen). Both are refused;
+    after an ABORT nothing more is taken. The call's media is not the association's."""
+    refused = event_count(tx, "sctp_packet_refused")
+
+    async def main() -> str:
+        c = await open_channel(tx)
+        sctp = c.pc.sctp
+        assert sctp is not None
+        dtls = sctp.transport
+        init = struct.pack("!LLHHL", 0x1234, 1 << 20, 65535, 65535, 77)
+        await dtls._send_data(sctp_packet(sctp, (1, 0, init)))  # up: refused
+        await dtls._send_data(sctp_packet(sctp, (6, 0, b"")))  # the caller's ABORT: taken
+        await asyncio.sleep(0.5)
+        await dtls._send_data(sctp_packet(sctp, (1, 0, init)))  # closed: refused
+        await dtls._send_data(sctp_packet(sctp, (4, 0, b"\x00\x01\x00\x08abcd")))  # refused
+        await asyncio.to_thread(
+            wait_until, lambda: event_count(tx, "sctp_packet_refused") >= refused + 3, 15
+        )
+        state = c.pc.connectionState
+        await c.close()
+        return str(state)
+
+    assert asyncio.run(main()) == "connected"
+    # (and whatever the caller's own stack sent after its ABORT)
+    assert event_count(tx, "sctp_packet_refused") - refused >= 3
     assert tx.proc is not None and tx.proc.poll() is None
