@@ -15,12 +15,12 @@ its own SCTP stack can claim anything (measured by a helper's attacker read, sto
 
 So a packet is looked at first, in one pass over its bytes (no object made): `check` says
 `MALFORMED` for one aiortc would misread, `REFUSED` for one no real stack sends (a second
-chunk of a kind a packet carries at most one of, more than `MAX_CONTROL` chunks other than
-DATA, a SACK whose blocks span more than `MAX_GAP_SPAN` TSNs, an INIT once the association
-has been up: aiortc would start it again, its TSNs anew), and None
-for the rest. aiortc checks the CRC32c and the verification tag itself. What a real stack
-sends passes: usrsctp's FORWARD TSN names a stream once per abandoned chunk, so its list is
-not limited here (`rtc/sctp_hooks.py` keeps each stream's last).
+chunk of a kind a packet carries at most one of, more than `MAX_RECONFIGS` RECONFIGs or
+`MAX_CONTROL` chunks other than DATA, a SACK whose blocks span more than `MAX_GAP_SPAN`
+TSNs, an INIT once the association has been up: aiortc would start it again, its TSNs
+anew), and None for the rest. aiortc checks the CRC32c and the verification tag itself.
+What a real stack sends passes: usrsctp's FORWARD TSN names a stream once per abandoned
+chunk, so its list is not limited here (`rtc/sctp_hooks.py` keeps each stream's last).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ MAX_CONTROL = 8  # chunks other than DATA in one packet (361 empty ERRORs cost a
 # (12, then 2 a stream), a response (8), an add-outgoing-streams request (8).
 RECONFIG_PARAMS = {13: 12, 16: 8, 17: 8}
 MAX_RECONFIG_PARAMS = 2  # a request and a response, as RFC 6525 §3.1 allows in one chunk
+MAX_RECONFIGS = 2  # RECONFIG chunks a packet (each parameter answered: 8 had drawn 16 sends)
 MAX_GAP_SPAN = 1024  # TSNs a SACK's gap blocks span in all (we have far fewer in flight)
 
 _HEADER = struct.Struct("!BBH")
@@ -81,7 +82,7 @@ def check(packet: bytes, established: bool = False) -> str | None:
     if length < 16:  # the common header and one chunk's
         return MALFORMED
     seen: set[int] = set()
-    kinds = control = 0
+    kinds = control = reconfigs = 0
     pos = 12
     while pos <= length - 4:  # (as aiortc walks them: a tail under 4 bytes is ignored)
         kind, _, size = _HEADER.unpack_from(packet, pos)
@@ -95,6 +96,10 @@ def check(packet: bytes, established: bool = False) -> str | None:
             if kind in seen:
                 return REFUSED
             seen.add(kind)
+        if kind == RECONFIG:
+            reconfigs += 1
+            if reconfigs > MAX_RECONFIGS:
+                return REFUSED
         if kind != DATA:
             control += 1
             if control > MAX_CONTROL or (established and kind == INIT):

@@ -132,6 +132,9 @@ def test_reconfig_parameters_are_whole_and_few() -> None:
     assert check(reconfig((13, reset + b"\x01"))) == MALFORMED  # half a stream id
     assert check(reconfig((16, b"\x00" * 7))) == MALFORMED
     assert check(reconfig(*[(16, struct.pack("!LL", i, 0)) for i in range(3)])) == REFUSED
+    one = (sctp_check.RECONFIG, 0, struct.pack("!HH", 16, 12) + struct.pack("!LL", 1, 0))
+    assert check(packet(one, one)) is None  # (a response and a request, bundled)
+    assert check(packet(one, one, one)) == REFUSED  # (8 of them had drawn 16 sends)
     many = struct.pack("!LLL", 1, 2, 3) + b"".join(struct.pack("!H", i) for i in range(40))
     assert check(reconfig((13, many))) is None  # (dcSCTP resets closed channels together)
 

@@ -60,7 +60,11 @@ log = logging.getLogger("firsthop.transceiver.sctp")
 # association (its whole DTLS receive task).
 MAX_TSN_AHEAD = 8192
 MAX_MISORDERED = 256  # TSNs received beyond the first gap
-MAX_FRAGMENTS = 256  # chunks held for reassembly, per stream
+# Chunks held for reassembly, per stream: room for every chunk past a gap (MAX_MISORDERED)
+# and then for a whole message of the TSNs the gap lost (a 64 KiB message is ~55 chunks).
+# At 256 a stream full of ordered messages past one lost packet refused that packet's
+# retransmission, the one chunk that could free it, for good (a helper's read, stop 50).
+MAX_FRAGMENTS = MAX_MISORDERED + 64
 MAX_STREAMS = 8  # inbound streams (data channels) per association
 # New DATA chunks an association takes a second (burst): past them, dropped like a chunk
 # with no room (`sctp_chunk_rate_limited`), so a sender's congestion control slows it. A
@@ -125,15 +129,15 @@ def bound_sctp(sctp: RTCSctpTransport, count: Callable[[str], None]) -> None:
     the module)."""
     handle, receive = sctp._handle_data, sctp._receive_chunk
     budget = TokenBucket(CHUNK_RATE, CHUNK_BURST, time.monotonic())
-    up = False  # the association has been up: an INIT would start it again; once it has
-    # closed (the caller's ABORT), nothing more is taken (aiortc would set it up again, its
-    # data channels no longer told to the session: past the session's channel bound)
+    up = False  # the association has been up: an INIT would start it again. Once it has
+    # closed (the caller's ABORT, even before it was up), nothing more is taken: aiortc would
+    # set it up again, its data channels no longer told to the session (past its bound)
 
     async def checked(packet: bytes) -> None:
         nonlocal up
         state = sctp.state
         up = up or state == "connected"
-        verdict = sctp_check.REFUSED if up and state == "closed" else sctp_check.check(packet, up)
+        verdict = sctp_check.REFUSED if state == "closed" else sctp_check.check(packet, up)
         if verdict is not None:
             count(f"sctp_packet_{verdict}")
             return
