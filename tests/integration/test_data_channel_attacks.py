@@ -26,7 +26,6 @@ from aiortc.rtcsctptransport import (
     ForwardTsnChunk,
     StreamResetOutgoingParam,
 )
-from google_crc32c import value as crc32c
 
 from firsthop.services.call.caller import Caller
 from firsthop.services.transceiver.rtc.sctp_hooks import (
@@ -39,6 +38,7 @@ from firsthop.services.transceiver.rtc.session import MAX_CHANNELS
 from firsthop.services.transceiver.session import CLIENT_EVENT_BURST, CLIENT_EVENT_RATE
 from tests.integration.test_transceiver import caller_events, event_count, signal_via
 from tests.support import AgentProcess, TransceiverProcess, eventually, wait_until
+from tests.unit.test_sctp_check import packet
 
 PPID_DCEP, PPID_STRING = 50, 51  # RFC 8831 §8: WebRTC DCEP, WebRTC String
 DCEP_ACK, DCEP_OPEN = 0x02, 0x03  # RFC 8832 §5
@@ -307,13 +307,9 @@ def test_a_forward_tsn_that_releases_an_unreadable_message_drops_it_and_the_call
 
 def sctp_packet(sctp: Any, *chunks: tuple[int, int, bytes]) -> bytes:
     """A raw SCTP packet of the caller's association (its ports and the transceiver's
-    verification tag), chunks (type, flags, body) padded, its CRC32c right."""
-    body = b"".join(
-        struct.pack("!BBH", kind, flags, 4 + len(b)) + b + b"\0" * (-len(b) % 4)
-        for kind, flags, b in chunks
-    )
-    header = struct.pack("!HHL", sctp._local_port, sctp._remote_port, sctp._remote_verification_tag)
-    return header + struct.pack("<L", crc32c(header + b"\0\0\0\0" + body)) + body
+    verification tag)."""
+    ports = (sctp._local_port, sctp._remote_port)
+    return packet(*chunks, ports=ports, tag=sctp._remote_verification_tag)
 
 
 @pytest.mark.timeout(120)

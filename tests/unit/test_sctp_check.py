@@ -28,13 +28,16 @@ from firsthop.shared.wire import sctp_check
 from firsthop.shared.wire.sctp_check import MALFORMED, REFUSED, check
 
 
-def packet(*chunks: tuple[int, int, bytes]) -> bytes:
-    """An SCTP packet of raw chunks (type, flags, body), padded, its CRC32c right."""
+def packet(
+    *chunks: tuple[int, int, bytes], ports: tuple[int, int] = (5000, 5000), tag: int = 0x12345678
+) -> bytes:
+    """An SCTP packet of raw chunks (type, flags, body), padded, its CRC32c right (`ports`
+    and verification `tag` as its association's, for one sent over a real DTLS)."""
     body = b"".join(
         struct.pack("!BBH", kind, flags, 4 + len(b)) + b + b"\0" * (-len(b) % 4)
         for kind, flags, b in chunks
     )
-    header = struct.pack("!HHL", 5000, 5000, 0x12345678)
+    header = struct.pack("!HHL", *ports, tag)
     crc = crc32c(header + b"\0\0\0\0" + body)
     return header + struct.pack("<L", crc) + body
 

@@ -10,8 +10,6 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
-from google_crc32c import value as crc32c
-
 from firsthop.services.transceiver.rtc import sctp_hooks
 from firsthop.services.transceiver.rtc.sctp_hooks import (
     MAX_FRAGMENTS,
@@ -19,16 +17,10 @@ from firsthop.services.transceiver.rtc.sctp_hooks import (
     bound_sctp,
     room_for,
 )
+from tests.unit.test_sctp_check import packet
 
-
-def packet(kind: int, body: bytes) -> bytes:
-    chunk = struct.pack("!BBH", kind, 0, 4 + len(body)) + body + b"\0" * (-len(body) % 4)
-    header = struct.pack("!HHL", 5000, 5000, 1)
-    return header + struct.pack("<L", crc32c(header + bytes(4) + chunk)) + chunk
-
-
-HEARTBEAT = packet(4, b"\x00\x01\x00\x08abcd")
-INIT = packet(1, struct.pack("!LLHHL", 1, 1 << 20, 65535, 65535, 7))
+HEARTBEAT = packet((4, 0, b"\x00\x01\x00\x08abcd"))
+INIT = packet((1, 0, struct.pack("!LLHHL", 1, 1 << 20, 65535, 65535, 7)))
 
 
 def association(state: str) -> tuple[Any, list[bytes], Counter[str]]:

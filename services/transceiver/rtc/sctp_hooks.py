@@ -76,9 +76,7 @@ CHUNK_RATE, CHUNK_BURST = 500.0, 1000.0
 def room_for(sctp: Any, chunk: Any) -> bool:
     """Whether `sctp` has room for the new DATA `chunk` (`is_new`: a duplicate needs none,
     aiortc just notes it)."""
-    tsn, last = chunk.tsn, sctp._last_received_tsn
-    if last is None:
-        return True  # (no association yet: `bound_sctp` drops it)
+    tsn, last = chunk.tsn, sctp._last_received_tsn  # (not None: `bound_sctp` saw to it)
     if uint32_gt(tsn, (last + MAX_TSN_AHEAD) & 0xFFFFFFFF):
         return False
     if tsn != tsn_plus_one(last) and len(sctp._sack_misordered) >= MAX_MISORDERED:
@@ -91,8 +89,8 @@ def room_for(sctp: Any, chunk: Any) -> bool:
 
 def is_new(sctp: Any, chunk: Any) -> bool:
     """Whether `chunk` is a DATA chunk `sctp` has not had (a duplicate costs aiortc a note)."""
-    last = sctp._last_received_tsn
-    return last is None or (uint32_gt(chunk.tsn, last) and chunk.tsn not in sctp._sack_misordered)
+    last = sctp._last_received_tsn  # (not None: `bound_sctp` saw to it)
+    return uint32_gt(chunk.tsn, last) and chunk.tsn not in sctp._sack_misordered
 
 
 def last_of_each(streams: list[tuple[int, int]]) -> list[tuple[int, int]]:
