@@ -465,8 +465,9 @@ def media_core_cost(
             media.datagrams_to_send()
         spent += time.thread_time() - start
         count += len(datagrams)
-    if media.stats()["rtp_packets_out"] < count // 2:
-        raise BenchError("the media core did not play the answer it was given")
+    stats = media.stats()  # every frame decoded, and its answer played (not silence)
+    if stats["frames_decoded"] < count or stats["agent_frames_played"] < count - 2:
+        raise BenchError(f"the media core did not decode and play every frame: {stats}")
     return 100 * spent / (count * FRAME_S)
 
 
