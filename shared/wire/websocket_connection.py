@@ -58,6 +58,27 @@ class Ended:
     reason: str = ""
 
 
+class MaskKeys:
+    """A client's masking keys (RFC 6455 §5.3: 4 bytes each, unpredictable, from a strong
+    source), drawn from `os.urandom` `batch` at a time: one getrandom(2) per `batch` frames
+    instead of one per frame (at 8 echo calls that was 4,079 of the transceiver's 25,696
+    syscalls in 10 s, stop 51). Each key is handed out once."""
+
+    def __init__(self, batch: int = 1024, source: Callable[[int], bytes] = os.urandom) -> None:
+        self._batch, self._source = batch, source
+        self._pool, self._at = b"", 0
+
+    def __call__(self) -> bytes:
+        at = self._at
+        if at >= len(self._pool):
+            self._pool, at = self._source(4 * self._batch), 0
+        self._at = at + 4
+        return self._pool[at : at + 4]
+
+
+mask_keys = MaskKeys()  # (the process's: every connection on the loop thread draws from it)
+
+
 class WebSocketConnection:
     """One open WebSocket's state (see the module docstring)."""
 
@@ -66,7 +87,7 @@ class WebSocketConnection:
         *,
         client: bool,
         max_message: int,
-        mask_key: Callable[[], bytes] = lambda: os.urandom(4),
+        mask_key: Callable[[], bytes] = mask_keys,
     ) -> None:
         self._key = mask_key if client else None
         self._reader = WebSocketReader(masked=not client, max_message=max_message)

@@ -1,24 +1,31 @@
-"""A busy loop's gather: the rule (`shared/gather.py`), the transceiver's selector that follows
-it (`rtc/bridge.py`), and its flag."""
+"""A busy loop's gather: the rule (`shared/gather.py`), the transceiver's loop that follows it
+(`rtc/bridge.py`), and its flag."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import selectors
+import math
 import socket
+import time
+from collections.abc import Callable
 from functools import partial
+from typing import cast
 
 import pytest
+import trio
 
 from firsthop.services.transceiver.main import config_from_args, register
 from firsthop.services.transceiver.rtc.bridge import (
     GATHER_BATCH,
-    GatheringSelector,
+    GATHER_MIN,
+    LoopGather,
     _gathering,
     run_trio_guest,
+    watch_readable,
     work_left,
 )
+from firsthop.services.transceiver.rtc.media_clock import clock_of
 from firsthop.shared.gather import Gather
 
 
@@ -82,107 +89,123 @@ def test_the_rate_is_measured_over_whole_windows() -> None:
 
 
 class Sleeps(list[float]):
-    """The selector's sleep: each one recorded, and a fake clock moved by it (and by
-    `overshoot` more, as a real sleep overshoots)."""
+    """The gather's sleep: each one recorded, and a fake clock moved by it."""
 
-    def __init__(self, overshoot: float = 0.0) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.now, self.overshoot = 1000.0, overshoot
+        self.now = 1000.0
 
     def __call__(self, seconds: float) -> None:
         self.append(seconds)
-        self.now += seconds + self.overshoot
+        self.now += seconds
 
     def clock(self) -> float:
         return self.now
 
 
-class Recording(GatheringSelector):
-    """Records the timeout each wait was given after its gather."""
+class Soon(list[Callable[[], None]]):
+    """A loop's `call_soon`, recorded (the gather asks it for the end of each wake-up)."""
 
-    polled: list[float | None]
-
-    def _poll(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
-        self.polled.append(timeout)
-        return super()._poll(timeout)
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.append(callback)
 
 
-def test_the_selector_gathers_after_a_busy_wake_up_and_never_past_the_timeout() -> None:
-    pairs = [socket.socketpair() for _ in range(GATHER_BATCH)]
-    sleeps = Sleeps()
-    selector = GatheringSelector(0.002, sleep=sleeps, clock=sleeps.clock)
-    selector.gather.window = 1e9  # the rate is what the test sets, however slow the machine
-    try:
-        a, b = pairs[0]
-        selector.register(b, selectors.EVENT_READ)
-        a.send(b"x")  # readable until read: every select returns it at once
-        selector.gather.rate = 1e6  # as busy as can be: a wake-up with an event gathers
-        assert len(selector.select(1.0)) == 1 and sleeps == []  # no busy wake-up before it
-        # that one was busy: the next wait first lets a batch gather (the floor at this rate)
-        assert len(selector.select(1.0)) == 1 and sleeps == [0.0002]
-        selector.select(0.0001)  # the loop's next timer is sooner: the gather ends by it
-        assert sleeps == [0.0002, 0.0001]
-        selector.select(0)  # the loop has callbacks ready: no sleep at all
-        assert sleeps == [0.0002, 0.0001]
-        # Each wait asks about the wake-up before it (its readers have run since): at this
-        # rate, one event a wake-up is quiet and does not gather
-        selector.gather.rate = 10.0
-        selector.select(1.0)
-        selector.select(1.0)
-        assert sleeps == [0.0002, 0.0001]
-        for a, b in pairs[1:4]:  # four events in one wake-up gather whatever the rate
-            selector.register(b, selectors.EVENT_READ)
+def wake_up(gathering: LoopGather, soon: Soon, events: int) -> None:
+    """A wake-up whose readers ran `events` times, then the loop's pass of its callbacks."""
+    for _ in range(events):
+        gathering.event()
+    assert len(soon) == (1 if events else 0)  # the end of it is asked for once
+    for callback in soon:
+        callback()
+    soon.clear()
+
+
+def test_the_loop_gathers_after_a_busy_wake_up_and_never_past_the_media_clocks_tick() -> None:
+    sleeps, soon = Sleeps(), Soon()
+    tick = [math.inf]  # the media clock's next tick: none
+    gathering = LoopGather(
+        cast(asyncio.AbstractEventLoop, soon),
+        0.002,
+        sleep=sleeps,
+        clock=sleeps.clock,
+        next_deadline=lambda: tick[0],
+    )
+    gathering.gather.window = 1e9  # the rate is what the test sets, however slow the machine
+    gathering.gather.rate = 1e6  # as busy as can be: a wake-up with an event gathers
+    wake_up(gathering, soon, 1)
+    assert sleeps == [0.0002]  # the floor at this rate
+    tick[0] = sleeps.now + 0.0001  # the clock's tick is sooner: the gather ends by it
+    wake_up(gathering, soon, 1)
+    assert sleeps == pytest.approx([0.0002, 0.0001])
+    tick[0] = sleeps.now  # the tick is due: no sleep at all
+    wake_up(gathering, soon, 1)
+    assert sleeps == pytest.approx([0.0002, 0.0001]) and gathering.slept == 2
+    tick[0] = math.inf
+    gathering.gather.rate = 10.0  # at this rate one event a wake-up is quiet
+    wake_up(gathering, soon, 1)
+    assert len(sleeps) == 2
+    wake_up(gathering, soon, GATHER_MIN)  # four in one wake-up gather whatever the rate
+    assert sleeps[-1] == min(0.002, GATHER_BATCH / 10.0)  # the most
+    gathering.gather.rate = 1e6  # however busy, a batch's worth in one wake-up is batching
+    wake_up(gathering, soon, GATHER_BATCH)  # already: no gather
+    assert len(sleeps) == 3
+    wake_up(gathering, soon, 0)  # (a wake-up for nothing counted: no end asked)
+    gathering.more = True  # a reader left work behind (`work_left`): no gather...
+    wake_up(gathering, soon, 1)
+    assert len(sleeps) == 3 and not gathering.more and gathering.left == 1
+    wake_up(gathering, soon, 1)  # ... for that wake-up only
+    assert len(sleeps) == 4 and gathering.slept == 4
+
+
+def test_a_real_loop_counts_its_readers_and_gathers_by_the_media_clock() -> None:
+    """On the transceiver's own loop (uvloop, Trio its guest): each ready socket watched is
+    one event of its wake-up; a wake-up with enough of them gathers before the next wait,
+    bounded by the media clock's next tick."""
+
+    class Owner:
+        timer_at: float | None = None
+
+        def on_timer(self, now: float) -> None:
+            pass
+
+    async def main() -> tuple[list[float], int, bool]:
+        loop = asyncio.get_running_loop()
+        gathering = _gathering[loop]
+        sleeps: list[float] = []
+        gathering._sleep = sleeps.append  # (recorded, not slept)
+        pairs = [socket.socketpair() for _ in range(GATHER_MIN)]
+        read = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+        got: list[bytes] = []
+
+        def reader(sock: socket.socket) -> Callable[[], None]:
+            def readable() -> None:
+                got.append(sock.recv(10))
+                if len(got) == GATHER_MIN:
+                    token.run_sync_soon(read.set)
+
+            return readable
+
+        stops = [watch_readable(b, reader(b)) for _, b in pairs]
+        owner = Owner()
+        tick = time.monotonic() + 0.05
+        clock_of(loop).arm(owner, tick)
+        bounded = gathering._next_deadline() == tick  # what a gather may not go past
+        for a, _ in pairs:
             a.send(b"x")
-        assert len(selector.select(1.0)) == 4
-        selector.select(1.0)
-        assert sleeps == [0.0002, 0.0001, min(0.002, GATHER_BATCH / 10.0)]  # the most
-        for a, b in pairs[4:]:  # a batch's worth in one wake-up: batching already, no gather
-            selector.register(b, selectors.EVENT_READ)
-            a.send(b"x")
-        selector.gather.rate = 1e6  # however busy
-        assert len(selector.select(1.0)) == GATHER_BATCH and len(sleeps) == 4  # (the four's)
-        selector.select(1.0)
-        assert len(sleeps) == 4
-        for _, b in pairs[1:]:  # one ready again, the loop busy: it gathers...
-            selector.unregister(b)
-        selector.select(1.0)
-        selector.select(1.0)
-        assert len(sleeps) == 5
-        selector.more = True  # ... unless a reader left work behind (`work_left`)
-        selector.select(1.0)
-        assert len(sleeps) == 5 and not selector.more  # (for that wake-up only)
-        selector.select(1.0)
-        assert len(sleeps) == 6
-    finally:
-        selector.close()
+        with trio.fail_after(5):
+            await read.wait()
+        clock_of(loop).arm(owner, None)
+        for stop in stops:
+            stop()
         for a, b in pairs:
             a.close()
             b.close()
+        return sleeps, gathering.slept, bounded
 
-
-def test_a_gather_ends_by_the_loops_next_timer_whatever_the_sleep_took() -> None:
-    a, b = socket.socketpair()
-    sleeps = Sleeps(overshoot=0.0003)
-    selector = Recording(0.002, sleep=sleeps, clock=sleeps.clock)
-    selector.polled = []
-    selector.gather.window = 1e9
-    selector.gather.rate = 1e6  # busy: each wake-up with an event gathers 0.2 ms
-    try:
-        selector.register(b, selectors.EVENT_READ)
-        a.send(b"x")
-        selector.select(1.0)  # (busy: the next wait gathers)
-        selector.select(0.05)  # the timer in 50 ms: the wait gets what the sleep left of it
-        assert selector.polled[-1] == pytest.approx(0.05 - 0.0002 - 0.0003)
-        selector.select(0.0001)  # sooner than the gather: cut to it; the overshoot: no wait
-        assert sleeps[-1] == 0.0001 and selector.polled[-1] == 0.0
-        selector.select(None)  # no timer: it sleeps, then waits as long as it takes
-        assert selector.polled[-1] is None and len(sleeps) == 3
-        selector.select(0)  # callbacks are ready: neither a sleep nor a gather counted
-        assert len(sleeps) == 3 and selector.slept == 3 and selector.polled[-1] == 0
-    finally:
-        selector.close()
-        a.close()
-        b.close()
+    sleeps, slept, bounded = run_trio_guest(main, gather=0.002)
+    assert slept == len(sleeps) >= 1  # the four in one wake-up gathered
+    assert 0 < sleeps[0] <= 0.002 and bounded  # the most, and never past the clock's tick
 
 
 def test_a_reader_that_left_work_behind_stops_the_gathering_loops_next_gather() -> None:

@@ -21,8 +21,9 @@ class FakeLoop:
     def time(self) -> float:
         return self.now
 
-    def call_at(self, when: float, callback: Callable[[], None]) -> Any:
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Any:
         loop = self
+        when = self.now + delay
 
         class Handle:
             def cancel(self) -> None:
@@ -69,7 +70,7 @@ class Ticker:
 
 def make() -> tuple[FakeLoop, MediaClock]:
     loop = FakeLoop()
-    return loop, MediaClock(cast(asyncio.AbstractEventLoop, loop))
+    return loop, MediaClock(cast(asyncio.AbstractEventLoop, loop), clock=loop.time)
 
 
 def test_owners_due_close_together_share_a_wake_up_and_none_is_late() -> None:

@@ -21,6 +21,7 @@ from firsthop.shared.wire.websocket_connection import (
     TOO_BIG,
     VIOLATION,
     ConnectionEnded,
+    MaskKeys,
     WebSocketConnection,
 )
 
@@ -160,3 +161,22 @@ def test_no_bytes_make_it_raise(chunks: list[bytes]) -> None:
             conn.data_to_send()
         if conn.ended is None:
             conn.send("still open")
+
+
+def test_masking_keys_come_from_the_strong_source_a_batch_at_a_time_each_once() -> None:
+    drawn: list[int] = []
+
+    def source(n: int) -> bytes:
+        drawn.append(n)
+        return bytes(range(len(drawn), len(drawn) + n))  # (each batch different)
+
+    keys = MaskKeys(batch=3, source=source)
+    got = [keys() for _ in range(7)]
+    assert drawn == [12, 12, 12]  # one draw per 3 keys
+    assert all(len(k) == 4 for k in got)
+    assert got[:3] == [bytes(range(1, 13))[i : i + 4] for i in (0, 4, 8)]  # in order, once
+    assert got[3] == bytes(range(2, 6)) and got[6] == bytes(range(3, 7))
+    # the client's frames use them: a frame's key is the next one drawn
+    client = WebSocketConnection(client=True, max_message=1000, mask_key=MaskKeys())
+    reader = WebSocketReader(masked=True, max_message=1000)
+    assert reader.feed(client.send(b"x" * 100) + client.send("y")) == [b"x" * 100, "y"]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, RejectConnection, Request
 
-from firsthop.services.transceiver.rtc.bridge import work_left
+from firsthop.services.transceiver.rtc.bridge import watch_readable, work_left
 from firsthop.shared.wire.websocket import split_handshake
 from firsthop.shared.wire.websocket_connection import (
     PEER_CLOSED,
@@ -92,6 +92,7 @@ class AgentLink:
         self._out = bytearray()
         self.conn = WebSocketConnection(client=True, max_message=self.MAX_MESSAGE)
         self._resuming = False  # a pass of the loop is asked for, for frames left unread
+        self._stop_reading: Callable[[], None] | None = None  # (`watch_readable`'s)
 
     async def connect(self, first: list[str | bytes] | None = None) -> None:
         """Open the socket and do the WebSocket handshake (wrap in a timeout); `first` are
@@ -142,7 +143,7 @@ class AgentLink:
             self.on_closed = on_closed
         if self.sock is None:  # the opening itself failed the link (too big, too slow, ...)
             raise AgentLinkError(f"the opening failed: {failed[0] if failed else 'closed'}")
-        loop.add_reader(sock.fileno(), self._readable)
+        self._stop_reading = watch_readable(sock, self._readable)
         if early:
             self._received(early)
 
@@ -284,7 +285,8 @@ class AgentLink:
         if conn.more:
             if self.sock is not None and not self._resuming:
                 self._resuming = True  # the rest on the loop's next pass, after the others
-                asyncio.get_running_loop().call_soon(self._resume)  # (so the loop won't gather)
+                asyncio.get_running_loop().call_soon(self._resume)
+                work_left()  # (so the loop won't gather before it)
             return  # (answers wait for the read's last batch: one Pong for its Pings)
         answers = conn.data_to_send()  # a Pong, the answer to a Close or to a bad frame
         if answers and self.sock is not None:
@@ -315,9 +317,10 @@ class AgentLink:
         sock, self.sock, self.open = self.sock, None, False
         if sock is None:
             return
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(sock.fileno())
-        loop.remove_writer(sock.fileno())
+        stop, self._stop_reading = self._stop_reading, None
+        if stop is not None:
+            stop()
+        asyncio.get_running_loop().remove_writer(sock.fileno())
         sock.close()
 
     def close(self) -> None:

@@ -6,26 +6,32 @@ every task and the lifecycle as a guest run (`trio.lowlevel.start_guest_run`). T
 into aiortc synchronously (same thread), awaits an asyncio coroutine with `call_asyncio`, and
 asyncio callbacks reach Trio through its token.
 
-The host loop's selector lets a busy loop's next batch gather (`GatheringSelector`, the rule
-in `shared/gather.py`): with many calls the media socket, the agent links and the media clock
-each wake the loop for one or two events at a time, and those wake-ups cost more than the
-events (measured at 24 echo calls: the transceiver's CPU 24.8-26.1 % of a core without,
-22.1-23.8 % with). A gather never delays an asyncio timer (the media clock's): it ends by
-the loop's next one; what Trio schedules (its deadlines, its wake-ups from other threads)
-waits at most one gather.
+The host loop is uvloop's (libuv, in C): the stock selector loop ran each wake-up's
+`_run_once` and selector in Python. Measured at 8 echo calls in interleaved pairs (stop 51):
+the transceiver's CPU 0.83-0.99x asyncio's, about 7 % less against its own agent's and
+relay's in the same runs.
+
+A busy loop lets its next batch gather (`LoopGather`, the rule in `shared/gather.py`): with
+many calls the media socket, the agent links and the media clock each wake the loop for one
+or two events at a time, and those wake-ups cost more than the events (measured at 24 echo
+calls: the transceiver's CPU 24.8-26.1 % of a core without, 22.1-23.8 % with). A gather
+never delays the media clock: it ends by the clock's next tick; what Trio schedules (its
+deadlines, its wake-ups from other threads) and other asyncio callbacks wait at most one
+gather.
 """
 
 from __future__ import annotations
 
 import asyncio
-import selectors
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import trio
+import uvloop
 
+from firsthop.services.transceiver.rtc.media_clock import next_tick
 from firsthop.shared.gather import Gather
 
 T = TypeVar("T")
@@ -42,7 +48,7 @@ GATHER_BATCH = 8
 GATHER_FLOOR = 0.0002
 GATHER_BUSY_RATE = 1000.0
 GATHER_MIN = 4
-_gathering: dict[asyncio.AbstractEventLoop, GatheringSelector] = {}  # loops that gather
+_gathering: dict[asyncio.AbstractEventLoop, LoopGather] = {}  # loops that gather
 
 
 async def call_asyncio(coro: Coroutine[Any, Any, T]) -> T:
@@ -80,17 +86,10 @@ def run_trio_guest(trio_main: Callable[[], Awaitable[Any]], gather: float = 0.0)
         outcome = await finished
         return outcome.unwrap()
 
-    if gather <= 0:
-        return asyncio.run(host())
-
-    def gathering_loop() -> asyncio.AbstractEventLoop:
-        selector = GatheringSelector(gather)
-        loop = asyncio.SelectorEventLoop(selector)
-        _gathering[loop] = selector
-        return loop
-
-    with asyncio.Runner(loop_factory=gathering_loop) as runner:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         loop = runner.get_loop()
+        if gather > 0:
+            _gathering[loop] = LoopGather(loop, gather)
         try:
             return runner.run(host())
         finally:
@@ -98,72 +97,91 @@ def run_trio_guest(trio_main: Callable[[], Awaitable[Any]], gather: float = 0.0)
 
 
 def work_left() -> None:
-    """A reader left work behind (its read filled a whole batch): the loop's next wait must
-    not gather (under a flood a sleep there would only let the socket's buffer overflow)."""
-    selector = _gathering.get(asyncio.get_running_loop())
-    if selector is not None:
-        selector.more = True
+    """A reader left work behind (its read filled a whole batch, or it comes back to the rest
+    with `call_soon`): the loop's next wait must not gather (under a flood a sleep there
+    would only let the socket's buffer overflow)."""
+    gathering = _gathering.get(asyncio.get_running_loop())
+    if gathering is not None:
+        gathering.more = True
 
 
 def gather_counts() -> dict[str, int]:
     """The running loop's gathers (`loop_gathers`) and wake-ups whose readers left work
     behind (`loop_work_left`), for /metrics; nothing if it does not gather."""
     try:
-        selector = _gathering.get(asyncio.get_running_loop())
+        gathering = _gathering.get(asyncio.get_running_loop())
     except RuntimeError:  # (no asyncio loop: a service run by Trio alone, in tests)
         return {}
-    if selector is None:
+    if gathering is None:
         return {}
-    return {"loop_gathers": selector.slept, "loop_work_left": selector.left}
+    return {"loop_gathers": gathering.slept, "loop_work_left": gathering.left}
 
 
-class GatheringSelector(selectors.EpollSelector):
-    """An epoll selector that, after a busy wake-up, sleeps before the next wait (as long
-    as `gather.after` says, and never past the wait's own timeout: the loop's next timer),
-    so the events of that time come back together."""
+class LoopGather:
+    """After a busy wake-up, a sleep before the loop's next wait (as long as `gather.after`
+    says, and never past the media clock's next tick), so the events of that time come
+    back together.
+
+    The readers that count (`watch_readable`'s) call `event` as they run; the first of a
+    wake-up queues `end_of_wake_up` with `call_soon`, which the loop runs after the wake-up's
+    readers, just before it waits again: where a selector's gather sleeps."""
 
     def __init__(
         self,
+        loop: asyncio.AbstractEventLoop,
         most: float,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        next_deadline: Callable[[], float] | None = None,
     ) -> None:
-        super().__init__()
         self.gather = Gather(most, GATHER_FLOOR, GATHER_BATCH, GATHER_BUSY_RATE, GATHER_MIN)
+        self._loop = loop
         self._sleep, self._clock = sleep, clock
+        self._next_deadline = next_deadline or (lambda: next_tick(loop))
         self.more = False  # a reader left work behind in this wake-up (`work_left`)
         self.left = 0  # wake-ups that did
         self.slept = 0  # gathers: sleeps before a wait
-        self._handled, self._at = 0, clock()  # the last wake-up's ready, and when
+        self._handled = 0  # this wake-up's events so far
 
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        # Asked now, not at the end of the last select: its events' readers have run since,
-        # and one may have left work behind. A wake-up that found a batch's worth ready is
-        # batching already (near saturation a sleep after it only adds its latency to every
-        # hop of a call).
-        handled, more, self.more = self._handled, self.more, False
+    def event(self) -> None:
+        """A counted reader ran (one ready file descriptor)."""
+        if not self._handled:
+            self._loop.call_soon(self.end_of_wake_up)
+        self._handled += 1
+
+    def end_of_wake_up(self) -> None:
+        handled, more = self._handled, self.more
+        self._handled, self.more = 0, False
         self.left += more
-        wait = self.gather.after(self._at, handled, more or handled >= GATHER_BATCH)
-        if wait and (timeout is None or timeout > 0):
-            deadline = None if timeout is None else self._clock() + timeout
-            self._sleep(wait if timeout is None else min(wait, timeout))
+        now = self._clock()
+        # A wake-up that found a batch's worth ready is batching already (near saturation a
+        # sleep after it only adds its latency to every hop of a call).
+        wait = self.gather.after(now, handled, more or handled >= GATHER_BATCH)
+        if not wait:
+            return
+        wait = min(wait, self._next_deadline() - now)
+        if wait > 0:
+            self._sleep(wait)
             self.slept += 1
-            if deadline is not None:  # what the sleep took, overshoot and all
-                timeout = max(0.0, deadline - self._clock())
-        ready = self._poll(timeout)
-        self._handled, self._at = len(ready), self._clock()
-        return ready
-
-    def _poll(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
-        return super().select(timeout)
 
 
 def watch_readable(sock: socket.socket, callback: Callable[[], None]) -> Callable[[], None]:
-    """Call `callback` on the asyncio host loop whenever `sock` is readable; returns the
-    function that stops it. (Called from Trio in guest mode: same thread, same loop.)"""
+    """Call `callback` on the asyncio host loop whenever `sock` is readable, each call an
+    event of the loop's gather; returns the function that stops it. (Called from Trio in
+    guest mode, or from asyncio: same thread, same loop.)"""
     loop = asyncio.get_running_loop()
     fd = sock.fileno()
-    loop.add_reader(fd, callback)
+    gathering = _gathering.get(loop)
+    if gathering is None:
+        loop.add_reader(fd, callback)
+    else:
+        event = gathering.event
+
+        def counted() -> None:
+            event()
+            callback()
+
+        loop.add_reader(fd, counted)
 
     def stop() -> None:
         loop.remove_reader(fd)

@@ -9,6 +9,9 @@ late. Each owner re-arms after every call into its core (aioquic's adapters re-r
 `get_timer()` the same way). An owner has one live entry, and a replaced one is skipped
 when it comes up. `before_tick` and `after_tick` run once per wake-up, around every due
 owner: that is where a tick's sends can go out together.
+
+Times are `time.monotonic()`'s, as everywhere on the media path (uvloop's `loop.time()` is
+libuv's, cached per wake-up in whole milliseconds); the loop's timer is asked for the delay.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import heapq
 import itertools
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -38,12 +42,14 @@ class MediaClock:
         loop: asyncio.AbstractEventLoop,
         after_tick: Callable[[], None] | None = None,
         before_tick: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._loop = loop
+        self._clock = clock
         self._heap: list[tuple[float, int, ClockOwner]] = []
         self._seq = itertools.count()
         self._handle: asyncio.TimerHandle | None = None
-        self._armed_at = math.inf
+        self.armed_at = math.inf
         self._live = 0  # owners with an entry
         self.after_tick = after_tick
         self.before_tick = before_tick
@@ -64,19 +70,19 @@ class MediaClock:
         if len(self._heap) > 4 * self._live + 64:  # replaced entries: sweep them out
             self._heap = [e for e in self._heap if e[2].timer_at == e[0]]
             heapq.heapify(self._heap)
-        if when < self._armed_at:
+        if when < self.armed_at:
             self._schedule(when)
 
     def _schedule(self, when: float) -> None:
         if self._handle is not None:
             self._handle.cancel()
-        self._armed_at = when
-        self._handle = self._loop.call_at(when, self._fire)
+        self.armed_at = when
+        self._handle = self._loop.call_later(max(0.0, when - self._clock()), self._fire)
 
     def _fire(self) -> None:
-        self._handle, self._armed_at = None, math.inf
+        self._handle, self.armed_at = None, math.inf
         self.wakeups += 1
-        now = self._loop.time()
+        now = self._clock()
         heap = self._heap
         due: list[tuple[float, ClockOwner]] = []
         while heap and heap[0][0] <= now + COALESCE:
@@ -111,6 +117,13 @@ def around_ticks(before: Callable[[], None], after: Callable[[], None]) -> None:
     """Run `before` and `after` around every wake-up of the running loop's media clock."""
     clock = clock_of(asyncio.get_running_loop())
     clock.before_tick, clock.after_tick = before, after
+
+
+def next_tick(loop: asyncio.AbstractEventLoop) -> float:
+    """When the loop's media clock next fires (`time.monotonic()`; inf: it has no clock, or
+    nothing is due)."""
+    clock = _clocks.get(loop)
+    return math.inf if clock is None else clock.armed_at
 
 
 def clock_of(loop: asyncio.AbstractEventLoop) -> MediaClock:
