@@ -110,11 +110,11 @@ class Soon(list[Callable[[], None]]):
         self.append(callback)
 
 
-def wake_up(gathering: LoopGather, soon: Soon, events: int) -> None:
+def wake_up(gathering: LoopGather, soon: Soon, events: int, *, asked: bool = True) -> None:
     """A wake-up whose readers ran `events` times, then the loop's pass of its callbacks."""
     for _ in range(events):
         gathering.event()
-    assert len(soon) == (1 if events else 0)  # the end of it is asked for once
+    assert len(soon) == (1 if events and asked else 0)  # its end is asked for once, if busy
     for callback in soon:
         callback()
     soon.clear()
@@ -141,20 +141,40 @@ def test_the_loop_gathers_after_a_busy_wake_up_and_never_past_the_media_clocks_t
     wake_up(gathering, soon, 1)
     assert sleeps == pytest.approx([0.0002, 0.0001]) and gathering.slept == 2
     tick[0] = math.inf
-    gathering.gather.rate = 10.0  # at this rate one event a wake-up is quiet
-    wake_up(gathering, soon, 1)
+    gathering.gather.rate = 10.0  # quiet: no wake-up is asked about, however many it had
+    wake_up(gathering, soon, 1, asked=False)
+    wake_up(gathering, soon, GATHER_MIN, asked=False)
     assert len(sleeps) == 2
-    wake_up(gathering, soon, GATHER_MIN)  # four in one wake-up gather whatever the rate
-    assert sleeps[-1] == min(0.002, GATHER_BATCH / 10.0)  # the most
     gathering.gather.rate = 1e6  # however busy, a batch's worth in one wake-up is batching
     wake_up(gathering, soon, GATHER_BATCH)  # already: no gather
-    assert len(sleeps) == 3
+    assert len(sleeps) == 2
     wake_up(gathering, soon, 0)  # (a wake-up for nothing counted: no end asked)
-    gathering.more = True  # a reader left work behind (`work_left`): no gather...
-    wake_up(gathering, soon, 1)
-    assert len(sleeps) == 3 and not gathering.more and gathering.left == 1
+    gathering.work_left()  # a reader left work behind: no gather...
+    assert len(soon) == 1  # (its wake-up asked about)
+    gathering.event()
+    soon.pop()()
+    assert len(sleeps) == 2 and not gathering.more and gathering.left == 1
     wake_up(gathering, soon, 1)  # ... for that wake-up only
-    assert len(sleeps) == 4 and gathering.slept == 4
+    assert len(sleeps) == 3 and gathering.slept == 3
+    gathering.gather.rate = 10.0
+    gathering.work_left()  # quiet, it is asked about all the same (for `left`)
+    assert len(soon) == 1
+    soon.pop()()
+    assert gathering.left == 2 and len(sleeps) == 3
+
+
+def test_a_quiet_loops_events_count_in_its_rate_a_window_at_a_time() -> None:
+    sleeps, soon = Sleeps(), Soon()
+    gathering = LoopGather(cast(asyncio.AbstractEventLoop, soon), 0.002, clock=sleeps.clock)
+    events = 0
+    while not gathering.gather.rate:  # 2,000 events a second, one a wake-up, from quiet
+        sleeps.now += 0.0005
+        gathering.event()
+        events += 1
+    assert not soon  # (none asked about while it was quiet)
+    assert events <= 101 and gathering.gather.rate == pytest.approx(2000, rel=0.05)
+    gathering.event()  # busy now: the next wake-up is asked about
+    assert len(soon) == 1
 
 
 def test_a_real_loop_counts_its_readers_and_gathers_by_the_media_clock() -> None:
@@ -171,6 +191,8 @@ def test_a_real_loop_counts_its_readers_and_gathers_by_the_media_clock() -> None
     async def main() -> tuple[list[float], int, bool]:
         loop = asyncio.get_running_loop()
         gathering = _gathering[loop]
+        gathering.gather.window = 1e9
+        gathering.gather.rate = 1e6  # busy: each wake-up is asked about
         sleeps: list[float] = []
         gathering._sleep = sleeps.append  # (recorded, not slept)
         pairs = [socket.socketpair() for _ in range(GATHER_MIN)]
@@ -204,7 +226,7 @@ def test_a_real_loop_counts_its_readers_and_gathers_by_the_media_clock() -> None
         return sleeps, gathering.slept, bounded
 
     sleeps, slept, bounded = run_trio_guest(main, gather=0.002)
-    assert slept == len(sleeps) >= 1  # the four in one wake-up gathered
+    assert slept == len(sleeps) >= 1  # the four's wake-up gathered
     assert 0 < sleeps[0] <= 0.002 and bounded  # the most, and never past the clock's tick
 
 
