@@ -21,6 +21,7 @@ from firsthop.services.transceiver.rtc.bridge import (
     GATHER_MIN,
     LoopGather,
     _gathering,
+    call_asyncio,
     run_trio_guest,
     watch_readable,
     work_left,
@@ -108,6 +109,9 @@ class Soon(list[Callable[[], None]]):
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.append(callback)
+
+    def time(self) -> float:
+        return 0.0
 
 
 def wake_up(gathering: LoopGather, soon: Soon, events: int, *, asked: bool = True) -> None:
@@ -228,6 +232,50 @@ def test_a_real_loop_counts_its_readers_and_gathers_by_the_media_clock() -> None
     sleeps, slept, bounded = run_trio_guest(main, gather=0.002)
     assert slept == len(sleeps) >= 1  # the four's wake-up gathered
     assert 0 < sleeps[0] <= 0.002 and bounded  # the most, and never past the clock's tick
+
+
+def test_a_gathers_sleep_does_not_make_the_media_clocks_tick_late() -> None:
+    """libuv reckons its next wait from the clock it read before `call_soon` callbacks ran:
+    a gather's sleep there must not push the media clock's tick back by as long (it did,
+    found by a helper's read). Here a 30 ms gather, 5 ms into a 40 ms wait for a tick, with
+    nothing else to wake the loop meanwhile."""
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        gathering = _gathering[loop] = LoopGather(loop, 0.03)
+        gathering.gather.window, gathering.gather.rate = 1e9, 1e6  # busy
+        gathering.gather.floor = 0.03  # (a long gather, so a late tick shows plainly)
+        fired: asyncio.Future[float] = loop.create_future()
+
+        class Owner:
+            timer_at: float | None = None
+
+            def on_timer(self, now: float) -> None:
+                fired.set_result(time.monotonic())
+
+        a, b = socket.socketpair()
+
+        def readable() -> None:
+            b.recv(10)
+
+        stop = watch_readable(b, readable)
+        due = time.monotonic() + 0.04
+        clock_of(loop).arm(Owner(), due)
+        await trio.sleep(0.005)
+        a.send(b"x")  # a wake-up that gathers for 30 ms, 5 ms into the wait
+
+        async def tick() -> float:
+            return await fired
+
+        with trio.fail_after(5):
+            at = await call_asyncio(tick())
+        stop()
+        a.close()
+        b.close()
+        return at - due
+
+    late = run_trio_guest(main, gather=0.002)
+    assert late < 0.015  # 30 ms late without the fix
 
 
 def test_a_reader_that_left_work_behind_stops_the_gathering_loops_next_gather() -> None:

@@ -77,9 +77,16 @@ def run_trio_guest(trio_main: Callable[[], Awaitable[Any]], gather: float = 0.0)
             if not finished.done():
                 finished.set_result(outcome)
 
+        def soon(fn: Callable[[], Any]) -> None:
+            def run() -> None:
+                fn()
+                loop.time()  # (libuv's now, refreshed: see `LoopGather.end_of_wake_up`)
+
+            loop.call_soon_threadsafe(run)
+
         trio.lowlevel.start_guest_run(
             trio_main,
-            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            run_sync_soon_threadsafe=soon,
             done_callback=done,
             host_uses_signal_set_wakeup_fd=True,
         )
@@ -183,12 +190,18 @@ class LoopGather:
         # A wake-up that found a batch's worth ready is batching already (near saturation a
         # sleep after it only adds its latency to every hop of a call).
         wait = self.gather.after(now, handled, more or handled >= GATHER_BATCH, earlier)
-        if not wait:
-            return
-        wait = min(wait, self._next_deadline() - now)
-        if wait > 0:
-            self._sleep(wait)
-            self.slept += 1
+        if wait:
+            wait = min(wait, self._next_deadline() - now)
+            if wait > 0:
+                self._sleep(wait)
+                self.slept += 1
+        # libuv reads its clock once a pass, before its timers: callbacks queued with
+        # `call_soon` (this one, Trio's batches) run after that, and the next wait's timeout
+        # is reckoned from it, so whatever they take (a gather's sleep above all) would make
+        # the media clock's tick that much late. uvloop's `time()` reads the clock anew.
+        # (A helper measured it, 20 ticks with a datagram 1.5 ms before each: late by 1.15-
+        # 1.20 ms in the median after a gather, -0.03-0.02 ms with this.)
+        self._loop.time()
 
 
 def watch_readable(sock: socket.socket, callback: Callable[[], None]) -> Callable[[], None]:
