@@ -56,8 +56,7 @@ def one_host_address_a_family(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aioice.ice, "get_host_addresses", first_of_each)
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def attacked_stack() -> Iterator[Stack]:
     relay = RelayProcess()
     agent = AgentProcess("echo")
     tx = TransceiverProcess(agent_url=agent.url, tx_id="tx-attacked")
@@ -66,6 +65,14 @@ def stack() -> Iterator[Stack]:
     yield relay, tx
     for proc in (tx, agent, relay):
         proc.kill()
+
+
+stack = pytest.fixture(scope="module")(attacked_stack)
+# A stack of its own, for a test whose bounds count every flow of the relay and what its
+# token holds: after the NAT rebinding test on the module's stack (its caller's old path
+# still a flow, its calls lingering) the flood test failed 3 runs of 3 (flows 12 > 11, or
+# no pending flow of the attacker's token ever seen), and so once in CI.
+own_stack = pytest.fixture(attacked_stack, name="own_stack")
 
 
 @dataclass
@@ -321,25 +328,34 @@ def udp_rcvbuf_errors() -> int:
     return int(udp[1][udp[0].index("RcvbufErrors")])
 
 
-def sample(relay: RelayProcess, flooding: threading.Thread, samples: list[float]) -> None:
+def sample(
+    relay: RelayProcess, flooding: threading.Thread, samples: list[float], at_least: float = 0
+) -> None:
     """The relay's pending flows every 0.1 s while `flooding` runs, and for a second after
-    (the workers report every 0.5 s)."""
-    until = None
-    while until is None or time.monotonic() < until:
+    (the workers report every 0.5 s); with `at_least`, on until one sample shows that many,
+    for up to 8 s more (pending flows live 10 s): on a loaded machine the worker may still
+    be reading the flood's backlog a second after it was sent (a CI run's samples were all 0
+    for the 2.2 s it sampled)."""
+    until = give_up = None
+    while True:
+        now = time.monotonic()
         if until is None and not flooding.is_alive():
-            until = time.monotonic() + 1.0
+            until, give_up = now + 1.0, now + 9.0
+        if until is not None and now >= until:
+            if max(samples, default=0) >= at_least or (give_up is not None and now >= give_up):
+                break
         samples.append(relay.metric("firsthop_relay_pending_flows"))
         time.sleep(0.1)
 
 
-def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack: Stack) -> None:
+def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(own_stack: Stack) -> None:
     """Finding 2: Binding requests carrying an attacker's own live ufrag from ~200k spoofed
     sources filled the relay's table to its cap (transceiver RSS 113 -> 249 MB), and a new
     call never connected. Now only a success response establishes a flow, the transceiver
     answers only checks that authenticate, and a token holds at most 8 pending and 8
     established flows: 20k spoofed sources leave the tables near empty, and new calls
     connect during the flood."""
-    relay, tx = stack
+    relay, tx = own_stack
     spoofer = Spoofer()
     rcvbuf_before = udp_rcvbuf_errors()
 
@@ -358,7 +374,7 @@ def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack: Stack) 
 
         thread = threading.Thread(target=signed_then_unsigned)
         samples: list[float] = []
-        sampler = threading.Thread(target=sample, args=(relay, thread, samples))
+        sampler = threading.Thread(target=sample, args=(relay, thread, samples, 8))
         thread.start()
         sampler.start()
         newcomer = await call(tx, relay.listen)  # connects during the flood
@@ -392,7 +408,11 @@ def test_a_spoofed_flood_with_a_live_token_cannot_fill_the_tables(stack: Stack) 
     # every spoofed check that reached the relay went no further than the token's cap:
     # all 20k but the few the kernel dropped on a full receive buffer (a loaded machine)
     lost = udp_rcvbuf_errors() - rcvbuf_before
-    assert relay.metric("firsthop_relay_drops_total", reason="pending_per_token") > 15000 - lost
+    wait_until(  # (a loaded machine's worker may still be reading the flood's backlog)
+        lambda: (
+            relay.metric("firsthop_relay_drops_total", reason="pending_per_token") > 15000 - lost
+        )
+    )
     assert relay.metric("firsthop_relay_drops_total", reason="table_full") == 0
     assert rss_growth < 40  # was +136 MB
     # what reached the transceiver unsigned was dropped there, never answered
