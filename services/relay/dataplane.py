@@ -498,8 +498,11 @@ class DataPlane:
     def _serve(self, fp: Any, timeout: float) -> bool:
         """Wait up to `timeout` seconds, and forward the datagrams of the wake-ups meanwhile,
         in C (`Forwarder.serve`) for as long as every one is a common case; the one that is
-        not is finished here. Whether something other than a datagram socket is ready (to
-        poll for, without waiting)."""
+        not is finished here. Whether to poll for what else is ready, without waiting:
+        something other than a datagram socket, or, after a slow datagram, the wake-up's
+        other sockets, which C did not read (else a public socket kept busy by new-flow
+        checks, always first in epoll's level-triggered order, starves the upstream
+        sockets: no answer, no media back, until the flood ends)."""
         table = self.table
         assert self._ep is not None
         why, fd, got, stop, handled, last, more, *counts = fp.serve(
@@ -533,7 +536,7 @@ class DataPlane:
         self._handled, self._earlier, self._more = last, handled - last, bool(more)
         if why == _fastpath.SERVE_SLOW:
             self._forward_from(fp, fd, got, stop, time.time())
-        return why == _fastpath.SERVE_OTHER  # type: ignore[no-any-return]
+        return why in (_fastpath.SERVE_OTHER, _fastpath.SERVE_SLOW)
 
     def _drain_native(self, fp: Any, fd: int, now: float) -> None:
         """One receive on the datagram socket `fd`, its batch forwarded by C and, where it
