@@ -18,7 +18,6 @@ import trio
 from firsthop.services.transceiver.main import config_from_args, register
 from firsthop.services.transceiver.rtc.bridge import (
     GATHER_BATCH,
-    GATHER_MIN,
     LoopGather,
     _gathering,
     call_asyncio,
@@ -147,7 +146,7 @@ def test_the_loop_gathers_after_a_busy_wake_up_and_never_past_the_media_clocks_t
     tick[0] = math.inf
     gathering.gather.rate = 10.0  # quiet: no wake-up is asked about, however many it had
     wake_up(gathering, soon, 1, asked=False)
-    wake_up(gathering, soon, GATHER_MIN, asked=False)
+    wake_up(gathering, soon, 4, asked=False)
     assert len(sleeps) == 2
     gathering.gather.rate = 1e6  # however busy, a batch's worth in one wake-up is batching
     wake_up(gathering, soon, GATHER_BATCH)  # already: no gather
@@ -199,7 +198,7 @@ def test_a_real_loop_counts_its_readers_and_gathers_by_the_media_clock() -> None
         gathering.gather.rate = 1e6  # busy: each wake-up is asked about
         sleeps: list[float] = []
         gathering._sleep = sleeps.append  # (recorded, not slept)
-        pairs = [socket.socketpair() for _ in range(GATHER_MIN)]
+        pairs = [socket.socketpair() for _ in range(4)]
         read = trio.Event()
         token = trio.lowlevel.current_trio_token()
         got: list[bytes] = []
@@ -207,7 +206,7 @@ def test_a_real_loop_counts_its_readers_and_gathers_by_the_media_clock() -> None
         def reader(sock: socket.socket) -> Callable[[], None]:
             def readable() -> None:
                 got.append(sock.recv(10))
-                if len(got) == GATHER_MIN:
+                if len(got) == 4:
                     token.run_sync_soon(read.set)
 
             return readable

@@ -36,8 +36,9 @@ from firsthop.shared.gather import Gather
 
 T = TypeVar("T")
 
-# The transceiver loop's gather (`shared/gather.py`): events are ready file descriptors (the
-# media socket, one per batch of datagrams; an agent link; Trio's and asyncio's wake-ups).
+# The transceiver loop's gather (`shared/gather.py`): events are the readers that ran of
+# sockets watched through `watch_readable` (the media socket, one per batch of datagrams;
+# an agent link).
 # Below ~1,000 a second (some 10 calls) a gather only adds a sleep (measured at 4 and 8
 # calls: no gain); at 24 calls, gathering after every wake-up that carried any, 1 ms saved
 # 3 % of the transceiver's CPU, 2 ms 11-13 %, 4 ms 17 %, for that much more latency at
@@ -47,7 +48,6 @@ T = TypeVar("T")
 GATHER_BATCH = 8
 GATHER_FLOOR = 0.0002
 GATHER_BUSY_RATE = 1000.0
-GATHER_MIN = 4
 _gathering: dict[asyncio.AbstractEventLoop, LoopGather] = {}  # loops that gather
 
 
@@ -146,7 +146,9 @@ class LoopGather:
         clock: Callable[[], float] = time.monotonic,
         next_deadline: Callable[[], float] | None = None,
     ) -> None:
-        self.gather = Gather(most, GATHER_FLOOR, GATHER_BATCH, GATHER_BUSY_RATE, GATHER_MIN)
+        # (`min_batch`, the relay's rule for a quiet loop's full wake-up, has no part here: a
+        # quiet loop asks nothing of its wake-ups, so the rule is given the batch itself)
+        self.gather = Gather(most, GATHER_FLOOR, GATHER_BATCH, GATHER_BUSY_RATE, GATHER_BATCH)
         self._loop = loop
         self._sleep, self._clock = sleep, clock
         self._next_deadline = next_deadline or (lambda: next_tick(loop))
